@@ -1,0 +1,176 @@
+#include "backend/cpu/kernels.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace swiftspec::cpu {
+namespace {
+
+// ---------------------------------------------------------------------------
+// A 16-lane fp32 vector: one AVX-512 register, two AVX2 registers, or scalars.
+// Each lane's arithmetic is an explicit fused multiply-add, so the compiler
+// cannot contract or reorder differently in different call sites.
+// ---------------------------------------------------------------------------
+#if defined(__AVX512F__)
+struct V16 {
+  __m512 v;
+};
+inline V16 zero() { return {_mm512_setzero_ps()}; }
+inline V16 load(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline V16 load(const uint16_t* p) {
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
+}
+inline V16 fma(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline V16 add(V16 a, V16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline float hsum(V16 a) { return _mm512_reduce_add_ps(a.v); }
+#elif defined(__AVX2__) && defined(__FMA__)
+struct V16 {
+  __m256 lo, hi;
+};
+inline V16 zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline V16 load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline __m256 bf16x8(const uint16_t* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline V16 load(const uint16_t* p) { return {bf16x8(p), bf16x8(p + 8)}; }
+inline V16 fma(V16 a, V16 b, V16 c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+inline V16 add(V16 a, V16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline float hsum(V16 a) {
+  alignas(32) float t[8];
+  _mm256_store_ps(t, _mm256_add_ps(a.lo, a.hi));
+  return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+}
+#else
+struct V16 {
+  float f[16];
+};
+inline V16 zero() { return {}; }
+inline V16 load(const float* p) { V16 r; std::memcpy(r.f, p, sizeof r.f); return r; }
+inline V16 load(const uint16_t* p) {
+  V16 r;
+  for (int i = 0; i < 16; ++i) { uint32_t u = static_cast<uint32_t>(p[i]) << 16; std::memcpy(&r.f[i], &u, 4); }
+  return r;
+}
+inline V16 fma(V16 a, V16 b, V16 c) { for (int i = 0; i < 16; ++i) c.f[i] = std::fma(a.f[i], b.f[i], c.f[i]); return c; }
+inline V16 add(V16 a, V16 b) { for (int i = 0; i < 16; ++i) a.f[i] += b.f[i]; return a; }
+inline float hsum(V16 a) {
+  float s = 0;
+  for (int i = 0; i < 16; ++i) s += a.f[i];
+  return s;
+}
+#endif
+
+inline float scalar(const float* p) { return *p; }
+inline float scalar(const uint16_t* p) {
+  uint32_t u = static_cast<uint32_t>(*p) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// R rows of X against one weight row W (length k). Every row runs the same
+// operations as it would alone: two accumulators over 32-wide steps, a 16-wide
+// step, a scalar tail, then a fixed reduction.
+template <int R, typename W>
+inline void dot_rows(const float* const* x, const W* w, int k, float* out) {
+  V16 acc0[R], acc1[R];
+  float tail[R];
+  for (int r = 0; r < R; ++r) { acc0[r] = zero(); acc1[r] = zero(); tail[r] = 0.0f; }
+  int i = 0;
+  for (; i + 32 <= k; i += 32) {
+    V16 w0 = load(w + i), w1 = load(w + i + 16);
+    for (int r = 0; r < R; ++r) {
+      acc0[r] = fma(load(x[r] + i), w0, acc0[r]);
+      acc1[r] = fma(load(x[r] + i + 16), w1, acc1[r]);
+    }
+  }
+  if (i + 16 <= k) {
+    V16 w0 = load(w + i);
+    for (int r = 0; r < R; ++r) acc0[r] = fma(load(x[r] + i), w0, acc0[r]);
+    i += 16;
+  }
+  for (; i < k; ++i) {
+    float wi = scalar(w + i);
+    for (int r = 0; r < R; ++r) tail[r] = std::fma(x[r][i], wi, tail[r]);
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(add(acc0[r], acc1[r])) + tail[r];
+}
+
+template <typename W>
+void linear_columns(const float* x, int rows, const W* w, int k, const float* bias, float* y, int n_total,
+                    int n_begin, int n_end) {
+  constexpr int kColBlock = 8;  // weight rows kept hot while row tiles stream past
+  for (int nb = n_begin; nb < n_end; nb += kColBlock) {
+    const int ne = std::min(nb + kColBlock, n_end);
+    int m = 0;
+    for (; m + 4 <= rows; m += 4) {
+      const float* xr[4] = {x + (size_t)m * k, x + (size_t)(m + 1) * k, x + (size_t)(m + 2) * k,
+                            x + (size_t)(m + 3) * k};
+      for (int n = nb; n < ne; ++n) {
+        float out[4];
+        dot_rows<4>(xr, w + (size_t)n * k, k, out);
+        const float b = bias ? bias[n] : 0.0f;
+        for (int r = 0; r < 4; ++r) y[(size_t)(m + r) * n_total + n] = bias ? out[r] + b : out[r];
+      }
+    }
+    for (; m < rows; ++m) {
+      const float* xr[1] = {x + (size_t)m * k};
+      for (int n = nb; n < ne; ++n) {
+        float out[1];
+        dot_rows<1>(xr, w + (size_t)n * k, k, out);
+        y[(size_t)m * n_total + n] = bias ? out[0] + bias[n] : out[0];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void linear(const float* x, int rows, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
+  // Split N into chunks of 8 columns so every worker gets whole column blocks.
+  const int blocks = (w.n + 7) / 8;
+  pool.parallel_for(blocks, [&](int b0, int b1) {
+    const int n0 = b0 * 8, n1 = std::min(b1 * 8, w.n);
+    if (w.dtype == DType::BF16)
+      linear_columns(x, rows, static_cast<const uint16_t*>(w.data), w.k, bias, y, w.n, n0, n1);
+    else
+      linear_columns(x, rows, static_cast<const float*>(w.data), w.k, bias, y, w.n, n0, n1);
+  });
+}
+
+float dot(const float* a, const float* b, int n) {
+  const float* xr[1] = {a};
+  float out[1];
+  dot_rows<1>(xr, b, n, out);
+  return out[0];
+}
+
+void axpy(float a, const float* x, float* y, int n) {
+  for (int i = 0; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
+}
+
+void rms_norm(const float* x, const float* weight, int rows, int dim, float eps, float* out) {
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + (size_t)r * dim;
+    float* o = out + (size_t)r * dim;
+    const float ss = dot(xr, xr, dim);
+    const float scale = 1.0f / std::sqrt(ss / static_cast<float>(dim) + eps);
+    for (int i = 0; i < dim; ++i) o[i] = weight[i] * (xr[i] * scale);
+  }
+}
+
+void to_float(const void* src, DType dtype, int64_t n, float* dst) {
+  if (dtype == DType::F32) {
+    std::memcpy(dst, src, n * sizeof(float));
+    return;
+  }
+  const auto* s = static_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = scalar(s + i);
+}
+
+}  // namespace swiftspec::cpu

@@ -1,0 +1,93 @@
+// Checkpoint loading: a swiftspec checkpoint folder holds
+//   manifest.json      {"format": "swiftspec-checkpoint", "format_version": 1, "dtype": ..., "files": [...]}
+//   config.json        model configuration (see config.h)
+//   tokenizer.json     HF tokenizers file (used by Python only)
+//   *.safetensors      weights, HF tensor names (model.layers.N.self_attn.q_proj.weight, ...)
+// Safetensors files are memory-mapped; every header field is validated
+// against the file (dtype, shape, offsets, sizes) before any tensor is used.
+// Layout reference: docs/checkpoint_format.md.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "swiftspec/config.h"
+
+namespace swiftspec {
+
+enum class DType { F32, BF16, F16, I32, I8, U8 };
+
+/// Bytes per element of `dt`.
+size_t dtype_size(DType dt);
+/// The safetensors name of `dt` ("F32", "BF16", ...).
+const char* dtype_name(DType dt);
+
+/// A read-only view of one tensor inside a mapped file. Row-major, contiguous.
+struct TensorView {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;  ///< points into the mapping; not necessarily aligned
+  size_t nbytes = 0;
+
+  int64_t numel() const;
+};
+
+/// One memory-mapped .safetensors file with a validated header.
+class SafetensorsFile {
+ public:
+  /// Maps `path` and validates the header. Throws CheckpointError naming the
+  /// file and, where it applies, the tensor and field (missing file, file
+  /// shorter than its header says, malformed JSON, unknown dtype, shape whose
+  /// byte size disagrees with its offsets, overlapping or out-of-range offsets).
+  explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, TensorView>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  std::string path_;
+  void* map_ = nullptr;
+  size_t map_size_ = 0;
+  std::map<std::string, TensorView> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+/// A checkpoint folder: config + manifest + one or more safetensors files.
+class Checkpoint {
+ public:
+  /// Opens the folder `dir`. Throws CheckpointError naming the folder/file/field.
+  static std::shared_ptr<Checkpoint> open(const std::string& dir);
+  Checkpoint(const Checkpoint&) = delete;
+  Checkpoint& operator=(const Checkpoint&) = delete;
+
+  const std::string& dir() const { return dir_; }
+  const ModelConfig& config() const { return config_; }
+  /// Weight dtype stored in the files ("float32" or "bfloat16" in the manifest).
+  DType dtype() const { return dtype_; }
+  int format_version() const { return format_version_; }
+
+  bool has(const std::string& name) const;
+  /// The tensor `name`; throws CheckpointError if it is missing, or if its
+  /// shape differs from `expected_shape` (when given), naming both shapes.
+  const TensorView& tensor(const std::string& name,
+                           const std::vector<int64_t>& expected_shape = {}) const;
+
+ private:
+  Checkpoint() = default;
+  std::string dir_;
+  ModelConfig config_;
+  DType dtype_ = DType::F32;
+  int format_version_ = 0;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const TensorView*> index_;
+};
+
+}  // namespace swiftspec

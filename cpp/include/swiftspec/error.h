@@ -1,0 +1,32 @@
+// Error types of the swiftspec runtime.
+//
+// Every error names what was wrong (a file, a field, a value). The Python
+// module maps them to Python exceptions:
+//   CheckpointError  -> swiftspec.CheckpointError (a ValueError)
+//   InvalidArgument  -> swiftspec.InvalidRequestError (a ValueError)
+//   Cancelled        -> never escapes Engine::generate (it ends generation)
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace swiftspec {
+
+/// Base class of every error the runtime throws on purpose.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// A checkpoint, config or manifest on disk is missing, truncated or inconsistent.
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A request or parameter is out of range (sampling parameters, prompt length, tree budget...).
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace swiftspec

@@ -1,0 +1,62 @@
+// Generation requests, streaming callbacks and per-request statistics, shared
+// by target-only decoding and speculative decoding (serial and async).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "swiftspec/sampling.h"
+
+namespace swiftspec {
+
+/// How a request is decoded.
+enum class DecodeMode {
+  TargetOnly,  ///< plain autoregressive decoding with the target model
+  Serial,      ///< speculative, serial tree generation (SpecExec-style): draft, then verify
+  Async,       ///< speculative, parallel tree generation (SwiftSpec §4.1): draft and target concurrently
+};
+
+/// Parameters of one generation request.
+struct GenerationConfig {
+  int max_new_tokens = 128;          ///< > 0
+  SamplingParams sampling;           ///< greedy when temperature == 0
+  std::vector<int32_t> stop_token_ids;  ///< generation ends after emitting one of these (EOS)
+  DecodeMode mode = DecodeMode::TargetOnly;
+  // Token-tree shape (speculative modes).
+  int tree_budget = 16;  ///< nodes verified per target step (>= 1)
+  int max_depth = 8;     ///< depth limit of the token tree (>= 1)
+  int branching = 2;     ///< children added per expanded node (top-k of the draft); 1 = chain
+
+  /// Throws InvalidArgument naming the field and value.
+  void validate() const;
+};
+
+/// Timing and speculation statistics of one request. Times in seconds.
+struct GenerationStats {
+  int prompt_tokens = 0;
+  int new_tokens = 0;
+  int verification_steps = 0;  ///< target forward passes after prefill (= decode steps for target-only)
+  int draft_steps = 0;         ///< draft forward passes after prefill
+  double prefill_time = 0;     ///< prompt processing until the first new token is known (TTFT)
+  double decode_time = 0;      ///< from the first new token to the last
+  double target_time = 0;      ///< wall time inside target forward passes (decode phase)
+  double draft_time = 0;       ///< wall time inside draft forward passes (decode phase)
+  std::string finish_reason;   ///< "length", "stop" (stop token), "cancelled"
+
+  /// Mean tokens committed per target verification (>= 1 for speculation, 1 for target-only).
+  double acceptance_length() const {
+    return verification_steps > 0 ? static_cast<double>(new_tokens - 1) / verification_steps : 0.0;
+  }
+};
+
+struct GenerationResult {
+  std::vector<int32_t> tokens;  ///< the new tokens (prompt excluded)
+  GenerationStats stats;
+};
+
+/// Streaming callback: receives newly committed tokens, in order, as soon as
+/// they are final. Returning false cancels the request (finish_reason "cancelled").
+using TokenCallback = std::function<bool(const std::vector<int32_t>& new_tokens)>;
+
+}  // namespace swiftspec

@@ -1,0 +1,103 @@
+// The model interface every backend implements: one decoder-only transformer
+// (Llama / Qwen2 family) with its own KV cache.
+//
+// KV cache layout (the tree-aware KV cache of SwiftSpec, ASPLOS'26 §4.2):
+//   committed region  slots [0, committed_len()) hold the accepted context, in
+//                     position order;
+//   tree region       `max_tree` independent slots holding speculative nodes.
+// A forward pass either appends tokens to the committed region (prefill and
+// plain decode: token i attends committed slots [0, committed_len()+i]), or
+// writes tree nodes into tree slots (token i attends the committed region then
+// the tree slots listed for it: its ancestors in depth order, itself last).
+// Which tree slots are free is the caller's bookkeeping (see tree_kv_cache.h).
+//
+// Exactness: backends compute every row of a batch with the same arithmetic
+// and reduction order as a batch of one (batch invariance) and attend keys in
+// the same order whether they sit in the committed or the tree region, so a
+// token verified inside a tree gets bit-identical logits and K/V to the same
+// token decoded alone. This is what makes greedy speculation lossless.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "swiftspec/checkpoint.h"
+#include "swiftspec/config.h"
+
+namespace swiftspec {
+
+/// Which rows of a forward pass produce logits.
+enum class LogitsMode {
+  None,  ///< no LM head (e.g. a prefill whose last token is decoded later)
+  Last,  ///< only the last row
+  All,   ///< every row
+};
+
+/// One forward pass over `tokens.size()` new tokens.
+struct ForwardBatch {
+  std::vector<int32_t> tokens;     ///< [n] token ids, each in [0, vocab_size)
+  std::vector<int32_t> positions;  ///< [n] RoPE positions
+
+  /// Tree mode when non-empty: token i writes its K/V into tree slot
+  /// tree_slots[i] and attends committed [0, committed_len()) followed by the
+  /// tree slots attend_slots[attend_offsets[i] .. attend_offsets[i+1]), which
+  /// must end with tree_slots[i]. Empty: append mode (causal, into committed).
+  std::vector<int32_t> tree_slots;      ///< [n] or empty
+  std::vector<int32_t> attend_offsets;  ///< [n+1] CSR offsets (tree mode)
+  std::vector<int32_t> attend_slots;    ///< CSR values (tree mode)
+
+  LogitsMode logits = LogitsMode::Last;
+
+  bool is_tree() const { return !tree_slots.empty(); }
+  /// Builds a plain append batch: tokens at positions start, start+1, ...
+  static ForwardBatch append(const std::vector<int32_t>& tokens, int start_position,
+                             LogitsMode mode = LogitsMode::Last);
+};
+
+/// Options a backend needs to instantiate a model.
+struct ModelOptions {
+  int max_context = 4096;   ///< committed KV capacity (tokens)
+  int max_tree = 256;       ///< tree KV capacity (nodes)
+  int num_threads = 0;      ///< CPU backend worker threads (0: all cores)
+  std::vector<int> cpu_affinity;  ///< CPU backend: cores to pin its threads to (empty: none)
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  virtual const ModelOptions& options() const = 0;
+  /// A short name of the backend ("cpu", "cuda").
+  virtual std::string backend_name() const = 0;
+
+  /// Runs the layers over `batch` and writes logits, fp32, row-major
+  /// [rows, vocab_size] into `logits` (rows: 0, 1 or n by batch.logits).
+  /// Append mode grows the committed region by n. Throws InvalidArgument
+  /// naming the field for out-of-range tokens, positions, slots, or a batch
+  /// that would overflow the committed region.
+  virtual void forward(const ForwardBatch& batch, std::vector<float>& logits) = 0;
+
+  /// Number of committed KV entries.
+  virtual int committed_len() const = 0;
+  /// Appends the K/V of `tree_slots` (in order) to the committed region — the
+  /// accepted path of a verification. Slots stay valid until overwritten.
+  virtual void commit_tree_slots(const std::vector<int32_t>& tree_slots) = 0;
+  /// Drops committed entries past `len` (len <= committed_len()).
+  virtual void truncate_committed(int len) = 0;
+
+  /// Copies the K and V of `layer` for committed slots [0, committed_len()) as
+  /// fp32 [committed_len, num_kv_heads, head_dim] each (tests and debugging).
+  virtual void read_committed_kv(int layer, std::vector<float>& k, std::vector<float>& v) const = 0;
+  /// Same for the tree slots `slots`, [slots.size(), num_kv_heads, head_dim].
+  virtual void read_tree_kv(int layer, const std::vector<int32_t>& slots, std::vector<float>& k,
+                            std::vector<float>& v) const = 0;
+};
+
+/// Creates a model on the named backend ("cpu"; "cuda" when built with CUDA).
+/// Throws InvalidArgument for an unknown or unavailable backend.
+std::unique_ptr<Model> load_model(std::shared_ptr<const Checkpoint> checkpoint,
+                                  const std::string& backend, const ModelOptions& options);
+
+}  // namespace swiftspec

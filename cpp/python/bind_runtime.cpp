@@ -1,0 +1,244 @@
+#include "python/bind_runtime.h"
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <exception>
+#include <optional>
+
+#include "swiftspec/checkpoint.h"
+#include "swiftspec/engine.h"
+#include "swiftspec/error.h"
+#include "swiftspec/model.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace swiftspec::python {
+namespace {
+
+// Raises the Python class swiftspec.errors.<name> with `msg`.
+void raise_python_error(const char* name, const char* msg) {
+  nb::object cls = nb::module_::import_("swiftspec.errors").attr(name);
+  PyErr_SetString(cls.ptr(), msg);
+}
+
+LogitsMode parse_logits_mode(const std::string& s) {
+  if (s == "last") return LogitsMode::Last;
+  if (s == "all") return LogitsMode::All;
+  if (s == "none") return LogitsMode::None;
+  throw InvalidArgument("logits must be 'last', 'all' or 'none', got '" + s + "'");
+}
+
+DecodeMode parse_mode(const std::string& s) {
+  if (s == "target") return DecodeMode::TargetOnly;
+  if (s == "serial") return DecodeMode::Serial;
+  if (s == "async") return DecodeMode::Async;
+  throw InvalidArgument("mode must be 'target', 'serial' or 'async', got '" + s + "'");
+}
+
+nb::ndarray<nb::numpy, float, nb::ndim<2>> to_numpy_2d(std::vector<float>&& data, size_t rows, size_t cols) {
+  auto* heap = new std::vector<float>(std::move(data));
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+  return nb::ndarray<nb::numpy, float, nb::ndim<2>>(heap->data(), {rows, cols}, owner);
+}
+
+nb::dict config_dict(const ModelConfig& c) {
+  nb::dict d;
+  d["architecture"] = c.architecture;
+  d["vocab_size"] = c.vocab_size;
+  d["hidden_size"] = c.hidden_size;
+  d["intermediate_size"] = c.intermediate_size;
+  d["num_layers"] = c.num_layers;
+  d["num_heads"] = c.num_heads;
+  d["num_kv_heads"] = c.num_kv_heads;
+  d["head_dim"] = c.head_dim;
+  d["rms_norm_eps"] = c.rms_norm_eps;
+  d["rope_theta"] = c.rope_theta;
+  d["rope_style"] = c.rope_style == RopeStyle::NeoX ? "neox" : "interleaved";
+  d["max_position_embeddings"] = c.max_position_embeddings;
+  d["tie_word_embeddings"] = c.tie_word_embeddings;
+  d["attention_bias"] = c.attention_bias;
+  d["bos_token_id"] = c.bos_token_id;
+  d["eos_token_ids"] = c.eos_token_ids;
+  return d;
+}
+
+nb::dict stats_dict(const GenerationStats& s) {
+  nb::dict d;
+  d["prompt_tokens"] = s.prompt_tokens;
+  d["new_tokens"] = s.new_tokens;
+  d["verification_steps"] = s.verification_steps;
+  d["draft_steps"] = s.draft_steps;
+  d["prefill_time"] = s.prefill_time;
+  d["decode_time"] = s.decode_time;
+  d["target_time"] = s.target_time;
+  d["draft_time"] = s.draft_time;
+  d["finish_reason"] = s.finish_reason;
+  d["acceptance_length"] = s.acceptance_length();
+  return d;
+}
+
+}  // namespace
+
+void bind_runtime(nb::module_& m) {
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const CheckpointError& e) {
+      raise_python_error("CheckpointError", e.what());
+    } catch (const InvalidArgument& e) {
+      raise_python_error("InvalidRequestError", e.what());
+    } catch (const Error& e) {
+      raise_python_error("SwiftspecError", e.what());
+    }
+  });
+
+  nb::class_<ModelOptions>(m, "ModelOptions", "Per-model runtime options (KV capacity, threads, placement).")
+      .def(nb::init<>())
+      .def_rw("max_context", &ModelOptions::max_context, "committed KV capacity in tokens")
+      .def_rw("max_tree", &ModelOptions::max_tree, "tree KV capacity in nodes")
+      .def_rw("num_threads", &ModelOptions::num_threads, "CPU worker threads (0: all cores)")
+      .def_rw("cpu_affinity", &ModelOptions::cpu_affinity, "cores to pin CPU workers to");
+
+  nb::class_<Checkpoint>(m, "Checkpoint", "A converted checkpoint folder (memory-mapped safetensors).")
+      .def_static("open", &Checkpoint::open, "dir"_a, nb::call_guard<nb::gil_scoped_release>(),
+                  "Opens and validates a checkpoint folder; raises CheckpointError naming the problem.")
+      .def_prop_ro("dir", &Checkpoint::dir)
+      .def_prop_ro("config", [](const Checkpoint& c) { return config_dict(c.config()); })
+      .def_prop_ro("dtype", [](const Checkpoint& c) { return std::string(dtype_name(c.dtype())); })
+      .def("has", &Checkpoint::has, "name"_a)
+      .def("tensor_shape", [](const Checkpoint& c, const std::string& name) { return c.tensor(name).shape; },
+           "name"_a);
+
+  nb::class_<Model>(m, "Model", "A decoder model with its committed + tree KV cache on one backend.")
+      .def_prop_ro("config", [](const Model& mdl) { return config_dict(mdl.config()); })
+      .def_prop_ro("backend", &Model::backend_name)
+      .def_prop_ro("committed_len", &Model::committed_len)
+      .def_prop_ro("max_context", [](const Model& mdl) { return mdl.options().max_context; })
+      .def_prop_ro("max_tree", [](const Model& mdl) { return mdl.options().max_tree; })
+      .def(
+          "forward",
+          [](Model& mdl, std::vector<int32_t> tokens, std::optional<std::vector<int32_t>> positions,
+             const std::string& logits, std::vector<int32_t> tree_slots, std::vector<int32_t> attend_offsets,
+             std::vector<int32_t> attend_slots) {
+            ForwardBatch b;
+            b.logits = parse_logits_mode(logits);
+            b.tokens = std::move(tokens);
+            if (positions) {
+              b.positions = std::move(*positions);
+            } else {
+              if (!tree_slots.empty())
+                throw InvalidArgument("forward: tree mode needs explicit positions");
+              b = ForwardBatch::append(b.tokens, mdl.committed_len(), b.logits);
+            }
+            b.tree_slots = std::move(tree_slots);
+            b.attend_offsets = std::move(attend_offsets);
+            b.attend_slots = std::move(attend_slots);
+            std::vector<float> out;
+            {
+              nb::gil_scoped_release release;
+              mdl.forward(b, out);
+            }
+            const size_t vocab = mdl.config().vocab_size;
+            const size_t rows = vocab ? out.size() / vocab : 0;
+            return to_numpy_2d(std::move(out), rows, vocab);
+          },
+          "tokens"_a, "positions"_a = nb::none(), "logits"_a = "last", "tree_slots"_a = std::vector<int32_t>{},
+          "attend_offsets"_a = std::vector<int32_t>{}, "attend_slots"_a = std::vector<int32_t>{},
+          "Runs the model over new tokens. Append mode (default): tokens extend the committed KV at\n"
+          "positions committed_len, committed_len+1, ... Tree mode: give tree_slots (one per token),\n"
+          "positions and the CSR attend_offsets/attend_slots (ancestors in depth order, own slot last).\n"
+          "Returns fp32 logits [rows, vocab] for logits='last' (1 row), 'all' (n rows) or 'none' (0).")
+      .def("commit_tree_slots", &Model::commit_tree_slots, "tree_slots"_a,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("truncate_committed", &Model::truncate_committed, "length"_a)
+      .def(
+          "read_committed_kv",
+          [](const Model& mdl, int layer) {
+            std::vector<float> k, v;
+            mdl.read_committed_kv(layer, k, v);
+            const size_t w = size_t(mdl.config().num_kv_heads) * mdl.config().head_dim;
+            const size_t rows = k.size() / w;
+            return nb::make_tuple(to_numpy_2d(std::move(k), rows, w), to_numpy_2d(std::move(v), rows, w));
+          },
+          "layer"_a, "K and V of the committed region, fp32 [committed_len, kv_heads*head_dim] each.")
+      .def(
+          "read_tree_kv",
+          [](const Model& mdl, int layer, const std::vector<int32_t>& slots) {
+            std::vector<float> k, v;
+            mdl.read_tree_kv(layer, slots, k, v);
+            const size_t w = size_t(mdl.config().num_kv_heads) * mdl.config().head_dim;
+            return nb::make_tuple(to_numpy_2d(std::move(k), slots.size(), w),
+                                  to_numpy_2d(std::move(v), slots.size(), w));
+          },
+          "layer"_a, "slots"_a, "K and V of the given tree slots, fp32 [len(slots), kv_heads*head_dim] each.");
+
+  m.def(
+      "load_model",
+      [](const std::string& dir, const std::string& backend, const ModelOptions& options) {
+        nb::gil_scoped_release release;
+        return std::shared_ptr<Model>(load_model(Checkpoint::open(dir), backend, options));
+      },
+      "checkpoint_dir"_a, "backend"_a = "cpu", "options"_a = ModelOptions(),
+      "Loads a converted checkpoint folder on a backend ('cpu' or 'cuda'). Raises CheckpointError\n"
+      "naming the file/tensor/field, or InvalidRequestError for bad options.");
+
+  nb::class_<Engine>(m, "Engine", "Decodes one request at a time with a target and an optional draft model.")
+      .def(nb::init<std::shared_ptr<Model>, std::shared_ptr<Model>>(), "target"_a, "draft"_a.none() = nb::none())
+      .def(
+          "generate",
+          [](Engine& eng, const std::vector<int32_t>& prompt, int max_new_tokens, float temperature, int top_k,
+             float top_p, uint64_t seed, const std::vector<int32_t>& stop_token_ids, const std::string& mode,
+             int tree_budget, int max_depth, int branching, nb::object on_tokens) {
+            GenerationConfig cfg;
+            cfg.max_new_tokens = max_new_tokens;
+            cfg.sampling.temperature = temperature;
+            cfg.sampling.top_k = top_k;
+            cfg.sampling.top_p = top_p;
+            cfg.sampling.seed = seed;
+            cfg.stop_token_ids = stop_token_ids;
+            cfg.mode = parse_mode(mode);
+            cfg.tree_budget = tree_budget;
+            cfg.max_depth = max_depth;
+            cfg.branching = branching;
+
+            // A Python callback runs under the GIL; its exceptions cancel the
+            // request and are re-raised once the engine has returned.
+            std::exception_ptr callback_error;
+            TokenCallback cb;
+            if (!on_tokens.is_none()) {
+              cb = [&](const std::vector<int32_t>& toks) -> bool {
+                nb::gil_scoped_acquire acquire;
+                try {
+                  nb::object r = on_tokens(toks);
+                  return r.is_none() || nb::cast<bool>(r);
+                } catch (...) {
+                  callback_error = std::current_exception();
+                  return false;
+                }
+              };
+            }
+            GenerationResult res;
+            {
+              nb::gil_scoped_release release;
+              res = eng.generate(prompt, cfg, cb);
+            }
+            if (callback_error) std::rethrow_exception(callback_error);
+            nb::dict out;
+            out["tokens"] = res.tokens;
+            out["stats"] = stats_dict(res.stats);
+            return out;
+          },
+          "prompt"_a, "max_new_tokens"_a = 128, "temperature"_a = 0.0f, "top_k"_a = 0, "top_p"_a = 1.0f,
+          "seed"_a = 0, "stop_token_ids"_a = std::vector<int32_t>{}, "mode"_a = "target", "tree_budget"_a = 16,
+          "max_depth"_a = 8, "branching"_a = 2, "on_tokens"_a = nb::none(),
+          "Decodes from prompt token ids. Returns {'tokens': [...], 'stats': {...}}. on_tokens(list[int])\n"
+          "receives final tokens as they are committed; returning False cancels.");
+}
+
+}  // namespace swiftspec::python

@@ -1,0 +1,231 @@
+// Memory-mapped safetensors files and checkpoint folders, validated field by field.
+#include "swiftspec/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "swiftspec/error.h"
+
+namespace swiftspec {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+size_t dtype_size(DType dt) {
+  switch (dt) {
+    case DType::F32: case DType::I32: return 4;
+    case DType::BF16: case DType::F16: return 2;
+    case DType::I8: case DType::U8: return 1;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType dt) {
+  switch (dt) {
+    case DType::F32: return "F32";
+    case DType::BF16: return "BF16";
+    case DType::F16: return "F16";
+    case DType::I32: return "I32";
+    case DType::I8: return "I8";
+    case DType::U8: return "U8";
+  }
+  return "?";
+}
+
+static bool parse_dtype(const std::string& s, DType& out) {
+  static const std::pair<const char*, DType> table[] = {
+      {"F32", DType::F32}, {"BF16", DType::BF16}, {"F16", DType::F16},
+      {"I32", DType::I32}, {"I8", DType::I8},     {"U8", DType::U8}};
+  for (const auto& [name, dt] : table)
+    if (s == name) { out = dt; return true; }
+  return false;
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+static std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  auto fail = [&](const std::string& what) -> void { throw CheckpointError(path + ": " + what); };
+
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(std::string("cannot open safetensors file: ") + std::strerror(errno));
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail("not a regular file");
+  }
+  map_size_ = static_cast<size_t>(st.st_size);
+  if (map_size_ < 8) {
+    ::close(fd);
+    fail("truncated: " + std::to_string(map_size_) + " bytes, shorter than the 8-byte header length");
+  }
+  map_ = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map_ == MAP_FAILED) {
+    map_ = nullptr;
+    fail(std::string("mmap failed: ") + std::strerror(errno));
+  }
+
+  // From here on a throw must unmap: do the parsing in a lambda and clean up on error.
+  try {
+    const auto* base = static_cast<const uint8_t*>(map_);
+    uint64_t header_len = 0;
+    std::memcpy(&header_len, base, 8);  // little-endian on every platform we build for
+    if (header_len > map_size_ - 8)
+      fail("truncated or corrupt header: header length " + std::to_string(header_len) +
+           " exceeds the file size " + std::to_string(map_size_));
+    const size_t data_start = 8 + header_len;
+    const size_t data_size = map_size_ - data_start;
+
+    json header;
+    try {
+      header = json::parse(reinterpret_cast<const char*>(base + 8),
+                           reinterpret_cast<const char*>(base + 8 + header_len));
+    } catch (const json::parse_error& e) {
+      fail(std::string("corrupt safetensors header (malformed JSON): ") + e.what());
+    }
+    if (!header.is_object()) fail("corrupt safetensors header: not a JSON object");
+
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      const std::string& name = it.key();
+      if (name == "__metadata__") {
+        if (!it->is_object()) fail("__metadata__ must be an object");
+        for (auto m = it->begin(); m != it->end(); ++m)
+          if (m->is_string()) metadata_[m.key()] = m->get<std::string>();
+        continue;
+      }
+      const json& t = *it;
+      const std::string where = "tensor '" + name + "': ";
+      if (!t.is_object()) fail(where + "entry is not an object");
+      if (!t.contains("dtype") || !t["dtype"].is_string()) fail(where + "missing field 'dtype'");
+      if (!t.contains("shape") || !t["shape"].is_array()) fail(where + "missing field 'shape'");
+      if (!t.contains("data_offsets") || !t["data_offsets"].is_array() || t["data_offsets"].size() != 2)
+        fail(where + "field 'data_offsets' must be [begin, end]");
+
+      TensorView v;
+      v.name = name;
+      std::string dt = t["dtype"].get<std::string>();
+      if (!parse_dtype(dt, v.dtype)) fail(where + "unsupported dtype '" + dt + "'");
+      for (const auto& d : t["shape"]) {
+        if (!d.is_number_integer() || d.get<int64_t>() < 0) fail(where + "shape entries must be integers >= 0");
+        v.shape.push_back(d.get<int64_t>());
+      }
+      const auto& off = t["data_offsets"];
+      if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+        fail(where + "data_offsets must be non-negative integers");
+      uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
+      if (begin > end) fail(where + "data_offsets begin > end");
+      if (end > data_size)
+        fail(where + "data_offsets end " + std::to_string(end) + " lies past the data section (" +
+             std::to_string(data_size) + " bytes): file truncated?");
+      const uint64_t expected = static_cast<uint64_t>(v.numel()) * dtype_size(v.dtype);
+      if (end - begin != expected)
+        fail(where + "byte size " + std::to_string(end - begin) + " does not match shape " +
+             shape_str(v.shape) + " x " + dt + " = " + std::to_string(expected) + " bytes");
+      v.data = base + data_start + begin;
+      v.nbytes = end - begin;
+      ranges.emplace_back(begin, end);
+      tensors_.emplace(name, std::move(v));
+    }
+    std::sort(ranges.begin(), ranges.end());
+    for (size_t i = 1; i < ranges.size(); ++i)
+      if (ranges[i].first < ranges[i - 1].second) fail("corrupt header: tensor data ranges overlap");
+  } catch (...) {
+    ::munmap(map_, map_size_);
+    map_ = nullptr;
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) ::munmap(map_, map_size_);
+}
+
+std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
+  if (!fs::exists(dir)) throw CheckpointError(dir + ": checkpoint folder does not exist");
+  if (!fs::is_directory(dir))
+    throw CheckpointError(dir + ": not a checkpoint folder (convert a GGUF or HF model first: "
+                                "tools/convert_weights.py)");
+  auto ckpt = std::shared_ptr<Checkpoint>(new Checkpoint());
+  ckpt->dir_ = dir;
+
+  const std::string manifest_path = (fs::path(dir) / "manifest.json").string();
+  std::ifstream in(manifest_path);
+  if (!in) throw CheckpointError(manifest_path + ": missing manifest (incomplete or not a swiftspec checkpoint)");
+  json manifest;
+  try {
+    std::stringstream ss;
+    ss << in.rdbuf();
+    manifest = json::parse(ss.str());
+  } catch (const json::parse_error& e) {
+    throw CheckpointError(manifest_path + ": malformed JSON: " + e.what());
+  }
+  if (!manifest.is_object() || manifest.value("format", "") != "swiftspec-checkpoint")
+    throw CheckpointError(manifest_path + ": field 'format' must be \"swiftspec-checkpoint\"");
+  if (!manifest.contains("format_version") || !manifest["format_version"].is_number_integer())
+    throw CheckpointError(manifest_path + ": missing integer field 'format_version'");
+  ckpt->format_version_ = manifest["format_version"].get<int>();
+  if (ckpt->format_version_ != 1)
+    throw CheckpointError(manifest_path + ": unsupported format_version " +
+                          std::to_string(ckpt->format_version_) + " (this build reads 1)");
+  std::string dtype = manifest.value("dtype", "");
+  if (dtype == "float32") ckpt->dtype_ = DType::F32;
+  else if (dtype == "bfloat16") ckpt->dtype_ = DType::BF16;
+  else throw CheckpointError(manifest_path + ": field 'dtype' must be \"float32\" or \"bfloat16\", got \"" + dtype + "\"");
+  if (!manifest.contains("files") || !manifest["files"].is_array() || manifest["files"].empty())
+    throw CheckpointError(manifest_path + ": field 'files' must list the safetensors files");
+
+  ckpt->config_ = ModelConfig::from_json_file((fs::path(dir) / "config.json").string());
+
+  for (const auto& f : manifest["files"]) {
+    if (!f.is_string()) throw CheckpointError(manifest_path + ": field 'files' must hold file names");
+    const std::string file = f.get<std::string>();
+    if (file.find('/') != std::string::npos || file == ".." )
+      throw CheckpointError(manifest_path + ": file name '" + file + "' must be a plain name inside the folder");
+    ckpt->files_.push_back(std::make_unique<SafetensorsFile>((fs::path(dir) / file).string()));
+    for (const auto& [name, view] : ckpt->files_.back()->tensors()) {
+      if (ckpt->index_.count(name))
+        throw CheckpointError(dir + ": tensor '" + name + "' appears in more than one file");
+      if (view.dtype != ckpt->dtype_)
+        throw CheckpointError(ckpt->files_.back()->path() + ": tensor '" + name + "' has dtype " +
+                              dtype_name(view.dtype) + " but the manifest says " + dtype);
+      ckpt->index_[name] = &view;
+    }
+  }
+  return ckpt;
+}
+
+bool Checkpoint::has(const std::string& name) const { return index_.count(name) != 0; }
+
+const TensorView& Checkpoint::tensor(const std::string& name,
+                                     const std::vector<int64_t>& expected_shape) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) throw CheckpointError(dir_ + ": missing tensor '" + name + "'");
+  const TensorView& v = *it->second;
+  if (!expected_shape.empty() && v.shape != expected_shape)
+    throw CheckpointError(dir_ + ": tensor '" + name + "' has shape " + shape_str(v.shape) +
+                          ", expected " + shape_str(expected_shape) + " from config.json");
+  return v;
+}
+
+}  // namespace swiftspec

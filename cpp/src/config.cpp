@@ -1,0 +1,164 @@
+// Parsing and validation of config.json (HF key names + a "swiftspec" object).
+#include "swiftspec/config.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "swiftspec/error.h"
+
+namespace swiftspec {
+namespace {
+
+using json = nlohmann::json;
+
+[[noreturn]] void fail(const std::string& origin, const std::string& what) {
+  throw CheckpointError(origin + ": " + what);
+}
+
+const json& require(const json& j, const char* key, const std::string& origin) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) fail(origin, std::string("missing field '") + key + "'");
+  return *it;
+}
+
+int get_int(const json& j, const char* key, const std::string& origin) {
+  const json& v = require(j, key, origin);
+  if (!v.is_number_integer())
+    fail(origin, std::string("field '") + key + "' must be an integer, got " + v.dump());
+  return v.get<int>();
+}
+
+double get_number(const json& j, const char* key, const std::string& origin) {
+  const json& v = require(j, key, origin);
+  if (!v.is_number()) fail(origin, std::string("field '") + key + "' must be a number, got " + v.dump());
+  return v.get<double>();
+}
+
+template <typename T>
+T get_or(const json& j, const char* key, T fallback, const std::string& origin) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    fail(origin, std::string("field '") + key + "' has the wrong type: " + it->dump());
+  }
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw CheckpointError(path + ": cannot open config file (missing or unreadable)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return from_json_text(ss.str(), path);
+}
+
+ModelConfig ModelConfig::from_json_text(const std::string& text, const std::string& origin) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    fail(origin, std::string("malformed JSON: ") + e.what());
+  }
+  if (!j.is_object()) fail(origin, "top level must be a JSON object");
+
+  ModelConfig c;
+  const json& mt = require(j, "model_type", origin);
+  if (!mt.is_string()) fail(origin, "field 'model_type' must be a string");
+  c.architecture = mt.get<std::string>();
+  if (c.architecture != "qwen2" && c.architecture != "llama")
+    fail(origin, "unknown architecture model_type='" + c.architecture +
+                     "' (supported: qwen2, llama)");
+
+  c.vocab_size = get_int(j, "vocab_size", origin);
+  c.hidden_size = get_int(j, "hidden_size", origin);
+  c.intermediate_size = get_int(j, "intermediate_size", origin);
+  c.num_layers = get_int(j, "num_hidden_layers", origin);
+  c.num_heads = get_int(j, "num_attention_heads", origin);
+  c.num_kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
+                       ? get_int(j, "num_key_value_heads", origin)
+                       : c.num_heads;
+  if (j.contains("head_dim") && !j["head_dim"].is_null())
+    c.head_dim = get_int(j, "head_dim", origin);
+  else if (c.num_heads > 0)
+    c.head_dim = c.hidden_size / c.num_heads;
+  c.rms_norm_eps = static_cast<float>(get_number(j, "rms_norm_eps", origin));
+  c.rope_theta = j.contains("rope_theta") ? get_number(j, "rope_theta", origin) : 10000.0;
+  c.max_position_embeddings = get_or<int>(j, "max_position_embeddings", 4096, origin);
+  c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false, origin);
+  c.attention_bias = get_or<bool>(j, "attention_bias", c.architecture == "qwen2", origin);
+  c.bos_token_id = get_or<int>(j, "bos_token_id", -1, origin);
+
+  if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
+    const json& e = j["eos_token_id"];
+    if (e.is_number_integer())
+      c.eos_token_ids.push_back(e.get<int>());
+    else if (e.is_array())
+      for (const auto& x : e) {
+        if (!x.is_number_integer()) fail(origin, "field 'eos_token_id' must hold integers, got " + e.dump());
+        c.eos_token_ids.push_back(x.get<int>());
+      }
+    else
+      fail(origin, "field 'eos_token_id' must be an integer or a list, got " + e.dump());
+  }
+
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    const json& rs = j["rope_scaling"];
+    if (!rs.is_object()) fail(origin, "field 'rope_scaling' must be an object or null");
+    std::string type = get_or<std::string>(rs, "rope_type", get_or<std::string>(rs, "type", "", origin), origin);
+    if (type == "llama3") {
+      c.rope_scaling.enabled = true;
+      c.rope_scaling.factor = get_number(rs, "factor", origin + " rope_scaling");
+      c.rope_scaling.low_freq_factor = get_number(rs, "low_freq_factor", origin + " rope_scaling");
+      c.rope_scaling.high_freq_factor = get_number(rs, "high_freq_factor", origin + " rope_scaling");
+      c.rope_scaling.original_max_position_embeddings =
+          get_int(rs, "original_max_position_embeddings", origin + " rope_scaling");
+    } else if (type != "default" && !type.empty()) {
+      fail(origin, "unsupported rope_scaling type '" + type + "' (supported: llama3, default)");
+    }
+  }
+
+  if (j.contains("swiftspec")) {
+    const json& s = j["swiftspec"];
+    if (!s.is_object()) fail(origin, "field 'swiftspec' must be an object");
+    std::string style = get_or<std::string>(s, "rope_style", "neox", origin);
+    if (style == "neox")
+      c.rope_style = RopeStyle::NeoX;
+    else if (style == "interleaved")
+      c.rope_style = RopeStyle::Interleaved;
+    else
+      fail(origin, "unknown swiftspec.rope_style '" + style + "' (supported: neox, interleaved)");
+    c.attention_bias = get_or<bool>(s, "attention_bias", c.attention_bias, origin);
+  }
+
+  c.validate(origin);
+  return c;
+}
+
+void ModelConfig::validate(const std::string& origin) const {
+  auto positive = [&](int v, const char* name) {
+    if (v <= 0) fail(origin, std::string("field '") + name + "' must be > 0, got " + std::to_string(v));
+  };
+  positive(vocab_size, "vocab_size");
+  positive(hidden_size, "hidden_size");
+  positive(intermediate_size, "intermediate_size");
+  positive(num_layers, "num_hidden_layers");
+  positive(num_heads, "num_attention_heads");
+  positive(num_kv_heads, "num_key_value_heads");
+  positive(head_dim, "head_dim");
+  if (num_heads % num_kv_heads != 0)
+    fail(origin, "num_attention_heads (" + std::to_string(num_heads) +
+                     ") must be a multiple of num_key_value_heads (" + std::to_string(num_kv_heads) + ")");
+  if (head_dim % 2 != 0) fail(origin, "head_dim must be even for RoPE, got " + std::to_string(head_dim));
+  if (!(rms_norm_eps > 0)) fail(origin, "field 'rms_norm_eps' must be > 0");
+  if (!(rope_theta > 0)) fail(origin, "field 'rope_theta' must be > 0");
+  for (int e : eos_token_ids)
+    if (e < 0 || e >= vocab_size)
+      fail(origin, "eos_token_id " + std::to_string(e) + " is outside the vocabulary [0, " +
+                       std::to_string(vocab_size) + ")");
+}
+
+}  // namespace swiftspec

@@ -1,0 +1,42 @@
+// Chooses a backend by name.
+#include <string>
+
+#include "backend/cpu/cpu_model.h"
+#include "swiftspec/error.h"
+#include "swiftspec/model.h"
+#ifdef SWIFTSPEC_WITH_CUDA
+#include "swiftspec_cuda/cuda_model.h"
+#endif
+
+namespace swiftspec {
+
+ForwardBatch ForwardBatch::append(const std::vector<int32_t>& tokens, int start_position,
+                                  LogitsMode mode) {
+  ForwardBatch b;
+  b.tokens = tokens;
+  b.positions.resize(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) b.positions[i] = start_position + static_cast<int>(i);
+  b.logits = mode;
+  return b;
+}
+
+std::unique_ptr<Model> load_model(std::shared_ptr<const Checkpoint> checkpoint,
+                                  const std::string& backend, const ModelOptions& options) {
+  if (!checkpoint) throw InvalidArgument("load_model: checkpoint is null");
+  if (options.max_context < 1)
+    throw InvalidArgument("max_context must be >= 1, got " + std::to_string(options.max_context));
+  if (options.max_tree < 1)
+    throw InvalidArgument("max_tree must be >= 1, got " + std::to_string(options.max_tree));
+  if (options.num_threads < 0)
+    throw InvalidArgument("num_threads must be >= 0, got " + std::to_string(options.num_threads));
+  if (backend == "cpu") return make_cpu_model(std::move(checkpoint), options);
+#ifdef SWIFTSPEC_WITH_CUDA
+  if (backend == "cuda") return make_cuda_model(std::move(checkpoint), options);
+#else
+  if (backend == "cuda")
+    throw InvalidArgument("backend 'cuda' is not built in: reinstall with SWIFTSPEC_CUDA=ON (see README)");
+#endif
+  throw InvalidArgument("unknown backend '" + backend + "' (available: cpu, cuda)");
+}
+
+}  // namespace swiftspec

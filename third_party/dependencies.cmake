@@ -1,0 +1,27 @@
+# Build glue for dependencies that come from Python packages (see DESIGN.md):
+#   nlohmann-json  header-only JSON (config.json, safetensors headers), PyPI `nlohmann-json`
+#   nanobind       found by scikit-build-core / `python -m nanobind --cmake_dir`
+#   CUTLASS        headers from the `nvidia-cutlass` wheel (CUDA builds only, see cuda/)
+find_package(Python 3.10 COMPONENTS Interpreter REQUIRED)
+
+if(NOT SWIFTSPEC_JSON_INCLUDE_DIR)
+  execute_process(
+    COMMAND ${Python_EXECUTABLE} -c "import nlohmann_json, os; print(os.path.join(os.path.dirname(nlohmann_json.__file__), 'include'))"
+    OUTPUT_VARIABLE SWIFTSPEC_JSON_INCLUDE_DIR OUTPUT_STRIP_TRAILING_WHITESPACE
+    RESULT_VARIABLE _json_rc)
+  if(NOT _json_rc EQUAL 0 OR NOT EXISTS "${SWIFTSPEC_JSON_INCLUDE_DIR}/nlohmann/json.hpp")
+    message(FATAL_ERROR "nlohmann/json.hpp not found: `pip install nlohmann-json==3.12.0` "
+                        "(pip install . does this for you) or set SWIFTSPEC_JSON_INCLUDE_DIR")
+  endif()
+endif()
+add_library(swiftspec_json INTERFACE)
+target_include_directories(swiftspec_json SYSTEM INTERFACE ${SWIFTSPEC_JSON_INCLUDE_DIR})
+
+if(SKBUILD OR SWIFTSPEC_PYTHON)
+  execute_process(
+    COMMAND ${Python_EXECUTABLE} -m nanobind --cmake_dir
+    OUTPUT_VARIABLE _nb_dir OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _nb_rc)
+  if(_nb_rc EQUAL 0)
+    list(APPEND CMAKE_PREFIX_PATH "${_nb_dir}")
+  endif()
+endif()
