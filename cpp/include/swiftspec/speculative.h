@@ -1,0 +1,217 @@
+// Speculative decoding with a token tree: the draft side (DraftTree: grows,
+// selects and re-roots the tree), the target side (TreeVerifier: verifies a
+// tree in one forward pass and commits the accepted path) and serial tree
+// generation over both (generate_speculative_serial).
+//
+// Serial tree generation (SpecExec-style: Svirschevski et al., NeurIPS'24; the
+// "serial" baseline of SwiftSpec, ASPLOS'26 §4.1), one round:
+//   1. grow: the draft expands the token tree best-first — each draft step
+//      takes the `expand_width` unexpanded nodes with the largest cumulative
+//      draft log-probability (depth < max_depth), runs them through the draft
+//      in ONE tree-mode forward pass, and gives each its children — until the
+//      tree holds tree_budget non-root nodes or nothing can be expanded;
+//   2. select: the best prefix-closed subtree of at most tree_budget nodes
+//      (TokenTree::select_best) is verified by the target in ONE tree-mode
+//      forward pass (LogitsMode::All, tree_budget + 1 rows with the root);
+//   3. commit: both models append the accepted path (root first) to their
+//      committed region; the bonus token becomes the next root. The draft
+//      re-roots its tree at the bonus token when it already is a child of the
+//      last accepted node, keeping that subtree and its K/V (this is what the
+//      asynchronous engine relies on: SwiftSpec §4.1, "tree re-rooting").
+//
+// The root of every tree is the pending token (token_tree.h): prefill
+// processes the prompt in both models and samples the first token from the
+// target's last logits; that token is the first root.
+//
+// Children of an expanded node (TreeGrowth):
+//   TopK    — the `branching` most likely tokens of the draft (deterministic);
+//             logprob = log softmax of the draft logits (temperature 1) for
+//             greedy requests, log of the draft's sampling distribution for
+//             stochastic ones (tokens it gives no mass are skipped).
+//   Sampled — `branching` i.i.d. draws from the draft's sampling distribution
+//             (repeats merged; the draws kept on the node) — verified by
+//             SpecInfer's recursive rejection sampling (verification.h).
+// Defaults: TopK for greedy requests, Sampled for stochastic ones. Sampled
+// growth stops exactly at the budget (the last expansion draws only as many
+// tokens as fit), so the verified tree is the whole drafted tree and the
+// draws stay an unbiased sample.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "swiftspec/generation.h"
+#include "swiftspec/model.h"
+#include "swiftspec/sampling.h"
+#include "swiftspec/token_tree.h"
+#include "swiftspec/tree_kv_cache.h"
+#include "swiftspec/verification.h"
+
+namespace swiftspec {
+
+/// How an expanded node gets its children (see the header comment).
+enum class TreeGrowth { TopK, Sampled };
+
+/// Knobs of speculative decoding beyond GenerationConfig.
+struct SpeculativeOptions {
+  /// Children rule; Auto picks TopK for greedy and Sampled for stochastic requests.
+  enum class Growth { Auto, TopK, Sampled } growth = Growth::Auto;
+  /// Nodes expanded per draft forward pass; 0 picks
+  /// ceil(tree_budget / (branching * max_depth)) (at least 1), which reaches
+  /// a full tree in about max_depth draft steps.
+  int expand_width = 0;
+  /// Test-only negative controls of the losslessness tests (verification.h).
+  VerifierBias verifier_bias = VerifierBias::None;
+
+  /// The growth rule for `sampling`.
+  TreeGrowth resolve_growth(const SamplingParams& sampling) const;
+  /// The expansion width for `config`.
+  int resolve_expand_width(const GenerationConfig& config) const;
+};
+
+/// Speculation details of one request, beyond GenerationStats.
+struct SpeculationReport {
+  std::string growth;        ///< "top_k" or "sampled"
+  std::string verification;  ///< "greedy", "target_sampling", "rejection_sampling" or a mix joined by '+'
+  int expand_width = 0;
+  int rejection_sampling_nodes = 0;  ///< verifier decisions by recursive rejection sampling
+  int target_sampling_nodes = 0;     ///< verifier decisions by target sampling
+  int verified_nodes = 0;            ///< non-root tree nodes sent to the target, all steps
+  int drafted_nodes = 0;             ///< nodes the draft processed (forward passes rows), pending tokens excluded
+  int reused_nodes = 0;              ///< nodes kept by re-rooting (already drafted, not recomputed)
+  std::vector<int> accepted_per_step;  ///< accepted speculative tokens per verification (bonus excluded)
+};
+
+/// The draft side: the draft model's token tree and tree KV bookkeeping.
+/// Grows the tree, hands out the best subtree, re-roots on the accepted path.
+/// Single-threaded (one owner); the async engine runs it in the draft group.
+class DraftTree {
+ public:
+  /// `draft` must outlive this. `seed` seeds the draft's own random source
+  /// (Sampled growth). Throws InvalidArgument from config/options validation.
+  DraftTree(Model& draft, const GenerationConfig& config, const SpeculativeOptions& options, uint64_t seed);
+
+  /// Starts a request: clears the tree bookkeeping, truncates the draft's
+  /// committed region to 0, prefills `prompt` (no logits) and makes
+  /// `first_token` the root.
+  void start(const std::vector<int32_t>& prompt, int32_t first_token);
+
+  /// True when another expansion can add nodes: an unexpanded node of depth
+  /// < depth_limit exists and tree slots are free.
+  bool can_grow(int depth_limit) const;
+  /// Non-root nodes of depth <= depth_limit.
+  int selectable_nodes(int depth_limit) const;
+  /// One draft step: expands up to expand_width best unexpanded nodes of
+  /// depth < depth_limit in one draft forward pass. With `max_new_nodes` >= 0
+  /// (Sampled growth's exact budget) adds at most that many nodes. Returns
+  /// the number of nodes added (0: nothing to expand; no forward pass run).
+  int grow_step(int depth_limit, int max_new_nodes = -1);
+  /// Grows until selectable_nodes(depth_limit) >= budget or nothing can grow.
+  void grow_to(int budget, int depth_limit);
+
+  /// The subtree to verify: select_best(budget, depth_limit) as a new tree;
+  /// `to_draft` receives each node's index in this tree.
+  TokenTree select(int budget, int depth_limit, std::vector<int32_t>& to_draft) const;
+  /// The draft distribution q of expanded node `node` (Sampled growth), or
+  /// nullptr.
+  const float* draft_probs(int node) const;
+
+  /// Commits the verified outcome: `accepted_tokens` are the accepted
+  /// children's tokens from the root down (bonus excluded; each must be in the
+  /// tree), `bonus` the bonus token. The accepted path goes to the draft's
+  /// committed region (an unprocessed last node becomes a pending token), and
+  /// the tree re-roots at `bonus` if it is a child of the last accepted node,
+  /// else restarts from `bonus`. Returns the number of kept nodes (0 or more).
+  /// Throws InvalidArgument if an accepted token is not on a tree path.
+  int advance(const std::vector<int32_t>& accepted_tokens, int32_t bonus);
+
+  const TokenTree& tree() const { return tree_; }
+  const TreeKvCache& cache() const { return cache_; }
+  TreeGrowth growth() const { return growth_; }
+  int expand_width() const { return expand_width_; }
+  /// Draft forward passes and their wall time (seconds) since construction,
+  /// the prefill of start() excluded.
+  int steps() const { return steps_; }
+  double time() const { return time_; }
+  int drafted_nodes() const { return drafted_nodes_; }
+
+ private:
+  void expand(int node, const float* logits);
+  Model* draft_;
+  SamplingParams sampling_;
+  TreeGrowth growth_;
+  int branching_;
+  int expand_width_;
+  Rng rng_;
+  TokenTree tree_;
+  TreeKvCache cache_;
+  std::vector<std::shared_ptr<std::vector<float>>> q_;  ///< per node: draft distribution (Sampled)
+  std::vector<float> logits_, scratch_;
+  int steps_ = 0;
+  double time_ = 0.0;
+  int drafted_nodes_ = 0;
+};
+
+/// The target side: verifies a token tree in one forward pass and commits the
+/// accepted path into the target's committed region.
+class TreeVerifier {
+ public:
+  /// `target` must outlive this. `rng` draws the stochastic verifications.
+  TreeVerifier(Model& target, const SamplingParams& sampling, VerifierBias bias = VerifierBias::None);
+
+  /// Starts a request: truncates the committed region to 0, prefills
+  /// `prompt`, and returns the first token drawn from the last logits with
+  /// `rng` (sample_token). Returns it; it is the first root.
+  int32_t start(const std::vector<int32_t>& prompt, Rng& rng);
+
+  /// Verifies `tree` (root = the pending token, unprocessed by the target):
+  /// one tree-mode forward over all its nodes, then greedy or stochastic
+  /// verification; commits the accepted path (root first) and frees every
+  /// tree slot. `draft_probs` gives q for nodes with draws (stochastic).
+  /// Times the forward pass into time().
+  VerificationResult verify(const TokenTree& tree, const NodeDistribution& draft_probs, Rng& rng);
+
+  int steps() const { return steps_; }
+  double time() const { return time_; }
+
+ private:
+  Model* target_;
+  SamplingParams sampling_;
+  VerifierBias bias_;
+  TreeKvCache cache_;
+  std::vector<float> logits_, scratch_;
+  int steps_ = 0;
+  double time_ = 0.0;
+};
+
+/// Validates the speculative parts of a request for the pair: config.validate(),
+/// tree_budget / max_depth / branching >= 1, tree_budget + 1 <= max_tree of the
+/// target and tree_budget + 2 <= max_tree of the draft, equal vocabularies, a
+/// non-empty prompt of ids in [0, vocab), prompt + max_new_tokens <= max_context
+/// of both models, expand_width >= 0. Throws InvalidArgument naming the field
+/// and value.
+void validate_speculative(const Model& target, const Model& draft, const std::vector<int32_t>& prompt,
+                          const GenerationConfig& config, const SpeculativeOptions& options);
+
+/// Serial tree generation (header comment): prefill both models, then rounds
+/// of grow / verify / commit, streaming every round's new tokens through
+/// `on_tokens` (returning false cancels). Emits at most
+/// config.max_new_tokens tokens (a longer accepted path is cut), stops after
+/// a token of config.stop_token_ids. Fills GenerationStats (verification
+/// steps, draft steps, draft/target time split, prefill = both prefills).
+/// Each call starts from empty KV caches and leaves the models reusable.
+/// Throws InvalidArgument as validate_speculative.
+GenerationResult generate_speculative_serial(Model& target, Model& draft, const std::vector<int32_t>& prompt,
+                                             const GenerationConfig& config, const TokenCallback& on_tokens);
+
+/// The same with explicit options; `report`, when given, receives the
+/// speculation details.
+GenerationResult generate_speculative_serial(Model& target, Model& draft, const std::vector<int32_t>& prompt,
+                                             const GenerationConfig& config, const TokenCallback& on_tokens,
+                                             const SpeculativeOptions& options, SpeculationReport* report);
+
+/// Name of a growth rule ("top_k", "sampled").
+std::string tree_growth_name(TreeGrowth growth);
+
+}  // namespace swiftspec

@@ -1,0 +1,462 @@
+// swiftspec_core.spec: the speculative core seen from Python (tests, tools and
+// the async engine's prototypes). Every numeric routine releases the GIL.
+#include "python/bind_speculative.h"
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <exception>
+#include <optional>
+#include <string>
+
+#include "swiftspec/error.h"
+#include "swiftspec/sampling.h"
+#include "swiftspec/speculative.h"
+#include "swiftspec/token_tree.h"
+#include "swiftspec/tree_kv_cache.h"
+#include "swiftspec/verification.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace swiftspec::python {
+namespace {
+
+using Probs2D = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using Vec1D = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+template <typename T>
+nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& data, std::initializer_list<size_t> shape) {
+  auto* heap = new std::vector<T>(std::move(data));
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::ndarray<nb::numpy, T>(heap->data(), shape, owner);
+}
+
+VerifierBias parse_bias(const std::string& s) {
+  if (s == "none") return VerifierBias::None;
+  if (s == "accept_first_child") return VerifierBias::AcceptFirstChild;
+  if (s == "no_residual") return VerifierBias::NoResidual;
+  throw InvalidArgument("verifier_bias must be 'none', 'accept_first_child' or 'no_residual', got '" + s + "'");
+}
+
+SpeculativeOptions::Growth parse_growth(const std::string& s) {
+  if (s == "auto") return SpeculativeOptions::Growth::Auto;
+  if (s == "top_k") return SpeculativeOptions::Growth::TopK;
+  if (s == "sampled") return SpeculativeOptions::Growth::Sampled;
+  throw InvalidArgument("growth must be 'auto', 'top_k' or 'sampled', got '" + s + "'");
+}
+
+LogitsMode parse_logits(const std::string& s) {
+  if (s == "last") return LogitsMode::Last;
+  if (s == "all") return LogitsMode::All;
+  if (s == "none") return LogitsMode::None;
+  throw InvalidArgument("logits must be 'last', 'all' or 'none', got '" + s + "'");
+}
+
+SamplingParams make_sampling(float temperature, int top_k, float top_p, uint64_t seed) {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  p.seed = seed;
+  p.validate();
+  return p;
+}
+
+GenerationConfig make_config(int max_new_tokens, float temperature, int top_k, float top_p, uint64_t seed,
+                             const std::vector<int32_t>& stop_token_ids, int tree_budget, int max_depth,
+                             int branching) {
+  GenerationConfig c;
+  c.max_new_tokens = max_new_tokens;
+  c.sampling.temperature = temperature;
+  c.sampling.top_k = top_k;
+  c.sampling.top_p = top_p;
+  c.sampling.seed = seed;
+  c.stop_token_ids = stop_token_ids;
+  c.mode = DecodeMode::Serial;
+  c.tree_budget = tree_budget;
+  c.max_depth = max_depth;
+  c.branching = branching;
+  return c;
+}
+
+nb::dict result_dict(const VerificationResult& r) {
+  nb::dict d;
+  d["accepted_path"] = r.accepted_path;
+  d["tokens"] = r.tokens;
+  d["bonus_token"] = r.bonus_token;
+  d["accepted"] = r.accepted();
+  d["rejection_sampling_nodes"] = r.rejection_sampling_nodes;
+  d["target_sampling_nodes"] = r.target_sampling_nodes;
+  return d;
+}
+
+nb::dict stats_dict(const GenerationStats& s) {
+  nb::dict d;
+  d["prompt_tokens"] = s.prompt_tokens;
+  d["new_tokens"] = s.new_tokens;
+  d["verification_steps"] = s.verification_steps;
+  d["draft_steps"] = s.draft_steps;
+  d["prefill_time"] = s.prefill_time;
+  d["decode_time"] = s.decode_time;
+  d["target_time"] = s.target_time;
+  d["draft_time"] = s.draft_time;
+  d["finish_reason"] = s.finish_reason;
+  d["acceptance_length"] = s.acceptance_length();
+  return d;
+}
+
+nb::dict report_dict(const SpeculationReport& r) {
+  nb::dict d;
+  d["growth"] = r.growth;
+  d["verification"] = r.verification;
+  d["expand_width"] = r.expand_width;
+  d["rejection_sampling_nodes"] = r.rejection_sampling_nodes;
+  d["target_sampling_nodes"] = r.target_sampling_nodes;
+  d["verified_nodes"] = r.verified_nodes;
+  d["drafted_nodes"] = r.drafted_nodes;
+  d["reused_nodes"] = r.reused_nodes;
+  d["accepted_per_step"] = r.accepted_per_step;
+  return d;
+}
+
+// Row `node` of a [rows, vocab] table through an optional index map.
+NodeDistribution table_rows(const Probs2D& table, const std::optional<std::vector<int32_t>>& rows, int vocab,
+                            const char* what) {
+  const float* base = table.data();
+  const int64_t nrows = static_cast<int64_t>(table.shape(0));
+  if (static_cast<int>(table.shape(1)) != vocab)
+    throw InvalidArgument(std::string(what) + " must have vocab columns");
+  std::vector<int32_t> map = rows ? *rows : std::vector<int32_t>{};
+  return [base, nrows, vocab, map, what](int node) -> const float* {
+    const int64_t r = map.empty() ? node : (node < static_cast<int>(map.size()) ? map[node] : -1);
+    if (r < 0 || r >= nrows)
+      throw InvalidArgument(std::string(what) + ": no row for tree node " + std::to_string(node));
+    return base + r * vocab;
+  };
+}
+
+// The target side with its own random source (the runtime keeps Rng internal).
+struct PyTreeVerifier {
+  PyTreeVerifier(Model& target, const SamplingParams& s, VerifierBias bias)
+      : verifier(target, s, bias), rng(s.seed) {}
+  TreeVerifier verifier;
+  Rng rng;
+};
+
+}  // namespace
+
+void bind_speculative(nb::module_& parent) {
+  nb::module_ m = parent.def_submodule(
+      "spec", "Speculative core: token trees, tree KV bookkeeping, verification, serial tree generation");
+
+  // ---------------------------------------------------------------- TokenTree
+  nb::class_<TokenTree>(m, "TokenTree",
+                        "A prefix-closed token tree; node 0 is the root (the pending token), nodes are in\n"
+                        "topological order (parent index < child index). See cpp/include/swiftspec/token_tree.h.")
+      .def(nb::init<int32_t>(), "root_token"_a)
+      .def("reset", &TokenTree::reset, "root_token"_a)
+      .def("__len__", &TokenTree::size)
+      .def_prop_ro("size", &TokenTree::size)
+      .def("add_child", &TokenTree::add_child, "parent"_a, "token"_a, "logprob"_a,
+           "Adds a child (draft log-prob <= 0); returns its index.")
+      .def("find_child", &TokenTree::find_child, "parent"_a, "token"_a)
+      .def("set_expanded", &TokenTree::set_expanded, "node"_a, "draws"_a = std::vector<int32_t>{})
+      .def("path_to", &TokenTree::path_to, "node"_a)
+      .def("path_tokens", &TokenTree::path_tokens, "node"_a)
+      .def_prop_ro("max_depth", &TokenTree::max_depth)
+      .def_prop_ro("tokens", [](const TokenTree& t) { std::vector<int32_t> v; for (auto& n : t.nodes()) v.push_back(n.token); return v; })
+      .def_prop_ro("parents", [](const TokenTree& t) { std::vector<int32_t> v; for (auto& n : t.nodes()) v.push_back(n.parent); return v; })
+      .def_prop_ro("depths", [](const TokenTree& t) { std::vector<int32_t> v; for (auto& n : t.nodes()) v.push_back(n.depth); return v; })
+      .def_prop_ro("logprobs", [](const TokenTree& t) { std::vector<float> v; for (auto& n : t.nodes()) v.push_back(n.logprob); return v; })
+      .def_prop_ro("cum_logprobs", [](const TokenTree& t) { std::vector<double> v; for (auto& n : t.nodes()) v.push_back(n.cum_logprob); return v; })
+      .def("children", [](const TokenTree& t, int i) { return t.node(i).children; }, "node"_a)
+      .def("expanded", [](const TokenTree& t, int i) { return t.node(i).expanded; }, "node"_a)
+      .def("draws", [](const TokenTree& t, int i) { return t.node(i).draws; }, "node"_a)
+      .def(
+          "attention_mask",
+          [](const TokenTree& t) {
+            const size_t n = t.size();
+            return to_numpy<uint8_t>(t.attention_mask(), {n, n});
+          },
+          "Dense tree mask, uint8 [n, n]: row i is 1 at i and its ancestors.")
+      .def(
+          "ancestors_csr",
+          [](const TokenTree& t) {
+            std::vector<int32_t> off, val;
+            t.ancestors_csr(off, val);
+            return nb::make_tuple(off, val);
+          },
+          "(offsets [n+1], values): path root..i of each node i.")
+      .def("positions", &TokenTree::positions, "base_position"_a)
+      .def("select_best", &TokenTree::select_best, "budget"_a, "max_depth"_a)
+      .def(
+          "subtree",
+          [](const TokenTree& t, const std::vector<int32_t>& nodes) {
+            std::vector<int32_t> new_to_old;
+            TokenTree s = t.subtree(nodes, &new_to_old);
+            return std::make_pair(std::move(s), std::move(new_to_old));
+          },
+          "nodes"_a, "Returns (tree, new_to_old).")
+      .def("reroot", &TokenTree::reroot, "new_root"_a, "Re-roots in place; returns old -> new index map (-1 dropped).")
+      .def("check_invariants", &TokenTree::check_invariants)
+      .def("copy", [](const TokenTree& t) { return TokenTree(t); });
+
+  // ------------------------------------------------------------- verification
+  m.def(
+      "verify_greedy",
+      [](const TokenTree& tree, Probs2D logits) {
+        if (static_cast<int>(logits.shape(0)) != tree.size())
+          throw InvalidArgument("verify_greedy: logits must have one row per tree node");
+        const int vocab = static_cast<int>(logits.shape(1));
+        VerificationResult r;
+        {
+          nb::gil_scoped_release release;
+          r = verify_greedy(tree, logits.data(), vocab);
+        }
+        return result_dict(r);
+      },
+      "tree"_a, "logits"_a, "Greedy verification; logits fp32 [tree size, vocab].");
+
+  m.def(
+      "verify_stochastic",
+      [](const TokenTree& tree, Probs2D target_probs, std::optional<Probs2D> draft_probs, uint64_t seed,
+         const std::string& bias, std::optional<std::vector<int32_t>> target_rows,
+         std::optional<std::vector<int32_t>> draft_rows) {
+        const int vocab = static_cast<int>(target_probs.shape(1));
+        NodeDistribution tp = table_rows(target_probs, target_rows, vocab, "target_probs");
+        NodeDistribution dp;
+        if (draft_probs) dp = table_rows(*draft_probs, draft_rows, vocab, "draft_probs");
+        const VerifierBias b = parse_bias(bias);
+        VerificationResult r;
+        {
+          nb::gil_scoped_release release;
+          Rng rng(seed);
+          r = verify_stochastic(tree, vocab, tp, dp, rng, b);
+        }
+        return result_dict(r);
+      },
+      "tree"_a, "target_probs"_a, "draft_probs"_a = nb::none(), "seed"_a = 0, "bias"_a = "none",
+      "target_rows"_a = nb::none(), "draft_rows"_a = nb::none(),
+      "Stochastic verification with a fresh Rng(seed). target_probs / draft_probs: fp32 tables\n"
+      "[rows, vocab]; node i uses row target_rows[i] (identity when omitted). bias: 'none' or a\n"
+      "test-only negative control ('accept_first_child', 'no_residual').");
+
+  m.def(
+      "sampling_distribution",
+      [](Vec1D logits, float temperature, int top_k, float top_p) {
+        const SamplingParams p = make_sampling(temperature, top_k, top_p, 0);
+        std::vector<float> out;
+        {
+          nb::gil_scoped_release release;
+          sampling_distribution(logits.data(), static_cast<int>(logits.shape(0)), p, out);
+        }
+        const size_t n = out.size();
+        return to_numpy<float>(std::move(out), {n});
+      },
+      "logits"_a, "temperature"_a, "top_k"_a = 0, "top_p"_a = 1.0f,
+      "The runtime's sampling distribution of one logits row (fp32 [vocab]).");
+
+  m.def(
+      "draw_iid",
+      [](Vec1D q, int count, uint64_t seed) {
+        Rng rng(seed);
+        return draw_iid(q.data(), static_cast<int>(q.shape(0)), count, rng);
+      },
+      "q"_a, "count"_a, "seed"_a, "count i.i.d. draws from q with a fresh Rng(seed), in draw order.");
+
+  m.def(
+      "top_k_indices", [](Vec1D v, int k) { return top_k_indices(v.data(), static_cast<int>(v.shape(0)), k); },
+      "values"_a, "k"_a);
+
+  // -------------------------------------------------------------- TreeKvCache
+  nb::class_<TreeKvCache>(m, "TreeKvCache", "Tree-slot bookkeeping of one model (tree_kv_cache.h).")
+      .def(nb::init<Model&>(), "model"_a, nb::keep_alive<1, 2>())
+      .def_prop_ro("capacity", &TreeKvCache::capacity)
+      .def_prop_ro("free_slots", &TreeKvCache::free_slots)
+      .def_prop_ro("base_position", &TreeKvCache::base_position)
+      .def_prop_ro("pending_tokens", &TreeKvCache::pending_tokens)
+      .def_prop_ro("processed_count", &TreeKvCache::processed_count)
+      .def("processed", &TreeKvCache::processed, "node"_a)
+      .def("slot", &TreeKvCache::slot, "node"_a)
+      .def("clear", &TreeKvCache::clear)
+      .def(
+          "prefill",
+          [](TreeKvCache& c, const std::vector<int32_t>& tokens, const std::string& logits) {
+            std::vector<float> out;
+            {
+              nb::gil_scoped_release release;
+              c.prefill(tokens, parse_logits(logits), out);
+            }
+            const size_t v = c.model().config().vocab_size, rows = out.size() / v;
+            return to_numpy<float>(std::move(out), {rows, v});
+          },
+          "tokens"_a, "logits"_a = "last")
+      .def(
+          "build_batch",
+          [](const TreeKvCache& c, const TokenTree& tree, const std::vector<int32_t>& nodes) {
+            std::vector<int32_t> slots;
+            ForwardBatch b = c.build_batch(tree, nodes, LogitsMode::All, slots);
+            nb::dict d;
+            d["tokens"] = b.tokens;
+            d["positions"] = b.positions;
+            d["tree_slots"] = b.tree_slots;
+            d["attend_offsets"] = b.attend_offsets;
+            d["attend_slots"] = b.attend_slots;
+            return d;
+          },
+          "tree"_a, "nodes"_a, "The tree-mode batch forward_nodes would run (nothing recorded).")
+      .def(
+          "forward_nodes",
+          [](TreeKvCache& c, const TokenTree& tree, const std::vector<int32_t>& nodes, const std::string& logits) {
+            std::vector<float> out;
+            int row0;
+            {
+              nb::gil_scoped_release release;
+              row0 = c.forward_nodes(tree, nodes, parse_logits(logits), out);
+            }
+            const size_t v = c.model().config().vocab_size, rows = out.size() / v;
+            return nb::make_tuple(row0, to_numpy<float>(std::move(out), {rows, v}));
+          },
+          "tree"_a, "nodes"_a, "logits"_a = "all",
+          "Processes pending tokens + nodes in one forward; returns (row of nodes[0], logits).")
+      .def("commit_path", &TreeKvCache::commit_path, "tree"_a, "path"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("remap", &TreeKvCache::remap, "old_to_new"_a);
+
+  // ---------------------------------------------------------------- DraftTree
+  nb::class_<DraftTree>(m, "DraftTree", "The draft side: grows, selects and re-roots the token tree.")
+      .def(
+          "__init__",
+          [](DraftTree* self, Model& draft, int tree_budget, int max_depth, int branching, float temperature,
+             int top_k, float top_p, uint64_t seed, const std::string& growth, int expand_width) {
+            GenerationConfig c = make_config(1, temperature, top_k, top_p, seed, {}, tree_budget, max_depth, branching);
+            c.validate();
+            SpeculativeOptions o;
+            o.growth = parse_growth(growth);
+            o.expand_width = expand_width;
+            new (self) DraftTree(draft, c, o, seed);
+          },
+          "draft"_a, "tree_budget"_a = 16, "max_depth"_a = 8, "branching"_a = 2, "temperature"_a = 0.0f,
+          "top_k"_a = 0, "top_p"_a = 1.0f, "seed"_a = 0, "growth"_a = "auto", "expand_width"_a = 0,
+          nb::keep_alive<1, 2>())
+      .def("start", &DraftTree::start, "prompt"_a, "first_token"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("can_grow", &DraftTree::can_grow, "depth_limit"_a)
+      .def("selectable_nodes", &DraftTree::selectable_nodes, "depth_limit"_a)
+      .def("grow_step", &DraftTree::grow_step, "depth_limit"_a, "max_new_nodes"_a = -1,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("grow_to", &DraftTree::grow_to, "budget"_a, "depth_limit"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "select",
+          [](const DraftTree& d, int budget, int depth_limit) {
+            std::vector<int32_t> to_draft;
+            TokenTree t = d.select(budget, depth_limit, to_draft);
+            return std::make_pair(std::move(t), std::move(to_draft));
+          },
+          "budget"_a, "depth_limit"_a, "Returns (subtree, to_draft index map).")
+      .def(
+          "draft_probs",
+          [](const DraftTree& d, int node) -> nb::object {
+            const float* q = d.draft_probs(node);
+            if (!q) return nb::none();
+            const size_t v = d.cache().model().config().vocab_size;
+            return nb::cast(to_numpy<float>(std::vector<float>(q, q + v), {v}));
+          },
+          "node"_a)
+      .def("advance", &DraftTree::advance, "accepted_tokens"_a, "bonus"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("tree", [](const DraftTree& d) { return TokenTree(d.tree()); }, "A copy of the current tree.")
+      .def_prop_ro("cache", &DraftTree::cache, nb::rv_policy::reference_internal)
+      .def_prop_ro("growth", [](const DraftTree& d) { return tree_growth_name(d.growth()); })
+      .def_prop_ro("expand_width", &DraftTree::expand_width)
+      .def_prop_ro("steps", &DraftTree::steps)
+      .def_prop_ro("time", &DraftTree::time)
+      .def_prop_ro("drafted_nodes", &DraftTree::drafted_nodes);
+
+  // ------------------------------------------------------------- TreeVerifier
+  nb::class_<PyTreeVerifier>(m, "TreeVerifier", "The target side: verifies a tree in one forward, commits.")
+      .def(
+          "__init__",
+          [](PyTreeVerifier* self, Model& target, float temperature, int top_k, float top_p, uint64_t seed,
+             const std::string& bias) {
+            new (self) PyTreeVerifier(target, make_sampling(temperature, top_k, top_p, seed), parse_bias(bias));
+          },
+          "target"_a, "temperature"_a = 0.0f, "top_k"_a = 0, "top_p"_a = 1.0f, "seed"_a = 0, "bias"_a = "none",
+          nb::keep_alive<1, 2>())
+      .def(
+          "start", [](PyTreeVerifier& v, const std::vector<int32_t>& prompt) { return v.verifier.start(prompt, v.rng); },
+          "prompt"_a, nb::call_guard<nb::gil_scoped_release>(), "Prefills; returns the first token.")
+      .def(
+          "verify",
+          [](PyTreeVerifier& v, const TokenTree& tree, std::optional<const DraftTree*> drafter,
+             std::optional<std::vector<int32_t>> to_draft) {
+            NodeDistribution dp;
+            if (drafter && *drafter && to_draft) {
+              const DraftTree* d = *drafter;
+              std::vector<int32_t> map = *to_draft;
+              dp = [d, map](int u) { return d->draft_probs(map.at(u)); };
+            }
+            VerificationResult r;
+            {
+              nb::gil_scoped_release release;
+              r = v.verifier.verify(tree, dp, v.rng);
+            }
+            return result_dict(r);
+          },
+          "tree"_a, "drafter"_a = nb::none(), "to_draft"_a = nb::none(),
+          "Verifies and commits; draft distributions come from drafter via to_draft (Sampled growth).")
+      .def_prop_ro("steps", [](const PyTreeVerifier& v) { return v.verifier.steps(); })
+      .def_prop_ro("time", [](const PyTreeVerifier& v) { return v.verifier.time(); });
+
+  // ------------------------------------------------------ serial generation
+  m.def(
+      "generate_serial",
+      [](Model& target, Model& draft, const std::vector<int32_t>& prompt, int max_new_tokens, float temperature,
+         int top_k, float top_p, uint64_t seed, const std::vector<int32_t>& stop_token_ids, int tree_budget,
+         int max_depth, int branching, const std::string& growth, int expand_width, const std::string& verifier_bias,
+         nb::object on_tokens) {
+        const GenerationConfig cfg = make_config(max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids,
+                                                 tree_budget, max_depth, branching);
+        SpeculativeOptions opt;
+        opt.growth = parse_growth(growth);
+        opt.expand_width = expand_width;
+        opt.verifier_bias = parse_bias(verifier_bias);
+        std::exception_ptr callback_error;
+        TokenCallback cb;
+        if (!on_tokens.is_none()) {
+          cb = [&](const std::vector<int32_t>& toks) -> bool {
+            nb::gil_scoped_acquire acquire;
+            try {
+              nb::object r = on_tokens(toks);
+              return r.is_none() || nb::cast<bool>(r);
+            } catch (...) {
+              callback_error = std::current_exception();
+              return false;
+            }
+          };
+        }
+        GenerationResult res;
+        SpeculationReport rep;
+        {
+          nb::gil_scoped_release release;
+          res = generate_speculative_serial(target, draft, prompt, cfg, cb, opt, &rep);
+        }
+        if (callback_error) std::rethrow_exception(callback_error);
+        nb::dict out;
+        out["tokens"] = res.tokens;
+        out["stats"] = stats_dict(res.stats);
+        out["report"] = report_dict(rep);
+        return out;
+      },
+      "target"_a, "draft"_a, "prompt"_a, "max_new_tokens"_a = 128, "temperature"_a = 0.0f, "top_k"_a = 0,
+      "top_p"_a = 1.0f, "seed"_a = 0, "stop_token_ids"_a = std::vector<int32_t>{}, "tree_budget"_a = 16,
+      "max_depth"_a = 8, "branching"_a = 2, "growth"_a = "auto", "expand_width"_a = 0, "verifier_bias"_a = "none",
+      "on_tokens"_a = nb::none(),
+      "Serial tree generation (speculative.h) with explicit options. Returns {'tokens', 'stats',\n"
+      "'report'}; report has the growth rule, the verification scheme(s) used, per-step acceptance.");
+}
+
+}  // namespace swiftspec::python

@@ -1,0 +1,167 @@
+// DraftTree: best-first growth of the draft's token tree, subtree selection, re-rooting.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "swiftspec/error.h"
+#include "swiftspec/speculative.h"
+
+namespace swiftspec {
+
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+DraftTree::DraftTree(Model& draft, const GenerationConfig& config, const SpeculativeOptions& options, uint64_t seed)
+    : draft_(&draft),
+      sampling_(config.sampling),
+      growth_(options.resolve_growth(config.sampling)),
+      branching_(config.branching),
+      expand_width_(options.resolve_expand_width(config)),
+      rng_(seed),
+      cache_(draft) {
+  if (branching_ < 1) throw InvalidArgument("branching must be >= 1, got " + std::to_string(branching_));
+}
+
+void DraftTree::start(const std::vector<int32_t>& prompt, int32_t first_token) {
+  cache_.clear();
+  draft_->truncate_committed(0);
+  cache_.prefill(prompt, LogitsMode::None, logits_);
+  tree_.reset(first_token);
+  q_.clear();
+}
+
+bool DraftTree::can_grow(int depth_limit) const {
+  const int need = static_cast<int>(cache_.pending_tokens().size()) + 1;
+  if (cache_.free_slots() < need) return false;
+  for (const TreeNode& n : tree_.nodes())
+    if (!n.expanded && n.depth < depth_limit) return true;
+  return false;
+}
+
+int DraftTree::selectable_nodes(int depth_limit) const {
+  int n = 0;
+  for (const TreeNode& nd : tree_.nodes())
+    if (nd.depth >= 1 && nd.depth <= depth_limit) ++n;
+  return n;
+}
+
+int DraftTree::grow_step(int depth_limit, int max_new_nodes) {
+  // Best-first: unexpanded nodes by cumulative draft log-prob, then age.
+  std::vector<int32_t> cand;
+  for (int i = 0; i < tree_.size(); ++i) {
+    const TreeNode& n = tree_.node(i);
+    if (!n.expanded && n.depth < depth_limit) cand.push_back(i);
+  }
+  std::stable_sort(cand.begin(), cand.end(), [this](int32_t a, int32_t b) {
+    return tree_.node(a).cum_logprob > tree_.node(b).cum_logprob;
+  });
+  const int slots = cache_.free_slots() - static_cast<int>(cache_.pending_tokens().size());
+  int width = std::min({expand_width_, static_cast<int>(cand.size()), slots});
+  // Sampled growth with an exact budget: decide every node's number of draws
+  // before drawing (so each node's draws stay an i.i.d. sample).
+  std::vector<int> draws_per_node;
+  if (max_new_nodes >= 0) {
+    int left = max_new_nodes;
+    for (int k = 0; k < width && left > 0; ++k) {
+      draws_per_node.push_back(std::min(branching_, left));
+      left -= draws_per_node.back();
+    }
+    width = static_cast<int>(draws_per_node.size());
+  }
+  if (width <= 0) return 0;
+  cand.resize(width);
+  for (int32_t i : cand)
+    if (cache_.processed(i))
+      throw InvalidArgument("DraftTree: node " + std::to_string(i) + " has K/V but was never expanded");
+
+  const double t0 = now_s();
+  const int row0 = cache_.forward_nodes(tree_, cand, LogitsMode::All, logits_);
+  time_ += now_s() - t0;
+  ++steps_;
+  drafted_nodes_ += width;
+
+  const int vocab = draft_->config().vocab_size;
+  const int before = tree_.size();
+  for (int k = 0; k < width; ++k) {
+    const float* row = logits_.data() + static_cast<size_t>(row0 + k) * vocab;
+    const int count = draws_per_node.empty() ? branching_ : draws_per_node[k];
+    const int node = cand[k];
+    if (growth_ == TreeGrowth::Sampled) {
+      auto q = std::make_shared<std::vector<float>>();
+      sampling_distribution(row, vocab, sampling_, *q);
+      std::vector<int32_t> draws = draw_iid(q->data(), vocab, count, rng_);
+      for (int32_t t : draws)
+        if (tree_.find_child(node, t) < 0) tree_.add_child(node, t, std::log((*q)[t]));
+      tree_.set_expanded(node, std::move(draws));
+      if (static_cast<int>(q_.size()) <= node) q_.resize(node + 1);
+      q_[node] = std::move(q);
+    } else if (sampling_.greedy()) {
+      // log softmax at temperature 1 for the top tokens only
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int i = 0; i < vocab; ++i) mx = std::max(mx, row[i]);
+      double sum = 0.0;
+      for (int i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(row[i]) - mx);
+      const double lse = mx + std::log(sum);
+      for (int32_t t : top_k_indices(row, vocab, count))
+        tree_.add_child(node, t, std::min(0.0f, static_cast<float>(static_cast<double>(row[t]) - lse)));
+      tree_.set_expanded(node);
+    } else {
+      sampling_distribution(row, vocab, sampling_, scratch_);
+      for (int32_t t : top_k_indices(scratch_.data(), vocab, count))
+        if (scratch_[t] > 0.0f) tree_.add_child(node, t, std::min(0.0f, std::log(scratch_[t])));
+      tree_.set_expanded(node);
+    }
+  }
+  return tree_.size() - before;
+}
+
+void DraftTree::grow_to(int budget, int depth_limit) {
+  for (;;) {
+    const int have = selectable_nodes(depth_limit);
+    if (have >= budget || !can_grow(depth_limit)) return;
+    const int added = grow_step(depth_limit, growth_ == TreeGrowth::Sampled ? budget - have : -1);
+    if (added == 0 && !can_grow(depth_limit)) return;
+  }
+}
+
+TokenTree DraftTree::select(int budget, int depth_limit, std::vector<int32_t>& to_draft) const {
+  return tree_.subtree(tree_.select_best(budget, std::max(depth_limit, 0)), &to_draft);
+}
+
+const float* DraftTree::draft_probs(int node) const {
+  if (node < 0 || node >= static_cast<int>(q_.size()) || !q_[node]) return nullptr;
+  return q_[node]->data();
+}
+
+int DraftTree::advance(const std::vector<int32_t>& accepted_tokens, int32_t bonus) {
+  std::vector<int32_t> path{TokenTree::root()};
+  for (int32_t t : accepted_tokens) {
+    const int c = tree_.find_child(path.back(), t);
+    if (c < 0)
+      throw InvalidArgument("DraftTree::advance: accepted token " + std::to_string(t) + " is not a child of node " +
+                            std::to_string(path.back()) + " of the draft tree");
+    path.push_back(c);
+  }
+  cache_.commit_path(tree_, path);
+  const int keep = tree_.find_child(path.back(), bonus);
+  std::vector<int32_t> old_to_new;
+  if (keep >= 0) {
+    old_to_new = tree_.reroot(keep);
+  } else {
+    old_to_new.assign(tree_.size(), -1);
+    tree_.reset(bonus);
+  }
+  cache_.remap(old_to_new);
+  std::vector<std::shared_ptr<std::vector<float>>> q(tree_.size());
+  for (size_t i = 0; i < q_.size() && i < old_to_new.size(); ++i)
+    if (old_to_new[i] >= 0) q[old_to_new[i]] = std::move(q_[i]);
+  q_ = std::move(q);
+  return keep >= 0 ? tree_.size() : 0;
+}
+
+}  // namespace swiftspec

@@ -1,0 +1,50 @@
+// TreeVerifier: the target side of speculation — one tree-mode forward, verify, commit.
+#include <chrono>
+#include <functional>
+#include <numeric>
+
+#include "swiftspec/error.h"
+#include "swiftspec/speculative.h"
+
+namespace swiftspec {
+
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+TreeVerifier::TreeVerifier(Model& target, const SamplingParams& sampling, VerifierBias bias)
+    : target_(&target), sampling_(sampling), bias_(bias), cache_(target) {}
+
+int32_t TreeVerifier::start(const std::vector<int32_t>& prompt, Rng& rng) {
+  cache_.clear();
+  target_->truncate_committed(0);
+  cache_.prefill(prompt, LogitsMode::Last, logits_);
+  return sample_token(logits_.data(), target_->config().vocab_size, sampling_, rng, scratch_);
+}
+
+VerificationResult TreeVerifier::verify(const TokenTree& tree, const NodeDistribution& draft_probs, Rng& rng) {
+  const int n = tree.size();
+  const int vocab = target_->config().vocab_size;
+  std::vector<int32_t> nodes(n);
+  std::iota(nodes.begin(), nodes.end(), 0);
+  cache_.clear();
+  const double t0 = now_s();
+  const int row0 = cache_.forward_nodes(tree, nodes, LogitsMode::All, logits_);
+  time_ += now_s() - t0;
+  ++steps_;
+  if (row0 != 0) throw InvalidArgument("TreeVerifier: the target cache had pending tokens");
+  VerificationResult r;
+  if (sampling_.greedy() && bias_ == VerifierBias::None) {
+    r = verify_greedy(tree, logits_.data(), vocab);
+  } else {
+    LazyDistributions target(logits_.data(), n, vocab, sampling_);
+    r = verify_stochastic(tree, vocab, std::ref(target), draft_probs, rng, bias_);
+  }
+  cache_.commit_path(tree, r.accepted_path);
+  cache_.clear();
+  return r;
+}
+
+}  // namespace swiftspec

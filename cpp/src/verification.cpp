@@ -1,0 +1,158 @@
+// Greedy and stochastic (lossless) verification of token trees.
+#include "swiftspec/verification.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "swiftspec/error.h"
+
+namespace swiftspec {
+
+namespace {
+
+void check_tree(const TokenTree& tree, int vocab, const char* who) {
+  if (tree.empty()) throw InvalidArgument(std::string(who) + ": the token tree is empty");
+  if (vocab <= 0) throw InvalidArgument(std::string(who) + ": vocab must be > 0, got " + std::to_string(vocab));
+}
+
+// One step down the tree: follow the child carrying `x` or end with bonus x.
+bool step(const TokenTree& tree, int& u, int32_t x, VerificationResult& r) {
+  const int c = tree.find_child(u, x);
+  r.tokens.push_back(x);
+  if (c < 0) {
+    r.bonus_token = x;
+    return false;
+  }
+  r.accepted_path.push_back(c);
+  u = c;
+  return true;
+}
+
+// SpecInfer multi-step speculative sampling at node u (see verification.h).
+// Returns the next token; `residual` is scratch.
+int32_t rejection_sample(const TreeNode& nd, int u, int vocab, const float* p, const float* q, Rng& rng,
+                         VerifierBias bias, std::vector<float>& residual) {
+  residual.assign(p, p + vocab);
+  for (int32_t t : nd.draws) {
+    if (!(q[t] > 0.0f))
+      throw InvalidArgument("verify_stochastic: node " + std::to_string(u) + " has draw " + std::to_string(t) +
+                            " whose draft probability is " + std::to_string(q[t]) + " (must be > 0)");
+    const double u01 = rng.uniform();
+    // accept with probability min(1, r(t) / q(t))
+    if (u01 * static_cast<double>(q[t]) < static_cast<double>(residual[t])) return t;
+    // reject: r <- norm(max(0, r - q))
+    double sum = 0.0;
+    for (int i = 0; i < vocab; ++i) {
+      const float d = residual[i] - q[i];
+      residual[i] = d > 0.0f ? d : 0.0f;
+      sum += residual[i];
+    }
+    if (sum > 0.0) {
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int i = 0; i < vocab; ++i) residual[i] *= inv;
+    } else {
+      // Only reachable through fp32 rounding (p == q up to rounding, yet a
+      // draw was rejected): fall back to the target distribution.
+      residual.assign(p, p + vocab);
+    }
+  }
+  if (bias == VerifierBias::NoResidual) return rng.categorical(p, vocab);
+  return rng.categorical(residual.data(), vocab);
+}
+
+}  // namespace
+
+VerificationResult verify_greedy(const TokenTree& tree, const float* target_logits, int vocab) {
+  check_tree(tree, vocab, "verify_greedy");
+  VerificationResult r;
+  r.accepted_path.push_back(0);
+  int u = 0;
+  while (step(tree, u, argmax(target_logits + static_cast<size_t>(u) * vocab, vocab), r)) {
+  }
+  return r;
+}
+
+VerificationResult verify_stochastic(const TokenTree& tree, int vocab, const NodeDistribution& target_probs,
+                                     const NodeDistribution& draft_probs, Rng& rng, VerifierBias bias) {
+  check_tree(tree, vocab, "verify_stochastic");
+  if (!target_probs) throw InvalidArgument("verify_stochastic: target_probs is required");
+  VerificationResult r;
+  r.accepted_path.push_back(0);
+  std::vector<float> residual;
+  int u = 0;
+  for (;;) {
+    const TreeNode& nd = tree.node(u);
+    int32_t x;
+    if (bias == VerifierBias::AcceptFirstChild && !nd.children.empty()) {
+      x = tree.node(nd.children[0]).token;
+    } else if (!nd.draws.empty()) {
+      if (!draft_probs)
+        throw InvalidArgument("verify_stochastic: node " + std::to_string(u) +
+                              " has expansion draws but no draft distribution was given");
+      const float* q = draft_probs(u);
+      if (!q) throw InvalidArgument("verify_stochastic: no draft distribution for node " + std::to_string(u));
+      x = rejection_sample(nd, u, vocab, target_probs(u), q, rng, bias, residual);
+      ++r.rejection_sampling_nodes;
+    } else {
+      x = rng.categorical(target_probs(u), vocab);
+      ++r.target_sampling_nodes;
+    }
+    if (!step(tree, u, x, r)) break;
+  }
+  return r;
+}
+
+LazyDistributions::LazyDistributions(const float* logits, int rows, int vocab, const SamplingParams& params)
+    : logits_(logits), rows_(rows), vocab_(vocab), params_(params), cache_(rows) {}
+
+const float* LazyDistributions::operator()(int row) {
+  if (row < 0 || row >= rows_)
+    throw InvalidArgument("LazyDistributions: row " + std::to_string(row) + " out of range [0, " +
+                          std::to_string(rows_) + ")");
+  auto& d = cache_[row];
+  if (d.empty()) sampling_distribution(logits_ + static_cast<size_t>(row) * vocab_, vocab_, params_, d);
+  return d.data();
+}
+
+std::vector<int32_t> top_k_indices(const float* values, int n, int k) {
+  k = std::max(0, std::min(k, n));
+  std::vector<int32_t> best;  // kept sorted: largest first, ties smaller index first
+  best.reserve(k + 1);
+  auto better = [values](int32_t a, int32_t b) { return values[a] > values[b] || (values[a] == values[b] && a < b); };
+  for (int32_t i = 0; i < n && k > 0; ++i) {
+    if (static_cast<int>(best.size()) == k && !better(i, best.back())) continue;
+    best.insert(std::upper_bound(best.begin(), best.end(), i, better), i);
+    if (static_cast<int>(best.size()) > k) best.pop_back();
+  }
+  return best;
+}
+
+void log_softmax(const float* logits, int n, std::vector<float>& out) {
+  out.resize(n);
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int i = 0; i < n; ++i) mx = std::max(mx, logits[i]);
+  double sum = 0.0;
+  for (int i = 0; i < n; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
+  const double lse = mx + std::log(sum);
+  for (int i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<double>(logits[i]) - lse);
+}
+
+std::vector<int32_t> draw_iid(const float* q, int n, int count, Rng& rng) {
+  std::vector<int32_t> out;
+  out.reserve(std::max(count, 0));
+  for (int i = 0; i < count; ++i) out.push_back(rng.categorical(q, n));
+  return out;
+}
+
+std::string verifier_bias_name(VerifierBias bias) {
+  switch (bias) {
+    case VerifierBias::None: return "none";
+    case VerifierBias::AcceptFirstChild: return "accept_first_child";
+    case VerifierBias::NoResidual: return "no_residual";
+  }
+  return "unknown";
+}
+
+}  // namespace swiftspec
