@@ -86,7 +86,16 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   else if (c.num_heads > 0)
     c.head_dim = c.hidden_size / c.num_heads;
   c.rms_norm_eps = static_cast<float>(get_number(j, "rms_norm_eps", origin));
-  c.rope_theta = j.contains("rope_theta") ? get_number(j, "rope_theta", origin) : 10000.0;
+  // transformers >= 5 nests RoPE settings under "rope_parameters"; older
+  // configs use top-level "rope_theta" and "rope_scaling".
+  const json* rope_params = nullptr;
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) rope_params = &j["rope_parameters"];
+  if (j.contains("rope_theta") && !j["rope_theta"].is_null())
+    c.rope_theta = get_number(j, "rope_theta", origin);
+  else if (rope_params && rope_params->contains("rope_theta"))
+    c.rope_theta = get_number(*rope_params, "rope_theta", origin + " rope_parameters");
+  else
+    fail(origin, "missing field 'rope_theta' (or rope_parameters.rope_theta)");
   c.max_position_embeddings = get_or<int>(j, "max_position_embeddings", 4096, origin);
   c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false, origin);
   c.attention_bias = get_or<bool>(j, "attention_bias", c.architecture == "qwen2", origin);
@@ -105,8 +114,11 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
       fail(origin, "field 'eos_token_id' must be an integer or a list, got " + e.dump());
   }
 
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    const json& rs = j["rope_scaling"];
+  const json* scaling = nullptr;
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) scaling = &j["rope_scaling"];
+  else if (rope_params) scaling = rope_params;
+  if (scaling) {
+    const json& rs = *scaling;
     if (!rs.is_object()) fail(origin, "field 'rope_scaling' must be an object or null");
     std::string type = get_or<std::string>(rs, "rope_type", get_or<std::string>(rs, "type", "", origin), origin);
     if (type == "llama3") {

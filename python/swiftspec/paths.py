@@ -15,3 +15,15 @@ def cache_dir() -> Path:
         path = (Path(xdg) if xdg else Path.home() / ".cache") / "swiftspec"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def binary(name: str) -> Path:
+    """Path of an executable installed with the package (``swiftspec/bin/NAME``),
+    e.g. ``swiftspec-decode``, the C++ embedding example. Raises FileNotFoundError."""
+    import swiftspec
+
+    for root in swiftspec.__path__:
+        candidate = Path(root) / "bin" / name
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"{name} is not installed with swiftspec (looked in {list(swiftspec.__path__)})")

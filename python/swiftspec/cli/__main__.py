@@ -1,0 +1,5 @@
+import sys
+
+from swiftspec.cli import main
+
+sys.exit(main())

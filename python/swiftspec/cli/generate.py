@@ -1,0 +1,99 @@
+"""`swiftspec generate`: decode one prompt and stream the answer."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="generate text for one prompt",
+        description="Generate text. With no --target/--draft it uses the reference pair "
+        "(Qwen2.5-Coder 1.5B target, 0.5B draft), fetched and converted on first use.",
+    )
+    p.add_argument("prompt", nargs="?", help="the prompt (read from stdin when omitted or '-')")
+    p.add_argument("--target", help="target model: checkpoint folder, GGUF file, HF folder or reference name")
+    p.add_argument("--draft", help="draft model (same kinds); enables speculative decoding")
+    p.add_argument("--no-draft", action="store_true", help="target-only decoding with the reference target")
+    p.add_argument("--raw", action="store_true", help="send the prompt as raw text, without the chat template")
+    p.add_argument("--system", help="a system message for the chat template")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--mode", choices=["target", "serial", "async"], help="decode mode (default: serial with a draft)")
+    p.add_argument("--tree-budget", type=int, default=16, help="token-tree nodes verified per target step")
+    p.add_argument("--max-depth", type=int, default=8, help="depth limit of the token tree")
+    p.add_argument("--branching", type=int, default=2, help="children per expanded node (1 = chain)")
+    p.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                   help="weight dtype when converting a GGUF/HF model")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads per model (0: all cores)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (text, ids, timing) instead of text")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from swiftspec.engine import Engine
+    from swiftspec.fetch import DEFAULT_PAIR
+
+    prompt = args.prompt
+    if prompt is None or prompt == "-":
+        prompt = sys.stdin.read()
+    target = args.target or DEFAULT_PAIR["target"]
+    draft = args.draft
+    if draft is None and args.target is None and not args.no_draft:
+        draft = DEFAULT_PAIR["draft"]
+    print(f"[swiftspec] loading target {target}" + (f" and draft {draft}" if draft else ""), file=sys.stderr)
+    engine = Engine(target, draft, backend=args.backend, dtype=args.dtype, num_threads=args.threads)
+    if args.raw:
+        request = prompt
+    else:
+        request = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": prompt}
+        ]
+    stream_to_stdout = not args.json
+
+    def on_text(delta: str):
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+
+    result = engine.generate(
+        request,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop=args.stop,
+        mode=args.mode,
+        tree_budget=args.tree_budget,
+        max_depth=args.max_depth,
+        branching=args.branching,
+        on_text=on_text if stream_to_stdout else None,
+    )
+    if args.json:
+        print(json.dumps({
+            "text": result.text,
+            "token_ids": result.token_ids,
+            "prompt_tokens": len(result.prompt_token_ids),
+            "finish_reason": result.finish_reason,
+            "ttft_s": result.ttft_s,
+            "tokens_per_s": result.tokens_per_s,
+            "stats": result.stats,
+        }))
+    else:
+        print()
+        s = result.stats
+        print(
+            f"[swiftspec] {len(result.token_ids)} tokens, finish={result.finish_reason}, "
+            f"TTFT {result.ttft_s * 1000:.0f} ms, {result.tokens_per_s:.2f} tok/s, "
+            f"acceptance length {s.get('acceptance_length', 0):.2f}",
+            file=sys.stderr,
+        )
+    return 0

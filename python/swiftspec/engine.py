@@ -1,0 +1,312 @@
+"""The Python face of the engine: load a target (and optionally a draft) model,
+tokenize, apply chat templates, and drive generation in the C++ runtime.
+
+Decoding itself (target-only, serial speculation, asynchronous speculation)
+runs in C++ with the GIL released; this module turns text into token ids and
+back, handles stop strings and streaming, and reports timing.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from swiftspec.errors import CheckpointError, InvalidRequestError
+from swiftspec.models import resolve_checkpoint
+from swiftspec.text_stream import TextStream
+from swiftspec.tokenizer import Tokenizer
+
+_MODES = ("target", "serial", "async")
+
+
+@dataclass
+class GenerationResult:
+    """The outcome of one request.
+
+    Attributes:
+        text: the generated text (special tokens and any stop string removed).
+        token_ids: the generated token ids (prompt excluded; an EOS token that
+            ended generation is included).
+        prompt_token_ids: the token ids the model was prompted with.
+        finish_reason: "length" (max_new_tokens), "stop" (EOS or a stop
+            string) or "cancelled".
+        ttft_s: time to first token, seconds (prefill + first sample).
+        decode_s: seconds from the first to the last new token.
+        tokens_per_s: new tokens after the first, divided by decode_s.
+        tpot_s: time per output token after the first, seconds.
+        stats: the runtime's counters (verification_steps, draft_steps,
+            acceptance_length, target_time, draft_time, ...).
+    """
+
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    finish_reason: str
+    ttft_s: float
+    decode_s: float
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        n = len(self.token_ids) - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
+
+    @property
+    def tpot_s(self) -> float:
+        n = len(self.token_ids) - 1
+        return self.decode_s / n if n > 0 else 0.0
+
+    @property
+    def acceptance_length(self) -> float:
+        return float(self.stats.get("acceptance_length", 0.0))
+
+
+class Engine:
+    """A target model, an optional draft model, and their tokenizer.
+
+    Args:
+        target: a converted checkpoint folder, a GGUF file (converted on first
+            use into the cache), or a reference model name (see
+            ``swiftspec.fetch.REFERENCE_MODELS``).
+        draft: the same kinds of value, or None for target-only decoding. The
+            draft must share the target's vocabulary.
+        backend: "cpu" or "cuda" (CUDA builds only).
+        dtype: weight dtype used when a GGUF file or reference name must be
+            converted: "bfloat16" (default) or "float32".
+        max_context: KV capacity in tokens (prompt + new tokens).
+        max_tree: tree KV capacity in nodes (>= the largest tree budget used).
+        num_threads: CPU threads per model (0: all cores).
+
+    Raises:
+        CheckpointError: a path is missing or not a valid model, naming it.
+        InvalidRequestError: an option is out of range, naming it.
+    """
+
+    def __init__(
+        self,
+        target: str | Path,
+        draft: str | Path | None = None,
+        *,
+        backend: str = "cpu",
+        dtype: str = "bfloat16",
+        max_context: int = 4096,
+        max_tree: int = 256,
+        num_threads: int = 0,
+    ):
+        from swiftspec import swiftspec_core as core
+
+        self.target_dir = resolve_checkpoint(target, dtype=dtype)
+        self.draft_dir = resolve_checkpoint(draft, dtype=dtype) if draft is not None else None
+        self.tokenizer = Tokenizer.from_checkpoint(self.target_dir)
+        if self.draft_dir is not None:
+            draft_tok = Tokenizer.from_checkpoint(self.draft_dir)
+            if draft_tok.vocab_size != self.tokenizer.vocab_size:
+                raise CheckpointError(
+                    f"{self.draft_dir}: the draft tokenizer has {draft_tok.vocab_size} tokens, the target's "
+                    f"({self.target_dir}) has {self.tokenizer.vocab_size}; speculative decoding needs one tokenizer"
+                )
+        options = core.ModelOptions()
+        options.max_context = int(max_context)
+        options.max_tree = int(max_tree)
+        options.num_threads = int(num_threads)
+        self._target = core.load_model(str(self.target_dir), backend, options)
+        self._draft = core.load_model(str(self.draft_dir), backend, options) if self.draft_dir else None
+        self._engine = core.Engine(self._target, self._draft)
+        self.backend = backend
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_pretrained(cls, target: str | Path | None = None, draft: str | Path | None = None, **kwargs) -> "Engine":
+        """The reference pair (Qwen2.5-Coder 1.5B target, 0.5B draft) unless
+        ``target``/``draft`` are given; fetched and converted on first use."""
+        from swiftspec.fetch import DEFAULT_PAIR
+
+        if target is None:
+            target = DEFAULT_PAIR["target"]
+            if draft is None:
+                draft = DEFAULT_PAIR["draft"]
+        return cls(target, draft, **kwargs)
+
+    @property
+    def has_draft(self) -> bool:
+        return self._draft is not None
+
+    @property
+    def target_model(self):
+        """The C++ target model (``swiftspec_core.Model``)."""
+        return self._target
+
+    @property
+    def draft_model(self):
+        """The C++ draft model, or None."""
+        return self._draft
+
+    # ------------------------------------------------------------------ prompts
+    def encode_prompt(self, prompt) -> list[int]:
+        """Token ids for a prompt: a string (encoded as is), a list of chat
+        messages (``[{"role": ..., "content": ...}]``, rendered with the model's
+        chat template and a generation prompt), or a list of token ids."""
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, Sequence) and len(prompt) > 0 and all(isinstance(m, dict) for m in prompt):
+            ids = self.tokenizer.encode_chat(list(prompt))
+        elif isinstance(prompt, Sequence) and len(prompt) > 0 and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            ids = list(prompt)
+            vocab = self.tokenizer.vocab_size
+            bad = [t for t in ids if t < 0 or t >= vocab]
+            if bad:
+                raise InvalidRequestError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        else:
+            raise InvalidRequestError(
+                "prompt must be a non-empty string, a non-empty list of chat messages "
+                f"(dicts with 'role' and 'content'), or a non-empty list of token ids; got {type(prompt).__name__}"
+                + (" (empty)" if isinstance(prompt, (str, Sequence)) and len(prompt) == 0 else "")
+            )
+        if not ids:
+            raise InvalidRequestError("the prompt encodes to zero tokens")
+        return ids
+
+    # --------------------------------------------------------------- generation
+    def generate(
+        self,
+        prompt,
+        *,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        stop: Sequence[str] | str | None = None,
+        mode: str | None = None,
+        tree_budget: int = 16,
+        max_depth: int = 8,
+        branching: int = 2,
+        on_text=None,
+    ) -> GenerationResult:
+        """Generates a continuation of ``prompt`` (text, chat messages or token ids).
+
+        Greedy when ``temperature`` is 0; otherwise samples with top-k / top-p
+        under ``seed``. ``mode`` is "target" (plain decoding), "serial" or
+        "async" (speculative; need a draft); by default "serial" with a draft,
+        "target" without. Speculative modes return the target model's own
+        output (greedy: token for token; sampling: the same distribution).
+        Generation ends at max_new_tokens, an EOS token, or a ``stop`` string
+        (the text is cut before it). ``on_text(delta: str) -> bool | None`` is
+        called with new text as it is final; returning False cancels.
+
+        Raises:
+            InvalidRequestError: bad prompt or parameter (named in the message),
+                or a prompt plus max_new_tokens longer than the context.
+        """
+        if mode is None:
+            mode = "serial" if self.has_draft else "target"
+        if mode not in _MODES:
+            raise InvalidRequestError(f"mode must be one of {', '.join(_MODES)}; got {mode!r}")
+        if mode != "target" and not self.has_draft:
+            raise InvalidRequestError(f"mode {mode!r} needs a draft model; this engine has none")
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if any(not isinstance(s, str) or not s for s in stops):
+            raise InvalidRequestError("stop must be a non-empty string or a list of non-empty strings")
+        for name, value, kind in (("max_new_tokens", max_new_tokens, int), ("top_k", top_k, int), ("seed", seed, int),
+                                  ("tree_budget", tree_budget, int), ("max_depth", max_depth, int),
+                                  ("branching", branching, int)):
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise InvalidRequestError(f"{name} must be an integer, got {value!r}")
+        if seed < 0:
+            raise InvalidRequestError(f"seed must be >= 0, got {seed}")
+        for name, value in (("temperature", temperature), ("top_p", top_p)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise InvalidRequestError(f"{name} must be a number, got {value!r}")
+        if tree_budget > self._target.max_tree:
+            raise InvalidRequestError(
+                f"tree_budget {tree_budget} exceeds the engine's tree KV capacity max_tree={self._target.max_tree}"
+            )
+
+        prompt_ids = self.encode_prompt(prompt)
+        text_stream = TextStream(self.tokenizer, stops)
+        cancelled_by_user = False
+
+        def on_tokens(new_ids: list[int]) -> bool:
+            nonlocal cancelled_by_user
+            delta = text_stream.push(new_ids)
+            if delta and on_text is not None and on_text(delta) is False:
+                cancelled_by_user = True
+                return False
+            return not text_stream.stopped
+
+        with self._lock:  # one request at a time per engine
+            t0 = time.perf_counter()
+            out = self._engine.generate(
+                prompt_ids,
+                max_new_tokens=max_new_tokens,
+                temperature=float(temperature),
+                top_k=top_k,
+                top_p=float(top_p),
+                seed=seed,
+                stop_token_ids=self.tokenizer.eos_token_ids,
+                mode=mode,
+                tree_budget=tree_budget,
+                max_depth=max_depth,
+                branching=branching,
+                on_tokens=on_tokens,
+            )
+            wall = time.perf_counter() - t0
+        stats = dict(out["stats"])
+        stats["wall_time"] = wall
+        finish = stats["finish_reason"]
+        if text_stream.stopped and not cancelled_by_user:
+            finish = "stop"
+        tail = text_stream.finish()
+        if tail and on_text is not None and not cancelled_by_user:
+            on_text(tail)
+        return GenerationResult(
+            text=text_stream.text,
+            token_ids=list(out["tokens"]),
+            prompt_token_ids=prompt_ids,
+            finish_reason=finish,
+            ttft_s=stats["prefill_time"],
+            decode_s=stats["decode_time"],
+            stats=stats,
+        )
+
+    def stream(self, prompt, **kwargs) -> Iterator[str]:
+        """Like :meth:`generate`, but yields text pieces as they are final.
+        Closing the iterator early cancels the request."""
+        if "on_text" in kwargs:
+            raise InvalidRequestError("stream() yields the text itself; do not pass on_text")
+        pieces: queue.Queue = queue.Queue()
+        cancel = threading.Event()
+        done = object()
+        error: list[BaseException] = []
+
+        def on_text(delta: str):
+            pieces.put(delta)
+            return not cancel.is_set()
+
+        def run():
+            try:
+                self.generate(prompt, on_text=on_text, **kwargs)
+            except BaseException as exc:  # surfaced in the consumer's thread
+                error.append(exc)
+            finally:
+                pieces.put(done)
+
+        worker = threading.Thread(target=run, name="swiftspec-stream", daemon=True)
+        worker.start()
+        try:
+            while True:
+                item = pieces.get()
+                if item is done:
+                    break
+                yield item
+            if error:
+                raise error[0]
+        finally:
+            cancel.set()
+            worker.join()

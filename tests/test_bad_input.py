@@ -1,0 +1,243 @@
+"""Bad input gets a Python exception that names the file, field or value;
+the interpreter never crashes (issue #2)."""
+
+import json
+import math
+import shutil
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from swiftspec import CheckpointError, InvalidRequestError
+from swiftspec import swiftspec_core as core
+
+TINY_CONFIG = {
+    "model_type": "llama",
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 128,
+    "tie_word_embeddings": True,
+    "eos_token_id": 2,
+}
+
+
+def tiny_tensors(cfg):
+    rng = np.random.default_rng(0)
+    h, i, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    t = {"model.embed_tokens.weight": (cfg["vocab_size"], h), "model.norm.weight": (h,)}
+    for layer in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        t.update({
+            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
+            p + "mlp.down_proj.weight": (h, i), p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+        })
+    return {k: (rng.standard_normal(s) * 0.1 + (1.0 if len(s) == 1 else 0.0)).astype(np.float32) for k, s in t.items()}
+
+
+def write_checkpoint(path, cfg=TINY_CONFIG, tensors=None):
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors if tensors is not None else tiny_tensors(cfg), str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(cfg))
+    (path / "manifest.json").write_text(json.dumps(
+        {"format": "swiftspec-checkpoint", "format_version": 1, "dtype": "float32", "files": ["model.safetensors"]}))
+    return path
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    return write_checkpoint(tmp_path / "tiny")
+
+
+def test_tiny_checkpoint_loads_and_runs(tiny):
+    model = core.load_model(str(tiny))
+    logits = model.forward([1, 5, 7], logits="all")
+    assert logits.shape == (3, 64) and np.isfinite(logits).all()
+
+
+def test_missing_folder(tmp_path):
+    with pytest.raises(CheckpointError, match="does-not-exist"):
+        core.load_model(str(tmp_path / "does-not-exist"))
+
+
+def test_missing_manifest(tiny):
+    (tiny / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match="manifest"):
+        core.load_model(str(tiny))
+
+
+def test_missing_weights_file(tiny):
+    (tiny / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        core.load_model(str(tiny))
+
+
+def test_truncated_file(tiny):
+    f = tiny / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) - 100])
+    with pytest.raises(CheckpointError, match=r"model\.safetensors.*(truncated|past the data section)"):
+        core.load_model(str(tiny))
+
+
+def test_file_shorter_than_header(tiny):
+    (tiny / "model.safetensors").write_bytes(b"\x05\x00")
+    with pytest.raises(CheckpointError, match="truncated"):
+        core.load_model(str(tiny))
+
+
+def test_corrupt_header_json(tiny):
+    f = tiny / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[8:20] = b"{not json!!!"
+    f.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="corrupt safetensors header"):
+        core.load_model(str(tiny))
+
+
+def test_header_length_beyond_file(tiny):
+    f = tiny / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[:8] = struct.pack("<Q", 10**12)
+    f.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="header length"):
+        core.load_model(str(tiny))
+
+
+def test_header_offsets_disagree_with_shape(tiny):
+    f = tiny / "model.safetensors"
+    raw = f.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8 : 8 + n])
+    header["model.norm.weight"]["shape"] = [31]  # 124 bytes claimed vs 128 stored
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (n - len(text))
+    assert len(text) == n
+    f.write_bytes(raw[:8] + text + raw[8 + n :])
+    with pytest.raises(CheckpointError, match=r"model\.norm\.weight.*does not match shape"):
+        core.load_model(str(tiny))
+
+
+def test_wrong_tensor_shape(tmp_path):
+    tensors = tiny_tensors(TINY_CONFIG)
+    tensors["model.layers.1.self_attn.k_proj.weight"] = np.ones((8, 32), np.float32)
+    ckpt = write_checkpoint(tmp_path / "bad", tensors=tensors)
+    with pytest.raises(CheckpointError, match=r"model\.layers\.1\.self_attn\.k_proj\.weight.*\[8, 32\].*\[16, 32\]"):
+        core.load_model(str(ckpt))
+
+
+def test_missing_tensor(tmp_path):
+    tensors = tiny_tensors(TINY_CONFIG)
+    del tensors["model.layers.0.mlp.up_proj.weight"]
+    ckpt = write_checkpoint(tmp_path / "bad", tensors=tensors)
+    with pytest.raises(CheckpointError, match=r"missing tensor 'model\.layers\.0\.mlp\.up_proj\.weight'"):
+        core.load_model(str(ckpt))
+
+
+def test_unknown_architecture(tmp_path):
+    ckpt = write_checkpoint(tmp_path / "bad", cfg={**TINY_CONFIG, "model_type": "gpt2"})
+    with pytest.raises(CheckpointError, match=r"config\.json.*unknown architecture model_type='gpt2'"):
+        core.load_model(str(ckpt))
+
+
+@pytest.mark.parametrize("field,value,pattern", [
+    ("num_key_value_heads", 3, "multiple of num_key_value_heads"),
+    ("hidden_size", 0, "hidden_size' must be > 0"),
+    ("vocab_size", "many", "vocab_size' must be an integer"),
+])
+def test_invalid_config_fields(tmp_path, field, value, pattern):
+    ckpt = write_checkpoint(tmp_path / "bad", cfg={**TINY_CONFIG, field: value}, tensors=tiny_tensors(TINY_CONFIG))
+    with pytest.raises(CheckpointError, match=pattern):
+        core.load_model(str(ckpt))
+
+
+def test_missing_config_field(tmp_path):
+    cfg = dict(TINY_CONFIG)
+    del cfg["num_hidden_layers"]
+    ckpt = write_checkpoint(tmp_path / "bad", cfg=cfg, tensors=tiny_tensors(TINY_CONFIG))
+    with pytest.raises(CheckpointError, match="missing field 'num_hidden_layers'"):
+        core.load_model(str(ckpt))
+
+
+def test_prompt_longer_than_context(tiny):
+    opts = core.ModelOptions()
+    opts.max_context = 16
+    engine = core.Engine(core.load_model(str(tiny), "cpu", opts))
+    with pytest.raises(InvalidRequestError, match="exceeds the context of 16 tokens"):
+        engine.generate(list(range(1, 15)), max_new_tokens=8)
+    model = core.load_model(str(tiny), "cpu", opts)
+    with pytest.raises(InvalidRequestError, match="exceed the context of 16 tokens"):
+        model.forward(list(range(1, 18)))
+    assert model.committed_len == 0
+    assert engine.generate([1, 2, 3], max_new_tokens=4)["stats"]["new_tokens"] >= 1
+
+
+@pytest.mark.parametrize("kwargs,pattern", [
+    ({"temperature": -0.5}, "temperature must be a finite number >= 0"),
+    ({"temperature": math.nan}, "temperature"),
+    ({"temperature": math.inf}, "temperature"),
+    ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": -1}, "top_k must be >= 0"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be > 0"),
+    ({"mode": "turbo"}, "mode must be"),
+    ({"mode": "serial"}, "needs a draft model"),
+])
+def test_invalid_generation_parameters(tiny, kwargs, pattern):
+    engine = core.Engine(core.load_model(str(tiny)))
+    with pytest.raises(InvalidRequestError, match=pattern):
+        engine.generate([1, 2, 3], **kwargs)
+    assert len(engine.generate([1, 2, 3], max_new_tokens=3)["tokens"]) == 3
+
+
+def test_out_of_vocabulary_prompt_token(tiny):
+    engine = core.Engine(core.load_model(str(tiny)))
+    with pytest.raises(InvalidRequestError, match="token id 64 at index 1"):
+        engine.generate([1, 64, 3])
+    with pytest.raises(InvalidRequestError, match="prompt is empty"):
+        engine.generate([])
+
+
+def test_bad_tree_batch(tiny):
+    model = core.load_model(str(tiny))
+    with pytest.raises(InvalidRequestError, match="must end with its own slot"):
+        model.forward([1, 2], positions=[0, 1], logits="all", tree_slots=[0, 1], attend_offsets=[0, 1, 2],
+                      attend_slots=[0, 0])
+    with pytest.raises(InvalidRequestError, match="outside the tree KV"):
+        model.forward([1], positions=[0], tree_slots=[10**6], attend_offsets=[0, 1], attend_slots=[10**6])
+
+
+def test_unknown_backend(tiny):
+    with pytest.raises(InvalidRequestError, match="backend"):
+        core.load_model(str(tiny), "tpu")
+
+
+def test_cli_reports_bad_path_without_traceback(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "swiftspec.cli", "generate", "--target", str(tmp_path / "nope.gguf"), "hi"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "nope.gguf" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cpp_example_reports_bad_checkpoint(tmp_path):
+    from swiftspec.paths import binary
+
+    proc = subprocess.run([str(binary("swiftspec-decode")), "--checkpoint", str(tmp_path / "missing"),
+                           "--tokens", "1,2"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "missing" in proc.stderr
