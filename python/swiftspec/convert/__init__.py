@@ -1,0 +1,26 @@
+"""Weight converters: GGUF file or Hugging Face folder -> swiftspec checkpoint folder.
+
+The folder format is docs/checkpoint_format.md. One module per job:
+
+* ``gguf_file``          open a GGUF, read metadata with errors naming file and field
+* ``gguf_names``         GGUF -> HF tensor names; Llama Q/K row un-permutation
+* ``gguf_config``        config.json from GGUF metadata
+* ``tokenizer_from_gguf`` tokenizer.json / tokenizer_config.json / end-of-generation ids
+* ``gguf_to_checkpoint`` :func:`convert_gguf`
+* ``hf_to_checkpoint``   :func:`convert_hf`
+* ``safetensors_reader`` reading (possibly sharded, bf16/f16/f32) HF safetensors with numpy
+* ``layout``             the tensor names and shapes a checkpoint must have
+* ``dtypes``             float32 <-> bfloat16 bit conversion (round to nearest even)
+* ``writer``             the folder writer (weights through ``safetensors``, manifest last)
+* ``manifest``           manifest.json creation and validation
+
+Tensor-parallel sharding (``--tp N``) and int4 weights are later format versions; their hook
+is :class:`writer.CheckpointWriter` (see its module docstring).
+"""
+
+from .dtypes import SUPPORTED_DTYPES
+from .gguf_to_checkpoint import convert_gguf
+from .hf_to_checkpoint import convert_hf
+from .manifest import read_manifest
+
+__all__ = ["SUPPORTED_DTYPES", "convert_gguf", "convert_hf", "read_manifest"]

@@ -1,0 +1,110 @@
+"""GGUF file -> swiftspec checkpoint folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from .._wheels import sha256_file
+from ..errors import CheckpointError
+from .dtypes import check_dtype
+from .gguf_config import PERMUTED_QK_ARCHITECTURES, build_config, check_architecture
+from .gguf_file import GGUFModelFile
+from .gguf_names import hf_tensor_name, unpermute_llama_rows
+from .layout import check_tensor_set
+from .manifest import make_manifest
+from .tokenizer_from_gguf import build_tokenizer, read_tokenizer_info, tokenizer_config
+from .writer import CheckpointWriter
+
+
+def dequantize_tensor(g: GGUFModelFile, gguf_name: str) -> np.ndarray:
+    """The float32 values of GGUF tensor ``gguf_name``, in numpy (row-major) shape.
+
+    GGUF lists dimensions fastest-first, so a GGUF ``[in, out]`` matrix comes back ``[out, in]``
+    (the HF shape). Uses ``gguf.quants.dequantize``; no un-permutation here. Raises
+    :class:`CheckpointError` naming the tensor and its type if that fails.
+    """
+    from gguf.quants import dequantize
+
+    t = g.tensors[gguf_name]
+    try:
+        values = dequantize(t.data, t.tensor_type)
+    except Exception as exc:
+        raise CheckpointError(
+            f"{g.path}: cannot dequantize tensor {gguf_name!r} of type {t.tensor_type.name}: {exc}"
+        ) from exc
+    shape = tuple(int(d) for d in reversed(t.shape))
+    if values.size != int(np.prod(shape)):
+        raise CheckpointError(
+            f"{g.path}: tensor {gguf_name!r} dequantized to {values.size} values, its shape {shape} needs "
+            f"{int(np.prod(shape))} (file truncated?)"
+        )
+    return np.asarray(values, dtype=np.float32).reshape(shape)
+
+
+def hf_tensor(g: GGUFModelFile, gguf_name: str, config: dict) -> tuple[str, np.ndarray]:
+    """``(hf_name, float32 array in HF layout)`` for one GGUF tensor: renamed, dequantized, and
+    for permuted-Q/K architectures (llama) un-permuted (see :func:`unpermute_llama_rows`)."""
+    name = hf_tensor_name(gguf_name)
+    values = dequantize_tensor(g, gguf_name)
+    if g.architecture in PERMUTED_QK_ARCHITECTURES:
+        if ".self_attn.q_proj." in name:
+            values = unpermute_llama_rows(values, config["num_attention_heads"])
+        elif ".self_attn.k_proj." in name:
+            values = unpermute_llama_rows(values, config["num_key_value_heads"])
+    return name, values
+
+
+def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "bfloat16", *,
+                 source_sha256: str | None = None, progress: bool = True, overwrite: bool = False) -> Path:
+    """Convert a GGUF model file into a swiftspec checkpoint folder (docs/checkpoint_format.md).
+
+    Every tensor is dequantized to float32 with ``gguf.quants.dequantize``, renamed to its HF
+    name, un-permuted for Llama Q/K, and stored as ``dtype`` (``"bfloat16"``: round-to-nearest-
+    even from the float32 values; ``"float32"``: exact) in ``model.safetensors``. Also writes
+    config.json, generation_config.json, tokenizer.json, tokenizer_config.json, and manifest.json
+    last. ``source_sha256`` (hex) is recorded in the manifest; if omitted the file is hashed.
+    ``overwrite`` allows a non-empty ``out_dir`` (see :class:`CheckpointWriter`).
+
+    Peak memory is about the checkpoint size (all tensors are held until written) plus one
+    float32 tensor. Returns ``out_dir`` as a Path.
+
+    Raises :class:`CheckpointError` naming the file and field/tensor/value for: a missing file, a
+    non-GGUF file, an unsupported ``general.architecture``, ``tokenizer.ggml.model`` or
+    ``tokenizer.ggml.pre``, missing metadata, unknown/missing/mis-shaped tensors, a bad dtype,
+    or a non-empty output folder.
+    """
+    check_dtype(dtype)
+    g = GGUFModelFile(gguf_path)
+    check_architecture(g)
+    tok_info = read_tokenizer_info(g)
+    config = build_config(g, tok_info, dtype)
+    tokenizer = build_tokenizer(g, tok_info)
+    for name in g.tensors:
+        hf_tensor_name(name)  # reject unknown tensors before any heavy work
+    shapes = {hf_tensor_name(n): tuple(int(d) for d in reversed(t.shape)) for n, t in g.tensors.items()}
+    check_tensor_set(shapes, config, str(g.path))
+
+    writer = CheckpointWriter(out_dir, dtype, overwrite=overwrite)
+    for gguf_name in tqdm(list(g.tensors), desc=f"convert {g.path.name}", unit="tensor", disable=not progress):
+        name, values = hf_tensor(g, gguf_name, config)
+        writer.add(name, values)
+        del values
+    check_tensor_set(writer.shapes, config, str(g.path))
+    weights = writer.write_weights()
+    writer.release()
+
+    writer.write_json("config.json", config)
+    eos = config["eos_token_id"]
+    writer.write_json("generation_config.json", {
+        "bos_token_id": config["bos_token_id"],
+        "eos_token_id": eos,
+        "pad_token_id": config["pad_token_id"],
+    })
+    writer.write_text("tokenizer.json", tokenizer.to_str(pretty=False))
+    writer.write_json("tokenizer_config.json", tokenizer_config(tok_info, config["max_position_embeddings"]))
+    if source_sha256 is None:
+        source_sha256 = sha256_file(g.path)
+    return writer.finish(make_manifest(dtype, [weights], "gguf", str(g.path.resolve()), source_sha256))

@@ -1,0 +1,114 @@
+"""Writing a checkpoint folder: weights via the ``safetensors`` package, JSON files, manifest last.
+
+Extension points (format version 2, see docs/checkpoint_format.md "Later versions"): a
+tensor-parallel writer would split each added tensor by rank (column-parallel Q/K/V/gate/up by
+rows, row-parallel O/down by columns, heads and FFN padded so any even TP degree divides them)
+and call :meth:`CheckpointWriter.write_weights` once per ``model-tp{r}-of-{N}.safetensors`` file;
+int4 (AWQ-style W4A16) adds ``qweight``/``scales``/``zeros`` tensors next to each projection. Both
+go through :meth:`add_raw` and ``make_manifest(..., tp_degree=N)``; nothing here assumes TP 1
+except the default file name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CheckpointError
+from .dtypes import check_dtype, to_storage
+from .manifest import MANIFEST
+
+WEIGHTS_FILE = "model.safetensors"
+
+# numpy storage dtype -> safetensors TensorSpec dtype name, per checkpoint dtype
+_SPEC_DTYPE = {"float32": "float32", "bfloat16": "bfloat16"}
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+class CheckpointWriter:
+    """Collects tensors, then writes a checkpoint folder.
+
+    ``out_dir`` must not exist or be empty, unless ``overwrite`` is true: then an existing
+    manifest.json is deleted first (so the folder stops looking complete) and the files
+    written here replace their old versions; other files are left alone.
+    ``dtype`` is the storage dtype of every tensor (``"bfloat16"`` or ``"float32"``).
+    """
+
+    def __init__(self, out_dir: str | Path, dtype: str, overwrite: bool = False):
+        self.out_dir = Path(out_dir)
+        self.dtype = check_dtype(dtype)
+        if self.out_dir.exists():
+            if not self.out_dir.is_dir():
+                raise CheckpointError(f"output path {self.out_dir} exists and is not a folder")
+            if any(self.out_dir.iterdir()):
+                if not overwrite:
+                    raise CheckpointError(
+                        f"output folder {self.out_dir} is not empty; choose a new folder or allow overwriting"
+                    )
+                (self.out_dir / MANIFEST).unlink(missing_ok=True)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._tensors: dict[str, np.ndarray] = {}
+
+    def add(self, name: str, value: np.ndarray) -> None:
+        """Add a float tensor (any float dtype, HF shape); it is stored converted to the checkpoint dtype."""
+        if name in self._tensors:
+            raise CheckpointError(f"tensor {name!r} added twice")
+        self._tensors[name] = to_storage(np.asarray(value, dtype=np.float32), self.dtype)
+
+    def add_raw(self, name: str, storage: np.ndarray) -> None:
+        """Add a tensor already in storage form (float32, or uint16 bfloat16 bits)."""
+        want = np.float32 if self.dtype == "float32" else np.uint16
+        if storage.dtype != want:
+            raise CheckpointError(f"tensor {name!r}: storage dtype {storage.dtype}, expected {np.dtype(want)}")
+        self._tensors[name] = np.ascontiguousarray(storage)
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of the tensors added so far."""
+        return {n: tuple(a.shape) for n, a in self._tensors.items()}
+
+    def write_weights(self, filename: str = WEIGHTS_FILE, names: list[str] | None = None) -> str:
+        """Write the tensors (all, or ``names``) to ``filename`` with ``safetensors.serialize_file``.
+
+        Tensors are written in name order with header metadata ``{"format": "pt"}`` (so PyTorch
+        and HF load the file directly). Returns ``filename``.
+        """
+        from safetensors import TensorSpec, serialize_file
+
+        names = sorted(self._tensors) if names is None else list(names)
+        specs = {}
+        for n in names:
+            a = self._tensors[n]
+            specs[n] = TensorSpec(dtype=_SPEC_DTYPE[self.dtype], shape=list(a.shape),
+                                  data_ptr=a.ctypes.data, data_len=a.nbytes)
+        # self._tensors keeps every buffer alive for the duration of the call, as serialize_file requires.
+        path = self.out_dir / filename
+        serialize_file(specs, str(path), metadata={"format": "pt"})
+        os.chmod(path, 0o666 & ~_umask())  # serialize_file creates the file 0600; use the usual mode
+        return filename
+
+    def release(self) -> None:
+        """Drop the tensors (after writing) to free memory."""
+        self._tensors.clear()
+
+    def write_json(self, filename: str, obj: dict) -> None:
+        """Write ``obj`` as indented UTF-8 JSON (non-ASCII kept) to ``filename`` in the folder."""
+        text = json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
+        (self.out_dir / filename).write_text(text, encoding="utf-8")
+
+    def write_text(self, filename: str, text: str) -> None:
+        """Write ``text`` (UTF-8) to ``filename`` in the folder."""
+        (self.out_dir / filename).write_text(text, encoding="utf-8")
+
+    def finish(self, manifest: dict) -> Path:
+        """Write manifest.json, the last file: its presence marks the checkpoint complete. Returns the folder."""
+        self.write_json(MANIFEST, manifest)
+        return self.out_dir

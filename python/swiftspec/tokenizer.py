@@ -1,0 +1,273 @@
+"""Tokenization for swiftspec checkpoints: ids, chat templates, streaming detokenization.
+
+:class:`Tokenizer` wraps a Hugging Face ``tokenizers.Tokenizer`` (the checkpoint's
+tokenizer.json) and tokenizer_config.json. Its chat templating follows HF transformers'
+``apply_chat_template`` exactly: a sandboxed Jinja2 environment with ``trim_blocks`` and
+``lstrip_blocks``, the ``loopcontrols`` extension, a ``tojson`` filter that does not escape HTML
+(``json.dumps(ensure_ascii=False)``), ``raise_exception`` and ``strftime_now`` globals, and the
+named special tokens (``bos_token``, ``eos_token``, ``unk_token``, ``pad_token``) passed to the
+template as strings. Chat prompts are encoded without adding special tokens: the template
+writes them.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from .errors import CheckpointError, InvalidRequestError
+
+_NAMED_SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+def _token_text(value: Any) -> str | None:
+    """tokenizer_config stores a special token as a string or as an AddedToken dict."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _read_json(path: Path, required: bool) -> dict:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        if required:
+            raise CheckpointError(f"{path} does not exist") from None
+        return {}
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} cannot be read as JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return value
+
+
+def _id_list(value: Any) -> list[int]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+@lru_cache(maxsize=16)
+def _compile_template(template: str):
+    """Compile a chat template in an environment equivalent to HF transformers' one."""
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(fmt):
+        return datetime.now().strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env.from_string(template)
+
+
+def _check_messages(messages: Any) -> list[dict]:
+    """Validate chat messages; return plain copies with None-valued keys dropped (as HF does)."""
+    if not isinstance(messages, (list, tuple)):
+        raise InvalidRequestError(f"messages must be a list of dicts, got {type(messages).__name__}")
+    if not messages:
+        raise InvalidRequestError("messages is empty; a chat needs at least one message")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise InvalidRequestError(f"messages[{i}] must be a dict, got {type(m).__name__}")
+        if not isinstance(m.get("role"), str):
+            raise InvalidRequestError(f"messages[{i}] needs a string 'role', got {m.get('role')!r}")
+        if not isinstance(m.get("content"), str):
+            raise InvalidRequestError(
+                f"messages[{i}] needs a string 'content', got {type(m.get('content')).__name__}"
+            )
+        out.append({k: v for k, v in m.items() if v is not None})
+    return out
+
+
+class Tokenizer:
+    """A checkpoint's tokenizer.
+
+    Build it with :meth:`from_checkpoint`. Token ids are Python ints in ``[0, vocab_size)``.
+    """
+
+    def __init__(self, backend, config: dict, eos_token_ids: Sequence[int], source: str = "<memory>"):
+        self._tk = backend
+        self.config = dict(config)
+        self.source = source
+        self.chat_template: str | None = config.get("chat_template") if isinstance(
+            config.get("chat_template"), str) else None
+        self.special_tokens = {k: t for k in _NAMED_SPECIAL if (t := _token_text(config.get(k))) is not None}
+        ids = list(eos_token_ids)
+        eos_text = self.special_tokens.get("eos_token")
+        if eos_text is not None and self._tk.token_to_id(eos_text) is not None:
+            ids.append(self._tk.token_to_id(eos_text))
+        self._eos = list(dict.fromkeys(ids))
+        self.vocab_size: int = self._tk.get_vocab_size(with_added_tokens=True)
+
+    @classmethod
+    def from_checkpoint(cls, folder: str | Path) -> "Tokenizer":
+        """Load from a checkpoint folder: tokenizer.json (required), tokenizer_config.json,
+        config.json and generation_config.json (for end-of-generation ids; optional).
+
+        Raises :class:`CheckpointError` naming the file if tokenizer.json is missing or invalid.
+        """
+        from tokenizers import Tokenizer as _Backend
+
+        folder = Path(folder)
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise CheckpointError(f"{path} does not exist")
+        try:
+            backend = _Backend.from_file(str(path))
+        except Exception as exc:
+            raise CheckpointError(f"{path} is not a valid tokenizers file: {exc}") from None
+        config = _read_json(folder / "tokenizer_config.json", required=False)
+        eos: list[int] = []
+        for name in ("config.json", "generation_config.json"):
+            eos += _id_list(_read_json(folder / name, required=False).get("eos_token_id"))
+        return cls(backend, config, eos, source=str(folder))
+
+    # ----------------------------------------------------------------- ids <-> text
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Token ids that end generation, primary first (config.json, generation_config.json, then
+        tokenizer_config's eos_token), without repeats."""
+        return list(self._eos)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        """The id of ``bos_token``, or None."""
+        text = self.special_tokens.get("bos_token")
+        return self._tk.token_to_id(text) if text is not None else None
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of the vocabulary entry ``token`` (byte-level spelling for BPE), or None."""
+        return self._tk.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary entry of ``token_id``, or None."""
+        return self._tk.id_to_token(token_id)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text``. Special-token text in ``text`` (e.g. ``<|im_end|>``) becomes
+        that token, as in HF. ``add_special_tokens`` applies the tokenizer's post-processor
+        (e.g. a BOS when ``add_bos_token``). Raises :class:`InvalidRequestError` if ``text`` is
+        not a str."""
+        if not isinstance(text, str):
+            raise InvalidRequestError(f"text to encode must be a str, got {type(text).__name__}")
+        return self._tk.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def _check_ids(self, ids: Any) -> list[int]:
+        if not isinstance(ids, (list, tuple)):
+            try:
+                ids = list(ids)
+            except TypeError:
+                raise InvalidRequestError(f"token ids must be a sequence of ints, got {type(ids).__name__}") from None
+        out = []
+        for i, t in enumerate(ids):
+            if isinstance(t, bool) or not hasattr(t, "__index__"):
+                raise InvalidRequestError(f"token ids[{i}] is {t!r}, not an int")
+            t = int(t)
+            if not 0 <= t < self.vocab_size:
+                raise InvalidRequestError(f"token ids[{i}] is {t}, outside the vocabulary [0, {self.vocab_size})")
+            out.append(t)
+        return out
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        """Text of token ``ids``. Bytes that do not form complete UTF-8 become U+FFFD.
+        Raises :class:`InvalidRequestError` for non-int or out-of-vocabulary ids."""
+        return self._tk.decode(self._check_ids(ids), skip_special_tokens=skip_special_tokens)
+
+    # ------------------------------------------------------------------- chat
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None, **template_kwargs: Any) -> str:
+        """Render ``messages`` (``[{"role": str, "content": str}, ...]``) with the chat template.
+
+        Same string as HF's ``apply_chat_template(messages, tokenize=False,
+        add_generation_prompt=...)``. ``tools`` (JSON-schema dicts) and ``template_kwargs`` are
+        passed to the template. Raises :class:`InvalidRequestError` for malformed messages, a
+        checkpoint without a chat template, or a template that rejects the conversation
+        (``raise_exception``); :class:`CheckpointError` if the template itself does not compile.
+        """
+        import jinja2
+
+        chat = _check_messages(messages)
+        if self.chat_template is None:
+            raise InvalidRequestError(f"the tokenizer of {self.source} has no chat_template")
+        try:
+            template = _compile_template(self.chat_template)
+        except jinja2.TemplateSyntaxError as exc:
+            raise CheckpointError(f"chat_template of {self.source} does not compile: {exc}") from None
+        variables = {**self.special_tokens, **template_kwargs}
+        try:
+            return template.render(messages=chat, tools=tools, documents=None,
+                                   add_generation_prompt=add_generation_prompt, **variables)
+        except jinja2.TemplateError as exc:
+            raise InvalidRequestError(f"the chat template rejected the messages: {exc}") from None
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any) -> list[int]:
+        """Token ids of the rendered chat (:meth:`apply_chat_template`), no special tokens added."""
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt, **kwargs))
+
+    def stream_decoder(self, skip_special_tokens: bool = False) -> "StreamDecoder":
+        """A new :class:`StreamDecoder` over this tokenizer."""
+        return StreamDecoder(self, skip_special_tokens)
+
+
+class StreamDecoder:
+    """Incremental detokenization for streaming output.
+
+    Feed generated ids with :meth:`push`; each call returns the text that became final. Text is
+    held back while the decoded tail ends in U+FFFD, i.e. while the last tokens hold an
+    incomplete UTF-8 sequence (a multi-byte character split over tokens). :meth:`flush` returns
+    whatever is left at the end (an incomplete sequence then appears as U+FFFD, as in
+    :meth:`Tokenizer.decode`). The concatenation of everything returned equals
+    ``tokenizer.decode(all_ids)``.
+
+    Works by decoding a short window: the ids since the last emitted boundary, with the tokens
+    before it as context (so decoders that strip a leading space see the same context).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False):
+        self._tok = tokenizer
+        self._skip = skip_special_tokens
+        self._ids: list[int] = []
+        self._prefix = 0  # start of the context window
+        self._read = 0    # end of the text already emitted
+        self.text = ""    #: all text emitted so far
+
+    def _delta(self, final: bool) -> str:
+        done = self._tok.decode(self._ids[self._prefix:self._read], self._skip)
+        full = self._tok.decode(self._ids[self._prefix:], self._skip)
+        if not final and (len(full) <= len(done) or full.endswith("\ufffd")):
+            return ""
+        delta = full[len(done):]
+        self._prefix, self._read = self._read, len(self._ids)
+        self.text += delta
+        return delta
+
+    def push(self, ids: int | Sequence[int]) -> str:
+        """Add one id or a sequence of ids; return the newly completed text (maybe "")."""
+        new = [ids] if isinstance(ids, int) and not isinstance(ids, bool) else list(ids)
+        self._ids.extend(self._tok._check_ids(new))
+        return self._delta(final=False)
+
+    def flush(self) -> str:
+        """Return all remaining text, complete or not."""
+        return self._delta(final=True)
