@@ -1,0 +1,119 @@
+// The CUDA backend of swiftspec: a Llama / Qwen2 decoder on one NVIDIA GPU,
+// bf16 weights and activations, fp32 accumulation (SwiftSpec, ASPLOS'26 §5,
+// "fused, latency-optimized kernels").
+//
+// What runs per forward step (one CUDA graph per token-count bucket, §5.3):
+//   embed -> L x [ RMSNorm+QKV GEMM (+bias, RoPE, K/V written into the cache)
+//                  -> tree attention (split over the KV length, combined in-kernel)
+//                  -> O GEMM (+residual)
+//                  -> RMSNorm+gate/up GEMM (+SwiGLU) -> down GEMM (+residual) ]
+//   -> final RMSNorm + LM head (+logits, +argmax on the GPU)
+// Details, measured numbers and design notes: docs/cuda_notes.md.
+//
+// Exactness (model.h): every row of a batch is computed with the same
+// arithmetic as a batch of one (the GEMM reduction over K is split into a
+// fixed set of slices per weight matrix, summed in a fixed order, whatever the
+// batch size), and attention sums keys in logical order (committed prefix,
+// then ancestors by depth) in fixed 64-key chunks whether a key lives in the
+// committed or the tree region.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "swiftspec/checkpoint.h"
+#include "swiftspec/config.h"
+#include "swiftspec/error.h"
+#include "swiftspec/model.h"
+
+namespace swiftspec {
+
+/// A CUDA runtime / driver call failed, or the device cannot run this backend
+/// (no GPU, compute capability below 9.0, out of device memory). The message
+/// names the call, the file:line and the CUDA error string.
+class CudaError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// One host-resident weight tensor handed to the CUDA backend. Row-major,
+/// contiguous; `data` need not be aligned. dtype F32, BF16 or F16.
+struct HostWeight {
+  DType dtype = DType::BF16;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+};
+
+/// Looks up a weight by its checkpoint name (docs/checkpoint_format.md) and
+/// checks its shape. Must throw CheckpointError when the tensor is missing or
+/// its shape differs from `expected_shape`.
+using WeightLookup =
+    std::function<HostWeight(const std::string& name, const std::vector<int64_t>& expected_shape)>;
+/// Says whether a tensor of that name exists (optional tensors: biases, lm_head).
+using WeightExists = std::function<bool(const std::string& name)>;
+
+/// Extra options of the CUDA backend (defaults are the fast path).
+struct CudaModelOptions {
+  int device = 0;               ///< CUDA device ordinal
+  bool use_graphs = true;       ///< replay each step as a CUDA graph (false: plain launches)
+  bool use_pdl = true;          ///< programmatic dependent launch between kernels of a step
+};
+
+/// The CUDA model. Implements swiftspec::Model; adds GPU-side greedy decoding
+/// (argmax without copying logits to the host) and hooks used by benchmarks.
+class CudaModel : public Model {
+ public:
+  /// Greedy variant of forward(): fills `argmax` with the arg-max token id of
+  /// each logits row (rows by batch.logits as in forward()); ties go to the
+  /// smallest id. No logits are copied to the host.
+  virtual void forward_argmax(const ForwardBatch& batch, std::vector<int32_t>& argmax) = 0;
+
+  /// Benchmark hook: fills committed KV slots [0, len) of every layer with
+  /// random values and sets committed_len() = len. Throws InvalidArgument if
+  /// len > max_context.
+  virtual void debug_fill_committed_random(int len, uint64_t seed) = 0;
+
+  /// Benchmark hook: prepares `batch` (uploads its descriptor, captures the
+  /// graph of its bucket) and returns an opaque step id usable with
+  /// debug_replay(). Does not change committed_len().
+  virtual int debug_prepare(const ForwardBatch& batch, bool write_logits) = 0;
+  /// Runs the prepared step `iters` times back to back on the model's stream
+  /// (KV slots of the step are rewritten with the same values) and returns the
+  /// median device time of one step in milliseconds (CUDA events).
+  virtual double debug_replay_ms(int step_id, int iters) = 0;
+
+  /// Bytes of weights one decode step reads (all layers, final norm, LM head;
+  /// the embedding counts one row).
+  virtual size_t weight_bytes_per_step() const = 0;
+};
+
+/// Builds the CUDA model from a checkpoint (bf16 or f32 weights; converted
+/// to bf16 on the GPU). Throws CheckpointError for missing or mis-shaped
+/// tensors, InvalidArgument for unsupported configurations (head_dim not 64
+/// or 128, sizes not multiples of 16), CudaError for device failures.
+std::unique_ptr<Model> make_cuda_model(std::shared_ptr<const Checkpoint> checkpoint,
+                                       const ModelOptions& options);
+
+/// Same, returning the CUDA model type, with CUDA-specific options.
+std::unique_ptr<CudaModel> make_cuda_model_ex(std::shared_ptr<const Checkpoint> checkpoint,
+                                              const ModelOptions& options,
+                                              const CudaModelOptions& cuda_options);
+
+/// Builds the CUDA model from host tensors given by `lookup` / `exists`
+/// (checkpoint names and layouts). Used by tests and by make_cuda_model().
+std::unique_ptr<CudaModel> make_cuda_model_from_host(const ModelConfig& config,
+                                                     const WeightLookup& lookup,
+                                                     const WeightExists& exists,
+                                                     const ModelOptions& options,
+                                                     const CudaModelOptions& cuda_options);
+
+/// Builds a model of `config`'s shape with random weights generated on the
+/// GPU (no files): for latency benchmarks. Values are small, finite, nonzero.
+std::unique_ptr<CudaModel> make_cuda_model_random(const ModelConfig& config,
+                                                  const ModelOptions& options,
+                                                  const CudaModelOptions& cuda_options,
+                                                  uint64_t seed);
+
+}  // namespace swiftspec

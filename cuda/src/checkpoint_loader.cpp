@@ -1,0 +1,32 @@
+// make_cuda_model(): adapts a swiftspec Checkpoint (cpp/include/swiftspec/
+// checkpoint.h) to the CUDA backend's weight lookup. Kept in its own file so
+// that tools linking only the CUDA library (kernel checks, benchmarks) do not
+// need the runtime's checkpoint code.
+#include "swiftspec/checkpoint.h"
+#include "swiftspec_cuda/cuda_model.h"
+
+namespace swiftspec {
+
+std::unique_ptr<CudaModel> make_cuda_model_ex(std::shared_ptr<const Checkpoint> checkpoint,
+                                              const ModelOptions& options,
+                                              const CudaModelOptions& cuda_options) {
+  if (!checkpoint) throw InvalidArgument("make_cuda_model: checkpoint is null");
+  const Checkpoint* ck = checkpoint.get();
+  WeightLookup lookup = [ck](const std::string& name, const std::vector<int64_t>& shape) {
+    const TensorView& t = ck->tensor(name, shape);
+    HostWeight w;
+    w.dtype = t.dtype;
+    w.shape = t.shape;
+    w.data = t.data;
+    return w;
+  };
+  WeightExists exists = [ck](const std::string& name) { return ck->has(name); };
+  return make_cuda_model_from_host(ck->config(), lookup, exists, options, cuda_options);
+}
+
+std::unique_ptr<Model> make_cuda_model(std::shared_ptr<const Checkpoint> checkpoint,
+                                       const ModelOptions& options) {
+  return make_cuda_model_ex(std::move(checkpoint), options, CudaModelOptions{});
+}
+
+}  // namespace swiftspec

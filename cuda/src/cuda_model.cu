@@ -1,0 +1,809 @@
+// The CUDA model (cuda_model.h): weights and KV cache on one GPU, the step
+// pipeline of fused kernels, CUDA graphs per bucket, and the Model interface.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common.h"
+#include "device_memory.h"
+#include "graph_cache.h"
+#include "kernels/epilogues.h"
+#include "kernels/gemm_skinny.h"
+#include "kernels/kernels.h"
+#include "step_desc.h"
+#include "tma_map.h"
+#include "weight_layout.h"
+
+namespace swiftspec {
+namespace cuda {
+
+namespace {
+
+constexpr int kRows = kMaxStepTokens;  // activation buffers hold this many token rows
+
+float bf16_bits_to_float(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+float f16_bits_to_float(uint16_t h) {
+  const uint32_t sign = (h >> 15) & 1u, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  float v;
+  if (exp == 0) {
+    v = std::ldexp(static_cast<float>(man), -24);
+  } else if (exp == 31) {
+    v = man ? NAN : INFINITY;
+  } else {
+    v = std::ldexp(static_cast<float>(man | 0x400u), static_cast<int>(exp) - 25);
+  }
+  return sign ? -v : v;
+}
+
+size_t dtype_bytes(DType dt) {
+  switch (dt) {
+    case DType::F32: return 4;
+    case DType::BF16: return 2;
+    case DType::F16: return 2;
+    default: return 0;
+  }
+}
+
+SrcType src_type(DType dt, const std::string& name) {
+  switch (dt) {
+    case DType::F32: return SrcType::F32;
+    case DType::BF16: return SrcType::BF16;
+    case DType::F16: return SrcType::F16;
+    default: throw CheckpointError("tensor " + name + ": dtype must be F32, BF16 or F16 for the CUDA backend");
+  }
+}
+
+std::vector<float> host_to_float(const HostWeight& w, const std::string& name) {
+  size_t n = 1;
+  for (int64_t d : w.shape) n *= static_cast<size_t>(d);
+  std::vector<float> out(n);
+  const unsigned char* p = static_cast<const unsigned char*>(w.data);
+  for (size_t i = 0; i < n; ++i) {
+    switch (w.dtype) {
+      case DType::F32: std::memcpy(&out[i], p + 4 * i, 4); break;
+      case DType::BF16: {
+        uint16_t b;
+        std::memcpy(&b, p + 2 * i, 2);
+        out[i] = bf16_bits_to_float(b);
+        break;
+      }
+      case DType::F16: {
+        uint16_t b;
+        std::memcpy(&b, p + 2 * i, 2);
+        out[i] = f16_bits_to_float(b);
+        break;
+      }
+      default: throw CheckpointError("tensor " + name + ": dtype must be F32, BF16 or F16 for the CUDA backend");
+    }
+  }
+  return out;
+}
+
+int bucket_nt(int n) {
+  if (n <= 8) return 1;
+  if (n <= 16) return 2;
+  if (n <= 32) return 4;
+  return 8;
+}
+
+enum GemmKind { kQKV = 0, kO = 1, kGU = 2, kDown = 3, kLM = 4 };
+
+}  // namespace
+
+class CudaModelImpl final : public CudaModel {
+ public:
+  CudaModelImpl(const ModelConfig& cfg, const ModelOptions& opt, const CudaModelOptions& copt)
+      : cfg_(cfg), opt_(opt), copt_(copt), pdl_(copt.use_pdl) {
+    check_config();
+    SS_CUDA_CHECK(cudaSetDevice(copt_.device));
+    cudaDeviceProp prop;
+    SS_CUDA_CHECK(cudaGetDeviceProperties(&prop, copt_.device));
+    if (prop.major < 9)
+      throw CudaError("the CUDA backend needs compute capability 9.0 (Hopper); device " +
+                      std::to_string(copt_.device) + " (" + prop.name + ") is " +
+                      std::to_string(prop.major) + "." + std::to_string(prop.minor));
+    num_sms_ = prop.multiProcessorCount;
+    SS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    for (auto& e : desc_ev_) SS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    SS_CUDA_CHECK(cudaEventCreateWithFlags(&commit_ev_, cudaEventDisableTiming));
+    allocate_state();
+  }
+
+  ~CudaModelImpl() override {
+    graphs_.clear();
+    if (stream_) cudaStreamSynchronize(stream_);
+    for (auto& e : desc_ev_)
+      if (e) cudaEventDestroy(e);
+    if (commit_ev_) cudaEventDestroy(commit_ev_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  // ---------------------------------------------------------------- loading
+  void load_host(const WeightLookup& lookup, const WeightExists& exists) {
+    const int H = cfg_.hidden_size, I = cfg_.intermediate_size, hd = cfg_.head_dim;
+    const int nq = cfg_.num_heads * hd, nkv = cfg_.num_kv_heads * hd;
+    const int64_t V = cfg_.vocab_size;
+    DeviceBuffer perm_qkv = upload_ints(qkv_row_permutation(cfg_.num_heads, cfg_.num_kv_heads, hd, cfg_.rope_style));
+    DeviceBuffer perm_gu = upload_ints(gate_up_row_permutation(I));
+    const std::vector<int> qkv_perm_host = qkv_row_permutation(cfg_.num_heads, cfg_.num_kv_heads, hd, cfg_.rope_style);
+
+    for (int l = 0; l < cfg_.num_layers; ++l) {
+      const std::string pre = "model.layers." + std::to_string(l) + ".";
+      Layer& L = layers_[l];
+      // QKV: [q; k; v] in source dtype, then permute + fold input_layernorm.
+      {
+        const HostWeight q = lookup(pre + "self_attn.q_proj.weight", {nq, H});
+        const HostWeight k = lookup(pre + "self_attn.k_proj.weight", {nkv, H});
+        const HostWeight v = lookup(pre + "self_attn.v_proj.weight", {nkv, H});
+        if (q.dtype != k.dtype || q.dtype != v.dtype)
+          throw CheckpointError(pre + "self_attn: q/k/v projections must share one dtype");
+        const HostWeight g = lookup(pre + "input_layernorm.weight", {H});
+        upload_concat({&q, &k, &v}, pre + "self_attn.q_proj.weight");
+        DeviceBuffer gamma = upload_floats(host_to_float(g, pre + "input_layernorm.weight"));
+        launch_weight_transform(scratch_.get(), src_type(q.dtype, pre + "q_proj"), L.qkv.as<__nv_bfloat16>(),
+                                nq + 2 * nkv, H, perm_qkv.as<int>(), gamma.as<float>(), stream_);
+        SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        const bool has_bias = cfg_.attention_bias || exists(pre + "self_attn.q_proj.bias");
+        if (has_bias) {
+          std::vector<float> cat;
+          for (const char* nm : {"q", "k", "v"}) {
+            const std::string name = pre + "self_attn." + nm + "_proj.bias";
+            const HostWeight b = lookup(name, {std::string(nm) == "q" ? nq : nkv});
+            const std::vector<float> f = host_to_float(b, name);
+            cat.insert(cat.end(), f.begin(), f.end());
+          }
+          std::vector<float> perm(cat.size());
+          for (size_t r = 0; r < perm.size(); ++r) perm[r] = cat[qkv_perm_host[r]];
+          L.qkv_bias = upload_floats(perm);
+        }
+      }
+      {
+        const HostWeight o = lookup(pre + "self_attn.o_proj.weight", {H, nq});
+        upload_concat({&o}, pre + "self_attn.o_proj.weight");
+        launch_weight_transform(scratch_.get(), src_type(o.dtype, pre + "o_proj"), L.o.as<__nv_bfloat16>(), H, nq,
+                                nullptr, nullptr, stream_);
+        SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      }
+      {
+        const HostWeight gt = lookup(pre + "mlp.gate_proj.weight", {I, H});
+        const HostWeight up = lookup(pre + "mlp.up_proj.weight", {I, H});
+        if (gt.dtype != up.dtype) throw CheckpointError(pre + "mlp: gate/up projections must share one dtype");
+        const HostWeight g = lookup(pre + "post_attention_layernorm.weight", {H});
+        upload_concat({&gt, &up}, pre + "mlp.gate_proj.weight");
+        DeviceBuffer gamma = upload_floats(host_to_float(g, pre + "post_attention_layernorm.weight"));
+        launch_weight_transform(scratch_.get(), src_type(gt.dtype, pre + "gate_proj"), L.gu.as<__nv_bfloat16>(), 2 * I,
+                                H, perm_gu.as<int>(), gamma.as<float>(), stream_);
+        SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      }
+      {
+        const HostWeight d = lookup(pre + "mlp.down_proj.weight", {H, I});
+        upload_concat({&d}, pre + "mlp.down_proj.weight");
+        launch_weight_transform(scratch_.get(), src_type(d.dtype, pre + "down_proj"), L.down.as<__nv_bfloat16>(), H,
+                                I, nullptr, nullptr, stream_);
+        SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      }
+    }
+    const HostWeight emb = lookup("model.embed_tokens.weight", {V, H});
+    upload_concat({&emb}, "model.embed_tokens.weight");
+    launch_weight_transform(scratch_.get(), src_type(emb.dtype, "embed_tokens"), embed_.as<__nv_bfloat16>(),
+                            static_cast<int>(V), H, nullptr, nullptr, stream_);
+    SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const HostWeight gn = lookup("model.norm.weight", {H});
+    DeviceBuffer gamma = upload_floats(host_to_float(gn, "model.norm.weight"));
+    const bool separate_head = !cfg_.tie_word_embeddings && exists("lm_head.weight");
+    const HostWeight head = separate_head ? lookup("lm_head.weight", {V, H}) : emb;
+    upload_concat({&head}, separate_head ? "lm_head.weight" : "model.embed_tokens.weight");
+    launch_weight_transform(scratch_.get(), src_type(head.dtype, "lm_head"), lm_.as<__nv_bfloat16>(),
+                            static_cast<int>(V), H, nullptr, gamma.as<float>(), stream_);
+    SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    scratch_.release();
+  }
+
+  void init_random(uint64_t seed) {
+    const int H = cfg_.hidden_size, I = cfg_.intermediate_size, hd = cfg_.head_dim;
+    const int nq = cfg_.num_heads * hd, nkv = cfg_.num_kv_heads * hd;
+    uint64_t s = seed * 1000003ull + 17;
+    auto fill = [&](DeviceBuffer& b, size_t count, int K) {
+      launch_fill_random_bf16(b.as<__nv_bfloat16>(), count, 1.0f / std::sqrt(static_cast<float>(K)), s++, stream_);
+    };
+    for (Layer& L : layers_) {
+      fill(L.qkv, static_cast<size_t>(nq + 2 * nkv) * H, H);
+      if (L.qkv_bias) launch_fill_random_f32(L.qkv_bias.as<float>(), nq + 2 * nkv, 0.1f, s++, stream_);
+      fill(L.o, static_cast<size_t>(H) * nq, nq);
+      fill(L.gu, static_cast<size_t>(2) * I * H, H);
+      fill(L.down, static_cast<size_t>(H) * I, I);
+    }
+    launch_fill_random_bf16(embed_.as<__nv_bfloat16>(), static_cast<size_t>(cfg_.vocab_size) * H, 1.0f, s++, stream_);
+    fill(lm_, static_cast<size_t>(vocab_rows_) * H, H);
+    SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    scratch_.release();
+  }
+
+  // ---------------------------------------------------------------- Model
+  const ModelConfig& config() const override { return cfg_; }
+  const ModelOptions& options() const override { return opt_; }
+  std::string backend_name() const override { return "cuda"; }
+  int committed_len() const override { return committed_; }
+
+  void forward(const ForwardBatch& batch, std::vector<float>& logits) override {
+    run(batch, true, &logits, nullptr);
+  }
+
+  void forward_argmax(const ForwardBatch& batch, std::vector<int32_t>& argmax) override {
+    run(batch, false, nullptr, &argmax);
+  }
+
+  void commit_tree_slots(const std::vector<int32_t>& slots) override {
+    const int n = static_cast<int>(slots.size());
+    if (n == 0) return;
+    if (committed_ + n > opt_.max_context)
+      throw InvalidArgument("commit_tree_slots: committing " + std::to_string(n) + " slots to " +
+                            std::to_string(committed_) + " committed entries exceeds max_context " +
+                            std::to_string(opt_.max_context));
+    SS_CUDA_CHECK(cudaEventSynchronize(commit_ev_));
+    int* h = commit_host_.as<int>();
+    for (int i = 0; i < n; ++i) {
+      if (slots[i] < 0 || slots[i] >= opt_.max_tree)
+        throw InvalidArgument("commit_tree_slots: tree_slots[" + std::to_string(i) + "] = " +
+                              std::to_string(slots[i]) + " is outside [0, max_tree=" +
+                              std::to_string(opt_.max_tree) + ")");
+      h[i] = opt_.max_context + slots[i];
+    }
+    SS_CUDA_CHECK(cudaMemcpyAsync(commit_idx_.get(), h, sizeof(int) * n, cudaMemcpyHostToDevice, stream_));
+    SS_CUDA_CHECK(cudaEventRecord(commit_ev_, stream_));
+    launch_kv_copy(kcache_.as<__nv_bfloat16>(), vcache_.as<__nv_bfloat16>(), cfg_.num_layers,
+                   cfg_.num_kv_heads, slots_, cfg_.head_dim, commit_idx_.as<int>(), n, committed_, stream_);
+    committed_ += n;
+  }
+
+  void truncate_committed(int len) override {
+    if (len < 0 || len > committed_)
+      throw InvalidArgument("truncate_committed: len " + std::to_string(len) + " is outside [0, committed_len=" +
+                            std::to_string(committed_) + "]");
+    committed_ = len;
+  }
+
+  void read_committed_kv(int layer, std::vector<float>& k, std::vector<float>& v) const override {
+    std::vector<int> idx(committed_);
+    for (int i = 0; i < committed_; ++i) idx[i] = i;
+    read_kv(layer, idx, k, v);
+  }
+
+  void read_tree_kv(int layer, const std::vector<int32_t>& slots, std::vector<float>& k,
+                    std::vector<float>& v) const override {
+    std::vector<int> idx(slots.size());
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i] < 0 || slots[i] >= opt_.max_tree)
+        throw InvalidArgument("read_tree_kv: slots[" + std::to_string(i) + "] = " + std::to_string(slots[i]) +
+                              " is outside [0, max_tree=" + std::to_string(opt_.max_tree) + ")");
+      idx[i] = opt_.max_context + slots[i];
+    }
+    read_kv(layer, idx, k, v);
+  }
+
+  // ---------------------------------------------------------------- CudaModel extras
+  void debug_fill_committed_random(int len, uint64_t seed) override {
+    if (len < 0 || len > opt_.max_context)
+      throw InvalidArgument("debug_fill_committed_random: len " + std::to_string(len) +
+                            " is outside [0, max_context]");
+    launch_kv_fill_random(kcache_.as<__nv_bfloat16>(), vcache_.as<__nv_bfloat16>(), cfg_.num_layers,
+                          cfg_.num_kv_heads, slots_, cfg_.head_dim, len, seed, stream_);
+    SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    committed_ = len;
+  }
+
+  int debug_prepare(const ForwardBatch& batch, bool write_logits) override {
+    validate(batch);
+    const int n = static_cast<int>(batch.tokens.size());
+    if (n > kMaxStepTokens)
+      throw InvalidArgument("debug_prepare: at most " + std::to_string(kMaxStepTokens) + " tokens");
+    Prepared p;
+    p.desc = std::make_unique<StepDesc>();
+    p.n_attend = fill_desc(*p.desc, batch, 0, n);
+    p.nt = bucket_nt(n);
+    p.mode = batch.logits;
+    p.write_logits = write_logits && batch.logits != LogitsMode::None;
+    prepared_.push_back(std::move(p));
+    return static_cast<int>(prepared_.size()) - 1;
+  }
+
+  double debug_replay_ms(int id, int iters) override {
+    if (id < 0 || id >= static_cast<int>(prepared_.size())) throw InvalidArgument("debug_replay_ms: bad step id");
+    const Prepared& p = prepared_[id];
+    upload_desc(*p.desc, p.n_attend);
+    for (int i = 0; i < 3; ++i) run_step(p.nt, p.mode, p.write_logits);
+    std::vector<cudaEvent_t> ev(2 * iters);
+    for (auto& e : ev) SS_CUDA_CHECK(cudaEventCreate(&e));
+    for (int i = 0; i < iters; ++i) {
+      SS_CUDA_CHECK(cudaEventRecord(ev[2 * i], stream_));
+      run_step(p.nt, p.mode, p.write_logits);
+      SS_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], stream_));
+    }
+    SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::vector<float> ms(iters);
+    for (int i = 0; i < iters; ++i) SS_CUDA_CHECK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+    for (auto& e : ev) cudaEventDestroy(e);
+    std::sort(ms.begin(), ms.end());
+    return ms[iters / 2];
+  }
+
+  size_t weight_bytes_per_step() const override {
+    size_t b = 0;
+    for (const Layer& L : layers_) b += L.qkv.bytes() + L.qkv_bias.bytes() + L.o.bytes() + L.gu.bytes() + L.down.bytes();
+    b += lm_.bytes();
+    b += static_cast<size_t>(cfg_.hidden_size) * 2;  // one embedding row
+    return b;
+  }
+
+ private:
+  struct Layer {
+    DeviceBuffer qkv, qkv_bias, o, gu, down;
+  };
+  struct Prepared {
+    std::unique_ptr<StepDesc> desc;
+    int n_attend = 0;
+    int nt = 1;
+    LogitsMode mode = LogitsMode::Last;
+    bool write_logits = true;
+  };
+
+  /// K/V of cache indices `idx` of `layer` as fp32 [idx.size(), kv_heads, head_dim].
+  void read_kv(int layer, const std::vector<int>& idx, std::vector<float>& k, std::vector<float>& v) const {
+    if (layer < 0 || layer >= cfg_.num_layers)
+      throw InvalidArgument("read_kv: layer " + std::to_string(layer) + " is outside [0, num_layers=" +
+                            std::to_string(cfg_.num_layers) + ")");
+    SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const int KVH = cfg_.num_kv_heads, hd = cfg_.head_dim;
+    const size_t kv_layer = static_cast<size_t>(KVH) * slots_ * hd;
+    std::vector<uint16_t> hk(static_cast<size_t>(KVH) * slots_ * hd), hv(hk.size());
+    SS_CUDA_CHECK(cudaMemcpy(hk.data(), kcache_.as<__nv_bfloat16>() + kv_layer * layer, hk.size() * 2,
+                             cudaMemcpyDeviceToHost));
+    SS_CUDA_CHECK(cudaMemcpy(hv.data(), vcache_.as<__nv_bfloat16>() + kv_layer * layer, hv.size() * 2,
+                             cudaMemcpyDeviceToHost));
+    k.assign(idx.size() * KVH * hd, 0.f);
+    v.assign(k.size(), 0.f);
+    for (size_t i = 0; i < idx.size(); ++i)
+      for (int h = 0; h < KVH; ++h)
+        for (int d = 0; d < hd; ++d) {
+          const size_t src = (static_cast<size_t>(h) * slots_ + idx[i]) * hd + d;
+          const size_t dst = (i * KVH + h) * hd + d;
+          k[dst] = bf16_bits_to_float(hk[src]);
+          v[dst] = bf16_bits_to_float(hv[src]);
+        }
+  }
+
+  void check_config() const {
+    const auto bad = [](const std::string& m) { throw InvalidArgument("CUDA backend: " + m); };
+    if (cfg_.hidden_size <= 0 || cfg_.hidden_size % 16) bad("hidden_size must be a positive multiple of 16");
+    if (cfg_.intermediate_size <= 0 || cfg_.intermediate_size % 8) bad("intermediate_size must be a positive multiple of 8");
+    if (cfg_.head_dim != 64 && cfg_.head_dim != 128) bad("head_dim must be 64 or 128");
+    if (cfg_.num_heads <= 0 || cfg_.num_kv_heads <= 0 || cfg_.num_heads % cfg_.num_kv_heads)
+      bad("num_heads must be a positive multiple of num_kv_heads");
+    if (cfg_.num_heads / cfg_.num_kv_heads > 16) bad("at most 16 query heads per KV head");
+    if (cfg_.vocab_size <= 0 || cfg_.num_layers <= 0) bad("vocab_size and num_layers must be positive");
+    if (opt_.max_context <= 0 || opt_.max_tree <= 0) bad("max_context and max_tree must be positive");
+  }
+
+  void allocate_state() {
+    const int H = cfg_.hidden_size, I = cfg_.intermediate_size, hd = cfg_.head_dim;
+    const int nq = cfg_.num_heads * hd, nkv = cfg_.num_kv_heads * hd;
+    vocab_rows_ = (cfg_.vocab_size + 15) / 16 * 16;
+    layers_.resize(cfg_.num_layers);
+    for (Layer& L : layers_) {
+      L.qkv.allocate(sizeof(__nv_bfloat16) * static_cast<size_t>(nq + 2 * nkv) * H);
+      if (cfg_.attention_bias) L.qkv_bias.allocate(sizeof(float) * (nq + 2 * nkv));
+      L.o.allocate(sizeof(__nv_bfloat16) * static_cast<size_t>(H) * nq);
+      L.gu.allocate(sizeof(__nv_bfloat16) * static_cast<size_t>(2) * I * H);
+      L.down.allocate(sizeof(__nv_bfloat16) * static_cast<size_t>(H) * I);
+    }
+    embed_.allocate(sizeof(__nv_bfloat16) * static_cast<size_t>(cfg_.vocab_size) * H);
+    lm_.allocate(sizeof(__nv_bfloat16) * static_cast<size_t>(vocab_rows_) * H);
+    SS_CUDA_CHECK(cudaMemset(lm_.get(), 0, lm_.bytes()));  // padding rows stay zero
+
+    slots_ = opt_.max_context + opt_.max_tree;
+    const size_t kv = sizeof(__nv_bfloat16) * static_cast<size_t>(cfg_.num_layers) * cfg_.num_kv_heads * slots_ * hd;
+    kcache_.allocate(kv);
+    vcache_.allocate(kv);
+    SS_CUDA_CHECK(cudaMemset(kcache_.get(), 0, kv));
+    SS_CUDA_CHECK(cudaMemset(vcache_.get(), 0, kv));
+
+    h32_.allocate(sizeof(float) * kRows * H);
+    h16_.allocate(sizeof(__nv_bfloat16) * kRows * H);
+    ssq_.allocate(sizeof(float) * kRows * (H / 16));
+    q_.allocate(sizeof(__nv_bfloat16) * kRows * nq);
+    attn_.allocate(sizeof(__nv_bfloat16) * kRows * nq);
+    act_.allocate(sizeof(__nv_bfloat16) * kRows * I);
+    logits_.allocate(sizeof(float) * kRows * static_cast<size_t>(cfg_.vocab_size));
+    keys_.allocate(sizeof(unsigned long long) * kRows);
+    max_chunks_ = (slots_ + kAttnChunk - 1) / kAttnChunk;
+    part_o_.allocate(sizeof(float) * static_cast<size_t>(kRows) * cfg_.num_heads * max_chunks_ * hd);
+    part_ml_.allocate(sizeof(float2) * static_cast<size_t>(kRows) * cfg_.num_heads * max_chunks_);
+    counters_.allocate(sizeof(int) * cfg_.num_kv_heads * kMaxStepTokens);
+    desc_.allocate(sizeof(StepDesc));
+    commit_idx_.allocate(sizeof(int) * opt_.max_tree);
+    for (auto* b : {&h32_, &h16_, &ssq_, &q_, &attn_, &act_, &logits_, &keys_, &counters_, &desc_})
+      SS_CUDA_CHECK(cudaMemset(b->get(), 0, b->bytes()));
+    inv_freq_ = upload_floats(rope_inv_freq(cfg_));
+    for (auto& d : desc_host_) d.allocate(sizeof(StepDesc));
+    logits_host_.allocate(sizeof(float) * kRows * static_cast<size_t>(cfg_.vocab_size));
+    keys_host_.allocate(sizeof(unsigned long long) * kRows);
+    commit_host_.allocate(sizeof(int) * opt_.max_tree);
+    SS_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+  DeviceBuffer upload_ints(const std::vector<int>& v) {
+    DeviceBuffer b(sizeof(int) * v.size());
+    SS_CUDA_CHECK(cudaMemcpy(b.get(), v.data(), b.bytes(), cudaMemcpyHostToDevice));
+    return b;
+  }
+  DeviceBuffer upload_floats(const std::vector<float>& v) {
+    DeviceBuffer b(sizeof(float) * v.size());
+    SS_CUDA_CHECK(cudaMemcpy(b.get(), v.data(), b.bytes(), cudaMemcpyHostToDevice));
+    return b;
+  }
+  /// Copies the raw bytes of `parts` (same dtype) one after the other into scratch_.
+  void upload_concat(std::initializer_list<const HostWeight*> parts, const std::string& name) {
+    size_t total = 0;
+    for (const HostWeight* p : parts) {
+      size_t n = dtype_bytes(p->dtype);
+      if (n == 0) throw CheckpointError("tensor " + name + ": dtype must be F32, BF16 or F16 for the CUDA backend");
+      for (int64_t d : p->shape) n *= static_cast<size_t>(d);
+      total += n;
+    }
+    if (scratch_.bytes() < total) scratch_.allocate(total);
+    size_t off = 0;
+    for (const HostWeight* p : parts) {
+      size_t n = dtype_bytes(p->dtype);
+      for (int64_t d : p->shape) n *= static_cast<size_t>(d);
+      SS_CUDA_CHECK(cudaMemcpy(scratch_.as<unsigned char>() + off, p->data, n, cudaMemcpyHostToDevice));
+      off += n;
+    }
+  }
+
+  // ---------------------------------------------------------------- steps
+  void validate(const ForwardBatch& b) const {
+    const int n = static_cast<int>(b.tokens.size());
+    if (n == 0) throw InvalidArgument("forward: tokens is empty");
+    if (b.positions.size() != b.tokens.size())
+      throw InvalidArgument("forward: positions has " + std::to_string(b.positions.size()) +
+                            " entries for " + std::to_string(n) + " tokens");
+    for (int i = 0; i < n; ++i) {
+      if (b.tokens[i] < 0 || b.tokens[i] >= cfg_.vocab_size)
+        throw InvalidArgument("forward: tokens[" + std::to_string(i) + "] = " + std::to_string(b.tokens[i]) +
+                              " is outside [0, vocab_size=" + std::to_string(cfg_.vocab_size) + ")");
+      if (b.positions[i] < 0)
+        throw InvalidArgument("forward: positions[" + std::to_string(i) + "] = " + std::to_string(b.positions[i]) +
+                              " is negative");
+    }
+    if (!b.is_tree()) {
+      if (committed_ + n > opt_.max_context)
+        throw InvalidArgument("forward: " + std::to_string(n) + " tokens after " + std::to_string(committed_) +
+                              " committed exceed max_context " + std::to_string(opt_.max_context));
+      return;
+    }
+    if (static_cast<int>(b.tree_slots.size()) != n)
+      throw InvalidArgument("forward: tree_slots has " + std::to_string(b.tree_slots.size()) +
+                            " entries for " + std::to_string(n) + " tokens");
+    if (static_cast<int>(b.attend_offsets.size()) != n + 1)
+      throw InvalidArgument("forward: attend_offsets must have n+1 = " + std::to_string(n + 1) + " entries");
+    if (b.attend_offsets[0] != 0 || b.attend_offsets[n] != static_cast<int>(b.attend_slots.size()))
+      throw InvalidArgument("forward: attend_offsets must start at 0 and end at attend_slots.size()");
+    std::vector<int> writer(opt_.max_tree, -1);
+    for (int i = 0; i < n; ++i) {
+      const int s = b.tree_slots[i];
+      if (s < 0 || s >= opt_.max_tree)
+        throw InvalidArgument("forward: tree_slots[" + std::to_string(i) + "] = " + std::to_string(s) +
+                              " is outside [0, max_tree=" + std::to_string(opt_.max_tree) + ")");
+      if (writer[s] >= 0)
+        throw InvalidArgument("forward: tree_slots[" + std::to_string(i) + "] repeats slot " + std::to_string(s));
+      writer[s] = i;
+    }
+    for (int i = 0; i < n; ++i) {
+      const int o0 = b.attend_offsets[i], o1 = b.attend_offsets[i + 1];
+      if (o1 <= o0) throw InvalidArgument("forward: attend list of token " + std::to_string(i) + " is empty");
+      if (o1 - o0 > opt_.max_tree)
+        throw InvalidArgument("forward: attend list of token " + std::to_string(i) + " is longer than max_tree");
+      if (b.attend_slots[o1 - 1] != b.tree_slots[i])
+        throw InvalidArgument("forward: attend list of token " + std::to_string(i) +
+                              " must end with its own tree slot " + std::to_string(b.tree_slots[i]));
+      for (int j = o0; j < o1; ++j) {
+        const int s = b.attend_slots[j];
+        if (s < 0 || s >= opt_.max_tree)
+          throw InvalidArgument("forward: attend_slots[" + std::to_string(j) + "] = " + std::to_string(s) +
+                                " is outside [0, max_tree)");
+        // Slots written in this batch must be written by this token or an earlier one
+        // (ancestors first), so that steps of kMaxStepTokens can run in order.
+        if (writer[s] > i)
+          throw InvalidArgument("forward: token " + std::to_string(i) + " attends slot " + std::to_string(s) +
+                                " written by a later token " + std::to_string(writer[s]));
+      }
+    }
+  }
+
+  /// Fills `d` with tokens [begin, begin+count) of `b`; returns the attend-list length.
+  int fill_desc(StepDesc& d, const ForwardBatch& b, int begin, int count) const {
+    std::memset(&d, 0, kStepDescHeaderBytes);
+    d.n = count;
+    d.is_tree = b.is_tree() ? 1 : 0;
+    d.committed = committed_;
+    d.last_row = count - 1;
+    int na = 0;
+    for (int i = 0; i < count; ++i) {
+      const int g = begin + i;
+      d.tokens[i] = b.tokens[g];
+      d.positions[i] = b.positions[g];
+      if (!b.is_tree()) {
+        d.kv_index[i] = committed_ + i;
+        d.prefix_len[i] = committed_ + i + 1;
+        d.attend_off[i + 1] = 0;
+      } else {
+        d.kv_index[i] = opt_.max_context + b.tree_slots[g];
+        d.prefix_len[i] = committed_;
+        const int o0 = b.attend_offsets[g], o1 = b.attend_offsets[g + 1];
+        if (na + (o1 - o0) > kMaxAttendSlots)
+          throw InvalidArgument("forward: a step's attend lists exceed " + std::to_string(kMaxAttendSlots) +
+                                " entries; use fewer or shallower tree nodes per call");
+        for (int j = o0; j < o1; ++j) d.attend_slots[na++] = b.attend_slots[j];
+        d.attend_off[i + 1] = na;
+      }
+    }
+    return na;
+  }
+
+  void upload_desc(const StepDesc& d, int n_attend) {
+    const int i = desc_i_;
+    desc_i_ ^= 1;
+    SS_CUDA_CHECK(cudaEventSynchronize(desc_ev_[i]));
+    const size_t bytes = kStepDescHeaderBytes + sizeof(int) * n_attend;
+    std::memcpy(desc_host_[i].as<void>(), &d, bytes);
+    SS_CUDA_CHECK(cudaMemcpyAsync(desc_.get(), desc_host_[i].as<void>(), bytes, cudaMemcpyHostToDevice, stream_));
+    SS_CUDA_CHECK(cudaEventRecord(desc_ev_[i], stream_));
+  }
+
+  void run(const ForwardBatch& b, bool want_logits, std::vector<float>* logits, std::vector<int32_t>* argmax) {
+    validate(b);
+    const int n = static_cast<int>(b.tokens.size());
+    const size_t V = static_cast<size_t>(cfg_.vocab_size);
+    if (logits) logits->clear();
+    if (argmax) argmax->clear();
+    StepDesc& d = *scratch_desc_;
+    for (int begin = 0; begin < n; begin += kMaxStepTokens) {
+      const int cnt = std::min(kMaxStepTokens, n - begin);
+      const bool last_piece = begin + cnt == n;
+      LogitsMode mode = LogitsMode::None;
+      if (b.logits == LogitsMode::All) mode = LogitsMode::All;
+      if (b.logits == LogitsMode::Last && last_piece) mode = LogitsMode::Last;
+      const int na = fill_desc(d, b, begin, cnt);
+      upload_desc(d, na);
+      run_step(bucket_nt(cnt), mode, want_logits && mode != LogitsMode::None);
+      if (!b.is_tree()) committed_ += cnt;
+      if (mode == LogitsMode::None) continue;
+      const int rows = mode == LogitsMode::All ? cnt : 1;
+      if (want_logits) {
+        SS_CUDA_CHECK(cudaMemcpyAsync(logits_host_.as<void>(), logits_.get(), sizeof(float) * rows * V,
+                                      cudaMemcpyDeviceToHost, stream_));
+        SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        const float* h = logits_host_.as<float>();
+        logits->insert(logits->end(), h, h + rows * V);
+      } else {
+        SS_CUDA_CHECK(cudaMemcpyAsync(keys_host_.as<void>(), keys_.get(), sizeof(unsigned long long) * rows,
+                                      cudaMemcpyDeviceToHost, stream_));
+        SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        for (int r = 0; r < rows; ++r) argmax->push_back(argmax_key_index(keys_host_.as<unsigned long long>()[r]));
+      }
+    }
+    SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void run_step(int nt, LogitsMode mode, bool write_logits) {
+    const int key = nt * 16 + static_cast<int>(mode) * 2 + (write_logits ? 1 : 0);
+    auto rec = [&](cudaStream_t s) { record_step(s, nt, mode, write_logits); };
+    if (!copt_.use_graphs) {
+      rec(stream_);
+      return;
+    }
+    try {
+      graphs_.launch(key, stream_, rec);
+    } catch (const CudaError&) {
+      if (!pdl_) throw;
+      // Some drivers refuse programmatic edges in captured graphs: fall back.
+      pdl_ = false;
+      graphs_.clear();
+      graphs_.launch(key, stream_, rec);
+    }
+  }
+
+  const int* desc_field(size_t offset) const {
+    return reinterpret_cast<const int*>(desc_.as<unsigned char>() + offset);
+  }
+
+  const CUtensorMap& tmap(const void* base, int rows, int cols, int box_rows) {
+    const auto k = std::make_tuple(base, rows, cols, box_rows);
+    auto it = maps_.find(k);
+    if (it != maps_.end()) return it->second;
+    return maps_.emplace(k, make_tma_map_bf16(base, rows, cols, cols, box_rows)).first->second;
+  }
+
+  template <class Epi>
+  const GemmConfig& plan(int kind, int N, int K, int nt) {
+    const int k = kind * 16 + nt;
+    auto it = plans_.find(k);
+    if (it != plans_.end()) return it->second;
+    return plans_.emplace(k, plan_gemm<Epi>(N, K, nt, num_sms_)).first->second;
+  }
+
+  template <class Epi>
+  void gemm(int kind, const void* w, int N, int K, const void* x, int nt, const GemmArgs& args,
+            const typename Epi::Params& ep, cudaStream_t s) {
+    const GemmConfig& c = plan<Epi>(kind, N, K, nt);
+    launch_gemm<Epi>(c, tmap(w, N, K, c.BR), tmap(x, kRows, K, 8 * nt), args, ep, pdl_, s);
+  }
+
+  void record_step(cudaStream_t s, int nt, LogitsMode mode, bool write_logits) {
+    const int H = cfg_.hidden_size, I = cfg_.intermediate_size, hd = cfg_.head_dim;
+    const int nq = cfg_.num_heads * hd, nkv = cfg_.num_kv_heads * hd;
+    const int rows = 8 * nt;
+    const StepDesc* desc = desc_.as<StepDesc>();
+    const int* n_ptr = desc_field(offsetof(StepDesc, n));
+    const size_t kv_layer = static_cast<size_t>(cfg_.num_kv_heads) * slots_ * hd;
+
+    launch_embedding(embed_.as<__nv_bfloat16>(), H, desc, rows, h32_.as<float>(), h16_.as<__nv_bfloat16>(),
+                     ssq_.as<float>(), keys_.as<unsigned long long>(), s);
+
+    GemmArgs norm_args;
+    norm_args.K = H;
+    norm_args.m_active_ptr = n_ptr;
+    norm_args.m_active_max = rows;
+    norm_args.ssq = ssq_.as<float>();
+    norm_args.ssq_stride = H / 16;
+    norm_args.hidden = H;
+    norm_args.eps = cfg_.rms_norm_eps;
+
+    for (int l = 0; l < cfg_.num_layers; ++l) {
+      Layer& L = layers_[l];
+      __nv_bfloat16* kc = kcache_.as<__nv_bfloat16>() + kv_layer * l;
+      __nv_bfloat16* vc = vcache_.as<__nv_bfloat16>() + kv_layer * l;
+      {
+        GemmArgs a = norm_args;
+        a.N = nq + 2 * nkv;
+        EpiQKV::Params e;
+        e.bias = L.qkv_bias ? L.qkv_bias.as<float>() : nullptr;
+        e.q = q_.as<__nv_bfloat16>();
+        e.kcache = kc;
+        e.vcache = vc;
+        e.desc = desc;
+        e.inv_freq = inv_freq_.as<float>();
+        e.num_heads = cfg_.num_heads;
+        e.num_kv_heads = cfg_.num_kv_heads;
+        e.head_dim = hd;
+        e.slots = slots_;
+        e.neox = cfg_.rope_style == RopeStyle::NeoX ? 1 : 0;
+        gemm<EpiQKV>(kQKV, L.qkv.get(), a.N, H, h16_.get(), nt, a, e, s);
+      }
+      {
+        AttnParams p;
+        p.q = q_.as<__nv_bfloat16>();
+        p.kcache = kc;
+        p.vcache = vc;
+        p.out = attn_.as<__nv_bfloat16>();
+        p.part_o = part_o_.as<float>();
+        p.part_ml = part_ml_.as<float2>();
+        p.counters = counters_.as<int>();
+        p.desc = desc;
+        p.num_heads = cfg_.num_heads;
+        p.num_kv_heads = cfg_.num_kv_heads;
+        p.head_dim = hd;
+        p.group = cfg_.num_heads / cfg_.num_kv_heads;
+        p.tokens_per_block = attn_tokens_per_block(p.group);
+        p.slots = slots_;
+        p.max_context = opt_.max_context;
+        p.max_chunks = max_chunks_;
+        p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        launch_attention(p, rows, pdl_, s);
+      }
+      EpiResidual::Params res;
+      res.h32 = h32_.as<float>();
+      res.h16 = h16_.as<__nv_bfloat16>();
+      res.ssq = ssq_.as<float>();
+      res.hidden = H;
+      {
+        GemmArgs a;
+        a.N = H;
+        a.K = nq;
+        a.m_active_ptr = n_ptr;
+        a.m_active_max = rows;
+        gemm<EpiResidual>(kO, L.o.get(), H, nq, attn_.get(), nt, a, res, s);
+      }
+      {
+        GemmArgs a = norm_args;
+        a.N = 2 * I;
+        EpiSwiGLU::Params e;
+        e.act = act_.as<__nv_bfloat16>();
+        e.intermediate = I;
+        gemm<EpiSwiGLU>(kGU, L.gu.get(), 2 * I, H, h16_.get(), nt, a, e, s);
+      }
+      {
+        GemmArgs a;
+        a.N = H;
+        a.K = I;
+        a.m_active_ptr = n_ptr;
+        a.m_active_max = rows;
+        gemm<EpiResidual>(kDown, L.down.get(), H, I, act_.get(), nt, a, res, s);
+      }
+    }
+    if (mode == LogitsMode::None) return;
+    GemmArgs a = norm_args;
+    a.N = vocab_rows_;
+    EpiLMHead::Params e;
+    e.logits = write_logits ? logits_.as<float>() : nullptr;
+    e.vocab = cfg_.vocab_size;
+    e.keys = keys_.as<unsigned long long>();
+    if (mode == LogitsMode::Last) {
+      a.m_active_ptr = nullptr;
+      a.m_active_max = 1;
+      a.x_row0_ptr = desc_field(offsetof(StepDesc, last_row));
+      gemm<EpiLMHead>(kLM, lm_.get(), vocab_rows_, H, h16_.get(), 1, a, e, s);
+    } else {
+      gemm<EpiLMHead>(kLM, lm_.get(), vocab_rows_, H, h16_.get(), nt, a, e, s);
+    }
+  }
+
+  ModelConfig cfg_;
+  ModelOptions opt_;
+  CudaModelOptions copt_;
+  bool pdl_ = true;
+  int num_sms_ = 0;
+  int slots_ = 0;
+  int max_chunks_ = 0;
+  int vocab_rows_ = 0;
+  int committed_ = 0;
+  cudaStream_t stream_ = nullptr;
+
+  std::vector<Layer> layers_;
+  DeviceBuffer embed_, lm_, inv_freq_;
+  DeviceBuffer kcache_, vcache_;
+  DeviceBuffer h32_, h16_, ssq_, q_, attn_, act_, logits_, keys_;
+  DeviceBuffer part_o_, part_ml_, counters_, desc_, commit_idx_;
+  DeviceBuffer scratch_;
+  PinnedBuffer desc_host_[2];
+  cudaEvent_t desc_ev_[2] = {nullptr, nullptr};
+  int desc_i_ = 0;
+  PinnedBuffer logits_host_, keys_host_, commit_host_;
+  cudaEvent_t commit_ev_ = nullptr;
+  std::unique_ptr<StepDesc> scratch_desc_ = std::make_unique<StepDesc>();
+
+  GraphCache graphs_;
+  std::map<std::tuple<const void*, int, int, int>, CUtensorMap> maps_;
+  std::map<int, GemmConfig> plans_;
+  std::vector<Prepared> prepared_;
+};
+
+}  // namespace cuda
+
+std::unique_ptr<CudaModel> make_cuda_model_from_host(const ModelConfig& config, const WeightLookup& lookup,
+                                                     const WeightExists& exists, const ModelOptions& options,
+                                                     const CudaModelOptions& cuda_options) {
+  auto m = std::make_unique<cuda::CudaModelImpl>(config, options, cuda_options);
+  m->load_host(lookup, exists);
+  return m;
+}
+
+std::unique_ptr<CudaModel> make_cuda_model_random(const ModelConfig& config, const ModelOptions& options,
+                                                  const CudaModelOptions& cuda_options, uint64_t seed) {
+  auto m = std::make_unique<cuda::CudaModelImpl>(config, options, cuda_options);
+  m->init_random(seed);
+  return m;
+}
+
+}  // namespace swiftspec

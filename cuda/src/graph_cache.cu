@@ -1,0 +1,40 @@
+#include "graph_cache.h"
+
+#include "common.h"
+
+namespace swiftspec::cuda {
+
+void GraphCache::ensure(int key, cudaStream_t stream,
+                        const std::function<void(cudaStream_t)>& record) {
+  if (graphs_.count(key)) return;
+  SS_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    record(stream);
+  } catch (...) {
+    cudaGraph_t g = nullptr;
+    cudaStreamEndCapture(stream, &g);  // leave capture mode whatever happened
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError();
+    throw;
+  }
+  cudaGraph_t graph = nullptr;
+  SS_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiateWithFlags(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (err != cudaSuccess) throw_cuda_error(err, "cudaGraphInstantiateWithFlags", __FILE__, __LINE__);
+  graphs_[key] = exec;
+}
+
+void GraphCache::launch(int key, cudaStream_t stream,
+                        const std::function<void(cudaStream_t)>& record) {
+  ensure(key, stream, record);
+  SS_CUDA_CHECK(cudaGraphLaunch(graphs_.at(key), stream));
+}
+
+void GraphCache::clear() {
+  for (auto& kv : graphs_) cudaGraphExecDestroy(kv.second);
+  graphs_.clear();
+}
+
+}  // namespace swiftspec::cuda

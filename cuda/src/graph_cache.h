@@ -1,0 +1,31 @@
+// CUDA graphs of the step, one per bucket key (SwiftSpec ASPLOS'26 §5.3:
+// every decode / verify step replays a captured graph; no host sync inside).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <map>
+
+namespace swiftspec::cuda {
+
+class GraphCache {
+ public:
+  GraphCache() = default;
+  ~GraphCache() { clear(); }
+  GraphCache(const GraphCache&) = delete;
+  GraphCache& operator=(const GraphCache&) = delete;
+
+  /// Launches the graph of `key` on `stream`, capturing `record(stream)` first
+  /// if it does not exist yet. Throws CudaError; a failed capture leaves no
+  /// graph behind and the stream usable.
+  void launch(int key, cudaStream_t stream, const std::function<void(cudaStream_t)>& record);
+  /// Captures (if needed) without launching.
+  void ensure(int key, cudaStream_t stream, const std::function<void(cudaStream_t)>& record);
+  void clear();
+  size_t size() const { return graphs_.size(); }
+
+ private:
+  std::map<int, cudaGraphExec_t> graphs_;
+};
+
+}  // namespace swiftspec::cuda

@@ -1,0 +1,8 @@
+// Instantiates the skinny GEMM (gemm_skinny.cuh) with the EpiLMHead epilogue
+// (epilogues.h). One file per epilogue keeps compile units small and parallel.
+#include "kernels/epilogues.h"
+#include "kernels/gemm_skinny.cuh"
+
+namespace swiftspec::cuda {
+SS_INSTANTIATE_GEMM(EpiLMHead)
+}  // namespace swiftspec::cuda

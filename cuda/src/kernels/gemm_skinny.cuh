@@ -1,0 +1,346 @@
+// Kernel template of the skinny GEMM (see gemm_skinny.h for the design).
+// Included by one .cu file per epilogue, which instantiates plan_gemm<Epi> and
+// launch_gemm<Epi>.
+#pragma once
+#include <cooperative_groups.h>
+
+#include <algorithm>
+#include <string>
+
+#include "common.h"
+#include "kernels/gemm_skinny.h"
+
+namespace swiftspec::cuda {
+
+namespace cg = cooperative_groups;
+
+/// Pipeline depth for a tile shape: about 48 KiB of stages, 3..8 deep.
+__host__ __device__ constexpr int gemm_stages(int NT, int TM, int WR) {
+  const int stage = (16 * TM * WR + 8 * NT) * 128;
+  const int s = (48 * 1024) / stage;
+  return s < 3 ? 3 : (s > 8 ? 8 : s);
+}
+
+template <int NT, int TM, int WR>
+constexpr size_t gemm_smem_bytes(int epi_smem) {
+  constexpr int MP = 8 * NT, BR = 16 * TM * WR;
+  constexpr int ST = gemm_stages(NT, TM, WR);
+  return 1024 /*alignment slack*/ + size_t(ST) * (BR + MP) * 128 /*stages*/ +
+         size_t(BR) * (MP + 4) * 4 /*partials*/ + 64 * 4 /*rinv*/ + 8 * 8 /*barriers*/ +
+         size_t(epi_smem);
+}
+
+template <int NT, int TM, int WR, class Epi>
+__global__ void __launch_bounds__(WR * 32)
+    gemm_skinny_kernel(const __grid_constant__ CUtensorMap wmap,
+                       const __grid_constant__ CUtensorMap xmap, const GemmArgs args,
+                       const typename Epi::Params ep) {
+  constexpr int MP = 8 * NT;
+  constexpr int BR = 16 * TM * WR;
+  constexpr int NTH = 32 * WR;
+  constexpr int ST = gemm_stages(NT, TM, WR);
+  constexpr int W_BYTES = BR * 128;
+  constexpr int X_BYTES = MP * 128;
+  constexpr int STAGE_BYTES = W_BYTES + X_BYTES;
+  constexpr int PSTRIDE = MP + 4;
+
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  float* partial = reinterpret_cast<float*>(smem + ST * STAGE_BYTES);  // [BR][PSTRIDE]
+  float* rinv = partial + BR * PSTRIDE;                                // [64]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(rinv + 64);             // [ST]
+  void* esm = reinterpret_cast<void*>(bars + 8);
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int S = gridDim.y;
+  const int rank = blockIdx.y;
+
+  // This CTA's K slice: k16 blocks [rank*K16/S, (rank+1)*K16/S).
+  const int K16 = args.K >> 4;
+  const int kb = (rank * K16 / S) * 16;
+  const int ke = ((rank + 1) * K16 / S) * 16;
+  const int nst = (ke - kb + 63) >> 6;
+  const int n_rb = (args.N + BR - 1) / BR;
+  const int my_rb =
+      blockIdx.x < n_rb ? (n_rb - 1 - static_cast<int>(blockIdx.x)) / gridDim.x + 1 : 0;
+  const int items = my_rb * nst;
+
+  if (tid == 0) {
+    prefetch_tensormap(&wmap);
+    prefetch_tensormap(&xmap);
+    for (int s = 0; s < ST; ++s) mbar_init(&bars[s], 1);
+    fence_mbar_init();
+  }
+  Epi::cta_init(ep, esm, tid, NTH);
+  __syncthreads();
+  griddep_launch_dependents();
+
+  // Weights do not depend on the previous kernel: request the first stages now.
+  const uint64_t wpolicy = l2_policy_evict_first();
+  if (tid == 0) {
+    const int pre = items < ST ? items : ST;
+    for (int i = 0; i < pre; ++i) {
+      const int rb = blockIdx.x + (i / nst) * gridDim.x;
+      const int st = i % nst;
+      mbar_arrive_expect_tx(&bars[i], STAGE_BYTES);
+      tma_load_2d_hint(smem + i * STAGE_BYTES, &wmap, kb + st * 64, rb * BR, &bars[i], wpolicy);
+    }
+  }
+  griddep_wait();
+
+  const int x_row0 = args.x_row0_ptr ? *args.x_row0_ptr : 0;
+  int m_active = args.m_active_max;
+  if (args.m_active_ptr) m_active = min(m_active, *args.m_active_ptr);
+
+  if (tid == 0) {
+    const int pre = items < ST ? items : ST;
+    for (int i = 0; i < pre; ++i) {
+      const int st = i % nst;
+      tma_load_2d(smem + i * STAGE_BYTES + W_BYTES, &xmap, kb + st * 64, x_row0, &bars[i]);
+    }
+  }
+
+  // RMSNorm statistics: this CTA computes 1/rms of tokens m = rank (mod S);
+  // the others read them through distributed shared memory.
+  if constexpr (Epi::kNeedsRms) {
+    for (int m = rank + warp * S; m < m_active; m += WR * S) {
+      const float* p = args.ssq + static_cast<size_t>(x_row0 + m) * args.ssq_stride;
+      float s = 0.f;
+      for (int i = lane; i < args.ssq_stride; i += 32) s += p[i];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (lane == 0) rinv[m] = 1.0f / sqrtf(s / static_cast<float>(args.hidden) + args.eps);
+    }
+  }
+
+  float acc[TM][NT][4];
+#pragma unroll
+  for (int a = 0; a < TM; ++a)
+#pragma unroll
+    for (int b = 0; b < NT; ++b)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.f;
+
+  cg::cluster_group cluster = cg::this_cluster();
+  int it = 0;
+  for (int rbi = 0; rbi < my_rb; ++rbi) {
+    const int rb = blockIdx.x + rbi * gridDim.x;
+    for (int st = 0; st < nst; ++st, ++it) {
+      const int s = it % ST;
+      mbar_wait(&bars[s], static_cast<uint32_t>((it / ST) & 1));
+      const int k0 = kb + st * 64;
+      const int nk = min(4, (ke - k0) >> 4);
+      const uint32_t wbase = smem_u32(smem + s * STAGE_BYTES);
+      const uint32_t xbase = wbase + W_BYTES;
+#pragma unroll
+      for (int kk = 0; kk < 4; kk += 2) {
+        if (kk < nk) {
+          uint32_t bfrag[NT][4];
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+            ldmatrix_x4(bfrag[nt], xbase + swz128(nt * 8 + (lane & 7), kk * 2 + (lane >> 3)));
+#pragma unroll
+          for (int tm = 0; tm < TM; ++tm) {
+            const int row = (warp * TM + tm) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+            uint32_t a0[4];
+            ldmatrix_x4(a0, wbase + swz128(row, kk * 2 + (lane >> 4)));
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) mma_bf16_16816(acc[tm][nt], a0, bfrag[nt][0], bfrag[nt][1]);
+            if (kk + 1 < nk) {
+              uint32_t a1[4];
+              ldmatrix_x4(a1, wbase + swz128(row, (kk + 1) * 2 + (lane >> 4)));
+#pragma unroll
+              for (int nt = 0; nt < NT; ++nt)
+                mma_bf16_16816(acc[tm][nt], a1, bfrag[nt][2], bfrag[nt][3]);
+            }
+          }
+        }
+      }
+      if constexpr (WR == 1) {
+        __syncwarp();
+      } else {
+        __syncthreads();
+      }
+      if (tid == 0 && it + ST < items) {
+        const int nx = it + ST;
+        const int nrb = blockIdx.x + (nx / nst) * gridDim.x;
+        const int nst_i = nx % nst;
+        mbar_arrive_expect_tx(&bars[s], STAGE_BYTES);
+        tma_load_2d_hint(smem + s * STAGE_BYTES, &wmap, kb + nst_i * 64, nrb * BR, &bars[s], wpolicy);
+        tma_load_2d(smem + s * STAGE_BYTES + W_BYTES, &xmap, kb + nst_i * 64, x_row0, &bars[s]);
+      }
+    }
+
+    // ---- reduction over the S slices of the cluster ----
+    if (S > 1) cluster.sync(); else __syncthreads();  // previous partials fully read
+#pragma unroll
+    for (int tm = 0; tm < TM; ++tm) {
+      const int row = (warp * TM + tm) * 16 + (lane >> 2);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int col = nt * 8 + (lane & 3) * 2;
+        partial[row * PSTRIDE + col] = acc[tm][nt][0];
+        partial[row * PSTRIDE + col + 1] = acc[tm][nt][1];
+        partial[(row + 8) * PSTRIDE + col] = acc[tm][nt][2];
+        partial[(row + 8) * PSTRIDE + col + 1] = acc[tm][nt][3];
+        acc[tm][nt][0] = acc[tm][nt][1] = acc[tm][nt][2] = acc[tm][nt][3] = 0.f;
+      }
+    }
+    if (S > 1) cluster.sync(); else __syncthreads();
+
+    // ---- epilogue: this CTA owns tiles tl = rank (mod S) of the row block ----
+    constexpr int TILES = BR / 16;
+    const int my_tiles = rank < TILES ? (TILES - 1 - rank) / S + 1 : 0;
+    const int total = my_tiles * 8 * MP;  // multiple of 64: whole warps
+    for (int idx = tid; idx < total; idx += NTH) {
+      const int ti = idx / (8 * MP);
+      const int rem = idx - ti * 8 * MP;
+      const int m = rem >> 3;
+      const int r = rem & 7;
+      const int tl = rank + ti * S;
+      const int tile = rb * TILES + tl;
+      const int prow = tl * 16 + r;
+      float lo, hi;
+      {
+        const float* p0 = S > 1 ? cluster.map_shared_rank(partial, 0) : partial;
+        lo = p0[prow * PSTRIDE + m];
+        hi = p0[(prow + 8) * PSTRIDE + m];
+        for (int q = 1; q < S; ++q) {
+          const float* pq = cluster.map_shared_rank(partial, q);
+          lo += pq[prow * PSTRIDE + m];
+          hi += pq[(prow + 8) * PSTRIDE + m];
+        }
+      }
+      float ri = 1.f;
+      if constexpr (Epi::kNeedsRms) {
+        if (m < m_active) {
+          const float* rp = S > 1 ? cluster.map_shared_rank(rinv, m % S) : rinv;
+          ri = rp[m];
+        }
+      }
+      const bool valid = (tile * 16 < args.N);
+      Epi::apply(ep, esm, valid, tile, r, m, lo, hi, ri, m_active);
+    }
+  }
+  if (S > 1) cluster.sync(); else __syncthreads();  // keep smem alive for remote readers
+  Epi::cta_finish(ep, esm, tid, NTH, m_active);
+}
+
+// ---------------------------------------------------------------------------
+// Host side: planning and launching
+// ---------------------------------------------------------------------------
+template <int NT, int TM, int WR, class Epi>
+struct GemmInst {
+  static constexpr int kStages = gemm_stages(NT, TM, WR);
+  static size_t smem() { return gemm_smem_bytes<NT, TM, WR>(Epi::kSmemBytes); }
+  static void* fn() { return reinterpret_cast<void*>(&gemm_skinny_kernel<NT, TM, WR, Epi>); }
+  static void prepare() {
+    static bool done = false;  // attribute set once per process (per device 0)
+    if (!done) {
+      SS_CUDA_CHECK(cudaFuncSetAttribute(&gemm_skinny_kernel<NT, TM, WR, Epi>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem())));
+      done = true;
+    }
+  }
+};
+
+/// Calls f.template operator()<NT, TM, WR>() for the runtime (NT, TM, WR).
+template <class F>
+void gemm_dispatch(int NT, int TM, int WR, F&& f) {
+#define SS_GEMM_CASE(nt, tm, wr) \
+  if (NT == nt && TM == tm && WR == wr) return f.template operator()<nt, tm, wr>();
+  SS_GEMM_CASE(1, 1, 1) SS_GEMM_CASE(1, 1, 2) SS_GEMM_CASE(1, 1, 4)
+  SS_GEMM_CASE(2, 1, 1) SS_GEMM_CASE(2, 1, 2) SS_GEMM_CASE(2, 1, 4)
+  SS_GEMM_CASE(4, 2, 1) SS_GEMM_CASE(4, 2, 2) SS_GEMM_CASE(4, 2, 4)
+  SS_GEMM_CASE(8, 2, 1) SS_GEMM_CASE(8, 2, 2) SS_GEMM_CASE(8, 2, 4)
+#undef SS_GEMM_CASE
+  throw InvalidArgument("gemm: no kernel for NT=" + std::to_string(NT) + " TM=" +
+                        std::to_string(TM) + " WR=" + std::to_string(WR));
+}
+
+template <class Epi>
+GemmConfig plan_gemm(int N, int K, int NT, int num_sms) {
+  if (N <= 0 || K <= 0 || N % 16 != 0 || K % 16 != 0)
+    throw InvalidArgument("gemm: N and K must be positive multiples of 16 (N=" +
+                          std::to_string(N) + ", K=" + std::to_string(K) + ")");
+  if (NT != 1 && NT != 2 && NT != 4 && NT != 8)
+    throw InvalidArgument("gemm: NT must be 1, 2, 4 or 8 (got " + std::to_string(NT) + ")");
+  GemmConfig c;
+  c.NT = NT;
+  c.S = gemm_slices(K);
+  c.TM = NT <= 2 ? 1 : 2;
+  // Largest row block that still gives >= 2 CTAs per SM; else the smallest.
+  const int wr_options[3] = {4, 2, 1};
+  c.WR = 1;
+  for (int wr : wr_options) {
+    const int br = 16 * c.TM * wr;
+    const long ctas = static_cast<long>((N + br - 1) / br) * c.S;
+    if (ctas >= 2L * num_sms) {
+      c.WR = wr;
+      break;
+    }
+  }
+  c.BR = 16 * c.TM * c.WR;
+  const int n_rb = (N + c.BR - 1) / c.BR;
+  gemm_dispatch(NT, c.TM, c.WR, [&]<int nt, int tm, int wr>() {
+    using I = GemmInst<nt, tm, wr, Epi>;
+    I::prepare();
+    c.stages = I::kStages;
+    c.smem = I::smem();
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = dim3(static_cast<unsigned>(n_rb), static_cast<unsigned>(c.S), 1);
+    lc.blockDim = dim3(32 * wr, 1, 1);
+    lc.dynamicSmemBytes = c.smem;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = static_cast<unsigned>(c.S);
+    attr[0].val.clusterDim.z = 1;
+    lc.attrs = attr;
+    lc.numAttrs = 1;
+    int clusters = 0;
+    SS_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, &gemm_skinny_kernel<nt, tm, wr, Epi>, &lc));
+    if (clusters <= 0) clusters = num_sms / c.S;
+    c.grid_x = std::max(1, std::min(n_rb, clusters));
+  });
+  return c;
+}
+
+template <class Epi>
+void launch_gemm(const GemmConfig& cfg, const CUtensorMap& wmap, const CUtensorMap& xmap,
+                 const GemmArgs& args, const typename Epi::Params& ep, bool pdl,
+                 cudaStream_t stream) {
+  gemm_dispatch(cfg.NT, cfg.TM, cfg.WR, [&]<int nt, int tm, int wr>() {
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = dim3(static_cast<unsigned>(cfg.grid_x), static_cast<unsigned>(cfg.S), 1);
+    lc.blockDim = dim3(32 * wr, 1, 1);
+    lc.dynamicSmemBytes = cfg.smem;
+    lc.stream = stream;
+    cudaLaunchAttribute attr[2];
+    int na = 0;
+    attr[na].id = cudaLaunchAttributeClusterDimension;
+    attr[na].val.clusterDim.x = 1;
+    attr[na].val.clusterDim.y = static_cast<unsigned>(cfg.S);
+    attr[na].val.clusterDim.z = 1;
+    ++na;
+    if (pdl) {
+      attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[na].val.programmaticStreamSerializationAllowed = 1;
+      ++na;
+    }
+    lc.attrs = attr;
+    lc.numAttrs = na;
+    SS_CUDA_CHECK(cudaLaunchKernelEx(&lc, &gemm_skinny_kernel<nt, tm, wr, Epi>, wmap, xmap, args, ep));
+  });
+}
+
+#define SS_INSTANTIATE_GEMM(EPI)                                                              \
+  template GemmConfig plan_gemm<EPI>(int, int, int, int);                                     \
+  template void launch_gemm<EPI>(const GemmConfig&, const CUtensorMap&, const CUtensorMap&,   \
+                                 const GemmArgs&, const EPI::Params&, bool, cudaStream_t);
+
+}  // namespace swiftspec::cuda

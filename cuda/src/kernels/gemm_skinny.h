@@ -1,0 +1,73 @@
+// Skinny GEMM of the decode / verification step: Y[m][n] = sum_k X[m][k] W[n][k]
+// for M = 1..64 rows (tokens), weights W [N, K] bf16 row-major (memory-bound:
+// every weight byte is read once per step, for all M rows at once).
+//
+// Kernel (SwiftSpec ASPLOS'26 §5.1, fused latency-optimized GEMMs):
+//  * K is split into S contiguous slices (S fixed per matrix by K, never by M);
+//    the S CTAs of a slice group form a thread-block cluster and sum their fp32
+//    partials through distributed shared memory in slice order 0..S-1. So a
+//    row of a batch of 64 gets bit-identical results to a batch of one.
+//  * Each CTA streams its [BR rows x 64 k] weight tiles and the matching
+//    [Mpad x 64 k] activation tiles with TMA (128-byte swizzle) through a
+//    STAGES-deep mbarrier pipeline; warps read fragments with ldmatrix and
+//    accumulate with mma.sync m16n8k16 (bf16 in, fp32 accumulate). The weight
+//    tiles of the first stages are requested before griddepcontrol.wait, so
+//    they overlap the previous kernel (programmatic dependent launch).
+//  * Persistent: a CTA loops over row blocks; the pipeline runs across them.
+//  * Epilogues (template parameter) see, for one 16-row tile, the pair of rows
+//    (r, r+8) of one token in the same thread: RoPE pairs and gate/up pairs are
+//    placed there by permuting weight rows at load time (see weights.h).
+// Shapes: N % 16 == 0, K % 16 == 0, M <= 64. Errors: InvalidArgument.
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace swiftspec::cuda {
+
+/// Geometry of one launch, chosen by plan_gemm() (host).
+struct GemmConfig {
+  int NT = 1;       ///< n-tiles of 8 tokens: Mpad = 8 * NT (1, 2, 4, 8)
+  int TM = 1;       ///< 16-row m-tiles per warp
+  int WR = 1;       ///< warps per CTA (each owns TM m-tiles of the row block)
+  int stages = 4;   ///< pipeline depth
+  int S = 1;        ///< K slices = cluster size
+  int BR = 16;      ///< rows per row block = 16 * TM * WR
+  int grid_x = 1;   ///< row-block loop CTAs per slice
+  size_t smem = 0;  ///< dynamic shared memory bytes
+};
+
+/// Arguments common to all epilogues.
+struct GemmArgs {
+  int N = 0, K = 0;
+  const int* m_active_ptr = nullptr;  ///< tokens with outputs: min(*ptr, m_active_max); null: m_active_max
+  int m_active_max = 0;
+  const int* x_row0_ptr = nullptr;    ///< first X row (token 0); null: row 0
+  // RMSNorm statistics of X (norm-fused GEMMs): per X row, hidden/16 partial
+  // sums of squares of the fp32 residual (written by the previous residual
+  // epilogue or the embedding).
+  const float* ssq = nullptr;
+  int ssq_stride = 0;   ///< partials per row (hidden / 16)
+  int hidden = 0;
+  float eps = 1e-6f;
+};
+
+/// K slices of a matrix with reduction length K (fixed per matrix: the
+/// batch-invariance contract).
+int gemm_slices(int K);
+
+/// Picks tiles and grid for N x K with 8*NT token rows on this device.
+/// `max_ctas_per_sm_hint` limits occupancy (0: none).
+template <class Epi>
+GemmConfig plan_gemm(int N, int K, int NT, int num_sms);
+
+/// Launches on `stream` (captured into graphs), optionally with programmatic
+/// dependent launch. `wmap`: tensor map of W with box {64, cfg.BR}; `xmap`:
+/// tensor map of X (rows = token rows, leading dim K) with box {64, 8*cfg.NT}.
+template <class Epi>
+void launch_gemm(const GemmConfig& cfg, const CUtensorMap& wmap, const CUtensorMap& xmap,
+                 const GemmArgs& args, const typename Epi::Params& ep, bool pdl,
+                 cudaStream_t stream);
+
+}  // namespace swiftspec::cuda
