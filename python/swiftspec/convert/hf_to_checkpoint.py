@@ -75,6 +75,17 @@ def _rope(config: dict, path: Path) -> tuple[float, dict | None]:
     return float(theta), scaling
 
 
+def check_model_type(hf_config: dict, path: Path) -> str:
+    """Return config.json's ``model_type`` if supported, else raise :class:`CheckpointError` naming it."""
+    model_type = hf_config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise CheckpointError(
+            f"{path}: model_type is {model_type!r}, which swiftspec cannot convert; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    return model_type
+
+
 def build_config(hf_config: dict, tensor_names: set[str], dtype: str, path: Path,
                  generation_config: dict | None) -> dict:
     """The checkpoint's config.json from an HF config.json dict (keys kept, swiftspec keys added).
@@ -85,12 +96,7 @@ def build_config(hf_config: dict, tensor_names: set[str], dtype: str, path: Path
     sets ``torch_dtype``, and adds the "swiftspec" object. Raises :class:`CheckpointError` for an
     unsupported ``model_type`` or a missing key, naming ``path`` and the key.
     """
-    model_type = hf_config.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise CheckpointError(
-            f"{path}: model_type is {model_type!r}, which swiftspec cannot convert; "
-            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
+    model_type = check_model_type(hf_config, path)
     for key in _REQUIRED_KEYS:
         if not isinstance(hf_config.get(key), (int, float)) or isinstance(hf_config.get(key), bool):
             raise CheckpointError(f"{path}: required key {key!r} is {hf_config.get(key)!r}, expected a number")
@@ -150,6 +156,7 @@ def convert_hf(hf_dir: str | Path, out_dir: str | Path, dtype: str = "bfloat16",
         raise CheckpointError(f"HF model folder {hf_dir} does not exist or is not a folder")
     config_path = hf_dir / "config.json"
     hf_config = _read_json(config_path)
+    check_model_type(hf_config, config_path)
     if not (hf_dir / "tokenizer.json").is_file():
         raise CheckpointError(f"{hf_dir / 'tokenizer.json'} does not exist; swiftspec needs the fast-tokenizer file")
     gen_path = hf_dir / "generation_config.json"

