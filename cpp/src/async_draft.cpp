@@ -1,0 +1,127 @@
+// The draft group's leader in parallel tree generation (SwiftSpec §4.1): grow
+// the token tree continuously, hand the best subtree to the target group
+// whenever it is idle, and re-root on every verification result.
+#include <algorithm>
+
+#include "async_session.h"
+
+namespace swiftspec::async_detail {
+
+namespace ev = timeline_event;
+
+namespace {
+
+// Seed of the draft's own random source, derived from the request seed as in
+// serial generation (only sampled growth draws from it).
+uint64_t draft_seed(uint64_t seed) { return seed ^ 0x9E3779B97F4A7C15ull; }
+
+using Args = std::vector<std::pair<std::string, long long>>;
+
+// The decode-phase loop of the draft leader; returns when the request ends.
+class DraftLoop {
+ public:
+  DraftLoop(DraftTree& drafter, Session& s, TimelineTrack* track, LeaderStats& out)
+      : d_(drafter), s_(s), cfg_(s.config), opt_(s.options), track_(track), out_(out) {
+    growth_depth_ = opt_.growth_depth > 0 ? opt_.growth_depth : 2 * cfg_.max_depth;
+  }
+
+  void run() {
+    for (;;) {
+      const int remaining = cfg_.max_new_tokens - emitted_;
+      // A round emits at most accepted + 1 tokens: deeper nodes are useless.
+      const int verify_depth = std::max(0, std::min(cfg_.max_depth, remaining - 1));
+      const int grow_depth = std::max(0, std::min(growth_depth_, remaining - 1));
+
+      if (!target_busy_) {
+        // The target is idle: hand it the best subtree as soon as there is one.
+        if (d_.selectable_nodes(verify_depth) >= opt_.min_send_nodes || !d_.can_grow(verify_depth)) {
+          if (!send(verify_depth)) return;
+          continue;
+        }
+      } else if (std::optional<ResultMessage> r = s_.to_draft.try_receive()) {
+        if (!apply(*r)) return;
+        continue;
+      } else if (s_.to_draft.closed()) {
+        return;
+      }
+
+      if (grow_depth >= 1 && d_.can_grow(grow_depth)) {
+        const double t0 = s_.timeline.now();
+        const int added = d_.grow_step(grow_depth);
+        rec(ev::kGrow, t0, round_, {{"added", added}, {"tree", d_.tree().size() - 1}});
+        continue;
+      }
+      // Nothing left to grow: wait for the verification in flight.
+      const double w0 = s_.timeline.now();
+      std::optional<ResultMessage> r = s_.to_draft.receive();
+      rec(ev::kWaitResult, w0, round_);
+      if (!r || !apply(*r)) return;
+    }
+  }
+
+ private:
+  void rec(const char* name, double begin, int round, Args args = {}) {
+    if (track_) track_->add(name, begin, s_.timeline.now(), round, std::move(args));
+  }
+
+  // Selects the best subtree within the budget and sends it; false if shut down.
+  bool send(int verify_depth) {
+    const double t0 = s_.timeline.now();
+    std::vector<int32_t> to_draft;
+    SubtreeMessage msg{++round_, d_.select(cfg_.tree_budget, verify_depth, to_draft)};
+    const long long nodes = msg.tree.size() - 1;
+    if (!s_.to_target.send(std::move(msg))) return false;
+    target_busy_ = true;
+    rec(ev::kSend, t0, round_, {{"nodes", nodes}, {"tree", d_.tree().size() - 1}});
+    return true;
+  }
+
+  // Commits a verification result and re-roots; false when the request is over.
+  bool apply(const ResultMessage& r) {
+    if (r.finished) return false;
+    const double t0 = s_.timeline.now();
+    out_.reused_nodes += d_.advance(r.accepted, r.bonus);
+    emitted_ += static_cast<int>(r.accepted.size()) + 1;
+    target_busy_ = false;
+    rec(ev::kReroot, t0, r.round,
+        {{"accepted", static_cast<long long>(r.accepted.size())}, {"kept", d_.tree().size() - 1}});
+    return true;
+  }
+
+  DraftTree& d_;
+  Session& s_;
+  const GenerationConfig& cfg_;
+  const AsyncOptions& opt_;
+  TimelineTrack* track_;
+  LeaderStats& out_;
+  int growth_depth_ = 0;
+  int emitted_ = 1;  // the first token
+  int round_ = 0;    // last round sent
+  bool target_busy_ = false;
+};
+
+}  // namespace
+
+void run_draft_leader(Model& draft, Session& s, TimelineTrack* track, LeaderStats& out) {
+  pin_leader(draft);
+  DraftTree drafter(draft, s.config, s.options.speculative, draft_seed(s.config.sampling.seed));
+
+  // The first token (round 0) roots the tree.
+  const double w0 = s.timeline.now();
+  std::optional<ResultMessage> first = s.to_draft.receive();
+  if (track) track->add(ev::kWaitResult, w0, s.timeline.now(), 0);
+  if (!first || first->finished) return;
+  const double p0 = s.timeline.now();
+  drafter.start(s.prompt, first->bonus);
+  out.prefill_time = s.timeline.now() - p0;
+  if (track) track->add(ev::kPrefill, p0, s.timeline.now(), 0, {{"tokens", static_cast<long long>(s.prompt.size())}});
+
+  const int steps0 = drafter.steps();
+  const double time0 = drafter.time();
+  DraftLoop(drafter, s, track, out).run();
+  out.steps = drafter.steps() - steps0;
+  out.time = drafter.time() - time0;
+  out.drafted_nodes = drafter.drafted_nodes();
+}
+
+}  // namespace swiftspec::async_detail
