@@ -10,6 +10,10 @@
 #include "swiftspec/speculative.h"
 #define SWIFTSPEC_HAS_SPECULATIVE 1
 #endif
+#if __has_include("swiftspec/async_engine.h")
+#include "swiftspec/async_engine.h"
+#define SWIFTSPEC_HAS_ASYNC 1
+#endif
 
 namespace swiftspec {
 
@@ -59,6 +63,10 @@ GenerationResult Engine::generate(const std::vector<int32_t>& prompt, const Gene
 #ifdef SWIFTSPEC_HAS_SPECULATIVE
       if (config.mode == DecodeMode::Serial)
         return generate_speculative_serial(*target_, *draft_, prompt, config, on_tokens);
+#endif
+#ifdef SWIFTSPEC_HAS_ASYNC
+      if (config.mode == DecodeMode::Async)
+        return generate_speculative_async(*target_, *draft_, prompt, config, on_tokens);
 #endif
       throw InvalidArgument(std::string("decode mode '") + (config.mode == DecodeMode::Serial ? "serial" : "async") +
                             "' is not available in this build");
