@@ -1,0 +1,235 @@
+"""The configuration grammar of ``swiftspec bench``: what one column of a benchmark runs.
+
+A configuration is written as one token (``--configs`` takes a comma-separated list)::
+
+    CONFIG  := ENGINE_MODE [":" SHAPE] (":" OPTION)* ["@" BACKEND]
+    ENGINE_MODE := "target" | "serial" | "async"      swiftspec runtime
+                 | "hf:target" | "hf:assisted"          Hugging Face transformers peers
+    SHAPE   := "chain" [N]    a chain of N draft tokens: tree budget N, depth N, branching 1
+                                 (N defaults to 4)
+             | "tree" [N]     a token tree of N nodes: tree budget N, branching 2, depth 8
+                                 (N defaults to 16)
+    OPTION  := "b" N          branching: children added per expanded node (top-k of the draft)
+             | "d" N          depth limit of the token tree
+             | "tp" N         TP degree of the target group (1 today; the runtime rejects others)
+             | "dtp" N        TP degree of the draft group (1 today)
+    BACKEND := "cpu" | "cuda" (default: the run's --backend)
+
+Examples: ``target``, ``serial:chain``, ``serial:chain6``, ``serial:tree16``,
+``serial:tree32:b4:d6``, ``async:tree64:tp2:dtp1@cuda``, ``hf:assisted``.
+
+``target`` and ``hf:*`` take no shape or options (``hf:*`` runs on the CPU through PyTorch;
+a CUDA peer is for a later change). Speculative modes without a shape use ``tree16``.
+
+:func:`parse_config` raises :class:`BenchConfigError` (a :class:`swiftspec.SwiftspecError`)
+naming the bad token; the CLI turns it into exit status 2.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+from swiftspec.errors import SwiftspecError
+
+#: Decode modes of the swiftspec runtime (GenerationConfig's DecodeMode).
+SWIFTSPEC_MODES = ("target", "serial", "async")
+#: Peer configurations (Hugging Face transformers ``generate``).
+HF_MODES = ("hf:target", "hf:assisted")
+BACKENDS = ("cpu", "cuda")
+
+DEFAULT_CHAIN = 4
+DEFAULT_TREE = 16
+DEFAULT_TREE_BRANCHING = 2
+DEFAULT_TREE_DEPTH = 8
+#: The largest tree budget the bench asks an engine to hold (its ``max_tree``).
+MAX_TREE_BUDGET = 1024
+
+
+class BenchConfigError(SwiftspecError, ValueError):
+    """A benchmark configuration, data set name or option is invalid (the message names it)."""
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One benchmark configuration.
+
+    Attributes:
+        name: the canonical spelling (``str(parse_config(name)) == name`` round-trips).
+        engine: "swiftspec" or "hf".
+        mode: "target", "serial" or "async" (swiftspec); "target" or "assisted" (hf).
+        backend: "cpu" or "cuda".
+        tree_budget: draft nodes verified per target step (speculative modes), else None.
+        max_depth: depth limit of the token tree, else None.
+        branching: children per expanded node (1 = chain), else None.
+        target_tp: TP degree of the target group.
+        draft_tp: TP degree of the draft group (speculative modes), else None.
+        shape: "chain", "tree" or None (for plots: acceptance length per tree budget).
+    """
+
+    name: str
+    engine: str
+    mode: str
+    backend: str
+    tree_budget: int | None = None
+    max_depth: int | None = None
+    branching: int | None = None
+    target_tp: int = 1
+    draft_tp: int | None = None
+    shape: str | None = None
+
+    @property
+    def speculative(self) -> bool:
+        """True if a draft model proposes tokens (serial, async, hf:assisted)."""
+        return self.mode in ("serial", "async", "assisted")
+
+    @property
+    def is_reference(self) -> bool:
+        """True for plain target-only decoding (the baseline of speedups and output checks)."""
+        return self.mode == "target"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["speculative"] = self.speculative
+        return d
+
+
+_SHAPE = re.compile(r"^(chain|tree)(\d*)$")
+_OPTION = re.compile(r"^(b|d|tp|dtp)(\d+)$")
+
+
+def _positive(token: str, what: str, text: str, limit: int | None = None) -> int:
+    value = int(text)
+    if value < 1:
+        raise BenchConfigError(f"configuration {token!r}: {what} must be >= 1, got {value}")
+    if limit is not None and value > limit:
+        raise BenchConfigError(f"configuration {token!r}: {what} must be <= {limit}, got {value}")
+    return value
+
+
+def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
+    """Parse one configuration token (grammar in the module docstring).
+
+    ``default_backend`` applies when the token has no ``@backend``; the canonical name then
+    carries no ``@`` suffix either. Raises :class:`BenchConfigError` naming the token and the
+    part that is wrong.
+    """
+    if not isinstance(token, str) or not token.strip():
+        raise BenchConfigError("empty configuration in --configs")
+    raw = token.strip()
+    backend = default_backend
+    explicit_backend = False
+    body = raw
+    if "@" in raw:
+        body, _, backend = raw.partition("@")
+        explicit_backend = True
+        if backend not in BACKENDS:
+            raise BenchConfigError(f"configuration {raw!r}: unknown backend {backend!r} (expected cpu or cuda)")
+    if default_backend not in BACKENDS:
+        raise BenchConfigError(f"unknown backend {default_backend!r} (expected cpu or cuda)")
+
+    if body in HF_MODES:
+        if explicit_backend and backend != "cpu":
+            raise BenchConfigError(f"configuration {raw!r}: the HF peer runs on the CPU only for now")
+        return BenchConfig(name=body, engine="hf", mode=body.split(":", 1)[1], backend="cpu")
+
+    parts = body.split(":")
+    mode = parts[0]
+    if mode not in SWIFTSPEC_MODES:
+        raise BenchConfigError(
+            f"configuration {raw!r}: unknown mode {mode!r} (expected one of "
+            f"{', '.join(SWIFTSPEC_MODES + HF_MODES)})"
+        )
+    rest = parts[1:]
+    suffix = f"@{backend}" if explicit_backend else ""
+    if mode == "target":
+        if rest:
+            raise BenchConfigError(f"configuration {raw!r}: target-only decoding takes no shape or options")
+        return BenchConfig(name="target" + suffix, engine="swiftspec", mode="target", backend=backend)
+
+    shape, n = "tree", DEFAULT_TREE
+    if rest and _SHAPE.match(rest[0]):
+        m = _SHAPE.match(rest[0])
+        shape = m.group(1)
+        default_n = DEFAULT_CHAIN if shape == "chain" else DEFAULT_TREE
+        n = _positive(raw, f"{shape} size", m.group(2), MAX_TREE_BUDGET) if m.group(2) else default_n
+        rest = rest[1:]
+    if shape == "chain":
+        branching, depth = 1, n
+    else:
+        branching, depth = DEFAULT_TREE_BRANCHING, DEFAULT_TREE_DEPTH
+    target_tp, draft_tp = 1, 1
+    seen: set[str] = set()
+    for opt in rest:
+        m = _OPTION.match(opt)
+        if not m:
+            raise BenchConfigError(
+                f"configuration {raw!r}: bad part {opt!r} (expected chain[N], tree[N], bN, dN, tpN or dtpN)"
+            )
+        key = m.group(1)
+        if key in seen:
+            raise BenchConfigError(f"configuration {raw!r}: option {key!r} given twice")
+        seen.add(key)
+        if key == "b":
+            branching = _positive(raw, "branching", m.group(2), MAX_TREE_BUDGET)
+        elif key == "d":
+            depth = _positive(raw, "depth", m.group(2), MAX_TREE_BUDGET)
+        elif key == "tp":
+            target_tp = _positive(raw, "target TP degree", m.group(2))
+        else:
+            draft_tp = _positive(raw, "draft TP degree", m.group(2))
+    if shape == "chain" and branching != 1:
+        raise BenchConfigError(f"configuration {raw!r}: a chain has branching 1; use tree{n}:b{branching}")
+
+    # Canonical name: mode:shapeN, then only the options that differ from the shape's defaults.
+    name = f"{mode}:{shape}{n}"
+    if shape == "chain":
+        if depth != n:
+            name += f":d{depth}"
+    else:
+        if branching != DEFAULT_TREE_BRANCHING:
+            name += f":b{branching}"
+        if depth != DEFAULT_TREE_DEPTH:
+            name += f":d{depth}"
+    if target_tp != 1:
+        name += f":tp{target_tp}"
+    if draft_tp != 1:
+        name += f":dtp{draft_tp}"
+    name += suffix
+    return BenchConfig(name=name, engine="swiftspec", mode=mode, backend=backend, tree_budget=n,
+                       max_depth=depth, branching=branching, target_tp=target_tp, draft_tp=draft_tp,
+                       shape=shape)
+
+
+def find_baseline(config: BenchConfig, configs: list[BenchConfig]) -> BenchConfig | None:
+    """The target-only configuration ``config`` is compared against (speedup, output check):
+    swiftspec ``target`` on the same backend for swiftspec configurations, ``hf:target`` for
+    HF peers; None if the run has none (or ``config`` is itself that baseline)."""
+    for c in configs:
+        if c.engine == config.engine and c.mode == "target" and c.backend == config.backend:
+            return None if c.name == config.name else c
+    return None
+
+
+def parse_config_list(text: str, default_backend: str = "cpu", peers: str | None = None) -> list[BenchConfig]:
+    """Parse ``--configs`` (comma-separated) plus ``--peers`` ("hf" adds hf:target and
+    hf:assisted; "none" or None adds nothing). Duplicates (same canonical name) are dropped,
+    order is kept. Raises :class:`BenchConfigError` for an empty list or a bad token."""
+    tokens = [t for t in (text or "").split(",")]
+    if not any(t.strip() for t in tokens):
+        raise BenchConfigError("--configs is empty: give at least one configuration, e.g. target,serial:tree16")
+    configs: list[BenchConfig] = []
+    for t in tokens:
+        if not t.strip():
+            raise BenchConfigError(f"--configs {text!r} has an empty entry")
+        configs.append(parse_config(t, default_backend))
+    for peer in (p.strip() for p in (peers or "").split(",") if p.strip()):
+        if peer == "none":
+            continue
+        if peer != "hf":
+            raise BenchConfigError(f"unknown peer {peer!r} in --peers (expected hf or none)")
+        configs += [parse_config(m) for m in HF_MODES]
+    unique: dict[str, BenchConfig] = {}
+    for c in configs:
+        unique.setdefault(c.name, c)
+    return list(unique.values())

@@ -1,0 +1,181 @@
+"""The Hugging Face transformers peers: target-only ``generate`` and assisted generation
+(``generate(assistant_model=draft)``), greedy, on exactly the prompt ids swiftspec decodes.
+
+The models are loaded from the same converted checkpoint folders swiftspec runs (they are
+HF-loadable: config.json + model.safetensors), in the same dtype, so both engines see the same
+weights. The prompt is passed as token ids (our chat template rendering), and generation stops
+at the same EOS ids and ``max_new_tokens``, so outputs are comparable token for token.
+
+Timing comes from a streamer: transformers calls ``put`` once with the prompt, then with the
+tokens of every step (one token for plain decoding; the accepted tokens plus the bonus token
+for assisted generation), so the timestamps give TTFT, decode time and the number of target
+verification steps with the same definitions as swiftspec (see :mod:`swiftspec.bench.schema`).
+Assisted generation keeps transformers' own defaults for the draft length schedule (what a user
+gets by passing ``assistant_model``); they are recorded in the result's settings.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from swiftspec.errors import SwiftspecError
+
+
+class PeerUnavailableError(SwiftspecError, RuntimeError):
+    """The HF peer cannot run here (transformers, torch or accelerate missing, or loading failed)."""
+
+
+@dataclass
+class PeerResult:
+    """One HF request. Times in seconds; ``emissions`` are the token counts of each streamer
+    ``put`` after the prompt (the first one is the first emission)."""
+
+    token_ids: list[int]
+    ttft_s: float
+    decode_s: float
+    wall_s: float
+    emissions: list[int] = field(default_factory=list)
+
+    @property
+    def counted_tokens(self) -> int:
+        return sum(self.emissions)
+
+
+def _timing_streamer(t0: float):
+    """A transformers streamer that records when, and how many, tokens are emitted."""
+    from transformers.generation.streamers import BaseStreamer
+
+    class TimingStreamer(BaseStreamer):
+        def __init__(self):
+            self.t0 = t0
+            self.prompt_seen = False
+            self.times: list[float] = []
+            self.counts: list[int] = []
+
+        def put(self, value) -> None:
+            now = time.perf_counter()
+            if not self.prompt_seen:  # the first put is the prompt
+                self.prompt_seen = True
+                return
+            n = int(value.numel())
+            if n:
+                self.times.append(now)
+                self.counts.append(n)
+
+        def end(self) -> None:
+            pass
+
+    return TimingStreamer()
+
+
+_DTYPES = {"bfloat16": "bfloat16", "float32": "float32"}
+
+
+class HFPeer:
+    """HF transformers target model (and optional assistant), loaded on the CPU.
+
+    Args:
+        target_dir: an HF-loadable folder (our checkpoint folders are).
+        draft_dir: the assistant model's folder, or None (then only ``hf:target`` runs).
+        dtype: "bfloat16" or "float32" (torch dtype of the loaded weights).
+        threads: torch intra-op threads during generate (0: torch's current setting); the
+            process-wide setting is restored after each request.
+
+    Raises:
+        PeerUnavailableError: a package is missing or a model cannot be loaded (names it).
+    """
+
+    def __init__(self, target_dir: str | Path, draft_dir: str | Path | None, dtype: str = "bfloat16",
+                 threads: int = 0):
+        try:
+            import torch
+            import transformers
+            from transformers import AutoModelForCausalLM
+        except ImportError as exc:
+            raise PeerUnavailableError(f"the HF peer needs torch and transformers: {exc}") from None
+        if dtype not in _DTYPES:
+            raise PeerUnavailableError(f"HF peer dtype must be bfloat16 or float32, got {dtype!r}")
+        self.torch = torch
+        torch_dtype = getattr(torch, _DTYPES[dtype])
+        self.dtype = dtype
+
+        def load(folder):
+            try:
+                model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch_dtype)
+            except Exception as exc:  # transformers raises many kinds; name the folder
+                raise PeerUnavailableError(f"HF transformers could not load {folder}: {exc}") from None
+            return model.eval()
+
+        self.target = load(target_dir)
+        self.draft = load(draft_dir) if draft_dir is not None else None
+        self.versions = {"transformers": transformers.__version__, "torch": torch.__version__}
+        # Applied around each generate() and restored after: torch's thread count is process-wide.
+        self.threads = threads if threads > 0 else torch.get_num_threads()
+
+    def settings(self) -> dict:
+        """What the result file records about the peer."""
+        gc = self.target.generation_config
+        assist = {}
+        if self.draft is not None:
+            # Unset fields take transformers' defaults at generate() time; record those values.
+            try:
+                defaults = type(gc)._get_default_generation_params()
+            except AttributeError:
+                defaults = {}
+            dgc = self.draft.generation_config
+            for key in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
+                value = getattr(dgc, key, None)
+                assist[key] = value if value is not None else defaults.get(key)
+        return {"dtype": self.dtype, "torch_threads": self.threads, **self.versions,
+                "do_sample": False, "cache_implementation": getattr(gc, "cache_implementation", None),
+                "assisted": assist or None}
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, eos_token_ids: list[int],
+                 assisted: bool) -> PeerResult:
+        """Greedy generation of at most ``max_new_tokens`` tokens after ``prompt_ids``, stopping
+        after an EOS id (included in the output, as swiftspec does).
+
+        Raises:
+            PeerUnavailableError: ``assisted`` without a draft model.
+        """
+        torch = self.torch
+        if assisted and self.draft is None:
+            raise PeerUnavailableError("hf:assisted needs a draft model")
+        input_ids = torch.tensor([prompt_ids], dtype=torch.long)
+        kwargs = dict(
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            temperature=None, top_p=None, top_k=None,
+            eos_token_id=list(eos_token_ids),
+            pad_token_id=eos_token_ids[0],
+        )
+        if assisted:
+            kwargs["assistant_model"] = self.draft
+        previous = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            t0 = time.perf_counter()
+            streamer = _timing_streamer(t0)
+            with torch.inference_mode():
+                out = self.target.generate(input_ids, streamer=streamer, **kwargs)
+            t_end = time.perf_counter()
+        finally:
+            torch.set_num_threads(previous)
+        new = out[0, len(prompt_ids):].tolist()
+        # transformers pads nothing for batch 1, but be safe: cut after the first EOS.
+        for i, t in enumerate(new):
+            if t in eos_token_ids:
+                new = new[: i + 1]
+                break
+        if not streamer.times:
+            raise PeerUnavailableError("HF generate emitted no tokens")
+        return PeerResult(
+            token_ids=new,
+            ttft_s=streamer.times[0] - t0,
+            decode_s=streamer.times[-1] - streamer.times[0],
+            wall_s=t_end - t0,
+            emissions=list(streamer.counts),
+        )

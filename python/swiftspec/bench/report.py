@@ -1,0 +1,231 @@
+"""Turns measured rows into the result document (JSON), and the document into Markdown.
+
+:func:`build_document` fills in what needs all rows at once: per-request speedups against the
+baseline configuration, the token-for-token output checks and their divergences, and the
+aggregates (mean, p50, p95, min, max per data set and configuration, plus data set "all").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from swiftspec.bench.schema import SCHEMA_VERSION
+
+#: Decoded text shown for a divergence: this many tokens from the first differing position.
+DIVERGENCE_CONTEXT_TOKENS = 12
+
+
+def summarize(values) -> dict | None:
+    """``{"n", "mean", "p50", "p95", "min", "max"}`` of the non-None values (percentiles by
+    linear interpolation, numpy's default); None if there are none."""
+    v = np.asarray([x for x in values if x is not None and not (isinstance(x, float) and math.isnan(x))],
+                   dtype=np.float64)
+    if v.size == 0:
+        return None
+    return {"n": int(v.size), "mean": float(v.mean()), "p50": float(np.percentile(v, 50)),
+            "p95": float(np.percentile(v, 95)), "min": float(v.min()), "max": float(v.max())}
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first position where token lists differ (a shorter list differs where it
+    ends), or None if they are equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _divergence_kind(config: dict, reference: dict) -> str:
+    if config["engine"] == "swiftspec" and reference["engine"] == "swiftspec":
+        return "lossless"
+    if config["engine"] == "hf" and reference["engine"] == "hf":
+        return "peer"
+    return "implementation"
+
+
+def compare_outputs(rows: list[dict], configs: list[dict], decode=None) -> list[dict]:
+    """Fills ``speedup`` and ``matches_reference`` of every row in place; returns the
+    divergence records (schema: ``divergences``). ``decode(ids) -> str`` renders token text
+    (default: the ids as a string)."""
+    decode = decode or (lambda ids: " ".join(map(str, ids)))
+    by_name = {c["name"]: c for c in configs}
+    index = {(r["dataset"], r["prompt_index"], r["config"]): r for r in rows}
+    divergences = []
+    for r in rows:
+        cfg = by_name[r["config"]]
+        base = index.get((r["dataset"], r["prompt_index"], cfg["baseline"])) if cfg["baseline"] else None
+        if base is not None and base["tpot_s"] and r["tpot_s"]:
+            r["speedup"] = base["tpot_s"] / r["tpot_s"]
+        if base is not None and base["new_tokens"] == r["new_tokens"] and r["latency_s"] > 0:
+            r["latency_speedup"] = base["latency_s"] / r["latency_s"]
+        ref = index.get((r["dataset"], r["prompt_index"], cfg["reference"])) if cfg["reference"] else None
+        if ref is None:
+            continue
+        pos = first_difference(r["token_ids"], ref["token_ids"])
+        r["matches_reference"] = pos is None
+        if pos is None:
+            continue
+        mine, theirs = r["token_ids"], ref["token_ids"]
+        divergences.append({
+            "kind": _divergence_kind(cfg, by_name[ref["config"]]),
+            "dataset": r["dataset"], "prompt_index": r["prompt_index"], "prompt_id": r["prompt_id"],
+            "config": r["config"], "reference": ref["config"], "position": pos,
+            "token": mine[pos] if pos < len(mine) else None,
+            "reference_token": theirs[pos] if pos < len(theirs) else None,
+            "text": decode(mine[pos:pos + DIVERGENCE_CONTEXT_TOKENS]),
+            "reference_text": decode(theirs[pos:pos + DIVERGENCE_CONTEXT_TOKENS]),
+            "length": len(mine), "reference_length": len(theirs),
+        })
+    return divergences
+
+
+def aggregate(rows: list[dict], configs: list[dict], datasets: list[str], divergences: list[dict]) -> list[dict]:
+    """Aggregates per (data set, configuration) for every data set and "all"."""
+    out = []
+    for ds in list(datasets) + ["all"]:
+        for c in configs:
+            if c["status"] != "ok":
+                continue
+            sel = [r for r in rows if r["config"] == c["name"] and (ds == "all" or r["dataset"] == ds)]
+            checked = [r for r in sel if r["matches_reference"] is not None]
+            out.append({
+                "dataset": ds,
+                "config": c["name"],
+                "requests": len(sel),
+                "new_tokens": summarize(r["new_tokens"] for r in sel),
+                "ttft_s": summarize(r["ttft_s"] for r in sel),
+                "tpot_s": summarize(r["tpot_s"] for r in sel),
+                "tokens_per_s": summarize(r["tokens_per_s"] for r in sel),
+                "acceptance_length": summarize(r["acceptance_length"] for r in sel),
+                "verification_steps": summarize(r["verification_steps"] for r in sel),
+                "latency_s": summarize(r["latency_s"] for r in sel),
+                "speedup": summarize(r["speedup"] for r in sel),
+                "latency_speedup": summarize(r["latency_speedup"] for r in sel),
+                "outputs_checked": len(checked),
+                "divergences": sum(1 for d in divergences if d["config"] == c["name"]
+                                   and (ds == "all" or d["dataset"] == ds)),
+            })
+    return out
+
+
+def build_document(*, created: str, command: str, commit: dict, machine: dict, settings: dict,
+                   configs: list[dict], rows: list[dict], wall_time_s: float, load_average_end,
+                   interrupted: bool = False, decode=None) -> dict:
+    """The complete result document (validate with :func:`swiftspec.bench.schema.validate`)."""
+    divergences = compare_outputs(rows, configs, decode)
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "swiftspec-bench",
+        "created": created,
+        "command": command,
+        "commit": commit,
+        "machine": machine,
+        "settings": settings,
+        "configs": configs,
+        "requests": rows,
+        "aggregates": aggregate(rows, configs, settings["datasets"], divergences),
+        "divergences": divergences,
+        "wall_time_s": wall_time_s,
+        "load_average_end": load_average_end,
+    }
+    if interrupted:
+        doc["interrupted"] = True
+    return doc
+
+
+def write_json(document: dict, path: Path) -> None:
+    """Writes the document (indented, one request row per line is not needed: plain indent=1)."""
+    path.write_text(json.dumps(document, indent=1) + "\n")
+
+
+def _fmt(x, scale: float = 1.0, digits: int = 2) -> str:
+    return "–" if x is None else f"{x * scale:.{digits}f}"
+
+
+def markdown(document: dict, plots: list[str] | None = None) -> str:
+    """A Markdown report: provenance, one table per data set (and all), divergences, plots."""
+    s = document["settings"]
+    m = document["machine"]
+    c = document["commit"]
+    cpu = m["cpu"]
+    gpus = ", ".join(g["name"] for g in m["gpus"]) or "none"
+    lines = [
+        f"# swiftspec bench — {document['created']}",
+        "",
+        f"- command: `{document['command']}`",
+        f"- commit: `{c['sha']}`" + (" (dirty: " + ", ".join(c["dirty_files"][:8]) + ")" if c.get("dirty") else ""),
+        f"- machine: {m['hostname']}, {cpu['model']}, {cpu['usable_cpus']} usable CPUs, "
+        f"{m['memory_gib']} GiB RAM, GPUs: {gpus}; load average at start {m['load_average_start']}, "
+        f"at end {document['load_average_end']}",
+        "- other busy processes (>= 20% of a core) at start: "
+        + _busy(m.get("busy_processes_start")) + "; at end: " + _busy(m.get("busy_processes_end")),
+        f"- models: target `{s['target']}`, draft `{s['draft']}`, {s['dtype']}, backend {s['backend']}, "
+        f"threads {s['threads'] or 'all'}",
+        f"- prompts: {s['num_prompts']} per data set ({', '.join(s['datasets'])}), "
+        f"{s['max_new_tokens']} new tokens max, greedy, {s['warmup']} warm-up request(s) per configuration",
+        f"- wall time: {document['wall_time_s'] / 60:.1f} min"
+        + (" — **interrupted, partial results**" if document.get("interrupted") else ""),
+    ]
+    if s.get("hf"):
+        lines.append(f"- HF peer: {json.dumps(s['hf'])}")
+    unavailable = [cf for cf in document["configs"] if cf["status"] != "ok"]
+    for cf in unavailable:
+        lines.append(f"- **{cf['name']} unavailable**: {cf['error']}")
+    lines.append("")
+    lines.append("TTFT and TPOT in ms; tokens/s counts decode tokens after the first emission; "
+                 "speedup = baseline TPOT / TPOT per request (baseline: target-only of the same engine); "
+                 "latency speedup = baseline (TTFT + decode) / (TTFT + decode), requests of equal length; "
+                 "outputs: requests whose greedy tokens equal the reference configuration's.")
+    for ds in list(s["datasets"]) + ["all"]:
+        aggs = [a for a in document["aggregates"] if a["dataset"] == ds]
+        if not aggs:
+            continue
+        lines += ["", f"## {ds}", "",
+                  "| config | n | TTFT p50 | TPOT mean | tok/s mean | tok/s p50 | tok/s p95 | accept. len | "
+                  "speedup mean | speedup p50 | speedup p95 | latency speedup mean | outputs equal |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for a in aggs:
+            def g(key, stat, scale=1.0, digits=2):
+                block = a[key]
+                return _fmt(block[stat] if block else None, scale, digits)
+
+            eq = (f"{a['outputs_checked'] - a['divergences']}/{a['outputs_checked']}"
+                  if a["outputs_checked"] else "–")
+            lines.append(
+                f"| {a['config']} | {a['requests']} | {g('ttft_s', 'p50', 1000, 0)} | {g('tpot_s', 'mean', 1000, 1)} "
+                f"| {g('tokens_per_s', 'mean')} | {g('tokens_per_s', 'p50')} | {g('tokens_per_s', 'p95')} "
+                f"| {g('acceptance_length', 'mean')} | {g('speedup', 'mean')} | {g('speedup', 'p50')} "
+                f"| {g('speedup', 'p95')} | {g('latency_speedup', 'mean')} | {eq} |")
+    divs = document["divergences"]
+    lines += ["", "## Output checks", ""]
+    lossless = [d for d in divs if d["kind"] == "lossless"]
+    lines.append(f"- swiftspec speculation vs swiftspec target-only (must be identical): "
+                 f"{len(lossless)} divergence(s)")
+    for kind, label in (("peer", "HF assisted vs HF target-only"),
+                        ("implementation", "HF target-only vs swiftspec target-only (different kernels)")):
+        lines.append(f"- {label}: {sum(1 for d in divs if d['kind'] == kind)} divergence(s)")
+    if divs:
+        lines += ["", "| kind | data set | prompt | config | reference | position | token | reference token | text | reference text |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for d in divs:
+            lines.append(
+                f"| {d['kind']} | {d['dataset']} | {d['prompt_id']} | {d['config']} | {d['reference']} | "
+                f"{d['position']} | {d['token']} | {d['reference_token']} | {_md_text(d['text'])} | "
+                f"{_md_text(d['reference_text'])} |")
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def _busy(procs) -> str:
+    if not procs:
+        return "none"
+    return ", ".join(f"`{p['command'][:60]}` ({p['cpu_percent']:.0f}%)" for p in procs[:4])
+
+
+def _md_text(text: str) -> str:
+    return "`" + text.replace("|", "\\|").replace("`", "'").replace("\n", "⏎") + "`"

@@ -1,0 +1,343 @@
+"""Runs prompt sets through benchmark configurations and collects one row per request.
+
+Order: for each data set, for each prompt, every configuration in turn (interleaved, so slow
+drift of the machine — other jobs, thermal state — spreads over all configurations alike
+instead of biasing whichever ran last). Before measuring, each configuration runs ``warmup``
+short untimed requests; that first request also probes whether the runtime accepts the
+configuration at all (e.g. a decode mode this build does not have).
+
+Rows are appended to ``requests.jsonl`` in the output folder as they are measured, so a long
+run that dies leaves its measurements behind.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from swiftspec.bench.config import BenchConfig, BenchConfigError, find_baseline
+from swiftspec.errors import SwiftspecError
+
+#: Tokens of a warm-up request (enough to run prefill, a few decode / verification steps).
+WARMUP_TOKENS = 8
+
+
+@dataclass
+class BenchSettings:
+    """What a run measures (recorded in the result's ``settings``).
+
+    Attributes:
+        datasets: data set names ("mtbench": first turns; "humaneval").
+        num_prompts: the first N records of each data set.
+        max_new_tokens: new tokens per request (fewer if EOS comes first).
+        backend: default backend of configurations without ``@backend``.
+        dtype: weight dtype ("bfloat16" or "float32") of swiftspec and of the HF peer.
+        threads: CPU threads per swiftspec model (0: all cores).
+        hf_threads: torch threads of the HF peer (0: torch's default).
+        warmup: untimed warm-up requests per configuration.
+        target, draft: model names or paths (``swiftspec.models.resolve_checkpoint``).
+        max_context: KV capacity, tokens.
+    """
+
+    datasets: list[str]
+    num_prompts: int
+    max_new_tokens: int
+    backend: str = "cpu"
+    dtype: str = "bfloat16"
+    threads: int = 0
+    hf_threads: int = 0
+    warmup: int = 1
+    target: str = ""
+    draft: str | None = None
+    max_context: int = 4096
+
+
+@dataclass
+class PromptItem:
+    """One prompt of a data set: its record index, id and chat messages."""
+
+    dataset: str
+    index: int
+    prompt_id: str
+    messages: list[dict]
+    prompt_ids: list[int] = field(default_factory=list)
+
+
+def load_prompts(datasets: list[str], num_prompts: int, progress: bool = True) -> list[PromptItem]:
+    """The first ``num_prompts`` prompts of each data set, as chat messages
+    (:func:`swiftspec.datasets.prompt_messages`; MT-Bench uses first turns).
+
+    Raises :class:`BenchConfigError` for an unknown data set or too few records, and
+    :class:`swiftspec.FetchError` if a data set cannot be fetched.
+    """
+    from swiftspec import datasets as ds
+
+    loaders = {"mtbench": ds.load_mtbench, "humaneval": ds.load_humaneval}
+    items: list[PromptItem] = []
+    for name in datasets:
+        if name not in loaders:
+            raise BenchConfigError(f"unknown data set {name!r} in --datasets (expected mtbench or humaneval)")
+        records = loaders[name](progress=progress)
+        if num_prompts > len(records):
+            raise BenchConfigError(f"--num-prompts {num_prompts} exceeds the {len(records)} records of {name}")
+        for i, rec in enumerate(records[:num_prompts]):
+            pid = str(rec.get("question_id", rec.get("task_id", i)))
+            items.append(PromptItem(name, i, pid, ds.prompt_messages(name, rec, 0)))
+    return items
+
+
+class ConfigUnavailable(SwiftspecError):
+    """The runtime (or the peer) rejected a configuration; the message says why."""
+
+
+class Runner:
+    """Loads engines for the configurations and measures every prompt under each.
+
+    Args:
+        settings: the run's :class:`BenchSettings`.
+        configs: parsed configurations (:func:`swiftspec.bench.config.parse_config_list`).
+        out_dir: folder for ``requests.jsonl`` (created), or None.
+        progress: show a tqdm progress bar on stderr.
+        skip_unavailable: record configurations the runtime rejects as unavailable and go on;
+            otherwise raise :class:`ConfigUnavailable` before measuring anything.
+        log: where status lines go (default: stderr).
+    """
+
+    def __init__(self, settings: BenchSettings, configs: list[BenchConfig], out_dir: Path | None = None,
+                 progress: bool = True, skip_unavailable: bool = False, log: Callable[[str], None] | None = None):
+        self.settings = settings
+        self.configs = configs
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.progress = progress
+        self.skip_unavailable = skip_unavailable
+        self.log = log or (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
+        self.engines: dict[str, object] = {}
+        self.hf = None
+        self.status: dict[str, tuple[str, str | None]] = {c.name: ("ok", None) for c in configs}
+        self.rows: list[dict] = []
+        self.interrupted = False
+        self.target_checkpoint: str | None = None
+        self.draft_checkpoint: str | None = None
+        self.tokenizer = None
+
+    # ----------------------------------------------------------------- loading
+    def _swiftspec_configs(self, backend: str | None = None) -> list[BenchConfig]:
+        return [c for c in self.configs if c.engine == "swiftspec" and (backend is None or c.backend == backend)]
+
+    def _mark_unavailable(self, config: BenchConfig, reason: str) -> None:
+        if not self.skip_unavailable:
+            raise ConfigUnavailable(
+                f"configuration {config.name} is not available: {reason} "
+                "(drop it from --configs, or pass --skip-unavailable to record it as unavailable)"
+            )
+        self.log(f"{config.name}: unavailable: {reason}")
+        self.status[config.name] = ("unavailable", reason)
+
+    def load(self) -> None:
+        """Resolve checkpoints and load the engines the configurations need."""
+        from swiftspec.engine import Engine
+        from swiftspec.models import resolve_checkpoint
+
+        s = self.settings
+        self.target_checkpoint = str(resolve_checkpoint(s.target, dtype=s.dtype))
+        needs_draft = any(c.speculative for c in self.configs)
+        if needs_draft and s.draft is None:
+            names = ", ".join(c.name for c in self.configs if c.speculative)
+            raise BenchConfigError(f"configurations {names} need a draft model (--draft)")
+        if s.draft is not None and needs_draft:
+            self.draft_checkpoint = str(resolve_checkpoint(s.draft, dtype=s.dtype))
+        max_tree = max([c.tree_budget + 2 for c in self.configs if c.tree_budget] + [64])
+        for backend in sorted({c.backend for c in self._swiftspec_configs()}):
+            configs = self._swiftspec_configs(backend)
+            for c in configs:  # TP degrees: the runtime has no tensor parallelism yet
+                if c.target_tp != 1 or (c.draft_tp or 1) != 1:
+                    self._mark_unavailable(c, f"TP degree target={c.target_tp} draft={c.draft_tp}: "
+                                              "this runtime supports TP degree 1 only")
+            wanted = [c for c in configs if self.status[c.name][0] == "ok"]
+            if not wanted:
+                continue
+            with_draft = any(c.speculative for c in wanted)
+            self.log(f"loading swiftspec {backend}: target {self.target_checkpoint}"
+                     + (f", draft {self.draft_checkpoint}" if with_draft else ""))
+            try:
+                self.engines[backend] = Engine(
+                    self.target_checkpoint, self.draft_checkpoint if with_draft else None, backend=backend,
+                    dtype=s.dtype, max_context=s.max_context, max_tree=max_tree, num_threads=s.threads)
+            except SwiftspecError as exc:
+                for c in wanted:
+                    self._mark_unavailable(c, f"backend {backend} could not load the models: {exc}")
+        engine = next(iter(self.engines.values()), None)
+        if engine is not None:
+            self.tokenizer = engine.tokenizer
+        hf_configs = [c for c in self.configs if c.engine == "hf"]
+        if hf_configs:
+            from swiftspec.bench.peers_hf import HFPeer, PeerUnavailableError
+
+            assisted = any(c.mode == "assisted" for c in hf_configs)
+            self.log("loading HF transformers peer" + (" with assistant" if assisted else ""))
+            try:
+                self.hf = HFPeer(self.target_checkpoint, self.draft_checkpoint if assisted else None,
+                                 dtype=s.dtype, threads=s.hf_threads)
+            except PeerUnavailableError as exc:
+                for c in hf_configs:
+                    self._mark_unavailable(c, str(exc))
+        if self.tokenizer is None:
+            from swiftspec.tokenizer import Tokenizer
+
+            self.tokenizer = Tokenizer.from_checkpoint(self.target_checkpoint)
+
+    # --------------------------------------------------------------- requests
+    def _run_one(self, config: BenchConfig, prompt_ids: list[int], max_new_tokens: int) -> dict:
+        """Runs one request; returns the measured fields of a row."""
+        if config.engine == "hf":
+            r = self.hf.generate(prompt_ids, max_new_tokens, self.tokenizer.eos_token_ids,
+                                 assisted=config.mode == "assisted")
+            n = len(r.token_ids)
+            first = r.emissions[0] if r.emissions else 0
+            steps = max(0, len(r.emissions) - 1)
+            return dict(
+                token_ids=r.token_ids, counted_tokens=r.counted_tokens, first_emission_tokens=first,
+                finish_reason="stop" if n and r.token_ids[-1] in self.tokenizer.eos_token_ids else "length",
+                ttft_s=r.ttft_s, decode_s=r.decode_s, verification_steps=steps, draft_steps=None,
+                acceptance_length=(n - first) / steps if steps else None,
+                target_time_s=None, draft_time_s=None, wall_s=r.wall_s)
+        engine = self.engines[config.backend]
+        kwargs = {}
+        if config.speculative:
+            kwargs = dict(tree_budget=config.tree_budget, max_depth=config.max_depth, branching=config.branching)
+        r = engine.generate(prompt_ids, max_new_tokens=max_new_tokens, temperature=0.0, mode=config.mode,
+                            **kwargs)
+        st = r.stats
+        steps = int(st.get("verification_steps", 0))
+        return dict(
+            token_ids=list(r.token_ids), counted_tokens=int(st["new_tokens"]),
+            first_emission_tokens=1 if r.token_ids else 0, finish_reason=r.finish_reason,
+            ttft_s=float(r.ttft_s), decode_s=float(r.decode_s), verification_steps=steps,
+            draft_steps=int(st.get("draft_steps", 0)),
+            acceptance_length=float(st["acceptance_length"]) if steps else None,
+            target_time_s=float(st.get("target_time", 0.0)), draft_time_s=float(st.get("draft_time", 0.0)),
+            wall_s=float(st.get("wall_time", r.ttft_s + r.decode_s)))
+
+    def _warmup(self, items: list[PromptItem]) -> None:
+        """Warm-up requests; the first one per configuration probes availability."""
+        probe = items[0].prompt_ids
+        tokens = min(WARMUP_TOKENS, self.settings.max_new_tokens)
+        for c in self.configs:
+            if self.status[c.name][0] != "ok":
+                continue
+            for i in range(max(1, self.settings.warmup)):
+                try:
+                    self._run_one(c, probe, tokens)
+                except SwiftspecError as exc:
+                    if i == 0:
+                        self._mark_unavailable(c, f"the runtime rejected it: {exc}")
+                        break
+                    raise
+
+    def run(self, items: list[PromptItem]) -> list[dict]:
+        """Measures every prompt under every available configuration; returns the rows
+        (speedups and output checks are filled in by :func:`swiftspec.bench.report.build_document`).
+        A KeyboardInterrupt stops early with the rows so far (``self.interrupted``)."""
+        from tqdm.auto import tqdm
+
+        for item in items:
+            item.prompt_ids = self.tokenizer.encode_chat(item.messages)
+        self._warmup(items)
+        active = [c for c in self.configs if self.status[c.name][0] == "ok"]
+        jsonl = None
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            jsonl = open(self.out_dir / "requests.jsonl", "w")
+        bar = tqdm(total=len(items) * len(active), desc="bench", unit="req", disable=not self.progress,
+                   dynamic_ncols=True)
+        try:
+            for item in items:
+                for c in active:
+                    bar.set_postfix_str(f"{item.dataset}[{item.index}] {c.name}", refresh=False)
+                    measured = self._run_one(c, item.prompt_ids, self.settings.max_new_tokens)
+                    row = make_row(item, c, measured)
+                    self.rows.append(row)
+                    if jsonl is not None:
+                        jsonl.write(json.dumps(row) + "\n")
+                        jsonl.flush()
+                    bar.update(1)
+                    if row["tokens_per_s"] is not None:
+                        bar.set_postfix_str(f"{item.dataset}[{item.index}] {c.name} "
+                                            f"{row['tokens_per_s']:.2f} tok/s", refresh=True)
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self.log(f"interrupted after {len(self.rows)} requests; writing what was measured")
+        finally:
+            bar.close()
+            if jsonl is not None:
+                jsonl.close()
+        return self.rows
+
+    def configs_block(self) -> list[dict]:
+        """The result's ``configs`` list: each configuration with its baseline, reference and status."""
+        out = []
+        for c in self.configs:
+            d = c.to_dict()
+            base = find_baseline(c, self.configs)
+            d["baseline"] = base.name if base is not None else None
+            ref = reference_config(c, self.configs)
+            d["reference"] = ref.name if ref is not None else None
+            d["status"], d["error"] = self.status[c.name]
+            out.append(d)
+        return out
+
+
+def reference_config(config: BenchConfig, configs: list[BenchConfig]) -> BenchConfig | None:
+    """The configuration whose greedy outputs ``config``'s are checked against: its baseline
+    (speculation vs target-only), or for ``hf:target`` the swiftspec target-only run on the CPU
+    (two implementations of the same model)."""
+    base = find_baseline(config, configs)
+    if base is not None:
+        return base
+    if config.engine == "hf" and config.mode == "target":
+        for c in configs:
+            if c.engine == "swiftspec" and c.mode == "target" and c.backend == "cpu":
+                return c
+    return None
+
+
+def make_row(item: PromptItem, config: BenchConfig, m: dict) -> dict:
+    """One ``requests`` row (schema: :mod:`swiftspec.bench.schema`) from measured fields."""
+    n = len(m["token_ids"])
+    produced = n - m["first_emission_tokens"]
+    tps = produced / m["decode_s"] if produced > 0 and m["decode_s"] > 0 else None
+    return {
+        "dataset": item.dataset,
+        "prompt_index": item.index,
+        "prompt_id": item.prompt_id,
+        "config": config.name,
+        "prompt_tokens": len(item.prompt_ids),
+        "new_tokens": n,
+        "counted_tokens": m["counted_tokens"],
+        "first_emission_tokens": m["first_emission_tokens"],
+        "finish_reason": m["finish_reason"],
+        "ttft_s": m["ttft_s"],
+        "decode_s": m["decode_s"],
+        "tpot_s": 1.0 / tps if tps else None,
+        "tokens_per_s": tps,
+        "verification_steps": m["verification_steps"],
+        "draft_steps": m["draft_steps"],
+        "acceptance_length": m["acceptance_length"],
+        "target_time_s": m["target_time_s"],
+        "draft_time_s": m["draft_time_s"],
+        "wall_s": m["wall_s"],
+        "latency_s": m["ttft_s"] + m["decode_s"],
+        "speedup": None,
+        "latency_speedup": None,
+        "matches_reference": None,
+        "token_ids": m["token_ids"],
+    }
+
+
+def elapsed_since(t0: float) -> float:
+    """Seconds since ``t0`` (a ``time.perf_counter()`` value)."""
+    return time.perf_counter() - t0

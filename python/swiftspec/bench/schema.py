@@ -1,0 +1,311 @@
+"""The JSON schema of a ``swiftspec bench`` result file (``bench.json``), and its validator.
+
+This module is the schema's documentation: every field carries a ``description`` with its
+unit. Print it with ``swiftspec bench --print-schema``. Times are seconds, rates tokens per
+second. Definitions used throughout (the same for swiftspec and the HF peers):
+
+* **TTFT** (``ttft_s``): from the start of the request (prompt ids ready) to the first emitted
+  new token(s): prefill plus the first sample (the HF peers: first ``streamer.put`` of new
+  tokens; assisted generation may emit several tokens at once there).
+* **first emission** (``first_emission_tokens``): tokens emitted together at TTFT (1 for
+  swiftspec, whose prefill yields exactly one token).
+* **decode** (``decode_s``): from the first emission to the last token.
+* **tokens/s** (``tokens_per_s``): (new_tokens - first_emission_tokens) / decode_s; **TPOT**
+  (``tpot_s``) is its inverse. Both null if fewer than 2 tokens were emitted.
+* **verification steps**: target forward passes after the first emission.
+* **acceptance length**: (new_tokens - first_emission_tokens) / verification_steps, the mean
+  tokens committed per target verification (1 for target-only; null without verification).
+* **speedup**: baseline TPOT / this TPOT on the same prompt, where the baseline is target-only
+  decoding of the same engine and backend (swiftspec ``target``, or ``hf:target`` for peers).
+* **latency** (``latency_s``): ttft_s + decode_s, the whole answer; **latency speedup**: baseline
+  latency / this latency, only where both produced the same number of tokens (else null). It
+  credits what TPOT cannot see, e.g. HF assisted generation emitting many tokens at once at TTFT.
+
+Bump :data:`SCHEMA_VERSION` on any incompatible change.
+"""
+
+from __future__ import annotations
+
+import copy
+
+SCHEMA_VERSION = 1
+
+_NUM = {"type": "number"}
+_NNUM = {"type": ["number", "null"]}
+_NINT = {"type": ["integer", "null"]}
+_NSTR = {"type": ["string", "null"]}
+
+
+def _stats(desc: str) -> dict:
+    return {
+        "description": f"{desc}; null when no request had a value",
+        "type": ["object", "null"],
+        "required": ["n", "mean", "p50", "p95", "min", "max"],
+        "additionalProperties": False,
+        "properties": {
+            "n": {"type": "integer", "minimum": 1, "description": "values summarized"},
+            "mean": _NUM, "p50": _NUM, "p95": _NUM, "min": _NUM, "max": _NUM,
+        },
+    }
+
+
+_CONFIG = {
+    "type": "object",
+    "description": "one configuration (grammar: swiftspec.bench.config)",
+    "required": ["name", "engine", "mode", "backend", "tree_budget", "max_depth", "branching", "target_tp",
+                 "draft_tp", "shape", "speculative", "baseline", "reference", "status", "error"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", "description": "canonical name, e.g. serial:tree16"},
+        "engine": {"enum": ["swiftspec", "hf"]},
+        "mode": {"enum": ["target", "serial", "async", "assisted"]},
+        "backend": {"enum": ["cpu", "cuda"]},
+        "tree_budget": {**_NINT, "description": "draft nodes verified per target step"},
+        "max_depth": {**_NINT, "description": "depth limit of the token tree"},
+        "branching": {**_NINT, "description": "children per expanded node (1 = chain)"},
+        "target_tp": {"type": "integer", "minimum": 1, "description": "TP degree of the target group"},
+        "draft_tp": {**_NINT, "description": "TP degree of the draft group"},
+        "shape": {"enum": ["chain", "tree", None]},
+        "speculative": {"type": "boolean"},
+        "baseline": {**_NSTR, "description": "name of the target-only configuration compared against"},
+        "reference": {**_NSTR, "description": "configuration whose greedy outputs this one's are checked "
+                                             "against (see divergence kinds)"},
+        "status": {"enum": ["ok", "unavailable"],
+                   "description": "unavailable: the runtime rejected it (see error); no rows"},
+        "error": {**_NSTR, "description": "why the configuration is unavailable"},
+    },
+}
+
+_REQUEST = {
+    "type": "object",
+    "description": "one prompt run through one configuration",
+    "required": ["dataset", "prompt_index", "prompt_id", "config", "prompt_tokens", "new_tokens",
+                 "counted_tokens", "first_emission_tokens", "finish_reason", "ttft_s", "decode_s", "tpot_s", "tokens_per_s",
+                 "verification_steps", "draft_steps", "acceptance_length", "target_time_s", "draft_time_s",
+                 "wall_s", "latency_s", "speedup", "latency_speedup", "matches_reference", "token_ids"],
+    "additionalProperties": False,
+    "properties": {
+        "dataset": {"type": "string"},
+        "prompt_index": {"type": "integer", "minimum": 0, "description": "record index in the data set file"},
+        "prompt_id": {"type": "string", "description": "MT-Bench question_id or HumanEval task_id"},
+        "config": {"type": "string"},
+        "prompt_tokens": {"type": "integer", "minimum": 1},
+        "new_tokens": {"type": "integer", "minimum": 0, "description": "len(token_ids)"},
+        "counted_tokens": {"type": "integer", "minimum": 0,
+                           "description": "new tokens as the engine counted them (swiftspec: the "
+                                          "runtime's stats.new_tokens; HF: tokens streamed)"},
+        "first_emission_tokens": {"type": "integer", "minimum": 0},
+        "finish_reason": {"enum": ["length", "stop", "cancelled"]},
+        "ttft_s": {"type": "number", "exclusiveMinimum": 0, "description": "time to first token, s"},
+        "decode_s": {"type": "number", "minimum": 0, "description": "first emission to last token, s"},
+        "tpot_s": {**_NNUM, "description": "time per output token after the first emission, s"},
+        "tokens_per_s": {**_NNUM, "description": "decode tokens per second"},
+        "verification_steps": {"type": "integer", "minimum": 0},
+        "draft_steps": {**_NINT, "description": "draft forward passes after prefill (null if unknown)"},
+        "acceptance_length": {**_NNUM, "description": "tokens committed per verification step"},
+        "target_time_s": {**_NNUM, "description": "time inside target forward passes during decode, s"},
+        "draft_time_s": {**_NNUM, "description": "time inside draft forward passes during decode, s"},
+        "wall_s": {"type": "number", "minimum": 0, "description": "whole request including Python, s"},
+        "latency_s": {"type": "number", "minimum": 0, "description": "ttft_s + decode_s"},
+        "speedup": {**_NNUM, "description": "baseline TPOT / this TPOT on the same prompt"},
+        "latency_speedup": {**_NNUM, "description": "baseline latency / this latency (same token count)"},
+        "matches_reference": {"type": ["boolean", "null"],
+                             "description": "token ids equal the reference configuration's (null: none)"},
+        "token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+    },
+}
+
+_AGGREGATE = {
+    "type": "object",
+    "description": "summary of one configuration over one data set (dataset 'all': every prompt)",
+    "required": ["dataset", "config", "requests", "new_tokens", "ttft_s", "tpot_s", "tokens_per_s",
+                 "acceptance_length", "verification_steps", "latency_s", "speedup", "latency_speedup",
+                 "outputs_checked", "divergences"],
+    "additionalProperties": False,
+    "properties": {
+        "dataset": {"type": "string"},
+        "config": {"type": "string"},
+        "requests": {"type": "integer", "minimum": 0},
+        "new_tokens": _stats("new tokens per request"),
+        "ttft_s": _stats("TTFT, s"),
+        "tpot_s": _stats("TPOT, s"),
+        "tokens_per_s": _stats("decode tokens/s"),
+        "acceptance_length": _stats("acceptance length, tokens per verification step"),
+        "verification_steps": _stats("verification steps per request"),
+        "latency_s": _stats("latency (TTFT + decode), s"),
+        "speedup": _stats("per-request speedup vs the baseline"),
+        "latency_speedup": _stats("per-request latency speedup vs the baseline"),
+        "outputs_checked": {"type": "integer", "minimum": 0,
+                            "description": "requests compared token for token with the reference"},
+        "divergences": {"type": "integer", "minimum": 0, "description": "of those, how many differ"},
+    },
+}
+
+_DIVERGENCE = {
+    "type": "object",
+    "description": "a request whose greedy output differs from its reference",
+    "required": ["kind", "dataset", "prompt_index", "prompt_id", "config", "reference", "position",
+                 "token", "reference_token", "text", "reference_text", "length", "reference_length"],
+    "additionalProperties": False,
+    "properties": {
+        "kind": {"enum": ["lossless", "peer", "implementation"],
+                 "description": "lossless: swiftspec speculation vs swiftspec target-only (must never "
+                                "happen); peer: hf:assisted vs hf:target; implementation: hf:target vs "
+                                "swiftspec target (different kernels, informational)"},
+        "dataset": {"type": "string"},
+        "prompt_index": {"type": "integer"},
+        "prompt_id": {"type": "string"},
+        "config": {"type": "string"},
+        "reference": {"type": "string", "description": "the configuration compared against"},
+        "position": {"type": "integer", "minimum": 0, "description": "first differing new-token index"},
+        "token": {**_NINT, "description": "this configuration's token there (null: output ended)"},
+        "reference_token": {**_NINT, "description": "the reference's token there (null: ended)"},
+        "text": {"type": "string", "description": "decoded text of this output from the position on"},
+        "reference_text": {"type": "string", "description": "the same for the reference"},
+        "length": {"type": "integer"},
+        "reference_length": {"type": "integer"},
+    },
+}
+
+SCHEMA: dict = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://swiftspec.invalid/schemas/bench-v1.json",
+    "title": "swiftspec bench result",
+    "description": __doc__,
+    "type": "object",
+    "required": ["schema_version", "kind", "created", "command", "commit", "machine", "settings", "configs",
+                 "requests", "aggregates", "divergences", "wall_time_s", "load_average_end"],
+    "additionalProperties": False,
+    "properties": {
+        "schema_version": {"const": SCHEMA_VERSION},
+        "kind": {"const": "swiftspec-bench"},
+        "created": {"type": "string", "description": "start of the run, ISO 8601 UTC"},
+        "command": {"type": "string", "description": "the command line, shell-quoted"},
+        "commit": {
+            "type": "object",
+            "required": ["sha", "short", "branch", "dirty", "dirty_files"],
+            "properties": {
+                "sha": _NSTR, "short": _NSTR, "branch": _NSTR,
+                "dirty": {"type": ["boolean", "null"], "description": "tracked files modified"},
+                "dirty_files": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+        "machine": {
+            "type": "object",
+            "required": ["hostname", "os", "cpu", "memory_gib", "gpus", "software", "load_average_start"],
+            "properties": {
+                "hostname": {"type": "string"},
+                "os": {"type": "string"},
+                "cpu": {"type": "object", "required": ["model", "logical_cpus", "usable_cpus"]},
+                "memory_gib": _NNUM,
+                "gpus": {"type": "array", "items": {"type": "object"}},
+                "software": {"type": "object"},
+                "load_average_start": {"type": ["array", "null"], "items": _NUM,
+                                       "description": "1/5/15-minute load averages at the start"},
+            },
+        },
+        "settings": {
+            "type": "object",
+            "required": ["datasets", "num_prompts", "max_new_tokens", "backend", "dtype", "threads", "warmup",
+                         "target", "draft", "target_checkpoint", "draft_checkpoint", "max_context", "hf"],
+            "properties": {
+                "datasets": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                "num_prompts": {"type": "integer", "minimum": 1, "description": "prompts per data set"},
+                "max_new_tokens": {"type": "integer", "minimum": 1},
+                "backend": {"enum": ["cpu", "cuda"]},
+                "dtype": {"enum": ["bfloat16", "float32"]},
+                "threads": {"type": "integer", "minimum": 0, "description": "CPU threads per model, 0 = all"},
+                "warmup": {"type": "integer", "minimum": 0, "description": "untimed requests per configuration"},
+                "target": {"type": "string"}, "draft": _NSTR,
+                "target_checkpoint": {"type": "string"}, "draft_checkpoint": _NSTR,
+                "max_context": {"type": "integer"},
+                "hf": {"type": ["object", "null"], "description": "HF peer settings (null: no peer)"},
+            },
+        },
+        "configs": {"type": "array", "items": _CONFIG, "minItems": 1},
+        "requests": {"type": "array", "items": _REQUEST},
+        "aggregates": {"type": "array", "items": _AGGREGATE},
+        "divergences": {"type": "array", "items": _DIVERGENCE},
+        "wall_time_s": {"type": "number", "minimum": 0, "description": "whole run including model loading"},
+        "load_average_end": {"type": ["array", "null"], "items": _NUM},
+        "interrupted": {"type": "boolean", "description": "true if the run was stopped early (partial rows)"},
+    },
+}
+
+
+def schema() -> dict:
+    """A copy of :data:`SCHEMA`."""
+    return copy.deepcopy(SCHEMA)
+
+
+def validate(document: dict) -> None:
+    """Validate a bench result against :data:`SCHEMA` (needs the ``jsonschema`` package).
+
+    Raises ``jsonschema.ValidationError`` naming the first offending path and value.
+    """
+    import jsonschema
+
+    jsonschema.Draft202012Validator(SCHEMA).validate(document)
+
+
+def consistency_problems(document: dict) -> list[str]:
+    """Checks the numbers of a (schema-valid) bench result against each other; returns one
+    message per problem, [] when consistent:
+
+    * tokens counted by the engine equal tokens returned (``counted_tokens == new_tokens ==
+      len(token_ids)``), and no request exceeds ``max_new_tokens``;
+    * TTFT > 0; decode time >= 0;
+    * acceptance length >= 1 wherever there was a verification step, exactly 1 for target-only,
+      and ``first_emission_tokens + acceptance_length * verification_steps == new_tokens``;
+    * ``tokens_per_s * decode_s == new_tokens - first_emission_tokens`` (1e-6 relative);
+    * every ok configuration has one row per prompt and data set, unavailable ones have none;
+    * the divergence counts of the aggregates match the divergence list.
+    """
+    problems: list[str] = []
+    settings = document["settings"]
+    max_new = settings["max_new_tokens"]
+    configs = {c["name"]: c for c in document["configs"]}
+    for r in document["requests"]:
+        where = f"{r['dataset']}[{r['prompt_index']}] {r['config']}"
+        n = r["new_tokens"]
+        if n != len(r["token_ids"]) or r["counted_tokens"] != n:
+            problems.append(f"{where}: new_tokens {n}, counted {r['counted_tokens']}, "
+                            f"returned {len(r['token_ids'])}")
+        if n > max_new:
+            problems.append(f"{where}: {n} new tokens > max_new_tokens {max_new}")
+        if not r["ttft_s"] > 0:
+            problems.append(f"{where}: TTFT {r['ttft_s']} is not > 0")
+        first, steps, acc = r["first_emission_tokens"], r["verification_steps"], r["acceptance_length"]
+        if steps > 0:
+            if acc is None or acc < 1 - 1e-9:
+                problems.append(f"{where}: acceptance length {acc} < 1")
+            elif abs(first + acc * steps - n) > 1e-6 * max(1, n):
+                problems.append(f"{where}: {first} + {acc} * {steps} verification steps != {n} tokens")
+            mode = configs.get(r["config"], {}).get("mode")
+            if mode == "target" and acc is not None and abs(acc - 1) > 1e-9:
+                problems.append(f"{where}: target-only acceptance length {acc} != 1")
+        if abs(r["latency_s"] - (r["ttft_s"] + r["decode_s"])) > 1e-9:
+            problems.append(f"{where}: latency {r['latency_s']} != TTFT + decode time")
+        if r["tokens_per_s"] is not None:
+            produced = r["tokens_per_s"] * r["decode_s"]
+            if abs(produced - (n - first)) > 1e-6 * max(1, n):
+                problems.append(f"{where}: tokens/s x decode time = {produced:.6f}, expected {n - first}")
+    counts: dict[tuple, int] = {}
+    for r in document["requests"]:
+        counts[(r["dataset"], r["config"])] = counts.get((r["dataset"], r["config"]), 0) + 1
+    if not document.get("interrupted"):
+        for name, c in configs.items():
+            for ds in settings["datasets"]:
+                got = counts.get((ds, name), 0)
+                want = settings["num_prompts"] if c["status"] == "ok" else 0
+                if got != want:
+                    problems.append(f"{ds} {name}: {got} rows, expected {want}")
+    div_counts: dict[tuple, int] = {}
+    for d in document["divergences"]:
+        for ds in (d["dataset"], "all"):
+            div_counts[(ds, d["config"])] = div_counts.get((ds, d["config"]), 0) + 1
+    for a in document["aggregates"]:
+        if a["divergences"] != div_counts.get((a["dataset"], a["config"]), 0):
+            problems.append(f"aggregate {a['dataset']} {a['config']}: {a['divergences']} divergences, "
+                            f"the list has {div_counts.get((a['dataset'], a['config']), 0)}")
+    return problems

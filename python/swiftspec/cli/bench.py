@@ -1,0 +1,119 @@
+"""`swiftspec bench`: run prompt sets through decode configurations and peers, and report.
+
+    swiftspec bench --datasets mtbench,humaneval --num-prompts 20 --max-new-tokens 64 \\
+        --configs target,serial:chain,serial:tree16 --peers hf --out benchmarks/2026-11-29-cpu
+
+Writes bench.json (schema: ``swiftspec bench --print-schema``), bench.md, requests.jsonl and
+PNG plots into --out. Exit status: 0 on success; 1 if a speculative configuration's greedy
+output differs from target-only decoding (the correctness promise is broken; the result is
+still written); 2 for bad input (one line naming the bad value); 130 if interrupted (partial
+results are written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from swiftspec.bench.config import BenchConfigError
+
+_DEFAULT_CONFIGS = "target,serial:chain,serial:tree16"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="benchmark decode configurations on MT-Bench / HumanEval prompts",
+        description="Run prompt sets through decode configurations (target-only, serial and async "
+        "speculation, tree budgets, backends) and peers; report TTFT, TPOT, tokens/s, acceptance length, "
+        "speedups and output checks as JSON, Markdown and PNG plots.",
+        epilog="Configuration grammar: MODE[:chain[N]|:tree[N]][:bN][:dN][:tpN][:dtpN][@cpu|@cuda], "
+        "MODE = target|serial|async, or hf:target|hf:assisted. Examples: target, serial:chain, "
+        "serial:chain6, serial:tree16, serial:tree32:b4:d6, async:tree64@cuda.",
+    )
+    # Values are taken as strings and checked in run(), so a bad value gives one line and exit 2.
+    p.add_argument("--datasets", default="mtbench,humaneval", help="comma-separated: mtbench, humaneval")
+    p.add_argument("--num-prompts", default="20", help="first N prompts of each data set (default 20)")
+    p.add_argument("--max-new-tokens", default="64", help="new tokens per request (default 64)")
+    p.add_argument("--configs", default=_DEFAULT_CONFIGS, help=f"comma-separated configurations "
+                   f"(default {_DEFAULT_CONFIGS})")
+    p.add_argument("--peers", default="none", help="hf: add HF transformers target-only and assisted "
+                   "generation; none (default)")
+    p.add_argument("--backend", default="cpu", help="cpu (default) or cuda, for configurations without @backend")
+    p.add_argument("--target", help="target model (default: the reference 1.5B)")
+    p.add_argument("--draft", help="draft model (default: the reference 0.5B with the default target)")
+    p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32")
+    p.add_argument("--threads", default="0", help="CPU threads per swiftspec model (0: all cores)")
+    p.add_argument("--hf-threads", default="0", help="torch threads of the HF peer (0: torch default)")
+    p.add_argument("--warmup", default="1", help="untimed warm-up requests per configuration (default 1)")
+    p.add_argument("--max-context", default="4096", help="KV capacity in tokens (default 4096)")
+    p.add_argument("--out", help="output folder (default: bench-results/<UTC time>)")
+    p.add_argument("--skip-unavailable", action="store_true",
+                   help="record configurations the runtime rejects (e.g. async in a build without it) "
+                        "as unavailable instead of stopping")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--print-schema", action="store_true", help="print the result JSON schema and exit")
+    p.set_defaults(run=run)
+
+
+def _int(name: str, text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise BenchConfigError(f"{name} must be an integer, got {text!r}") from None
+    if value < low:
+        raise BenchConfigError(f"{name} must be >= {low}, got {value}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.print_schema:
+        from swiftspec.bench.schema import schema
+
+        print(json.dumps(schema(), indent=1))
+        return 0
+    from pathlib import Path
+
+    from swiftspec.bench import machine
+    from swiftspec.bench.api import run_bench
+    from swiftspec.bench.config import parse_config_list
+
+    datasets = [d.strip() for d in args.datasets.split(",")]
+    for d in datasets:
+        if d not in ("mtbench", "humaneval"):
+            raise BenchConfigError(f"--datasets: unknown data set {d!r} (expected mtbench, humaneval)")
+    if len(set(datasets)) != len(datasets):
+        raise BenchConfigError(f"--datasets {args.datasets!r} names a data set twice")
+    num_prompts = _int("--num-prompts", args.num_prompts, 1)
+    max_new = _int("--max-new-tokens", args.max_new_tokens, 1)
+    threads = _int("--threads", args.threads, 0)
+    hf_threads = _int("--hf-threads", args.hf_threads, 0)
+    warmup = _int("--warmup", args.warmup, 0)
+    max_context = _int("--max-context", args.max_context, 2)
+    if args.backend not in ("cpu", "cuda"):
+        raise BenchConfigError(f"--backend must be cpu or cuda, got {args.backend!r}")
+    if args.dtype not in ("bfloat16", "float32"):
+        raise BenchConfigError(f"--dtype must be bfloat16 or float32, got {args.dtype!r}")
+    parse_config_list(args.configs, args.backend, args.peers)  # fail fast, before loading anything
+    out = Path(args.out) if args.out else Path("bench-results") / machine.now_utc().replace(":", "")
+    print(f"[bench] writing into {out}", file=sys.stderr)
+    try:
+        doc = run_bench(datasets=datasets, num_prompts=num_prompts, max_new_tokens=max_new, configs=args.configs,
+                        peers=args.peers, backend=args.backend, target=args.target, draft=args.draft,
+                        dtype=args.dtype, threads=threads, hf_threads=hf_threads, warmup=warmup,
+                        max_context=max_context, out_dir=out, progress=not args.no_progress,
+                        skip_unavailable=args.skip_unavailable, plots=not args.no_plots)
+    except KeyboardInterrupt:
+        print(f"[bench] interrupted; partial results in {out}", file=sys.stderr)
+        return 130
+    print((out / "bench.md").read_text())
+    lossless = [d for d in doc["divergences"] if d["kind"] == "lossless"]
+    if lossless:
+        d = lossless[0]
+        print(f"swiftspec bench: {len(lossless)} speculative output(s) differ from target-only decoding; first: "
+              f"{d['dataset']} {d['prompt_id']} {d['config']} at token {d['position']} "
+              f"({d['token']} vs {d['reference_token']})", file=sys.stderr)
+        return 1
+    return 0

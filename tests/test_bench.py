@@ -1,0 +1,163 @@
+"""The benchmark harness (issue 6): the CPU smoke run on the real pair, the HF peer path,
+the configuration grammar and the CLI's handling of bad input.
+
+These tests check that the harness measures and reports consistently; they assert nothing
+about speed (performance is measured by `swiftspec bench` and tools/, never by timed tests).
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from swiftspec.bench import run_bench
+from swiftspec.bench.config import BenchConfigError, parse_config, parse_config_list
+from swiftspec.bench.report import first_difference, summarize
+from swiftspec.bench.schema import SCHEMA, consistency_problems, validate
+
+TARGET = "qwen2.5-coder-1.5b-instruct"
+DRAFT = "qwen2.5-coder-0.5b-instruct"
+SMALL = "smollm2-135m-instruct"
+
+
+def _load_and_check(out_dir) -> dict:
+    """Reads bench.json back from disk, validates it against the schema and checks the numbers."""
+    doc = json.loads((out_dir / "bench.json").read_text())
+    jsonschema.Draft202012Validator(SCHEMA).validate(doc)
+    assert consistency_problems(doc) == []
+    for name in ("bench.md", "requests.jsonl", "tokens_per_s.png"):
+        assert (out_dir / name).stat().st_size > 0, name
+    return doc
+
+
+# ------------------------------------------------------------------ real models
+def test_cpu_smoke_run_real_pair(checkpoint_dir, tmp_path):
+    """Issue 6 must-show: 2 prompts, 16 new tokens, the real 1.5B target and 0.5B draft."""
+    target, draft = checkpoint_dir(TARGET, "bfloat16"), checkpoint_dir(DRAFT, "bfloat16")
+    out = tmp_path / "bench"
+    run_bench(datasets=["mtbench", "humaneval"], num_prompts=1, max_new_tokens=16,
+              configs="target,serial:tree16", target=str(target), draft=str(draft), warmup=0,
+              out_dir=out, progress=False, command="pytest tests/test_bench.py")
+    doc = _load_and_check(out)
+    rows = doc["requests"]
+    assert len(rows) == 4  # 2 prompts x 2 configurations
+    assert {(r["dataset"], r["config"]) for r in rows} == {
+        (d, c) for d in ("mtbench", "humaneval") for c in ("target", "serial:tree16")}
+    for r in rows:
+        assert r["counted_tokens"] == r["new_tokens"] == len(r["token_ids"]) <= 16
+        assert r["ttft_s"] > 0
+        if r["verification_steps"]:
+            assert r["acceptance_length"] >= 1
+        if r["finish_reason"] == "length":
+            assert r["new_tokens"] == 16
+    spec = [r for r in rows if r["config"] == "serial:tree16"]
+    assert all(r["matches_reference"] is not None for r in spec)  # each was checked against target
+    assert all(r["draft_steps"] > 0 for r in spec)
+    lossless = [d for d in doc["divergences"] if d["kind"] == "lossless"]
+    assert [r["matches_reference"] for r in spec].count(False) == len(lossless)
+    assert doc["commit"]["sha"] and doc["machine"]["cpu"]["usable_cpus"] >= 1
+    md = (out / "bench.md").read_text()
+    assert "| serial:tree16 |" in md and "## humaneval" in md
+
+
+def test_hf_peer_and_unavailable_config(checkpoint_dir, tmp_path):
+    """The HF peers (target-only and assisted generation) on the small model, used as its own
+    draft, next to swiftspec; a TP-degree configuration the runtime cannot run is recorded as
+    unavailable with --skip-unavailable."""
+    small = str(checkpoint_dir(SMALL, "bfloat16"))
+    out = tmp_path / "peer"
+    run_bench(datasets=["humaneval"], num_prompts=1, max_new_tokens=8, configs="target,serial:chain4,serial:tree8:tp2",
+              peers="hf", target=small, draft=small, warmup=0, threads=1, hf_threads=1, out_dir=out, progress=False,
+              skip_unavailable=True, command="pytest tests/test_bench.py")
+    doc = _load_and_check(out)
+    status = {c["name"]: c for c in doc["configs"]}
+    assert status["serial:tree8:tp2"]["status"] == "unavailable"
+    assert "TP degree" in status["serial:tree8:tp2"]["error"]
+    assert status["hf:assisted"]["baseline"] == "hf:target"
+    assert status["hf:target"]["reference"] == "target"
+    hf = {r["config"]: r for r in doc["requests"] if r["config"].startswith("hf:")}
+    assert set(hf) == {"hf:target", "hf:assisted"}
+    for r in hf.values():
+        assert r["counted_tokens"] == r["new_tokens"] and r["ttft_s"] > 0
+    assert hf["hf:target"]["verification_steps"] == hf["hf:target"]["new_tokens"] - 1
+    assert doc["settings"]["hf"]["assisted"]["num_assistant_tokens"] is not None
+
+
+def test_unavailable_config_fails_fast_without_skip(checkpoint_dir, tmp_path):
+    small = str(checkpoint_dir(SMALL, "bfloat16"))
+    from swiftspec.bench.runner import ConfigUnavailable
+
+    with pytest.raises(ConfigUnavailable, match="serial:tree8:tp2.*TP degree"):
+        run_bench(datasets=["humaneval"], num_prompts=1, max_new_tokens=4, configs="target,serial:tree8:tp2",
+                  target=small, draft=small, out_dir=tmp_path / "x", progress=False)
+
+
+# -------------------------------------------------------------- no models needed
+@pytest.mark.parametrize("token,name,budget,branching,depth", [
+    ("target", "target", None, None, None),
+    ("serial:chain", "serial:chain4", 4, 1, 4),
+    ("serial:chain6", "serial:chain6", 6, 1, 6),
+    ("serial", "serial:tree16", 16, 2, 8),
+    ("serial:tree32:b4:d6", "serial:tree32:b4:d6", 32, 4, 6),
+    ("serial:tree16:b2:d8", "serial:tree16", 16, 2, 8),
+    ("async:tree64:tp2@cuda", "async:tree64:tp2@cuda", 64, 2, 8),
+    ("hf:assisted", "hf:assisted", None, None, None),
+])
+def test_config_grammar(token, name, budget, branching, depth):
+    c = parse_config(token)
+    assert (c.name, c.tree_budget, c.branching, c.max_depth) == (name, budget, branching, depth)
+    assert parse_config(c.name).name == c.name
+
+
+@pytest.mark.parametrize("token", ["", "foo", "serial:chain0", "serial:chain4:b2", "serial:tree16:x3",
+                                   "target:tree4", "serial@gpu", "serial:tree16:b2:b3", "hf:assisted@cuda"])
+def test_config_grammar_rejects(token):
+    with pytest.raises(BenchConfigError):
+        parse_config(token)
+
+
+def test_config_list_adds_peers_and_drops_duplicates():
+    names = [c.name for c in parse_config_list("target,serial:chain,serial:chain4", peers="hf")]
+    assert names == ["target", "serial:chain4", "hf:target", "hf:assisted"]
+
+
+def test_summary_and_first_difference():
+    s = summarize([1.0, 2.0, None, 3.0, 4.0])
+    assert s["n"] == 4 and s["mean"] == 2.5 and s["p50"] == 2.5 and s["min"] == 1 and s["max"] == 4
+    assert summarize([None]) is None
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_schema_rejects_bad_rows():
+    with pytest.raises(jsonschema.ValidationError):
+        validate({"schema_version": 1, "kind": "swiftspec-bench"})
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--configs", "serial:tree0"], "'serial:tree0'"),
+    (["--configs", "warp:tree4"], "'warp'"),
+    (["--num-prompts", "0"], "--num-prompts"),
+    (["--num-prompts", "many"], "'many'"),
+    (["--max-new-tokens", "-3"], "--max-new-tokens"),
+    (["--datasets", "gsm8k"], "'gsm8k'"),
+    (["--backend", "tpu"], "'tpu'"),
+    (["--peers", "vllm"], "'vllm'"),
+    (["--dtype", "int3"], "'int3'"),
+])
+def test_cli_bad_input_exits_2_with_one_line(argv, needle, capsys):
+    from swiftspec.cli import main
+
+    assert main(["bench", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+
+
+def test_cli_prints_schema(capsys):
+    from swiftspec.cli import main
+
+    assert main(["bench", "--print-schema"]) == 0
+    assert json.loads(capsys.readouterr().out)["title"] == "swiftspec bench result"
