@@ -14,6 +14,8 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -284,3 +286,59 @@ def test_corrupted_prompt_set_is_detected(tmp_cache, no_download):
         datasets.load_humaneval(progress=False)
     assert str(path) in str(err.value) and datasets.DATASETS["humaneval"].sha256 in str(err.value)
     assert not path.exists()
+
+
+# --------------------------------------------------------------------------- checkpoints and CLI
+
+def test_ensure_checkpoint_converts_once_and_redoes_incomplete(tmp_cache, gguf_path, no_download, monkeypatch):
+    os.symlink(gguf_path(SMOL), tmp_cache / "models" / fetch.REFERENCE_MODELS[SMOL].filename)
+    folder = fetch.ensure_checkpoint(SMOL, "float32", progress=False)
+    assert folder == tmp_cache / "checkpoints" / f"{SMOL}-float32"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["source"]["sha256"] == fetch.REFERENCE_MODELS[SMOL].sha256
+    assert sorted(p.name for p in folder.parent.iterdir()) == [f"{SMOL}-float32"]  # no temp folder left
+
+    import swiftspec.convert
+
+    conversions = []
+    real = swiftspec.convert.convert_gguf
+    monkeypatch.setattr(swiftspec.convert, "convert_gguf",
+                        lambda *a, **k: conversions.append(a) or real(*a, **k))
+    assert fetch.ensure_checkpoint(SMOL, "float32", progress=False) == folder
+    assert conversions == []  # complete and current: reused
+    (folder / "manifest.json").unlink()  # an interrupted conversion never wrote its manifest
+    assert fetch.ensure_checkpoint(SMOL, "float32", progress=False) == folder
+    assert len(conversions) == 1 and (folder / "manifest.json").is_file()
+
+
+def _tool(*args: str) -> subprocess.CompletedProcess:
+    repo = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, str(repo / "tools" / args[0]), *args[1:]], capture_output=True, text=True)
+
+
+def test_fetch_tools(tmp_path, gguf_path):
+    listing = _tool("fetch_models.py", "--list")
+    assert listing.returncode == 0
+    assert [line.split()[0] for line in listing.stdout.splitlines()] == list(fetch.REFERENCE_MODELS)
+    assert "[default target]" in listing.stdout and "[default draft]" in listing.stdout
+
+    bogus = _tool("fetch_models.py", "bogus-model")
+    assert bogus.returncode == 2 and "unknown model(s) bogus-model" in bogus.stderr
+
+    cache = tmp_path / "cache"
+    (cache / "models").mkdir(parents=True)
+    os.symlink(gguf_path(SMOL), cache / "models" / fetch.REFERENCE_MODELS[SMOL].filename)
+    done = _tool("fetch_models.py", SMOL, "--cache", str(cache), "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(cache / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+    with open(cache / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf.sha256", "w") as f:
+        f.write("{}")  # stale stamp: re-verified, still fine
+    (cache / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").unlink()
+    (cache / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"GGUF short")
+    broken = _tool("fetch_models.py", SMOL, "--cache", str(cache), "--quiet")
+    assert broken.returncode == 2 and "Traceback" not in broken.stderr
+    assert broken.stderr.startswith("error: cached model file") and "found 10" in broken.stderr
+
+    sets = _tool("fetch_datasets.py", "nope")
+    assert sets.returncode == 2 and "unknown dataset(s) nope" in sets.stderr

@@ -21,6 +21,8 @@ from typing import Any, Iterable, Sequence
 from .errors import CheckpointError, InvalidRequestError
 
 _NAMED_SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token")
+# Names a message's reasoning may come under; like HF, the template sees it as both of the first two.
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
 def _token_text(value: Any) -> str | None:
@@ -79,7 +81,8 @@ def _compile_template(template: str):
 
 
 def _check_messages(messages: Any) -> list[dict]:
-    """Validate chat messages; return plain copies with None-valued keys dropped (as HF does)."""
+    """Validate chat messages; return copies as HF hands them to templates: None-valued keys
+    dropped, reasoning text available as both ``reasoning_content`` and ``thinking``."""
     if not isinstance(messages, (list, tuple)):
         raise InvalidRequestError(f"messages must be a list of dicts, got {type(messages).__name__}")
     if not messages:
@@ -94,7 +97,11 @@ def _check_messages(messages: Any) -> list[dict]:
             raise InvalidRequestError(
                 f"messages[{i}] needs a string 'content', got {type(m.get('content')).__name__}"
             )
-        out.append({k: v for k, v in m.items() if v is not None})
+        m = {k: v for k, v in m.items() if v is not None}
+        reasoning = next((m[k] for k in _REASONING_FIELDS if k in m), None)
+        if reasoning is not None:
+            m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
+        out.append(m)
     return out
 
 
