@@ -1,0 +1,326 @@
+// swiftspec-cuda-bench: latency of the CUDA backend with random weights
+// generated on the GPU (no files), against the physical limit measured in the
+// same run.
+//
+//  * copy bandwidth: a 2 GiB device-to-device cudaMemcpy, bytes read + written;
+//  * skinny GEMMs of the Llama-3-8B shapes at M = 1, 16, 64: ours vs cuBLAS
+//    (cublasGemmEx, bf16 in, fp32 compute), weights rotated over > 400 MB so
+//    that L2 does not serve them;
+//  * single-step decode at batch 1 (context 512, greedy: arg-max on the GPU),
+//    CUDA graph replays timed with events (median), with and without
+//    programmatic dependent launch; plus the host-synchronous forward_argmax()
+//    wall time; for the Llama-3-8B, Qwen2.5-1.5B and Qwen2.5-0.5B shapes;
+//  * tree verification of 32 and 64 nodes at the 8B shape (all rows' arg-max).
+// Physical limit of a step = weight bytes read per step / copy bandwidth.
+// Usage: swiftspec-cuda-bench [--json PATH] [--quick]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#if defined(SWIFTSPEC_HAVE_CUBLAS)
+#include <cublas_v2.h>
+#endif
+
+#include "common.h"
+#include "device_memory.h"
+#include "kernels/epilogues.h"
+#include "kernels/gemm_skinny.h"
+#include "kernels/kernels.h"
+#include "swiftspec_cuda/cuda_model.h"
+#include "tma_map.h"
+
+using namespace swiftspec;
+using namespace swiftspec::cuda;
+
+namespace {
+
+std::string g_json = "{\n";
+bool g_first = true;
+void json_kv(const std::string& key, const std::string& raw) {
+  g_json += std::string(g_first ? "" : ",\n") + "  \"" + key + "\": " + raw;
+  g_first = false;
+}
+std::string num(double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.6g", v);
+  return b;
+}
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+/// Median milliseconds of `f` (enqueues work on `st`) over `iters` runs.
+template <class F>
+double time_ms(cudaStream_t st, int iters, F f) {
+  for (int i = 0; i < 3; ++i) f(i);
+  std::vector<cudaEvent_t> ev(2 * iters);
+  for (auto& e : ev) SS_CUDA_CHECK(cudaEventCreate(&e));
+  for (int i = 0; i < iters; ++i) {
+    SS_CUDA_CHECK(cudaEventRecord(ev[2 * i], st));
+    f(i);
+    SS_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], st));
+  }
+  SS_CUDA_CHECK(cudaStreamSynchronize(st));
+  std::vector<float> ms(iters);
+  for (int i = 0; i < iters; ++i) SS_CUDA_CHECK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+  for (auto& e : ev) cudaEventDestroy(e);
+  return median(ms);
+}
+
+double copy_bandwidth_tbs(cudaStream_t st) {
+  const size_t bytes = size_t(2) << 30;
+  DeviceBuffer a(bytes), b(bytes);
+  SS_CUDA_CHECK(cudaMemsetAsync(a.get(), 1, bytes, st));
+  const double ms = time_ms(st, 10, [&](int) {
+    SS_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, st));
+  });
+  return 2.0 * bytes / (ms * 1e-3) / 1e12;
+}
+
+struct GemmRow {
+  std::string name;
+  int N, K, M;
+  double ours_us, cublas_us, bytes;
+};
+
+std::vector<GemmRow> bench_gemms(cudaStream_t st, int num_sms) {
+  struct Shape {
+    const char* name;
+    int N, K;
+  };
+  const Shape shapes[] = {{"8B qkv", 6144, 4096}, {"8B o", 4096, 4096}, {"8B gate_up", 28672, 4096},
+                          {"8B down", 4096, 14336}, {"0.5B gate_up", 9728, 896}, {"0.5B down", 896, 4864}};
+  std::vector<GemmRow> rows;
+#if defined(SWIFTSPEC_HAVE_CUBLAS)
+  cublasHandle_t h;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw CudaError("cublasCreate failed");
+  cublasSetStream(h, st);
+  DeviceBuffer cublas_ws(size_t(64) << 20);
+  cublasSetWorkspace(h, cublas_ws.get(), cublas_ws.bytes());
+#endif
+  for (const Shape& s : shapes) {
+    const size_t wbytes = size_t(s.N) * s.K * 2;
+    const int copies = static_cast<int>(std::max<size_t>(2, (size_t(400) << 20) / wbytes + 1));
+    DeviceBuffer w(wbytes * copies), x(size_t(kMaxStepTokens) * s.K * 2), out(sizeof(float) * kMaxStepTokens * s.N);
+    launch_fill_random_bf16(w.as<__nv_bfloat16>(), wbytes / 2 * copies, 0.02f, 7, st);
+    launch_fill_random_bf16(x.as<__nv_bfloat16>(), size_t(kMaxStepTokens) * s.K, 1.0f, 8, st);
+    for (int M : {1, 16, 64}) {
+      const int nt = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
+      const GemmConfig c = plan_gemm<EpiPlain>(s.N, s.K, nt, num_sms);
+      std::vector<CUtensorMap> wm;
+      for (int i = 0; i < copies; ++i)
+        wm.push_back(make_tma_map_bf16(w.as<unsigned char>() + wbytes * i, s.N, s.K, s.K, c.BR));
+      const CUtensorMap xm = make_tma_map_bf16(x.get(), kMaxStepTokens, s.K, s.K, 8 * nt);
+      GemmArgs a;
+      a.N = s.N;
+      a.K = s.K;
+      a.m_active_max = M;
+      EpiPlain::Params e;
+      e.out = out.as<float>();
+      e.ldo = s.N;
+      const double ours = time_ms(st, 40, [&](int i) { launch_gemm<EpiPlain>(c, wm[i % copies], xm, a, e, false, st); });
+      double cub = -1;
+#if defined(SWIFTSPEC_HAVE_CUBLAS)
+      const float alpha = 1.f, beta = 0.f;
+      cub = time_ms(st, 40, [&](int i) {
+        const cublasStatus_t r = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.N, M, s.K, &alpha,
+                                              w.as<unsigned char>() + wbytes * (i % copies), CUDA_R_16BF, s.K,
+                                              x.get(), CUDA_R_16BF, s.K, &beta, out.get(), CUDA_R_32F, s.N,
+                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (r != CUBLAS_STATUS_SUCCESS) throw CudaError("cublasGemmEx failed: status " + std::to_string(r));
+      });
+#endif
+      rows.push_back({s.name, s.N, s.K, M, ours * 1e3, cub * 1e3, static_cast<double>(wbytes)});
+      std::printf("gemm %-13s N=%6d K=%6d M=%2d  ours %8.1f us (%5.2f TB/s)  cublas %8.1f us (%5.2f TB/s)  [S=%d BR=%d grid=%d]\n",
+                  s.name, s.N, s.K, M, ours * 1e3, wbytes / (ours * 1e-3) / 1e12, cub * 1e3,
+                  cub > 0 ? wbytes / (cub * 1e-3) / 1e12 : 0.0, c.S, c.BR, c.grid_x);
+      std::fflush(stdout);
+    }
+  }
+#if defined(SWIFTSPEC_HAVE_CUBLAS)
+  cublasDestroy(h);
+#endif
+  return rows;
+}
+
+ModelConfig shape_config(const std::string& which) {
+  ModelConfig c;
+  if (which == "llama3-8b") {
+    c.architecture = "llama";
+    c.vocab_size = 128256; c.hidden_size = 4096; c.intermediate_size = 14336; c.num_layers = 32;
+    c.num_heads = 32; c.num_kv_heads = 8; c.head_dim = 128; c.rope_theta = 500000.0;
+    c.rope_scaling.enabled = true; c.rope_scaling.factor = 8.0; c.rope_scaling.low_freq_factor = 1.0;
+    c.rope_scaling.high_freq_factor = 4.0; c.rope_scaling.original_max_position_embeddings = 8192;
+    c.rms_norm_eps = 1e-5f;
+  } else if (which == "qwen2.5-1.5b") {
+    c.architecture = "qwen2";
+    c.vocab_size = 151936; c.hidden_size = 1536; c.intermediate_size = 8960; c.num_layers = 28;
+    c.num_heads = 12; c.num_kv_heads = 2; c.head_dim = 128; c.rope_theta = 1000000.0;
+    c.attention_bias = true; c.tie_word_embeddings = true;
+  } else {
+    c.architecture = "qwen2";
+    c.vocab_size = 151936; c.hidden_size = 896; c.intermediate_size = 4864; c.num_layers = 24;
+    c.num_heads = 14; c.num_kv_heads = 2; c.head_dim = 64; c.rope_theta = 1000000.0;
+    c.attention_bias = true; c.tie_word_embeddings = true;
+  }
+  return c;
+}
+
+ForwardBatch decode_batch(int pos) {
+  ForwardBatch b;
+  b.tokens = {1234};
+  b.positions = {pos};
+  b.logits = LogitsMode::Last;
+  return b;
+}
+
+/// A tree of n nodes under a context of `ctx`: a main chain with side branches
+/// (depth about n/3), every node's logits (greedy verification reads all).
+ForwardBatch tree_batch(int n, int ctx, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::vector<int> parent(n), depth(n);
+  for (int i = 0; i < n; ++i) {
+    parent[i] = i == 0 ? -1 : (i % 3 == 0 ? static_cast<int>(g() % i) : i - 1);
+    depth[i] = parent[i] < 0 ? 0 : depth[parent[i]] + 1;
+  }
+  ForwardBatch b;
+  b.attend_offsets.push_back(0);
+  for (int i = 0; i < n; ++i) {
+    b.tokens.push_back(static_cast<int>(g() % 100000));
+    b.positions.push_back(ctx + depth[i]);
+    b.tree_slots.push_back(i);
+    std::vector<int> chain;
+    for (int j = i; j >= 0; j = parent[j]) chain.push_back(j);
+    std::reverse(chain.begin(), chain.end());
+    b.attend_slots.insert(b.attend_slots.end(), chain.begin(), chain.end());
+    b.attend_offsets.push_back(static_cast<int>(b.attend_slots.size()));
+  }
+  b.logits = LogitsMode::All;
+  return b;
+}
+
+struct ModelRow {
+  std::string shape;
+  double weight_gb, limit_ms, decode_ms, decode_nopdl_ms, host_ms, tree32_ms, tree64_ms;
+};
+
+ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quick) {
+  ModelRow r{};
+  r.shape = which;
+  const ModelConfig cfg = shape_config(which);
+  ModelOptions opt;
+  opt.max_context = 1024;
+  opt.max_tree = 128;
+  const int iters = quick ? 50 : 200;
+  for (int pdl = 1; pdl >= 0; --pdl) {
+    CudaModelOptions co;
+    co.use_pdl = pdl != 0;
+    auto m = make_cuda_model_random(cfg, opt, co, 42);
+    m->debug_fill_committed_random(ctx, 43);
+    const int id = m->debug_prepare(decode_batch(ctx), false);
+    const double ms = m->debug_replay_ms(id, iters);
+    if (pdl) {
+      r.decode_ms = ms;
+      r.weight_gb = m->weight_bytes_per_step() / 1e9;
+      r.limit_ms = m->weight_bytes_per_step() / (bw_tbs * 1e12) * 1e3;
+      // host-synchronous greedy step (descriptor upload + graph + arg-max copy)
+      std::vector<float> wall;
+      std::vector<int32_t> am;
+      for (int i = 0; i < (quick ? 20 : 60); ++i) {
+        m->truncate_committed(ctx);
+        const auto t0 = std::chrono::steady_clock::now();
+        m->forward_argmax(decode_batch(ctx), am);
+        const auto t1 = std::chrono::steady_clock::now();
+        wall.push_back(std::chrono::duration<float, std::milli>(t1 - t0).count());
+      }
+      r.host_ms = median(wall);
+      m->truncate_committed(ctx);
+      if (which == "llama3-8b") {
+        const int t32 = m->debug_prepare(tree_batch(32, ctx, 5), false);
+        const int t64 = m->debug_prepare(tree_batch(64, ctx, 6), false);
+        r.tree32_ms = m->debug_replay_ms(t32, iters);
+        r.tree64_ms = m->debug_replay_ms(t64, iters);
+      }
+    } else {
+      r.decode_nopdl_ms = ms;
+    }
+    std::printf("model %-13s pdl=%d decode %.4f ms\n", which.c_str(), pdl, ms);
+    std::fflush(stdout);
+  }
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  bool quick = false, gemms = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    if (a == "--quick") quick = true;
+    if (a == "--no-gemm") gemms = false;
+  }
+  try {
+    cudaDeviceProp prop;
+    SS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    cudaStream_t st;
+    SS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+    json_kv("device", "\"" + std::string(prop.name) + "\"");
+    const double bw = copy_bandwidth_tbs(st);
+    std::printf("copy bandwidth (2 GiB D2D, read+write): %.3f TB/s\n", bw);
+    json_kv("copy_bandwidth_tbs", num(bw));
+    if (gemms) {
+      const auto rows = bench_gemms(st, prop.multiProcessorCount);
+      std::string arr = "[";
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const auto& g = rows[i];
+        arr += std::string(i ? ",\n    " : "\n    ") + "{\"name\": \"" + g.name + "\", \"N\": " + num(g.N) +
+               ", \"K\": " + num(g.K) + ", \"M\": " + num(g.M) + ", \"ours_us\": " + num(g.ours_us) +
+               ", \"cublas_us\": " + num(g.cublas_us) + ", \"weight_bytes\": " + num(g.bytes) + "}";
+      }
+      json_kv("gemm", arr + "\n  ]");
+    }
+    const int ctx = 512;
+    std::vector<ModelRow> models;
+    for (const char* w : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"}) models.push_back(bench_model(w, bw, ctx, quick));
+    std::string arr = "[";
+    for (size_t i = 0; i < models.size(); ++i) {
+      const auto& m = models[i];
+      arr += std::string(i ? ",\n    " : "\n    ") + "{\"shape\": \"" + m.shape + "\", \"context\": " + num(ctx) +
+             ", \"weight_gb\": " + num(m.weight_gb) + ", \"limit_ms\": " + num(m.limit_ms) +
+             ", \"decode_ms\": " + num(m.decode_ms) + ", \"decode_no_pdl_ms\": " + num(m.decode_nopdl_ms) +
+             ", \"host_sync_decode_ms\": " + num(m.host_ms) + ", \"frac_of_limit\": " + num(m.limit_ms / m.decode_ms) +
+             (m.tree32_ms > 0 ? ", \"tree32_ms\": " + num(m.tree32_ms) + ", \"tree64_ms\": " + num(m.tree64_ms) : "") + "}";
+    }
+    json_kv("models", arr + "\n  ]");
+    std::printf("\n%-14s %9s %9s %10s %10s %10s %8s %9s %9s\n", "shape", "weightsGB", "limit_ms", "decode_ms",
+                "nopdl_ms", "host_ms", "%limit", "tree32x", "tree64x");
+    for (const auto& m : models)
+      std::printf("%-14s %9.3f %9.4f %10.4f %10.4f %10.4f %7.1f%% %9.3f %9.3f\n", m.shape.c_str(), m.weight_gb,
+                  m.limit_ms, m.decode_ms, m.decode_nopdl_ms, m.host_ms, 100.0 * m.limit_ms / m.decode_ms,
+                  m.tree32_ms / m.decode_ms, m.tree64_ms / m.decode_ms);
+    cudaStreamDestroy(st);
+  } catch (const std::exception& e) {
+    std::printf("bench aborted: %s\n", e.what());
+    json_kv("error", "\"" + std::string(e.what()) + "\"");
+    g_json += "\n}\n";
+    if (!json_path.empty()) {
+      if (FILE* f = std::fopen(json_path.c_str(), "w")) { std::fputs(g_json.c_str(), f); std::fclose(f); }
+    }
+    return 1;
+  }
+  g_json += "\n}\n";
+  if (!json_path.empty()) {
+    if (FILE* f = std::fopen(json_path.c_str(), "w")) { std::fputs(g_json.c_str(), f); std::fclose(f); }
+  }
+  return 0;
+}

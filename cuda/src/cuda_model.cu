@@ -338,6 +338,19 @@ class CudaModelImpl final : public CudaModel {
     return ms[iters / 2];
   }
 
+  void debug_poison_buffers() override {
+    SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (auto* b : {&h32_, &h16_, &ssq_, &q_, &attn_, &act_, &logits_, &part_o_, &part_ml_})
+      SS_CUDA_CHECK(cudaMemsetAsync(b->get(), 0xFF, b->bytes(), stream_));
+    const size_t row = sizeof(__nv_bfloat16) * static_cast<size_t>(cfg_.head_dim);
+    const size_t pitch = row * slots_;
+    const size_t height = static_cast<size_t>(cfg_.num_layers) * cfg_.num_kv_heads;
+    for (auto* b : {&kcache_, &vcache_})
+      SS_CUDA_CHECK(cudaMemset2DAsync(b->as<unsigned char>() + row * committed_, pitch, 0xFF,
+                                      row * (slots_ - committed_), height, stream_));
+    SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
   size_t weight_bytes_per_step() const override {
     size_t b = 0;
     for (const Layer& L : layers_) b += L.qkv.bytes() + L.qkv_bias.bytes() + L.o.bytes() + L.gu.bytes() + L.down.bytes();

@@ -7,7 +7,7 @@ namespace swiftspec::cuda {
 void GraphCache::ensure(int key, cudaStream_t stream,
                         const std::function<void(cudaStream_t)>& record) {
   if (graphs_.count(key)) return;
-  SS_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  SS_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
   try {
     record(stream);
   } catch (...) {

@@ -1,0 +1,504 @@
+// swiftspec-cuda-check: correctness checks of the CUDA backend on the GPU.
+//
+//  1. Skinny GEMM (all token buckets, several N x K incl. cluster split-K and
+//     persistent row-block loops) against a double-precision CPU product, on
+//     fresh random bf16 inputs (no zeros), outputs poisoned (NaN) before each
+//     run; rows past M must stay untouched; row 0 must be bit-identical for
+//     every M (batch invariance).
+//  2. Whole tiny models (Llama-style with llama3 RoPE scaling and a vocab that
+//     is not a multiple of 16; Qwen2-style with q/k/v bias, tied embeddings and
+//     interleaved RoPE; a 7:1 GQA group) against an fp32 CPU reference:
+//     prefill > 64 tokens (logits of every row), decode, tree verification of
+//     12 / 20 / 64 nodes; and the exactness contract of model.h: tree logits
+//     and K/V bit-identical to decoding the same path alone, batch-of-64 rows
+//     bit-identical to batch-of-1, commit_tree_slots copying K/V exactly.
+// Relative error = ||out - ref||_F / ||ref||_F, limit 1e-2 (bf16).
+// Usage: swiftspec-cuda-check [--json PATH]. Exit status 1 if any check fails.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common.h"
+#include "device_memory.h"
+#include "kernels/epilogues.h"
+#include "kernels/gemm_skinny.h"
+#include "kernels/kernels.h"
+#include "reference_model.h"
+#include "swiftspec_cuda/cuda_model.h"
+#include "tma_map.h"
+
+using namespace swiftspec;
+using namespace swiftspec::cuda;
+
+namespace {
+
+struct Result {
+  std::string name;
+  double err;
+  double limit;
+  bool pass;
+  std::string detail;
+};
+std::vector<Result> g_results;
+
+void record(const std::string& name, double err, double limit, bool pass, const std::string& detail = "") {
+  g_results.push_back({name, err, limit, pass, detail});
+  std::printf("CHECK %-58s err=%.3e limit=%.1e %s %s\n", name.c_str(), err, limit, pass ? "PASS" : "FAIL",
+              detail.c_str());
+  std::fflush(stdout);
+}
+
+uint16_t f2bf(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t r = 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>((u + r) >> 16);
+}
+float bf2f(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+struct Rng {
+  std::mt19937_64 g;
+  explicit Rng(uint64_t seed) : g(seed) {}
+  /// Uniform in +-[0.05, 1] * scale: never zero.
+  float sym(float scale) {
+    std::uniform_real_distribution<float> u(0.05f, 1.0f);
+    const float m = u(g) * scale;
+    return (g() & 1) ? m : -m;
+  }
+  int below(int n) { return static_cast<int>(g() % static_cast<uint64_t>(n)); }
+  double unit() { return std::uniform_real_distribution<double>(0, 1)(g); }
+};
+
+template <class F>
+void parallel_for(int n, F f) {
+  const int nt = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> th;
+  for (int t = 0; t < nt; ++t)
+    th.emplace_back([&, t] {
+      for (int i = t; i < n; i += nt) f(i);
+    });
+  for (auto& x : th) x.join();
+}
+
+double rel_err(const std::vector<float>& out, const std::vector<float>& ref, size_t* nonfinite) {
+  double num = 0, den = 0;
+  size_t bad = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!std::isfinite(out[i])) {
+      ++bad;
+      continue;
+    }
+    const double d = static_cast<double>(out[i]) - ref[i];
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  if (nonfinite) *nonfinite = bad;
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+int bucket_nt(int m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
+
+// ---------------------------------------------------------------------------
+// 1. GEMM
+// ---------------------------------------------------------------------------
+void check_gemm(int N, int K, const std::vector<int>& Ms, Rng& rng, int num_sms, cudaStream_t st) {
+  constexpr int R = kMaxStepTokens;
+  std::vector<uint16_t> w(static_cast<size_t>(N) * K), x(static_cast<size_t>(R) * K);
+  const float ws = 1.0f / std::sqrt(static_cast<float>(K));
+  for (auto& v : w) v = f2bf(rng.sym(ws));
+  for (auto& v : x) v = f2bf(rng.sym(1.0f));
+  std::vector<float> ref(static_cast<size_t>(R) * N);
+  const int maxM = *std::max_element(Ms.begin(), Ms.end());
+  parallel_for(N, [&](int n) {
+    for (int m = 0; m < maxM; ++m) {
+      double s = 0;
+      for (int k = 0; k < K; ++k) s += static_cast<double>(bf2f(w[static_cast<size_t>(n) * K + k])) * bf2f(x[static_cast<size_t>(m) * K + k]);
+      ref[static_cast<size_t>(m) * N + n] = static_cast<float>(s);
+    }
+  });
+  DeviceBuffer dw(w.size() * 2), dx(x.size() * 2), dout(sizeof(float) * R * N);
+  SS_CUDA_CHECK(cudaMemcpy(dw.get(), w.data(), dw.bytes(), cudaMemcpyHostToDevice));
+  SS_CUDA_CHECK(cudaMemcpy(dx.get(), x.data(), dx.bytes(), cudaMemcpyHostToDevice));
+  std::vector<float> row0_m1;
+  std::vector<float> out(static_cast<size_t>(R) * N);
+  for (int M : Ms) {
+    const int nt = bucket_nt(M);
+    const GemmConfig c = plan_gemm<EpiPlain>(N, K, nt, num_sms);
+    const CUtensorMap wm = make_tma_map_bf16(dw.get(), N, K, K, c.BR);
+    const CUtensorMap xm = make_tma_map_bf16(dx.get(), R, K, K, 8 * nt);
+    GemmArgs a;
+    a.N = N;
+    a.K = K;
+    a.m_active_max = M;
+    EpiPlain::Params e;
+    e.out = dout.as<float>();
+    e.ldo = N;
+    SS_CUDA_CHECK(cudaMemsetAsync(dout.get(), 0xFF, dout.bytes(), st));
+    launch_gemm<EpiPlain>(c, wm, xm, a, e, false, st);
+    SS_CUDA_CHECK(cudaStreamSynchronize(st));
+    SS_CUDA_CHECK(cudaMemcpy(out.data(), dout.get(), dout.bytes(), cudaMemcpyDeviceToHost));
+    std::vector<float> o(out.begin(), out.begin() + static_cast<size_t>(M) * N);
+    std::vector<float> r(ref.begin(), ref.begin() + static_cast<size_t>(M) * N);
+    size_t bad = 0;
+    const double err = rel_err(o, r, &bad);
+    size_t touched = 0;  // rows >= M must keep the poison pattern
+    for (size_t i = static_cast<size_t>(M) * N; i < out.size(); ++i) {
+      uint32_t u;
+      std::memcpy(&u, &out[i], 4);
+      if (u != 0xFFFFFFFFu) ++touched;
+    }
+    char name[128], det[160];
+    std::snprintf(name, sizeof name, "gemm N=%d K=%d M=%d", N, K, M);
+    std::snprintf(det, sizeof det, "(S=%d BR=%d grid=%dx%d nonfinite=%zu rows>=M written=%zu)", c.S, c.BR, c.grid_x,
+                  c.S, bad, touched);
+    record(name, err, 1e-2, err < 1e-2 && bad == 0 && touched == 0, det);
+    std::vector<float> row0(out.begin(), out.begin() + N);
+    if (row0_m1.empty()) {
+      row0_m1 = row0;
+    } else {
+      const bool same = std::memcmp(row0.data(), row0_m1.data(), sizeof(float) * N) == 0;
+      std::snprintf(name, sizeof name, "gemm N=%d K=%d M=%d row0 bitwise == M=%d", N, K, M, Ms[0]);
+      record(name, same ? 0.0 : 1.0, 0.0, same);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// 2. Tiny models
+// ---------------------------------------------------------------------------
+struct TinyWeights {
+  std::map<std::string, std::vector<uint16_t>> bf;
+  std::map<std::string, std::vector<int64_t>> shape;
+  std::map<std::string, std::vector<float>> f;
+  void add(const std::string& name, std::vector<int64_t> shp, Rng& rng, float scale, float offset = 0.f) {
+    size_t n = 1;
+    for (auto d : shp) n *= static_cast<size_t>(d);
+    std::vector<uint16_t> b(n);
+    std::vector<float> fl(n);
+    for (size_t i = 0; i < n; ++i) {
+      b[i] = f2bf(offset + rng.sym(scale));
+      fl[i] = bf2f(b[i]);
+    }
+    bf[name] = std::move(b);
+    f[name] = std::move(fl);
+    shape[name] = std::move(shp);
+  }
+};
+
+TinyWeights make_weights(const ModelConfig& c, Rng& rng) {
+  TinyWeights w;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
+  const int64_t nq = c.num_heads * hd, nkv = c.num_kv_heads * hd;
+  w.add("model.embed_tokens.weight", {c.vocab_size, H}, rng, 1.0f);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    w.add(p + "input_layernorm.weight", {H}, rng, 0.5f, 1.0f);
+    w.add(p + "post_attention_layernorm.weight", {H}, rng, 0.5f, 1.0f);
+    const float hs = 1.0f / std::sqrt(static_cast<float>(H));
+    w.add(p + "self_attn.q_proj.weight", {nq, H}, rng, 2.0f * hs);
+    w.add(p + "self_attn.k_proj.weight", {nkv, H}, rng, 2.0f * hs);
+    w.add(p + "self_attn.v_proj.weight", {nkv, H}, rng, hs);
+    if (c.attention_bias) {
+      w.add(p + "self_attn.q_proj.bias", {nq}, rng, 0.3f);
+      w.add(p + "self_attn.k_proj.bias", {nkv}, rng, 0.3f);
+      w.add(p + "self_attn.v_proj.bias", {nkv}, rng, 0.3f);
+    }
+    w.add(p + "self_attn.o_proj.weight", {H, nq}, rng, 1.0f / std::sqrt(static_cast<float>(nq)));
+    w.add(p + "mlp.gate_proj.weight", {I, H}, rng, hs);
+    w.add(p + "mlp.up_proj.weight", {I, H}, rng, hs);
+    w.add(p + "mlp.down_proj.weight", {H, I}, rng, 1.0f / std::sqrt(static_cast<float>(I)));
+  }
+  w.add("model.norm.weight", {H}, rng, 0.5f, 1.0f);
+  if (!c.tie_word_embeddings) w.add("lm_head.weight", {c.vocab_size, H}, rng, 1.0f / std::sqrt(static_cast<float>(H)));
+  return w;
+}
+
+struct Tree {
+  std::vector<int> parent, depth, token, slot;
+  ForwardBatch batch;
+};
+
+Tree make_tree(int n, int committed, int vocab, int max_tree, Rng& rng) {
+  Tree t;
+  std::vector<int> perm(max_tree);
+  for (int i = 0; i < max_tree; ++i) perm[i] = i;
+  std::shuffle(perm.begin(), perm.end(), rng.g);
+  for (int i = 0; i < n; ++i) {
+    const int p = (i == 0 || rng.unit() < 0.25) ? -1 : rng.below(i);
+    t.parent.push_back(p);
+    t.depth.push_back(p < 0 ? 0 : t.depth[p] + 1);
+    t.token.push_back(rng.below(vocab));
+    t.slot.push_back(perm[i]);
+  }
+  ForwardBatch& b = t.batch;
+  b.attend_offsets.push_back(0);
+  for (int i = 0; i < n; ++i) {
+    b.tokens.push_back(t.token[i]);
+    b.positions.push_back(committed + t.depth[i]);
+    b.tree_slots.push_back(t.slot[i]);
+    std::vector<int> chain;
+    for (int j = i; j >= 0; j = t.parent[j]) chain.push_back(t.slot[j]);
+    std::reverse(chain.begin(), chain.end());
+    b.attend_slots.insert(b.attend_slots.end(), chain.begin(), chain.end());
+    b.attend_offsets.push_back(static_cast<int>(b.attend_slots.size()));
+  }
+  b.logits = LogitsMode::All;
+  return t;
+}
+
+ForwardBatch append_batch(const std::vector<int>& toks, int start, LogitsMode mode) {
+  ForwardBatch b;
+  b.tokens = toks;
+  for (size_t i = 0; i < toks.size(); ++i) b.positions.push_back(start + static_cast<int>(i));
+  b.logits = mode;
+  return b;
+}
+
+int argmax_of(const float* v, int n) {
+  int best = 0;
+  for (int i = 1; i < n; ++i)
+    if (v[i] > v[best]) best = i;
+  return best;
+}
+
+void check_model(const std::string& tag, const ModelConfig& cfg, uint64_t seed) {
+  Rng rng(seed);
+  TinyWeights tw = make_weights(cfg, rng);
+  WeightLookup lookup = [&tw](const std::string& name, const std::vector<int64_t>& shp) {
+    auto it = tw.bf.find(name);
+    if (it == tw.bf.end()) throw CheckpointError("test checkpoint: missing " + name);
+    if (!shp.empty() && shp != tw.shape[name]) throw CheckpointError("test checkpoint: shape of " + name);
+    HostWeight h;
+    h.dtype = DType::BF16;
+    h.shape = tw.shape[name];
+    h.data = it->second.data();
+    return h;
+  };
+  WeightExists exists = [&tw](const std::string& name) { return tw.bf.count(name) > 0; };
+  ModelOptions opt;
+  opt.max_context = 320;
+  opt.max_tree = 128;
+  CudaModelOptions copt;
+  auto m = make_cuda_model_from_host(cfg, lookup, exists, opt, copt);
+  cuda_check::RefModel ref(cfg, tw.f);
+  cuda_check::RefState st = ref.empty_state();
+  const int V = cfg.vocab_size;
+  char name[160], det[200];
+
+  // (a) prefill of 70 tokens (steps of 64 + 6), logits of every row
+  std::vector<int> prompt(70);
+  for (auto& t : prompt) t = rng.below(V);
+  std::vector<float> lg;
+  m->debug_poison_buffers();
+  m->forward(append_batch(prompt, 0, LogitsMode::All), lg);
+  std::vector<float> rl;
+  for (int i = 0; i < 70; ++i) {
+    const std::vector<float> r = ref.step(st, prompt[i], i);
+    rl.insert(rl.end(), r.begin(), r.end());
+  }
+  size_t bad = 0;
+  double err = rel_err(lg, rl, &bad);
+  std::snprintf(name, sizeof name, "model[%s] prefill 70 tokens, all logits", tag.c_str());
+  std::snprintf(det, sizeof det, "(nonfinite=%zu, size %zu)", bad, lg.size());
+  record(name, err, 1e-2, err < 1e-2 && bad == 0 && lg.size() == static_cast<size_t>(70) * V, det);
+
+  // (e) batch invariance: rows 60..69 of the batched prefill == decoding them one by one
+  {
+    m->truncate_committed(60);
+    int mism = 0;
+    for (int i = 60; i < 70; ++i) {
+      std::vector<float> one;
+      m->forward(append_batch({prompt[i]}, i, LogitsMode::Last), one);
+      if (std::memcmp(one.data(), lg.data() + static_cast<size_t>(i) * V, sizeof(float) * V) != 0) ++mism;
+    }
+    std::snprintf(name, sizeof name, "model[%s] batch-64 rows bitwise == batch-1 decode", tag.c_str());
+    std::snprintf(det, sizeof det, "(%d of 10 rows differ)", mism);
+    record(name, mism, 0, mism == 0, det);
+  }
+
+  // (b) decode one token; (f) argmax on the GPU
+  int C = 70;
+  {
+    const int tok = rng.below(V);
+    std::vector<float> one;
+    m->debug_poison_buffers();
+    m->forward(append_batch({tok}, C, LogitsMode::Last), one);
+    const std::vector<float> r = ref.step(st, tok, C);
+    err = rel_err(one, r, &bad);
+    std::snprintf(name, sizeof name, "model[%s] decode at position %d", tag.c_str(), C);
+    record(name, err, 1e-2, err < 1e-2 && bad == 0);
+    m->truncate_committed(C);
+    std::vector<int32_t> am;
+    m->forward_argmax(append_batch({tok}, C, LogitsMode::Last), am);
+    const int want = argmax_of(one.data(), V);
+    std::snprintf(name, sizeof name, "model[%s] GPU argmax == argmax(logits)", tag.c_str());
+    std::snprintf(det, sizeof det, "(gpu %d, host %d)", am.empty() ? -1 : am[0], want);
+    record(name, am.size() == 1 && am[0] == want ? 0 : 1, 0, am.size() == 1 && am[0] == want, det);
+    ++C;
+  }
+
+  // (c) tree verification, exactness, commit
+  for (int nodes : {12, 20, 64}) {
+    Tree t = make_tree(nodes, C, V, opt.max_tree, rng);
+    std::vector<float> tl;
+    m->debug_poison_buffers();
+    m->forward(t.batch, tl);
+    std::vector<float> tr;
+    for (int i = 0; i < nodes; ++i) {
+      std::vector<int> chain;
+      for (int j = i; j >= 0; j = t.parent[j]) chain.push_back(j);
+      std::reverse(chain.begin(), chain.end());
+      cuda_check::RefState s2 = st;
+      std::vector<float> r;
+      for (int j : chain) r = ref.step(s2, t.token[j], C + t.depth[j]);
+      tr.insert(tr.end(), r.begin(), r.end());
+    }
+    err = rel_err(tl, tr, &bad);
+    std::snprintf(name, sizeof name, "model[%s] tree of %d nodes, all logits", tag.c_str(), nodes);
+    std::snprintf(det, sizeof det, "(nonfinite=%zu)", bad);
+    record(name, err, 1e-2, err < 1e-2 && bad == 0 && tl.size() == static_cast<size_t>(nodes) * V, det);
+
+    // deepest path
+    int deep = 0;
+    for (int i = 0; i < nodes; ++i)
+      if (t.depth[i] > t.depth[deep]) deep = i;
+    std::vector<int> path;
+    for (int j = deep; j >= 0; j = t.parent[j]) path.push_back(j);
+    std::reverse(path.begin(), path.end());
+    std::vector<int32_t> pslots;
+    for (int j : path) pslots.push_back(t.slot[j]);
+    const int L = cfg.num_layers - 1;
+    std::vector<float> tk, tv;
+    m->read_tree_kv(L, pslots, tk, tv);
+    int mism = 0;
+    for (size_t a = 0; a < path.size(); ++a) {
+      std::vector<float> one;
+      m->forward(append_batch({t.token[path[a]]}, C + static_cast<int>(a), LogitsMode::Last), one);
+      if (std::memcmp(one.data(), tl.data() + static_cast<size_t>(path[a]) * V, sizeof(float) * V) != 0) ++mism;
+    }
+    std::snprintf(name, sizeof name, "model[%s] tree-%d path logits bitwise == decode alone", tag.c_str(), nodes);
+    std::snprintf(det, sizeof det, "(%d of %zu path nodes differ)", mism, path.size());
+    record(name, mism, 0, mism == 0, det);
+    std::vector<float> ck, cv;
+    m->read_committed_kv(L, ck, cv);
+    const size_t row = static_cast<size_t>(cfg.num_kv_heads) * cfg.head_dim;
+    const bool kv_same = std::memcmp(ck.data() + C * row, tk.data(), sizeof(float) * tk.size()) == 0 &&
+                         std::memcmp(cv.data() + C * row, tv.data(), sizeof(float) * tv.size()) == 0;
+    std::snprintf(name, sizeof name, "model[%s] tree-%d path K/V bitwise == decode alone", tag.c_str(), nodes);
+    record(name, kv_same ? 0 : 1, 0, kv_same);
+    m->truncate_committed(C);
+    m->commit_tree_slots(pslots);
+    m->read_committed_kv(L, ck, cv);
+    const bool commit_same = m->committed_len() == C + static_cast<int>(path.size()) &&
+                             std::memcmp(ck.data() + C * row, tk.data(), sizeof(float) * tk.size()) == 0 &&
+                             std::memcmp(cv.data() + C * row, tv.data(), sizeof(float) * tv.size()) == 0;
+    std::snprintf(name, sizeof name, "model[%s] commit_tree_slots copies K/V exactly", tag.c_str());
+    record(name, commit_same ? 0 : 1, 0, commit_same);
+    for (int j : path) ref.step(st, t.token[j], C + t.depth[j]);
+    C += static_cast<int>(path.size());
+
+    // (d) decode after the commit
+    const int tok = rng.below(V);
+    std::vector<float> one;
+    m->debug_poison_buffers();
+    m->forward(append_batch({tok}, C, LogitsMode::Last), one);
+    const std::vector<float> r = ref.step(st, tok, C);
+    err = rel_err(one, r, &bad);
+    std::snprintf(name, sizeof name, "model[%s] decode after committing a %zu-node path", tag.c_str(), path.size());
+    record(name, err, 1e-2, err < 1e-2 && bad == 0);
+    ++C;
+  }
+
+  // bad input is rejected
+  bool threw = false;
+  try {
+    std::vector<float> one;
+    m->forward(append_batch({V}, C, LogitsMode::Last), one);
+  } catch (const InvalidArgument&) {
+    threw = true;
+  }
+  std::snprintf(name, sizeof name, "model[%s] token id >= vocab -> InvalidArgument", tag.c_str());
+  record(name, threw ? 0 : 1, 0, threw);
+}
+
+ModelConfig tiny_config(const std::string& arch, int H, int I, int heads, int kv, int hd, int V, bool bias,
+                        bool tie, RopeStyle rs, bool llama3) {
+  ModelConfig c;
+  c.architecture = arch;
+  c.vocab_size = V;
+  c.hidden_size = H;
+  c.intermediate_size = I;
+  c.num_layers = 2;
+  c.num_heads = heads;
+  c.num_kv_heads = kv;
+  c.head_dim = hd;
+  c.rms_norm_eps = 1e-5f;
+  c.rope_theta = llama3 ? 500000.0 : 1000000.0;
+  c.rope_style = rs;
+  c.rope_scaling.enabled = llama3;
+  c.rope_scaling.factor = 8.0;
+  c.rope_scaling.low_freq_factor = 1.0;
+  c.rope_scaling.high_freq_factor = 4.0;
+  c.rope_scaling.original_max_position_embeddings = 64;
+  c.tie_word_embeddings = tie;
+  c.attention_bias = bias;
+  return c;
+}
+
+void write_json(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) return;
+  std::fprintf(f, "{\n  \"checks\": [\n");
+  for (size_t i = 0; i < g_results.size(); ++i) {
+    const Result& r = g_results[i];
+    std::fprintf(f, "    {\"name\": \"%s\", \"err\": %.6e, \"limit\": %.1e, \"pass\": %s, \"detail\": \"%s\"}%s\n",
+                 r.name.c_str(), r.err, r.limit, r.pass ? "true" : "false", r.detail.c_str(),
+                 i + 1 < g_results.size() ? "," : "");
+  }
+  std::fprintf(f, "  ]\n}\n");
+  std::fclose(f);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json;
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--json" && i + 1 < argc) json = argv[++i];
+  try {
+    cudaDeviceProp prop;
+    SS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("device: %s, %d SMs, cc %d.%d\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor);
+    cudaStream_t st;
+    SS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    Rng rng(20261129);
+    check_gemm(2048, 1536, {1, 5, 8, 9, 16, 17, 32, 33, 64}, rng, prop.multiProcessorCount, st);
+    check_gemm(4096, 4096, {1, 64}, rng, prop.multiProcessorCount, st);
+    check_gemm(1152, 896, {1, 13, 64}, rng, prop.multiProcessorCount, st);
+    check_gemm(896, 4864, {1, 40}, rng, prop.multiProcessorCount, st);
+    check_gemm(32000, 1024, {1, 8}, rng, prop.multiProcessorCount, st);
+    check_model("llama-like", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 1);
+    check_model("qwen2-like", tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false), 2);
+    check_model("gqa7", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 3);
+    cudaStreamDestroy(st);
+  } catch (const std::exception& e) {
+    std::printf("CHECK %-58s err=nan limit=0 FAIL exception: %s\n", "(aborted)", e.what());
+    g_results.push_back({"(aborted)", NAN, 0, false, e.what()});
+  }
+  int fails = 0;
+  for (const auto& r : g_results) fails += r.pass ? 0 : 1;
+  std::printf("checks: %zu, failed: %d\n", g_results.size(), fails);
+  if (!json.empty()) write_json(json);
+  return fails ? 1 : 0;
+}

@@ -84,6 +84,11 @@ class CudaModel : public Model {
   /// median device time of one step in milliseconds (CUDA events).
   virtual double debug_replay_ms(int step_id, int iters) = 0;
 
+  /// Test hook: fills the activation, logits and scratch buffers, and the KV
+  /// cache past committed_len(), with NaN bytes (0xFF), so that any read of
+  /// memory a step did not write shows up as a non-finite output.
+  virtual void debug_poison_buffers() = 0;
+
   /// Bytes of weights one decode step reads (all layers, final norm, LM head;
   /// the embedding counts one row).
   virtual size_t weight_bytes_per_step() const = 0;
