@@ -29,7 +29,7 @@ export PYTHONUNBUFFERED=1
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: $(git rev-parse HEAD 2>/dev/null || cat cuda/.commit 2>/dev/null || echo unknown)"
+  echo "commit: ${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv 2>&1
   nvcc --version | tail -2; cmake --version | head -1
   python3 -c 'import torch; print("torch", torch.__version__)' 2>&1
