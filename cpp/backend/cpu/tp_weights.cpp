@@ -1,0 +1,265 @@
+// Tensor-parallel rank weights: load-time sharding of a TP-1 checkpoint, and
+// pre-sharded folders.
+#include "backend/cpu/tp_weights.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "swiftspec/error.h"
+
+namespace swiftspec::cpu {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string str(long long v) { return std::to_string(v); }
+
+void check_dtype(DType dt, const std::string& where) {
+  if (dt != DType::F32 && dt != DType::BF16)
+    throw CheckpointError(where + ": the CPU backend reads float32 or bfloat16 weights, not " + dtype_name(dt));
+}
+
+std::vector<float> to_vec(const TensorView& t) {
+  std::vector<float> out(t.numel());
+  to_float(t.data, t.dtype, t.numel(), out.data());
+  return out;
+}
+
+// Builds padded shards by copying row blocks / column blocks of a matrix.
+class ShardBuilder {
+ public:
+  ShardBuilder(TpRankShard& s, DType dt) : s_(s), dt_(dt), es_(dtype_size(dt)) {}
+
+  // Rows: for each entry of `blocks` ({first source row, row count} or
+  // {-1, count} for zeros), in order. Source is [*, k].
+  WeightMatrix rows(const TensorView& src, const std::vector<std::pair<int, int>>& blocks, int k) {
+    int n = 0;
+    for (auto [b, cnt] : blocks) n += cnt;
+    uint8_t* dst = alloc(size_t(n) * k);
+    const auto* base = static_cast<const uint8_t*>(src.data);
+    size_t row = 0;
+    for (auto [b, cnt] : blocks) {
+      if (b >= 0) std::memcpy(dst + row * k * es_, base + size_t(b) * k * es_, size_t(cnt) * k * es_);
+      row += cnt;
+    }
+    return WeightMatrix{dst, dt_, n, k};
+  }
+
+  // Columns: every one of the `n` source rows [n, src_k] keeps the column
+  // blocks listed (or zeros), giving [n, sum of counts].
+  WeightMatrix cols(const TensorView& src, int n, int src_k, const std::vector<std::pair<int, int>>& blocks) {
+    int k = 0;
+    for (auto [b, cnt] : blocks) k += cnt;
+    uint8_t* dst = alloc(size_t(n) * k);
+    const auto* base = static_cast<const uint8_t*>(src.data);
+    for (int i = 0; i < n; ++i) {
+      size_t col = 0;
+      for (auto [b, cnt] : blocks) {
+        if (b >= 0)
+          std::memcpy(dst + (size_t(i) * k + col) * es_, base + (size_t(i) * src_k + b) * es_, size_t(cnt) * es_);
+        col += cnt;
+      }
+    }
+    return WeightMatrix{dst, dt_, n, k};
+  }
+
+ private:
+  uint8_t* alloc(size_t elems) {
+    s_.owned.emplace_back(elems * es_, uint8_t{0});
+    return s_.owned.back().data();
+  }
+  TpRankShard& s_;
+  DType dt_;
+  size_t es_;
+};
+
+// {first row, count} blocks of `heads` (model head index or -1) of `dim` rows each.
+std::vector<std::pair<int, int>> head_blocks(const std::vector<int>& heads, int dim) {
+  std::vector<std::pair<int, int>> b;
+  for (int h : heads) b.emplace_back(h >= 0 ? h * dim : -1, dim);
+  return b;
+}
+
+std::vector<float> head_bias(const TensorView& t, const std::vector<int>& heads, int dim) {
+  const std::vector<float> full = to_vec(t);
+  std::vector<float> out(heads.size() * dim, 0.0f);
+  for (size_t j = 0; j < heads.size(); ++j)
+    if (heads[j] >= 0) std::copy_n(full.data() + size_t(heads[j]) * dim, dim, out.data() + j * dim);
+  return out;
+}
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw CheckpointError(path + ": missing");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return json::parse(ss.str());
+  } catch (const json::parse_error& e) {
+    throw CheckpointError(path + ": malformed JSON: " + e.what());
+  }
+}
+
+std::string rank_file(int r, int n) { return "model-tp" + str(r) + "-of-" + str(n) + ".safetensors"; }
+constexpr const char* kSharedFile = "model-tp-shared.safetensors";
+
+}  // namespace
+
+TpRankShard shard_checkpoint(std::shared_ptr<const Checkpoint> ckpt, const TpPlan& plan, int r) {
+  const ModelConfig& c = ckpt->config();
+  plan.validate(c, ckpt->dir());
+  if (r < 0 || r >= plan.tp) throw InvalidArgument("shard_checkpoint: rank " + str(r) + " outside [0, " + str(plan.tp) + ")");
+  check_dtype(ckpt->dtype(), ckpt->dir());
+  const DType dt = ckpt->dtype();
+  const int H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size, V = c.vocab_size;
+  const int qd = c.num_heads * hd, kvd = c.num_kv_heads * hd;
+  TpRankShard s;
+  s.rank = r;
+  s.keep_alive.push_back(ckpt);
+  ShardBuilder b(s, dt);
+
+  const TensorView& embed = ckpt->tensor("model.embed_tokens.weight", {V, H});
+  s.embed = WeightMatrix{embed.data, dt, V, H};
+  const TensorView& lm = c.tie_word_embeddings ? embed : ckpt->tensor("lm_head.weight", {V, H});
+  const int v0 = plan.vocab_bounds[r], v1 = plan.vocab_bounds[r + 1];
+  s.lm_head = WeightMatrix{static_cast<const uint8_t*>(lm.data) + size_t(v0) * H * dtype_size(dt), dt, v1 - v0, H};
+  s.final_norm = to_vec(ckpt->tensor("model.norm.weight", {H}));
+
+  const int f0 = plan.ffn_bounds[r], f1 = plan.ffn_bounds[r + 1];
+  const std::vector<std::pair<int, int>> ffn_rows = {{f0, f1 - f0}, {-1, plan.ffn_per_rank - (f1 - f0)}};
+  const auto q_blocks = head_blocks(plan.q_heads[r], hd), kv_blocks = head_blocks(plan.kv_heads[r], hd);
+  s.layers.resize(c.num_layers);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + str(l) + ".";
+    TpLayerShard& L = s.layers[l];
+    L.q = b.rows(ckpt->tensor(p + "self_attn.q_proj.weight", {qd, H}), q_blocks, H);
+    L.k = b.rows(ckpt->tensor(p + "self_attn.k_proj.weight", {kvd, H}), kv_blocks, H);
+    L.v = b.rows(ckpt->tensor(p + "self_attn.v_proj.weight", {kvd, H}), kv_blocks, H);
+    L.o = b.cols(ckpt->tensor(p + "self_attn.o_proj.weight", {H, qd}), H, qd, q_blocks);
+    if (c.attention_bias) {
+      L.q_bias = head_bias(ckpt->tensor(p + "self_attn.q_proj.bias", {qd}), plan.q_heads[r], hd);
+      L.k_bias = head_bias(ckpt->tensor(p + "self_attn.k_proj.bias", {kvd}), plan.kv_heads[r], hd);
+      L.v_bias = head_bias(ckpt->tensor(p + "self_attn.v_proj.bias", {kvd}), plan.kv_heads[r], hd);
+    }
+    L.gate = b.rows(ckpt->tensor(p + "mlp.gate_proj.weight", {I, H}), ffn_rows, H);
+    L.up = b.rows(ckpt->tensor(p + "mlp.up_proj.weight", {I, H}), ffn_rows, H);
+    L.down = b.cols(ckpt->tensor(p + "mlp.down_proj.weight", {H, I}), H, I, ffn_rows);
+    L.input_norm = to_vec(ckpt->tensor(p + "input_layernorm.weight", {H}));
+    L.post_attention_norm = to_vec(ckpt->tensor(p + "post_attention_layernorm.weight", {H}));
+  }
+  return s;
+}
+
+bool ShardedCheckpoint::is_sharded(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "manifest.json").string();
+  if (!fs::is_regular_file(path)) return false;
+  try {
+    const json m = read_json(path);
+    return m.is_object() && m.contains("tp_degree") && m["tp_degree"].is_number_integer() &&
+           m["tp_degree"].get<int>() > 1;
+  } catch (const CheckpointError&) {
+    return false;
+  }
+}
+
+std::shared_ptr<ShardedCheckpoint> ShardedCheckpoint::open(const std::string& dir) {
+  const std::string mpath = (fs::path(dir) / "manifest.json").string();
+  const json m = read_json(mpath);
+  auto fail = [&](const std::string& what) { throw CheckpointError(mpath + ": " + what); };
+  if (!m.is_object() || m.value("format", "") != "swiftspec-checkpoint")
+    fail("field 'format' must be \"swiftspec-checkpoint\"");
+  if (!m.contains("format_version") || !m["format_version"].is_number_integer() || m["format_version"].get<int>() != 2)
+    fail("a tensor-parallel folder has format_version 2");
+  if (!m.contains("tp_degree") || !m["tp_degree"].is_number_integer() || m["tp_degree"].get<int>() < 2)
+    fail("field 'tp_degree' must be an integer >= 2 in a tensor-parallel folder");
+  auto ckpt = std::shared_ptr<ShardedCheckpoint>(new ShardedCheckpoint());
+  ckpt->dir_ = dir;
+  const int n = m["tp_degree"].get<int>();
+  const std::string dtype = m.value("dtype", "");
+  if (dtype == "float32") ckpt->dtype_ = DType::F32;
+  else if (dtype == "bfloat16") ckpt->dtype_ = DType::BF16;
+  else fail("field 'dtype' must be \"float32\" or \"bfloat16\", got \"" + dtype + "\"");
+  if (!m.contains("tensor_parallel") || !m["tensor_parallel"].is_object()) fail("missing object 'tensor_parallel'");
+  ckpt->config_ = ModelConfig::from_json_file((fs::path(dir) / "config.json").string());
+  ckpt->plan_ = TpPlan::from_json(m["tensor_parallel"].dump(), mpath);
+  ckpt->plan_.validate(ckpt->config_, mpath);
+  if (ckpt->plan_.tp != n) fail("tensor_parallel.tp_degree " + str(ckpt->plan_.tp) + " != tp_degree " + str(n));
+  std::vector<std::string> expected{kSharedFile};
+  for (int r = 0; r < n; ++r) expected.push_back(rank_file(r, n));
+  std::vector<std::string> files;
+  if (m.contains("files") && m["files"].is_array())
+    for (const auto& f : m["files"])
+      if (f.is_string()) files.push_back(f.get<std::string>());
+  if (files != expected)
+    fail(std::string("field 'files' must list ") + kSharedFile + " then model-tp{r}-of-" + str(n) +
+         ".safetensors for r = 0.." + str(n - 1));
+  ckpt->shared_ = std::make_unique<SafetensorsFile>((fs::path(dir) / kSharedFile).string());
+  for (int r = 0; r < n; ++r) ckpt->ranks_.push_back(std::make_unique<SafetensorsFile>((fs::path(dir) / rank_file(r, n)).string()));
+  return ckpt;
+}
+
+const TensorView& ShardedCheckpoint::tensor(const SafetensorsFile& f, const std::string& name,
+                                            const std::vector<int64_t>& shape) const {
+  auto it = f.tensors().find(name);
+  if (it == f.tensors().end()) throw CheckpointError(f.path() + ": missing tensor '" + name + "'");
+  const TensorView& t = it->second;
+  auto shape_str = [](const std::vector<int64_t>& s) {
+    std::string o = "[";
+    for (size_t i = 0; i < s.size(); ++i) o += (i ? ", " : "") + str(s[i]);
+    return o + "]";
+  };
+  if (t.shape != shape)
+    throw CheckpointError(f.path() + ": tensor '" + name + "' has shape " + shape_str(t.shape) + ", expected " +
+                          shape_str(shape) + " from the tensor-parallel plan");
+  if (t.dtype != dtype_)
+    throw CheckpointError(f.path() + ": tensor '" + name + "' has dtype " + dtype_name(t.dtype) +
+                          " but the manifest says " + dtype_name(dtype_));
+  return t;
+}
+
+TpRankShard ShardedCheckpoint::load_rank(std::shared_ptr<const ShardedCheckpoint> ckpt, int r) {
+  const ModelConfig& c = ckpt->config_;
+  const TpPlan& p = ckpt->plan_;
+  if (r < 0 || r >= p.tp) throw InvalidArgument("load_rank: rank " + str(r) + " outside [0, " + str(p.tp) + ")");
+  const DType dt = ckpt->dtype_;
+  const int64_t H = c.hidden_size, hd = c.head_dim, V = c.vocab_size;
+  const int64_t ql = int64_t(p.q_heads_per_rank) * hd, kvl = int64_t(p.kv_heads_per_rank) * hd, Fl = p.ffn_per_rank;
+  const SafetensorsFile& sh = *ckpt->shared_;
+  const SafetensorsFile& rf = *ckpt->ranks_[r];
+  auto mat = [&](const SafetensorsFile& f, const std::string& name, int64_t n, int64_t k) {
+    return WeightMatrix{ckpt->tensor(f, name, {n, k}).data, dt, static_cast<int>(n), static_cast<int>(k)};
+  };
+  auto vec = [&](const SafetensorsFile& f, const std::string& name, int64_t n) { return to_vec(ckpt->tensor(f, name, {n})); };
+  TpRankShard s;
+  s.rank = r;
+  s.keep_alive.push_back(ckpt);
+  s.embed = mat(sh, "model.embed_tokens.weight", V, H);
+  s.lm_head = mat(rf, "lm_head.weight", p.vocab_bounds[r + 1] - p.vocab_bounds[r], H);
+  s.final_norm = vec(sh, "model.norm.weight", H);
+  s.layers.resize(c.num_layers);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string pre = "model.layers." + str(l) + ".";
+    TpLayerShard& L = s.layers[l];
+    L.q = mat(rf, pre + "self_attn.q_proj.weight", ql, H);
+    L.k = mat(rf, pre + "self_attn.k_proj.weight", kvl, H);
+    L.v = mat(rf, pre + "self_attn.v_proj.weight", kvl, H);
+    L.o = mat(rf, pre + "self_attn.o_proj.weight", H, ql);
+    if (c.attention_bias) {
+      L.q_bias = vec(rf, pre + "self_attn.q_proj.bias", ql);
+      L.k_bias = vec(rf, pre + "self_attn.k_proj.bias", kvl);
+      L.v_bias = vec(rf, pre + "self_attn.v_proj.bias", kvl);
+    }
+    L.gate = mat(rf, pre + "mlp.gate_proj.weight", Fl, H);
+    L.up = mat(rf, pre + "mlp.up_proj.weight", Fl, H);
+    L.down = mat(rf, pre + "mlp.down_proj.weight", H, Fl);
+    L.input_norm = vec(sh, pre + "input_layernorm.weight", H);
+    L.post_attention_norm = vec(sh, pre + "post_attention_layernorm.weight", H);
+  }
+  return s;
+}
+
+}  // namespace swiftspec::cpu

@@ -1,0 +1,227 @@
+// The runtime pieces of the asynchronous engine, without models: channels,
+// the in-process communicator, worker groups, the tensor-parallel plan, the
+// timeline. Also the ThreadSanitizer stress targets (tools/run_tsan.sh).
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <algorithm>
+#include <thread>
+
+#include "swiftspec/channel.h"
+#include "swiftspec/communicator.h"
+#include "swiftspec/error.h"
+#include "swiftspec/tensor_parallel.h"
+#include "swiftspec/timeline.h"
+#include "swiftspec/worker_group.h"
+#include "test_framework.h"
+
+namespace swiftspec::test {
+namespace {
+
+ModelConfig qwen_config(int heads, int kv_heads, int hidden, int inter) {
+  ModelConfig c;
+  c.architecture = "qwen2";
+  c.vocab_size = 151936;
+  c.hidden_size = hidden;
+  c.intermediate_size = inter;
+  c.num_layers = 2;
+  c.num_heads = heads;
+  c.num_kv_heads = kv_heads;
+  c.head_dim = hidden / heads;
+  return c;
+}
+
+}  // namespace
+
+SWIFTSPEC_TEST(async_channel_order_close_and_threads) {
+  Channel<int> ch;
+  CHECK(ch.send(1));
+  CHECK(ch.send(2));
+  CHECK_EQ(*ch.try_receive(), 1);
+  ch.close();
+  CHECK(!ch.send(3));
+  CHECK_EQ(*ch.receive(), 2);  // queued before close: still delivered
+  CHECK(!ch.receive().has_value());
+  CHECK(!ch.try_receive().has_value());
+
+  // Two producers, one consumer: every message arrives once, per-producer order kept.
+  Channel<std::pair<int, int>> c2;
+  const int n = 20000;
+  std::thread a([&] { for (int i = 0; i < n; ++i) c2.send({0, i}); });
+  std::thread b([&] { for (int i = 0; i < n; ++i) c2.send({1, i}); });
+  int next[2] = {0, 0};
+  for (int k = 0; k < 2 * n; ++k) {
+    auto m = c2.receive();
+    CHECK(m.has_value());
+    CHECK_EQ(m->second, next[m->first]);
+    ++next[m->first];
+  }
+  a.join();
+  b.join();
+  // A blocked receiver wakes on close.
+  Channel<int> c3;
+  std::thread w([&] { CHECK(!c3.receive().has_value()); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  c3.close();
+  w.join();
+}
+
+SWIFTSPEC_TEST(async_allreduce_rank_order_and_determinism) {
+  for (int n : {1, 2, 3, 4, 5}) {
+    WorkerGroup g(n, {}, {}, "ar");
+    const size_t count = 1237;  // not a multiple of the rank count
+    std::vector<std::vector<float>> data(n, std::vector<float>(count));
+    std::mt19937 rng(42);
+    std::normal_distribution<float> dist(0.0f, 1000.0f);
+    for (auto& d : data)
+      for (float& x : d) x = dist(rng);
+    // Expected: the sum in rank order, per element.
+    std::vector<float> expect(count);
+    for (size_t i = 0; i < count; ++i) {
+      float acc = data[0][i];
+      for (int r = 1; r < n; ++r) acc += data[r][i];
+      expect[i] = acc;
+    }
+    for (int rep = 0; rep < 50; ++rep) {
+      auto work = data;
+      g.run([&](int r) { g.comm(r).all_reduce_sum(work[r].data(), count); });
+      for (int r = 0; r < n; ++r) CHECK(std::memcmp(work[r].data(), expect.data(), count * sizeof(float)) == 0);
+    }
+    // Gather to rank 1 (or 0).
+    const int root = n > 1 ? 1 : 0;
+    std::vector<float> recv(n * 7, -1.0f);
+    g.run([&](int r) {
+      std::vector<float> send(7, static_cast<float>(r));
+      g.comm(r).gather(send.data(), r == root ? recv.data() : nullptr, 7, root);
+    });
+    for (int r = 0; r < n; ++r)
+      for (int i = 0; i < 7; ++i) CHECK_EQ(recv[r * 7 + i], static_cast<float>(r));
+  }
+}
+
+SWIFTSPEC_TEST(async_worker_group_errors_abort_and_recover) {
+  WorkerGroup g(3, {}, {}, "err");
+  // Rank 2 fails before its collective: the others, blocked in it, see
+  // CommAborted; run() reports rank 2's own error.
+  bool got = false;
+  try {
+    g.run([&](int r) {
+      if (r == 2) throw InvalidArgument("rank 2 failed");
+      float x = 1.0f;
+      g.comm(r).all_reduce_sum(&x, 1);
+    });
+  } catch (const InvalidArgument& e) {
+    got = std::string(e.what()) == "rank 2 failed";
+  }
+  CHECK(got);
+  // The group is usable again.
+  std::vector<float> v(3, 0.0f);
+  g.run([&](int r) {
+    float x = static_cast<float>(r + 1);
+    g.comm(r).all_reduce_sum(&x, 1);
+    v[r] = x;
+  });
+  for (float x : v) CHECK_EQ(x, 6.0f);
+  // Mismatched counts are reported, not a hang.
+  CHECK_THROWS(g.run([&](int r) {
+    std::vector<float> b(4 + r);
+    g.comm(r).all_reduce_sum(b.data(), b.size());
+  }), InvalidArgument);
+  g.run([&](int r) { g.comm(r).barrier(); });
+}
+
+// Many short SPMD steps with collectives: the TSAN stress target.
+SWIFTSPEC_TEST(async_worker_group_stress) {
+  for (int n : {2, 4}) {
+    WorkerGroup g(n, {}, {}, "stress");
+    std::vector<float> buf(n * 64);
+    for (int step = 0; step < 2000; ++step) {
+      g.run([&](int r) {
+        float* mine = buf.data() + r * 64;
+        for (int i = 0; i < 64; ++i) mine[i] = static_cast<float>(r + step);
+        g.comm(r).all_reduce_sum(mine, 64);
+        if (step % 7 == 0) g.comm(r).barrier();
+      });
+      const float expect = static_cast<float>(n * step + n * (n - 1) / 2);
+      for (float x : buf) CHECK_EQ(x, expect);
+    }
+  }
+  // Groups created and destroyed in a loop: no thread is left behind.
+  for (int i = 0; i < 200; ++i) {
+    WorkerGroup g(3, {}, {}, "churn");
+    std::atomic<int> ran{0};
+    g.run([&](int) { ran.fetch_add(1); });
+    CHECK_EQ(ran.load(), 3);
+  }
+}
+
+SWIFTSPEC_TEST(async_tp_plan_pads_any_degree) {
+  // Qwen2.5-Coder 1.5B (12 heads, 2 KV heads, FFN 8960) and 0.5B (14, 2, 4864).
+  for (auto c : {qwen_config(12, 2, 1536, 8960), qwen_config(14, 2, 896, 4864)}) {
+    for (int tp = 1; tp <= 8; ++tp) {
+      const TpPlan p = TpPlan::make(c, tp);
+      p.validate(c, "test");
+      CHECK_EQ(p.tp, tp);
+      CHECK_EQ(p.q_heads_per_rank, (c.num_heads + tp - 1) / tp);
+      CHECK(p.ffn_per_rank % 8 == 0);
+      CHECK(p.ffn_per_rank * tp >= c.intermediate_size);
+      const int group = c.num_heads / c.num_kv_heads;
+      int real = 0;
+      for (int r = 0; r < tp; ++r)
+        for (int j = 0; j < p.q_heads_per_rank; ++j)
+          if (p.q_heads[r][j] >= 0) {
+            ++real;
+            CHECK_EQ(p.kv_heads[r][p.q_to_kv[r][j]], p.q_heads[r][j] / group);
+          }
+      CHECK_EQ(real, c.num_heads);
+      CHECK(TpPlan::from_json(p.to_json(), "test") == p);
+    }
+  }
+  // 1.5B over 2 ranks: 6 heads and 1 KV head each, no padding.
+  const TpPlan p2 = TpPlan::make(qwen_config(12, 2, 1536, 8960), 2);
+  CHECK_EQ(p2.q_heads_per_rank, 6);
+  CHECK_EQ(p2.kv_heads_per_rank, 1);
+  CHECK_EQ(p2.ffn_per_rank, 4480);
+  CHECK(p2.kv_heads[0] == std::vector<int>{0});
+  CHECK(p2.kv_heads[1] == std::vector<int>{1});
+  // 0.5B over 4 ranks: 14 heads -> 4 per rank with 2 padding heads in all.
+  const TpPlan p4 = TpPlan::make(qwen_config(14, 2, 896, 4864), 4);
+  CHECK_EQ(p4.q_heads_per_rank, 4);
+  int pads = 0;
+  for (const auto& row : p4.q_heads) pads += static_cast<int>(std::count(row.begin(), row.end(), -1));
+  CHECK_EQ(pads, 2);
+  // A corrupted plan is rejected naming the problem.
+  TpPlan bad = p2;
+  bad.q_heads[1][0] = 0;  // head 0 owned twice
+  CHECK_THROWS(bad.validate(qwen_config(12, 2, 1536, 8960), "test"), CheckpointError);
+  CHECK_THROWS(TpPlan::make(qwen_config(12, 2, 1536, 8960), 0), InvalidArgument);
+}
+
+SWIFTSPEC_TEST(async_timeline_summary_and_trace) {
+  Timeline t;
+  t.start();
+  TimelineTrack& target = t.track("target");
+  TimelineTrack& draft = t.track("draft");
+  target.add(timeline_event::kPrefill, 0.0, 1.0, 0);
+  target.add(timeline_event::kWaitSubtree, 1.0, 1.5, 1);
+  target.add(timeline_event::kVerify, 1.5, 3.5, 1, {{"nodes", 16}, {"accepted", 3}});
+  target.add(timeline_event::kWaitSubtree, 3.5, 3.6, 2);
+  target.add(timeline_event::kVerify, 3.6, 5.6, 2);
+  draft.add(timeline_event::kGrow, 1.0, 1.4, 1);
+  draft.add(timeline_event::kWaitResult, 4.0, 5.6, 2);
+  const TimelineSummary s = t.summary();
+  CHECK_EQ(s.rounds, 2);
+  CHECK(std::fabs(s.target_verify - 4.0) < 1e-12);
+  CHECK(std::fabs(s.target_wait - 0.1) < 1e-12);  // the wait before round 1 is not after a verification
+  CHECK(std::fabs(s.decode_span - 4.1) < 1e-12);
+  CHECK(std::fabs(s.draft_wait - 1.6) < 1e-12);
+  const std::string json = t.to_chrome_trace();
+  CHECK(json.find("\"traceEvents\"") != std::string::npos);
+  CHECK(json.find("\"ph\":\"X\"") != std::string::npos);
+  CHECK(json.find("\"accepted\":3") != std::string::npos);
+  CHECK(json.find("\"thread_name\"") != std::string::npos);
+}
+
+}  // namespace swiftspec::test
