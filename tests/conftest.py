@@ -13,18 +13,19 @@ Fixtures:
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-# Fixtures resolve the user cache once, at import, so tests that point SWIFTSPEC_CACHE at a
-# temporary folder (monkeypatch) do not redirect the shared models.
-_USER_CACHE = os.environ.get("SWIFTSPEC_CACHE")
+from swiftspec.paths import cache_dir
+
+# The user cache is resolved once, at import, so tests that point SWIFTSPEC_CACHE at a temporary
+# folder (monkeypatch) never redirect the shared models there.
+_USER_CACHE = cache_dir()
 
 
-def _cache() -> Path | None:
-    return Path(_USER_CACHE) if _USER_CACHE else None
+def _cache() -> Path:
+    return _USER_CACHE
 
 
 @pytest.fixture(scope="session")

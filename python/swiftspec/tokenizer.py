@@ -271,7 +271,10 @@ class StreamDecoder:
 
     def push(self, ids: int | Sequence[int]) -> str:
         """Add one id or a sequence of ids; return the newly completed text (maybe "")."""
-        new = [ids] if isinstance(ids, int) and not isinstance(ids, bool) else list(ids)
+        try:
+            new = list(ids)
+        except TypeError:  # a single id (int or numpy integer)
+            new = [ids]
         self._ids.extend(self._tok._check_ids(new))
         return self._delta(final=False)
 
