@@ -12,6 +12,7 @@
 #include "swiftspec/channel.h"
 #include "swiftspec/communicator.h"
 #include "swiftspec/error.h"
+#include "swiftspec/placement.h"
 #include "swiftspec/tensor_parallel.h"
 #include "swiftspec/timeline.h"
 #include "swiftspec/worker_group.h"
@@ -222,6 +223,43 @@ SWIFTSPEC_TEST(async_timeline_summary_and_trace) {
   CHECK(json.find("\"ph\":\"X\"") != std::string::npos);
   CHECK(json.find("\"accepted\":3") != std::string::npos);
   CHECK(json.find("\"thread_name\"") != std::string::npos);
+}
+
+SWIFTSPEC_TEST(async_placement_json_and_automatic) {
+  Placement p = Placement::from_json(R"({"draft": {"tp": 1, "cores": [0]}, "target": {"tp": 2, "cores": [1]}})");
+  CHECK_EQ(p.draft.tp, 1);
+  CHECK(p.draft.cores == std::vector<std::vector<int>>{{0}});
+  CHECK(p.target.cores == (std::vector<std::vector<int>>{{1}, {1}}));  // short flat list: ranks share
+  CHECK_EQ(p.target.resolved_threads(0), 1);
+  CHECK(Placement::from_json(p.to_json()).to_json() == p.to_json());
+  // Flat lists split evenly; nested lists are per rank.
+  const int n = static_cast<int>(std::thread::hardware_concurrency());
+  if (n >= 2) {
+    Placement q = Placement::from_json(R"({"target": {"tp": 1, "cores": [0, 1]}})");
+    CHECK((q.target.cores == std::vector<std::vector<int>>{{0, 1}}));
+    CHECK_EQ(q.target.resolved_threads(0), 2);
+  }
+  // Errors name the group and field.
+  auto fails_with = [](const std::string& text, const std::string& needle) {
+    try {
+      Placement::from_json(text);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what()).find(needle) != std::string::npos;
+    }
+    return false;
+  };
+  CHECK(fails_with(R"({"target": {"tp": 0}})", "placement.target.tp"));
+  CHECK(fails_with(R"({"draft": {"core": [0]}})", "unknown field 'core'"));
+  CHECK(fails_with(R"({"target": {"cores": [100000]}})", "core 100000 does not exist"));
+  CHECK(fails_with(R"({"target": {"tp": 2, "cores": [[0]]}})", "placement.target.cores lists 1 ranks"));
+  CHECK(fails_with(R"({"gpu": {}})", "unknown group 'gpu'"));
+  CHECK(fails_with("[1", "not valid JSON"));
+  // Automatic: two cores -> draft on core 0, target on core 1.
+  Placement a = Placement::automatic(2);
+  CHECK(a.draft.cores == std::vector<std::vector<int>>{{0}});
+  CHECK(a.target.cores == std::vector<std::vector<int>>{{1}});
+  Placement b = Placement::automatic(2, 2);
+  CHECK(b.target.cores == (std::vector<std::vector<int>>{{1}, {1}}));
 }
 
 }  // namespace swiftspec::test

@@ -1,0 +1,69 @@
+// Device placement of the two worker groups, as configuration (SwiftSpec
+// ASPLOS'26: the draft group and the target group are disaggregated — each on
+// its own devices, each with its own TP degree; DESIGN.md parts 1 and 4).
+//
+// JSON form (Python: Engine(..., placement={...}) or a path / JSON string):
+//   {"draft":  {"tp": 1, "cores": [[0]]},
+//    "target": {"tp": 2, "cores": [[1], [2]], "threads_per_rank": 1}}
+// Fields of a group (all optional):
+//   tp                TP degree (ranks), >= 1 (default 1)
+//   cores             CPU backend: the cores of each rank, as one list per rank,
+//                     or one flat list split evenly over the ranks (a flat
+//                     list shorter than tp gives rank r core cores[r % len]).
+//                     Empty: threads are not pinned.
+//   threads_per_rank  CPU threads per rank; 0 (default): the rank's core count
+//                     (unpinned: 1 for tp > 1, all cores for tp 1)
+//   devices           CUDA backend: the GPU of each rank (default 0..tp-1)
+//   sm_partition      CUDA backend, both groups on one GPU: [first SM, SM count]
+//                     of this group's partition (green context); [0, 0]: all SMs
+// Errors name the group and field.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "swiftspec/model.h"
+
+namespace swiftspec {
+
+struct GroupPlacement {
+  int tp = 1;
+  std::vector<std::vector<int>> cores;  ///< [tp] core lists after normalisation (or empty)
+  int threads_per_rank = 0;
+  std::vector<int> devices;             ///< CUDA: [tp] GPU indices (or empty)
+  int sm_first = 0, sm_count = 0;       ///< CUDA: SM partition (0 SMs: the whole GPU)
+
+  /// Threads of each rank's CPU thread pool for a model whose unpinned
+  /// default is `default_threads` (ModelOptions::num_threads semantics).
+  int resolved_threads(int default_threads) const;
+};
+
+struct Placement {
+  GroupPlacement draft, target;
+
+  /// Parses the JSON form above. Throws InvalidArgument naming the group and
+  /// field (unknown fields included, so typos do not pass silently).
+  static Placement from_json(const std::string& text);
+  /// The JSON form (cores as one list per rank).
+  std::string to_json() const;
+  /// A sensible split of `num_cores` cores (0: all cores of this machine):
+  /// the draft group gets max(draft_tp, num_cores / 4) cores, the target
+  /// group the rest (on 2 cores: draft core 0, target core 1); each group's
+  /// cores are split evenly over its ranks; with fewer cores than ranks,
+  /// ranks share cores.
+  static Placement automatic(int num_cores = 0, int target_tp = 1, int draft_tp = 1);
+  /// Checks both groups (tp >= 1, core ids in [0, cores of this machine),
+  /// list sizes); throws InvalidArgument.
+  void validate() const;
+};
+
+/// Loads the model of one group: `checkpoint_dir` is a TP-1 folder (sharded
+/// at load time when group.tp > 1) or a pre-sharded folder (tp_degree must
+/// equal group.tp). `base` gives max_context / max_tree (and num_threads for
+/// an unpinned TP-1 group); the CPU thread count and affinity come from the
+/// placement. `backend` is "cpu" or "cuda" (CUDA: tp 1 only until the NCCL
+/// communicator lands). Throws InvalidArgument / CheckpointError.
+std::unique_ptr<Model> load_group_model(const std::string& checkpoint_dir, const GroupPlacement& group,
+                                        const ModelOptions& base, const std::string& backend = "cpu");
+
+}  // namespace swiftspec

@@ -1,0 +1,207 @@
+// Placement: parsing, defaults, and loading a group's model where it says.
+#include "swiftspec/placement.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "backend/cpu/tp_model.h"
+#include "backend/cpu/tp_weights.h"
+#include "swiftspec/checkpoint.h"
+#include "swiftspec/error.h"
+
+namespace swiftspec {
+namespace {
+
+using json = nlohmann::json;
+std::string str(long long v) { return std::to_string(v); }
+
+int machine_cores() {
+  const int n = static_cast<int>(std::thread::hardware_concurrency());
+  return n > 0 ? n : 1;
+}
+
+// Normalises a flat core list into [tp] per-rank lists (see placement.h).
+std::vector<std::vector<int>> split_cores(const std::vector<int>& flat, int tp, const std::string& where) {
+  std::vector<std::vector<int>> out(tp);
+  if (flat.empty()) return {};
+  const int n = static_cast<int>(flat.size());
+  if (n < tp) {
+    for (int r = 0; r < tp; ++r) out[r] = {flat[r % n]};
+  } else {
+    if (n % tp != 0)
+      throw InvalidArgument(where + ".cores: " + str(n) + " cores do not split evenly over tp = " + str(tp) +
+                            " ranks (give one list per rank)");
+    for (int r = 0; r < tp; ++r) out[r].assign(flat.begin() + r * (n / tp), flat.begin() + (r + 1) * (n / tp));
+  }
+  return out;
+}
+
+GroupPlacement parse_group(const json& j, const std::string& where) {
+  if (!j.is_object()) throw InvalidArgument(where + " must be an object");
+  GroupPlacement g;
+  const json* cores = nullptr;  // parsed once tp is known
+  for (const auto& [key, value] : j.items()) {
+    try {
+      if (key == "tp") {
+        g.tp = value.get<int>();
+      } else if (key == "cores") {
+        cores = &value;
+      } else if (key == "threads_per_rank") {
+        g.threads_per_rank = value.get<int>();
+      } else if (key == "devices") {
+        g.devices = value.get<std::vector<int>>();
+      } else if (key == "sm_partition") {
+        const auto p = value.get<std::vector<int>>();
+        if (p.size() != 2) throw InvalidArgument(where + ".sm_partition must be [first SM, SM count]");
+        g.sm_first = p[0];
+        g.sm_count = p[1];
+      } else {
+        throw InvalidArgument(where + ": unknown field '" + key +
+                              "' (fields: tp, cores, threads_per_rank, devices, sm_partition)");
+      }
+    } catch (const json::exception& e) {
+      throw InvalidArgument(where + "." + key + " has the wrong type: " + e.what());
+    }
+  }
+  if (g.tp < 1) throw InvalidArgument(where + ".tp must be >= 1, got " + str(g.tp));
+  if (cores) {
+    try {
+      if (!cores->is_array()) throw InvalidArgument(where + ".cores must be a list");
+      if (!cores->empty() && (*cores)[0].is_array()) g.cores = cores->get<std::vector<std::vector<int>>>();
+      else g.cores = split_cores(cores->get<std::vector<int>>(), g.tp, where);
+    } catch (const json::exception& e) {
+      throw InvalidArgument(where + ".cores must be a list of core ids or one list per rank: " + e.what());
+    }
+  }
+  return g;
+}
+
+json group_json(const GroupPlacement& g) {
+  json j;
+  j["tp"] = g.tp;
+  j["cores"] = g.cores;
+  j["threads_per_rank"] = g.threads_per_rank;
+  if (!g.devices.empty()) j["devices"] = g.devices;
+  if (g.sm_count > 0) j["sm_partition"] = {g.sm_first, g.sm_count};
+  return j;
+}
+
+void validate_group(const GroupPlacement& g, const std::string& where) {
+  if (g.tp < 1) throw InvalidArgument(where + ".tp must be >= 1, got " + str(g.tp));
+  if (g.threads_per_rank < 0)
+    throw InvalidArgument(where + ".threads_per_rank must be >= 0 (0: one per core), got " + str(g.threads_per_rank));
+  if (!g.cores.empty()) {
+    if (static_cast<int>(g.cores.size()) != g.tp)
+      throw InvalidArgument(where + ".cores lists " + str(g.cores.size()) + " ranks for tp = " + str(g.tp));
+    const int n = machine_cores();
+    for (int r = 0; r < g.tp; ++r) {
+      if (g.cores[r].empty()) throw InvalidArgument(where + ".cores of rank " + str(r) + " is empty");
+      for (int c : g.cores[r])
+        if (c < 0 || c >= n)
+          throw InvalidArgument(where + ".cores: core " + str(c) + " does not exist (this machine has cores 0.." +
+                                str(n - 1) + ")");
+    }
+  }
+  if (!g.devices.empty() && static_cast<int>(g.devices.size()) != g.tp)
+    throw InvalidArgument(where + ".devices lists " + str(g.devices.size()) + " GPUs for tp = " + str(g.tp));
+  if (g.sm_first < 0 || g.sm_count < 0)
+    throw InvalidArgument(where + ".sm_partition must be non-negative, got [" + str(g.sm_first) + ", " +
+                          str(g.sm_count) + "]");
+}
+
+}  // namespace
+
+int GroupPlacement::resolved_threads(int default_threads) const {
+  if (threads_per_rank > 0) return threads_per_rank;
+  if (!cores.empty()) return static_cast<int>(cores[0].size());
+  return tp == 1 ? default_threads : 1;
+}
+
+Placement Placement::from_json(const std::string& text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw InvalidArgument(std::string("placement is not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw InvalidArgument("placement must be a JSON object with 'draft' and/or 'target'");
+  Placement p;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "draft") p.draft = parse_group(value, "placement.draft");
+    else if (key == "target") p.target = parse_group(value, "placement.target");
+    else throw InvalidArgument("placement: unknown group '" + key + "' (groups: draft, target)");
+  }
+  p.validate();
+  return p;
+}
+
+std::string Placement::to_json() const {
+  json j;
+  j["draft"] = group_json(draft);
+  j["target"] = group_json(target);
+  return j.dump();
+}
+
+Placement Placement::automatic(int num_cores, int target_tp, int draft_tp) {
+  if (num_cores <= 0) num_cores = machine_cores();
+  if (target_tp < 1 || draft_tp < 1)
+    throw InvalidArgument("automatic placement: TP degrees must be >= 1, got target " + str(target_tp) + ", draft " +
+                          str(draft_tp));
+  Placement p;
+  p.draft.tp = draft_tp;
+  p.target.tp = target_tp;
+  std::vector<int> draft_cores, target_cores;
+  if (num_cores == 1) {
+    draft_cores = target_cores = {0};
+  } else {
+    const int nd = std::min(num_cores - 1, std::max(draft_tp, num_cores / 4));
+    for (int c = 0; c < nd; ++c) draft_cores.push_back(c);
+    for (int c = nd; c < num_cores; ++c) target_cores.push_back(c);
+  }
+  auto assign = [](GroupPlacement& g, const std::vector<int>& cores) {
+    const int n = static_cast<int>(cores.size());
+    g.cores.assign(g.tp, {});
+    if (n < g.tp) {
+      for (int r = 0; r < g.tp; ++r) g.cores[r] = {cores[r % n]};
+    } else {
+      for (int r = 0; r < g.tp; ++r)
+        g.cores[r].assign(cores.begin() + r * n / g.tp, cores.begin() + (r + 1) * n / g.tp);
+    }
+  };
+  assign(p.draft, draft_cores);
+  assign(p.target, target_cores);
+  p.validate();
+  return p;
+}
+
+void Placement::validate() const {
+  validate_group(draft, "placement.draft");
+  validate_group(target, "placement.target");
+}
+
+std::unique_ptr<Model> load_group_model(const std::string& dir, const GroupPlacement& g, const ModelOptions& base,
+                                        const std::string& backend) {
+  validate_group(g, "placement");
+  ModelOptions opt = base;
+  opt.num_threads = g.resolved_threads(base.num_threads);
+  opt.cpu_affinity = g.cores.empty() ? std::vector<int>{} : g.cores[0];
+  if (backend != "cpu") {
+    if (g.tp != 1 || cpu::ShardedCheckpoint::is_sharded(dir))
+      throw InvalidArgument("backend '" + backend +
+                            "': tensor parallelism needs the NCCL communicator, which this build does not have yet; "
+                            "use tp 1 or the cpu backend");
+    return load_model(Checkpoint::open(dir), backend, opt);
+  }
+  TpCpuOptions tp;
+  tp.tp = g.tp;
+  tp.rank_cores = g.cores;
+  tp.threads_per_rank = std::max(1, opt.num_threads > 0 ? opt.num_threads : machine_cores() / g.tp);
+  if (cpu::ShardedCheckpoint::is_sharded(dir)) return make_tp_cpu_model_from_shards(dir, opt, tp);
+  auto ckpt = Checkpoint::open(dir);
+  if (g.tp == 1) return load_model(ckpt, "cpu", opt);
+  return make_tp_cpu_model(ckpt, opt, tp);
+}
+
+}  // namespace swiftspec
