@@ -13,6 +13,10 @@
 #include "python/bind_speculative.h"
 #define SWIFTSPEC_BIND_SPECULATIVE 1
 #endif
+#if __has_include("python/bind_async.h")
+#include "python/bind_async.h"
+#define SWIFTSPEC_BIND_ASYNC 1
+#endif
 
 namespace nb = nanobind;
 
@@ -21,5 +25,8 @@ NB_MODULE(swiftspec_core, m) {
   swiftspec::python::bind_runtime(m);
 #ifdef SWIFTSPEC_BIND_SPECULATIVE
   swiftspec::python::bind_speculative(m);
+#endif
+#ifdef SWIFTSPEC_BIND_ASYNC
+  swiftspec::python::bind_async(m);
 #endif
 }
