@@ -262,11 +262,30 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
 int main(int argc, char** argv) {
   std::string json_path;
   bool quick = false, gemms = true;
+  std::string profile;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
     if (a == "--quick") quick = true;
     if (a == "--no-gemm") gemms = false;
+    if (a == "--profile" && i + 1 < argc) profile = argv[++i];
+  }
+  if (!profile.empty()) {
+    // One greedy decode step of SHAPE (for a kernel profiler such as ncu).
+    try {
+      ModelOptions opt;
+      opt.max_context = 1024;
+      opt.max_tree = 128;
+      auto m = make_cuda_model_random(shape_config(profile), opt, CudaModelOptions{}, 42);
+      m->debug_fill_committed_random(512, 43);
+      std::vector<int32_t> am;
+      m->forward_argmax(decode_batch(512), am);
+      std::printf("profile %s: one decode step, argmax %d\n", profile.c_str(), am.empty() ? -1 : am[0]);
+    } catch (const std::exception& e) {
+      std::printf("profile aborted: %s\n", e.what());
+      return 1;
+    }
+    return 0;
   }
   try {
     cudaDeviceProp prop;

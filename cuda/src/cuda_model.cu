@@ -346,9 +346,33 @@ class CudaModelImpl final : public CudaModel {
     const size_t pitch = row * slots_;
     const size_t height = static_cast<size_t>(cfg_.num_layers) * cfg_.num_kv_heads;
     for (auto* b : {&kcache_, &vcache_})
-      SS_CUDA_CHECK(cudaMemset2DAsync(b->as<unsigned char>() + row * committed_, pitch, 0xFF,
+      if (height > 0) SS_CUDA_CHECK(cudaMemset2DAsync(b->as<unsigned char>() + row * committed_, pitch, 0xFF,
                                       row * (slots_ - committed_), height, stream_));
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void debug_read_activations(const std::string& which, int rows, std::vector<float>& out) override {
+    if (rows < 1 || rows > kRows) throw InvalidArgument("debug_read_activations: rows must be 1..64");
+    SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const int H = cfg_.hidden_size, nq = cfg_.num_heads * cfg_.head_dim, I = cfg_.intermediate_size;
+    const DeviceBuffer* b = nullptr;
+    int cols = 0;
+    bool is_bf16 = true;
+    if (which == "h32") { b = &h32_; cols = H; is_bf16 = false; }
+    else if (which == "ssq") { b = &ssq_; cols = H / 16; is_bf16 = false; }
+    else if (which == "q") { b = &q_; cols = nq; }
+    else if (which == "attn") { b = &attn_; cols = nq; }
+    else if (which == "act") { b = &act_; cols = I; }
+    else throw InvalidArgument("debug_read_activations: unknown buffer '" + which + "'");
+    const size_t n = static_cast<size_t>(rows) * cols;
+    out.resize(n);
+    if (is_bf16) {
+      std::vector<uint16_t> tmp(n);
+      SS_CUDA_CHECK(cudaMemcpy(tmp.data(), b->get(), n * 2, cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < n; ++i) out[i] = bf16_bits_to_float(tmp[i]);
+    } else {
+      SS_CUDA_CHECK(cudaMemcpy(out.data(), b->get(), n * 4, cudaMemcpyDeviceToHost));
+    }
   }
 
   size_t weight_bytes_per_step() const override {
@@ -404,7 +428,7 @@ class CudaModelImpl final : public CudaModel {
     if (cfg_.num_heads <= 0 || cfg_.num_kv_heads <= 0 || cfg_.num_heads % cfg_.num_kv_heads)
       bad("num_heads must be a positive multiple of num_kv_heads");
     if (cfg_.num_heads / cfg_.num_kv_heads > 16) bad("at most 16 query heads per KV head");
-    if (cfg_.vocab_size <= 0 || cfg_.num_layers <= 0) bad("vocab_size and num_layers must be positive");
+    if (cfg_.vocab_size <= 0 || cfg_.num_layers < 0) bad("vocab_size must be positive and num_layers >= 0");
     if (opt_.max_context <= 0 || opt_.max_tree <= 0) bad("max_context and max_tree must be positive");
   }
 

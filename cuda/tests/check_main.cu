@@ -174,6 +174,73 @@ void check_gemm(int N, int K, const std::vector<int>& Ms, Rng& rng, int num_sms,
   }
 }
 
+/// The fused-RMSNorm path of the GEMM: ssq partials of X per 16 columns, the
+/// kernel computes 1/rms per token (spread over the cluster) and scales.
+void check_gemm_rms(int N, int K, const std::vector<int>& Ms, Rng& rng, int num_sms, cudaStream_t st) {
+  constexpr int R = kMaxStepTokens;
+  std::vector<uint16_t> w(static_cast<size_t>(N) * K), x(static_cast<size_t>(R) * K);
+  for (auto& v : w) v = f2bf(rng.sym(1.0f / std::sqrt(static_cast<float>(K))));
+  for (auto& v : x) v = f2bf(rng.sym(3.0f));
+  std::vector<float> ssq(static_cast<size_t>(R) * (K / 16));
+  std::vector<double> rinv(R);
+  for (int m = 0; m < R; ++m) {
+    double tot = 0;
+    for (int t = 0; t < K / 16; ++t) {
+      float s = 0;
+      for (int j = 0; j < 16; ++j) {
+        const float v = bf2f(x[static_cast<size_t>(m) * K + t * 16 + j]);
+        s += v * v;
+      }
+      ssq[static_cast<size_t>(m) * (K / 16) + t] = s;
+      tot += s;
+    }
+    rinv[m] = 1.0 / std::sqrt(tot / K + 1e-6);
+  }
+  const int maxM = *std::max_element(Ms.begin(), Ms.end());
+  std::vector<float> ref(static_cast<size_t>(R) * N);
+  parallel_for(N, [&](int n) {
+    for (int m = 0; m < maxM; ++m) {
+      double s = 0;
+      for (int k = 0; k < K; ++k) s += static_cast<double>(bf2f(w[static_cast<size_t>(n) * K + k])) * bf2f(x[static_cast<size_t>(m) * K + k]);
+      ref[static_cast<size_t>(m) * N + n] = static_cast<float>(s * rinv[m]);
+    }
+  });
+  DeviceBuffer dw(w.size() * 2), dx(x.size() * 2), dssq(ssq.size() * 4), dout(sizeof(float) * R * N);
+  SS_CUDA_CHECK(cudaMemcpy(dw.get(), w.data(), dw.bytes(), cudaMemcpyHostToDevice));
+  SS_CUDA_CHECK(cudaMemcpy(dx.get(), x.data(), dx.bytes(), cudaMemcpyHostToDevice));
+  SS_CUDA_CHECK(cudaMemcpy(dssq.get(), ssq.data(), dssq.bytes(), cudaMemcpyHostToDevice));
+  std::vector<float> out(static_cast<size_t>(R) * N);
+  for (int M : Ms) {
+    const int nt = bucket_nt(M);
+    const GemmConfig c = plan_gemm<EpiPlainRms>(N, K, nt, num_sms);
+    const CUtensorMap wm = make_tma_map_bf16(dw.get(), N, K, K, c.BR);
+    const CUtensorMap xm = make_tma_map_bf16(dx.get(), R, K, K, 8 * nt);
+    GemmArgs a;
+    a.N = N;
+    a.K = K;
+    a.m_active_max = M;
+    a.ssq = dssq.as<float>();
+    a.ssq_stride = K / 16;
+    a.hidden = K;
+    a.eps = 1e-6f;
+    EpiPlainRms::Params e;
+    e.out = dout.as<float>();
+    e.ldo = N;
+    SS_CUDA_CHECK(cudaMemsetAsync(dout.get(), 0xFF, dout.bytes(), st));
+    launch_gemm<EpiPlainRms>(c, wm, xm, a, e, false, st);
+    SS_CUDA_CHECK(cudaStreamSynchronize(st));
+    SS_CUDA_CHECK(cudaMemcpy(out.data(), dout.get(), dout.bytes(), cudaMemcpyDeviceToHost));
+    std::vector<float> o(out.begin(), out.begin() + static_cast<size_t>(M) * N);
+    std::vector<float> r(ref.begin(), ref.begin() + static_cast<size_t>(M) * N);
+    size_t bad = 0;
+    const double err = rel_err(o, r, &bad);
+    char name[128], det[160];
+    std::snprintf(name, sizeof name, "gemm+rmsnorm N=%d K=%d M=%d", N, K, M);
+    std::snprintf(det, sizeof det, "(S=%d BR=%d grid=%dx%d nonfinite=%zu)", c.S, c.BR, c.grid_x, c.S, bad);
+    record(name, err, 1e-2, err < 1e-2 && bad == 0, det);
+  }
+}
+
 // ---------------------------------------------------------------------------
 // 2. Tiny models
 // ---------------------------------------------------------------------------
@@ -432,6 +499,57 @@ void check_model(const std::string& tag, const ModelConfig& cfg, uint64_t seed) 
   record(name, threw ? 0 : 1, 0, threw);
 }
 
+/// Locates a model mismatch: a model of `cfg`, decoding tokens one by one
+/// from position 0, comparing the last layer's q / attention / SwiGLU output,
+/// the final residual and the logits with the reference at every step.
+void diagnose_model(const std::string& tag, const ModelConfig& cfg, const CudaModelOptions& copt, uint64_t seed) {
+  Rng rng(seed);
+  TinyWeights tw = make_weights(cfg, rng);
+  WeightLookup lookup = [&tw](const std::string& name, const std::vector<int64_t>& shp) {
+    auto it = tw.bf.find(name);
+    if (it == tw.bf.end()) throw CheckpointError("test checkpoint: missing " + name);
+    if (!shp.empty() && shp != tw.shape[name]) throw CheckpointError("test checkpoint: shape of " + name);
+    HostWeight h;
+    h.dtype = DType::BF16;
+    h.shape = tw.shape[name];
+    h.data = it->second.data();
+    return h;
+  };
+  WeightExists exists = [&tw](const std::string& name) { return tw.bf.count(name) > 0; };
+  ModelOptions opt;
+  opt.max_context = 128;
+  opt.max_tree = 16;
+  auto m = make_cuda_model_from_host(cfg, lookup, exists, opt, copt);
+  cuda_check::RefModel ref(cfg, tw.f);
+  cuda_check::RefState st = ref.empty_state();
+  const int L = cfg.num_layers;
+  for (int pos = 0; pos < 3; ++pos) {
+    const int tok = rng.below(cfg.vocab_size);
+    std::vector<float> lg;
+    m->forward(append_batch({tok}, pos, LogitsMode::Last), lg);
+    cuda_check::RefTrace tr;
+    const std::vector<float> rl = ref.step(st, tok, pos, &tr);
+    std::vector<float> g;
+    char name[200];
+    auto cmp = [&](const char* what, const std::vector<float>& refv) {
+      if (refv.empty()) return;
+      if (std::string(what) != "logits") m->debug_read_activations(what, 1, g);
+      else g = lg;
+      size_t bad = 0;
+      const double e = rel_err(g, refv, &bad);
+      std::snprintf(name, sizeof name, "diag[%s] pos %d %s", tag.c_str(), pos, what);
+      record(name, e, 1e-2, e < 1e-2 && bad == 0);
+    };
+    if (L > 0) {
+      cmp("q", tr.q[L - 1]);
+      cmp("attn", tr.attn[L - 1]);
+      cmp("act", tr.act[L - 1]);
+    }
+    cmp("h32", tr.h_final);
+    cmp("logits", rl);
+  }
+}
+
 ModelConfig tiny_config(const std::string& arch, int H, int I, int heads, int kv, int hd, int V, bool bias,
                         bool tie, RopeStyle rs, bool llama3) {
   ModelConfig c;
@@ -483,6 +601,30 @@ int main(int argc, char** argv) {
     cudaStream_t st;
     SS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     Rng rng(20261129);
+    const int sms = prop.multiProcessorCount;
+    check_gemm(512, 256, {1, 8, 64}, rng, sms, st);
+    check_gemm(1008, 256, {1, 40}, rng, sms, st);
+    check_gemm(256, 512, {1, 64}, rng, sms, st);
+    check_gemm_rms(512, 256, {1, 9, 64}, rng, sms, st);
+    check_gemm_rms(2048, 1536, {1, 64}, rng, sms, st);
+    check_gemm_rms(4096, 4096, {1, 64}, rng, sms, st);
+    {
+      ModelConfig c1 = tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true);
+      ModelConfig c0 = c1;
+      c0.num_layers = 0;
+      c1.num_layers = 1;
+      CudaModelOptions dflt, nopdl, nograph;
+      nopdl.use_pdl = false;
+      nograph.use_graphs = false;
+      nograph.use_pdl = false;
+      diagnose_model("llama L=0", c0, dflt, 11);
+      diagnose_model("llama L=1", c1, dflt, 12);
+      diagnose_model("llama L=1 no-pdl", c1, nopdl, 12);
+      diagnose_model("llama L=1 no-graph", c1, nograph, 12);
+      ModelConfig q1 = tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false);
+      q1.num_layers = 1;
+      diagnose_model("qwen2 L=1", q1, dflt, 13);
+    }
     check_gemm(2048, 1536, {1, 5, 8, 9, 16, 17, 32, 33, 64}, rng, prop.multiProcessorCount, st);
     check_gemm(4096, 4096, {1, 64}, rng, prop.multiProcessorCount, st);
     check_gemm(1152, 896, {1, 13, 64}, rng, prop.multiProcessorCount, st);

@@ -63,7 +63,7 @@ RefState RefModel::empty_state() const {
   return s;
 }
 
-std::vector<float> RefModel::step(RefState& st, int token, int position) const {
+std::vector<float> RefModel::step(RefState& st, int token, int position, RefTrace* trace) const {
   const int H = cfg_.hidden_size, I = cfg_.intermediate_size, hd = cfg_.head_dim;
   const int nh = cfg_.num_heads, nkv = cfg_.num_kv_heads, G = nh / nkv;
   const auto& emb = w("model.embed_tokens.weight");
@@ -120,6 +120,10 @@ std::vector<float> RefModel::step(RefState& st, int token, int position) const {
         o[h * hd + e] = static_cast<float>(acc / sum);
       }
     }
+    if (trace) {
+      trace->q.push_back(q);
+      trace->attn.push_back(o);
+    }
     std::vector<float> ao(H);
     matvec(w(p + "self_attn.o_proj.weight"), H, nh * hd, o.data(), ao.data());
     for (int i = 0; i < H; ++i) x[i] += ao[i];
@@ -128,10 +132,12 @@ std::vector<float> RefModel::step(RefState& st, int token, int position) const {
     matvec(w(p + "mlp.gate_proj.weight"), I, H, xn2.data(), g.data());
     matvec(w(p + "mlp.up_proj.weight"), I, H, xn2.data(), u.data());
     for (int i = 0; i < I; ++i) a[i] = static_cast<float>(g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i]);
+    if (trace) trace->act.push_back(a);
     matvec(w(p + "mlp.down_proj.weight"), H, I, a.data(), dn.data());
     for (int i = 0; i < H; ++i) x[i] += dn[i];
   }
   st.len += 1;
+  if (trace) trace->h_final = x;
   std::vector<float> xf = rmsnorm(x, w("model.norm.weight"), cfg_.rms_norm_eps);
   const auto& head = cfg_.tie_word_embeddings ? w("model.embed_tokens.weight") : w("lm_head.weight");
   std::vector<float> logits(cfg_.vocab_size);

@@ -16,6 +16,14 @@ struct RefState {
   int len = 0;
 };
 
+/// Intermediate values of one step, per layer (for locating a mismatch).
+struct RefTrace {
+  std::vector<std::vector<float>> q;     ///< RoPE'd queries [heads*head_dim]
+  std::vector<std::vector<float>> attn;  ///< attention output before o_proj
+  std::vector<std::vector<float>> act;   ///< SwiGLU output [intermediate]
+  std::vector<float> h_final;            ///< residual after the last layer
+};
+
 class RefModel {
  public:
   /// `w` maps checkpoint names to fp32 values (already bf16-rounded by the test).
@@ -23,7 +31,7 @@ class RefModel {
   RefState empty_state() const;
   /// Runs one token at `position` attending state's keys then itself; appends
   /// its K/V to `st`; returns logits [vocab].
-  std::vector<float> step(RefState& st, int token, int position) const;
+  std::vector<float> step(RefState& st, int token, int position, RefTrace* trace = nullptr) const;
 
  private:
   const std::vector<float>& w(const std::string& name) const;

@@ -89,6 +89,12 @@ class CudaModel : public Model {
   /// memory a step did not write shows up as a non-finite output.
   virtual void debug_poison_buffers() = 0;
 
+  /// Test hook: copies the first `rows` token rows of an activation buffer as
+  /// fp32: "h32" (residual, [rows][hidden]), "q" (RoPE'd queries of the last
+  /// layer run, [rows][heads*head_dim]), "attn" (attention output), "act"
+  /// (SwiGLU output, [rows][intermediate]), "ssq" ([rows][hidden/16]).
+  virtual void debug_read_activations(const std::string& which, int rows, std::vector<float>& out) = 0;
+
   /// Bytes of weights one decode step reads (all layers, final norm, LM head;
   /// the embedding counts one row).
   virtual size_t weight_bytes_per_step() const = 0;

@@ -38,6 +38,28 @@ struct EpiPlain {
 #endif
 };
 
+/// Plain fp32 output scaled by 1/rms of the token (tests of the fused-norm path):
+/// out[m * ldo + row] = rinv_m * y.
+struct EpiPlainRms {
+  struct Params {
+    float* out = nullptr;
+    int ldo = 0;
+  };
+  static constexpr bool kNeedsRms = true;
+  static constexpr int kSmemBytes = 0;
+#if defined(__CUDACC__)
+  __device__ static void cta_init(const Params&, void*, int, int) {}
+  __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo,
+                               float hi, float rinv, int m_active) {
+    if (!valid || m >= m_active) return;
+    const int row = tile * 16 + r;
+    p.out[static_cast<size_t>(m) * p.ldo + row] = lo * rinv;
+    p.out[static_cast<size_t>(m) * p.ldo + row + 8] = hi * rinv;
+  }
+  __device__ static void cta_finish(const Params&, void*, int, int, int) {}
+#endif
+};
+
 /// QKV projection: rinv scaling (fused RMSNorm), bias, RoPE, then Q to the
 /// query buffer and K/V straight into the KV cache at desc->kv_index[m].
 /// Weight rows are permuted so that tile t of head h holds the rotation pairs

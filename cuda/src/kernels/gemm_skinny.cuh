@@ -125,6 +125,9 @@ __global__ void __launch_bounds__(WR * 32)
       for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.f;
 
   cg::cluster_group cluster = cg::this_cluster();
+  const float* rpart[8];
+#pragma unroll
+  for (int q = 0; q < 8; ++q) rpart[q] = (S > 1 && q < S) ? cluster.map_shared_rank(partial, q) : partial;
   int it = 0;
   for (int rbi = 0; rbi < my_rb; ++rbi) {
     const int rb = blockIdx.x + rbi * gridDim.x;
@@ -203,15 +206,22 @@ __global__ void __launch_bounds__(WR * 32)
       const int tl = rank + ti * S;
       const int tile = rb * TILES + tl;
       const int prow = tl * 16 + r;
-      float lo, hi;
-      {
-        const float* p0 = S > 1 ? cluster.map_shared_rank(partial, 0) : partial;
-        lo = p0[prow * PSTRIDE + m];
-        hi = p0[(prow + 8) * PSTRIDE + m];
-        for (int q = 1; q < S; ++q) {
-          const float* pq = cluster.map_shared_rank(partial, q);
-          lo += pq[prow * PSTRIDE + m];
-          hi += pq[(prow + 8) * PSTRIDE + m];
+      // Sum of the S slice partials in slice order (the batch-invariant order);
+      // all remote loads are issued before the adds.
+      float vlo[8], vhi[8];
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        if (q < S) {
+          vlo[q] = rpart[q][prow * PSTRIDE + m];
+          vhi[q] = rpart[q][(prow + 8) * PSTRIDE + m];
+        }
+      }
+      float lo = vlo[0], hi = vhi[0];
+#pragma unroll
+      for (int q = 1; q < 8; ++q) {
+        if (q < S) {
+          lo += vlo[q];
+          hi += vhi[q];
         }
       }
       float ri = 1.f;
@@ -273,40 +283,47 @@ GemmConfig plan_gemm(int N, int K, int NT, int num_sms) {
   c.NT = NT;
   c.S = gemm_slices(K);
   c.TM = NT <= 2 ? 1 : 2;
-  // Largest row block that still gives >= 2 CTAs per SM; else the smallest.
-  const int wr_options[3] = {4, 2, 1};
-  c.WR = 1;
-  for (int wr : wr_options) {
+  // Row-block size: for each candidate, the resident clusters (occupancy API)
+  // give the number of rounds a persistent CTA makes; estimated time per CTA
+  // ~ rounds * (BR + Mpad/2 + 16) (activation tile bytes count half: they come
+  // from L2; 16: fixed per-row-block reduction cost in rows).
+  // Then the grid is balanced so that every CTA makes the same number of rounds.
+  long best_cost = -1;
+  for (int wr : {4, 2, 1}) {
     const int br = 16 * c.TM * wr;
-    const long ctas = static_cast<long>((N + br - 1) / br) * c.S;
-    if (ctas >= 2L * num_sms) {
+    const int n_rb = (N + br - 1) / br;
+    int clusters = 0, stages = 0;
+    size_t smem = 0;
+    gemm_dispatch(NT, c.TM, wr, [&]<int nt, int tm, int w>() {
+      using I = GemmInst<nt, tm, w, Epi>;
+      I::prepare();
+      stages = I::kStages;
+      smem = I::smem();
+      cudaLaunchConfig_t lc = {};
+      lc.gridDim = dim3(static_cast<unsigned>(n_rb), static_cast<unsigned>(c.S), 1);
+      lc.blockDim = dim3(32 * w, 1, 1);
+      lc.dynamicSmemBytes = smem;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = 1;
+      attr[0].val.clusterDim.y = static_cast<unsigned>(c.S);
+      attr[0].val.clusterDim.z = 1;
+      lc.attrs = attr;
+      lc.numAttrs = 1;
+      SS_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, &gemm_skinny_kernel<nt, tm, w, Epi>, &lc));
+    });
+    if (clusters <= 0) clusters = std::max(1, num_sms / c.S);
+    const int rounds = (n_rb + clusters - 1) / clusters;
+    const long cost = static_cast<long>(rounds) * (br + 4 * NT + 16);
+    if (best_cost < 0 || cost < best_cost) {
+      best_cost = cost;
       c.WR = wr;
-      break;
+      c.BR = br;
+      c.stages = stages;
+      c.smem = smem;
+      c.grid_x = (n_rb + rounds - 1) / rounds;
     }
   }
-  c.BR = 16 * c.TM * c.WR;
-  const int n_rb = (N + c.BR - 1) / c.BR;
-  gemm_dispatch(NT, c.TM, c.WR, [&]<int nt, int tm, int wr>() {
-    using I = GemmInst<nt, tm, wr, Epi>;
-    I::prepare();
-    c.stages = I::kStages;
-    c.smem = I::smem();
-    cudaLaunchConfig_t lc = {};
-    lc.gridDim = dim3(static_cast<unsigned>(n_rb), static_cast<unsigned>(c.S), 1);
-    lc.blockDim = dim3(32 * wr, 1, 1);
-    lc.dynamicSmemBytes = c.smem;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = static_cast<unsigned>(c.S);
-    attr[0].val.clusterDim.z = 1;
-    lc.attrs = attr;
-    lc.numAttrs = 1;
-    int clusters = 0;
-    SS_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, &gemm_skinny_kernel<nt, tm, wr, Epi>, &lc));
-    if (clusters <= 0) clusters = num_sms / c.S;
-    c.grid_x = std::max(1, std::min(n_rb, clusters));
-  });
   return c;
 }
 

@@ -51,6 +51,7 @@ void launch_kv_copy(__nv_bfloat16* kcache, __nv_bfloat16* vcache, int layers, in
   if (n <= 0) return;
   const int vec = head_dim / 8;
   const size_t total = static_cast<size_t>(layers) * kv_heads * n * vec;
+  if (total == 0) return;
   const int blocks = static_cast<int>(std::min<size_t>((total + 255) / 256, 4096));
   kv_copy_kernel<<<blocks, 256, 0, stream>>>(kcache, vcache, n, slots, vec, src_index, n, dst0, total);
   SS_CUDA_CHECK_LAUNCH("kv_copy_kernel");
@@ -60,6 +61,7 @@ void launch_kv_fill_random(__nv_bfloat16* kcache, __nv_bfloat16* vcache, int lay
                            int slots, int head_dim, int len, uint64_t seed, cudaStream_t stream) {
   if (len <= 0) return;
   const size_t total = static_cast<size_t>(layers) * kv_heads * len * head_dim;
+  if (total == 0) return;
   const int blocks = static_cast<int>(std::min<size_t>((total + 255) / 256, 16384));
   kv_fill_kernel<<<blocks, 256, 0, stream>>>(kcache, vcache, slots, head_dim, len, seed, total);
   SS_CUDA_CHECK_LAUNCH("kv_fill_kernel");
