@@ -1,0 +1,80 @@
+"""Device placement of the draft group and the target group (SwiftSpec's disaggregation).
+
+A placement says which devices each worker group runs on and with which tensor-parallel (TP)
+degree. On the CPU backend a device is a set of cores: on a 2-core machine the natural
+placement puts the draft on core 0 and the target on core 1, so the draft keeps growing the
+token tree while the target verifies (``mode="async"``).
+
+Accepted forms (``Engine(..., placement=...)``):
+
+* ``"auto"``: the draft gets max(draft_tp, cores/4) cores, the target the rest;
+* a dict ``{"draft": {"tp": 1, "cores": [0]}, "target": {"tp": 2, "cores": [[1], [2]]}}``
+  (fields per group: ``tp``, ``cores`` (one list per rank, or one flat list split evenly),
+  ``threads_per_rank``, ``devices`` and ``sm_partition`` for CUDA; see
+  ``cpp/include/swiftspec/placement.h``);
+* the same as JSON text, or the path of a ``.json`` file holding it.
+
+Errors (unknown fields, cores that do not exist, list sizes) raise
+:class:`swiftspec.InvalidRequestError` naming the group and field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from swiftspec.errors import InvalidRequestError
+
+
+def normalize(placement, *, target_tp: int | None = None, draft_tp: int | None = None) -> dict:
+    """The validated placement as a dict ``{"draft": {...}, "target": {...}}``.
+
+    ``target_tp`` / ``draft_tp``, when given, set the groups' TP degrees of an ``"auto"``
+    placement (and must agree with an explicit one).
+    """
+    from swiftspec import swiftspec_core as core
+
+    if isinstance(placement, str) and placement == "auto":
+        text = core.placement_automatic(0, target_tp or 1, draft_tp or 1)
+    elif isinstance(placement, dict):
+        text = json.dumps(placement)
+    elif isinstance(placement, (str, os.PathLike)):
+        s = str(placement)
+        if s.lstrip().startswith("{"):
+            text = s
+        else:
+            path = Path(s).expanduser()
+            if not path.is_file():
+                raise InvalidRequestError(
+                    f"placement {s!r} is neither 'auto', a JSON object, nor an existing .json file"
+                )
+            text = path.read_text(encoding="utf-8")
+    else:
+        raise InvalidRequestError(
+            f"placement must be 'auto', a dict, JSON text or a path to a JSON file; got {type(placement).__name__}"
+        )
+    out = json.loads(core.placement_normalize(text))
+    for group, tp in (("target", target_tp), ("draft", draft_tp)):
+        if tp is not None and out[group]["tp"] != tp:
+            raise InvalidRequestError(f"placement.{group}.tp is {out[group]['tp']} but {group}_tp={tp} was given")
+    return out
+
+
+def load_models(target_dir, draft_dir, placement: dict, *, backend: str = "cpu", max_context: int = 4096,
+                max_tree: int = 256, num_threads: int = 0):
+    """Loads the target (and draft, unless ``draft_dir`` is None) where ``placement`` says.
+
+    Returns ``(target, draft)`` as ``swiftspec_core.Model`` objects (draft may be None).
+    """
+    from swiftspec import swiftspec_core as core
+
+    options = core.ModelOptions()
+    options.max_context = int(max_context)
+    options.max_tree = int(max_tree)
+    options.num_threads = int(num_threads)
+    target = core.load_group_model(str(target_dir), json.dumps(placement["target"]), options, backend)
+    draft = None
+    if draft_dir is not None:
+        draft = core.load_group_model(str(draft_dir), json.dumps(placement["draft"]), options, backend)
+    return target, draft
