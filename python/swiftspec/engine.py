@@ -40,6 +40,9 @@ class GenerationResult:
         tpot_s: time per output token after the first, seconds.
         stats: the runtime's counters (verification_steps, draft_steps,
             acceptance_length, target_time, draft_time, ...).
+        timeline: async mode only: the per-round timeline of the draft and
+            target groups (``swiftspec_core.Timeline``: ``summary()``,
+            ``save_chrome_trace(path)``); None otherwise.
     """
 
     text: str
@@ -49,6 +52,7 @@ class GenerationResult:
     ttft_s: float
     decode_s: float
     stats: dict = field(default_factory=dict)
+    timeline: object = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -80,6 +84,10 @@ class Engine:
         max_context: KV capacity in tokens (prompt + new tokens).
         max_tree: tree KV capacity in nodes (>= the largest tree budget used).
         num_threads: CPU threads per model (0: all cores).
+        placement: where the draft group and the target group run and their
+            tensor-parallel degrees ("auto", a dict, JSON text or a .json
+            path; see ``swiftspec.placement``). None: both models use
+            ``num_threads`` unpinned threads, TP 1.
 
     Raises:
         CheckpointError: a path is missing or not a valid model, naming it.
@@ -96,6 +104,7 @@ class Engine:
         max_context: int = 4096,
         max_tree: int = 256,
         num_threads: int = 0,
+        placement=None,
     ):
         from swiftspec import swiftspec_core as core
 
@@ -113,8 +122,17 @@ class Engine:
         options.max_context = int(max_context)
         options.max_tree = int(max_tree)
         options.num_threads = int(num_threads)
-        self._target = core.load_model(str(self.target_dir), backend, options)
-        self._draft = core.load_model(str(self.draft_dir), backend, options) if self.draft_dir else None
+        self.placement = None
+        if placement is not None:
+            from swiftspec.placement import load_models, normalize
+
+            self.placement = normalize(placement)
+            self._target, self._draft = load_models(self.target_dir, self.draft_dir, self.placement, backend=backend,
+                                                    max_context=max_context, max_tree=max_tree,
+                                                    num_threads=num_threads)
+        else:
+            self._target = core.load_model(str(self.target_dir), backend, options)
+            self._draft = core.load_model(str(self.draft_dir), backend, options) if self.draft_dir else None
         self._engine = core.Engine(self._target, self._draft)
         self.backend = backend
         self._lock = threading.Lock()
@@ -188,6 +206,7 @@ class Engine:
         max_depth: int = 8,
         branching: int = 2,
         on_text=None,
+        async_options: dict | None = None,
     ) -> GenerationResult:
         """Generates a continuation of ``prompt`` (text, chat messages or token ids).
 
@@ -199,6 +218,8 @@ class Engine:
         Generation ends at max_new_tokens, an EOS token, or a ``stop`` string
         (the text is cut before it). ``on_text(delta: str) -> bool | None`` is
         called with new text as it is final; returning False cancels.
+        ``async_options`` (async mode): growth_depth, min_send_nodes,
+        expand_width, min_expand_prob, record_timeline (swiftspec_core.generate_async).
 
         Raises:
             InvalidRequestError: bad prompt or parameter (named in the message),
@@ -242,20 +263,24 @@ class Engine:
 
         with self._lock:  # one request at a time per engine
             t0 = time.perf_counter()
-            out = self._engine.generate(
-                prompt_ids,
+            request = dict(
                 max_new_tokens=max_new_tokens,
                 temperature=float(temperature),
                 top_k=top_k,
                 top_p=float(top_p),
                 seed=seed,
                 stop_token_ids=self.tokenizer.eos_token_ids,
-                mode=mode,
                 tree_budget=tree_budget,
                 max_depth=max_depth,
                 branching=branching,
                 on_tokens=on_tokens,
             )
+            if mode == "async":  # parallel tree generation, with its timeline
+                from swiftspec import swiftspec_core as core
+
+                out = core.generate_async(self._engine, prompt_ids, **request, **(async_options or {}))
+            else:
+                out = self._engine.generate(prompt_ids, mode=mode, **request)
             wall = time.perf_counter() - t0
         stats = dict(out["stats"])
         stats["wall_time"] = wall
@@ -273,6 +298,7 @@ class Engine:
             ttft_s=stats["prefill_time"],
             decode_s=stats["decode_time"],
             stats=stats,
+            timeline=out.get("timeline"),
         )
 
     def stream(self, prompt, **kwargs) -> Iterator[str]:
