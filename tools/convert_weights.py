@@ -26,18 +26,23 @@ def main() -> int:
     p.add_argument("input", type=Path, help="a .gguf file or a Hugging Face model folder")
     p.add_argument("--out", type=Path, required=True, help="checkpoint folder to create (must be empty or new)")
     p.add_argument("--dtype", choices=SUPPORTED_DTYPES, default="bfloat16", help="weight storage dtype")
-    p.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree (only 1 for now)")
+    p.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="tensor-parallel degree: N > 1 writes one padded shard per rank (docs/checkpoint_format.md); "
+                        "the input may then also be a TP-1 checkpoint folder")
     p.add_argument("--overwrite", action="store_true", help="allow writing into a non-empty --out folder")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args()
 
-    if args.tp != 1:
-        p.error(f"--tp {args.tp}: tensor-parallel sharded checkpoints arrive with the async engine; "
-                "convert with --tp 1 (the default) for now")
+    if args.tp < 1:
+        p.error(f"--tp {args.tp}: the tensor-parallel degree must be >= 1")
     if not args.input.exists():
         raise CheckpointError(f"input {args.input} does not exist")
     kwargs = dict(dtype=args.dtype, progress=not args.quiet, overwrite=args.overwrite)
-    if args.input.is_dir():
+    if args.tp > 1:  # pre-sharded, padded folder (swiftspec.convert.tp_shard; input may be a TP-1 folder)
+        from swiftspec.convert.tp_shard import convert_sharded
+
+        out = convert_sharded(args.input, args.out, args.tp, **kwargs)
+    elif args.input.is_dir():
         out = convert_hf(args.input, args.out, **kwargs)
     else:
         out = convert_gguf(args.input, args.out, **kwargs)
