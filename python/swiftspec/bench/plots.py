@@ -42,19 +42,20 @@ def plot_tokens_per_s(document: dict, path: Path) -> Path:
     width = 0.8 / max(1, len(configs))
     rng = np.random.default_rng(0)
     for j, cfg in enumerate(configs):
-        xs, means = [], []
+        xs, means, empty = [], [], []
         for i, ds in enumerate(datasets):
             vals = [r["tokens_per_s"] for r in rows if r["config"] == cfg and r["dataset"] == ds
                     and r["tokens_per_s"] is not None]
             x = i + (j - (len(configs) - 1) / 2) * width
             xs.append(x)
             means.append(float(np.mean(vals)) if vals else 0.0)
+            empty.append(not vals)
             if vals:
                 ax.scatter(x + rng.uniform(-width / 4, width / 4, len(vals)), vals, s=6, color="black",
                            alpha=0.5, zorder=3)
         bars = ax.bar(xs, means, width=width * 0.95, label=cfg, zorder=2)
-        for b, mval in zip(bars, means):
-            ax.annotate(f"{mval:.1f}", (b.get_x() + b.get_width() / 2, mval), ha="center", va="bottom",
+        for b, mval, none in zip(bars, means, empty):
+            ax.annotate("n/a" if none else f"{mval:.1f}", (b.get_x() + b.get_width() / 2, mval), ha="center", va="bottom",
                         fontsize=7, xytext=(0, 2), textcoords="offset points")
     ax.set_xticks(range(len(datasets)), datasets)
     ax.set_ylabel("decode tokens/s (bars: mean; dots: requests)")
@@ -130,6 +131,8 @@ def plot_acceptance(document: dict, path: Path) -> Path | None:
                     ax.axhline(a["acceptance_length"]["mean"], color="gray", linestyle=":" if k else "-.",
                                linewidth=1, label=f"{c['name']} — {ds}")
     ax.set_xscale("log", base=2)
+    low, high = ax.get_ylim()
+    ax.set_ylim(min(0.9, low), max(high, 2.0))
     ax.set_xlabel("tree budget (draft nodes verified per target step)")
     ax.set_ylabel("acceptance length (tokens per verification)")
     ax.set_title(_title(document, "Acceptance length per tree budget"), fontsize=9)
