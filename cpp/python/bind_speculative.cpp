@@ -167,6 +167,7 @@ void bind_speculative(nb::module_& parent) {
            "Adds a child (draft log-prob <= 0); returns its index.")
       .def("find_child", &TokenTree::find_child, "parent"_a, "token"_a)
       .def("set_expanded", &TokenTree::set_expanded, "node"_a, "draws"_a = std::vector<int32_t>{})
+      .def("clear_draws", &TokenTree::clear_draws)
       .def("path_to", &TokenTree::path_to, "node"_a)
       .def("path_tokens", &TokenTree::path_tokens, "node"_a)
       .def_prop_ro("max_depth", &TokenTree::max_depth)
@@ -333,17 +334,19 @@ void bind_speculative(nb::module_& parent) {
       .def(
           "__init__",
           [](DraftTree* self, Model& draft, int tree_budget, int max_depth, int branching, float temperature,
-             int top_k, float top_p, uint64_t seed, const std::string& growth, int expand_width) {
+             int top_k, float top_p, uint64_t seed, const std::string& growth, int expand_width,
+             double min_expand_prob) {
             GenerationConfig c = make_config(1, temperature, top_k, top_p, seed, {}, tree_budget, max_depth, branching);
             c.validate();
             SpeculativeOptions o;
             o.growth = parse_growth(growth);
             o.expand_width = expand_width;
+            o.min_expand_prob = min_expand_prob;
             new (self) DraftTree(draft, c, o, seed);
           },
           "draft"_a, "tree_budget"_a = 16, "max_depth"_a = 8, "branching"_a = 2, "temperature"_a = 0.0f,
           "top_k"_a = 0, "top_p"_a = 1.0f, "seed"_a = 0, "growth"_a = "auto", "expand_width"_a = 0,
-          nb::keep_alive<1, 2>())
+          "min_expand_prob"_a = 0.0, nb::keep_alive<1, 2>())
       .def("start", &DraftTree::start, "prompt"_a, "first_token"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("can_grow", &DraftTree::can_grow, "depth_limit"_a)
       .def("selectable_nodes", &DraftTree::selectable_nodes, "depth_limit"_a)
@@ -416,13 +419,14 @@ void bind_speculative(nb::module_& parent) {
       "generate_serial",
       [](Model& target, Model& draft, const std::vector<int32_t>& prompt, int max_new_tokens, float temperature,
          int top_k, float top_p, uint64_t seed, const std::vector<int32_t>& stop_token_ids, int tree_budget,
-         int max_depth, int branching, const std::string& growth, int expand_width, const std::string& verifier_bias,
-         nb::object on_tokens) {
+         int max_depth, int branching, const std::string& growth, int expand_width, double min_expand_prob,
+         const std::string& verifier_bias, nb::object on_tokens) {
         const GenerationConfig cfg = make_config(max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids,
                                                  tree_budget, max_depth, branching);
         SpeculativeOptions opt;
         opt.growth = parse_growth(growth);
         opt.expand_width = expand_width;
+        opt.min_expand_prob = min_expand_prob;
         opt.verifier_bias = parse_bias(verifier_bias);
         std::exception_ptr callback_error;
         TokenCallback cb;
@@ -453,7 +457,8 @@ void bind_speculative(nb::module_& parent) {
       },
       "target"_a, "draft"_a, "prompt"_a, "max_new_tokens"_a = 128, "temperature"_a = 0.0f, "top_k"_a = 0,
       "top_p"_a = 1.0f, "seed"_a = 0, "stop_token_ids"_a = std::vector<int32_t>{}, "tree_budget"_a = 16,
-      "max_depth"_a = 8, "branching"_a = 2, "growth"_a = "auto", "expand_width"_a = 0, "verifier_bias"_a = "none",
+      "max_depth"_a = 8, "branching"_a = 2, "growth"_a = "auto", "expand_width"_a = 0,
+      "min_expand_prob"_a = SpeculativeOptions::kDefaultMinExpandProb, "verifier_bias"_a = "none",
       "on_tokens"_a = nb::none(),
       "Serial tree generation (speculative.h) with explicit options. Returns {'tokens', 'stats',\n"
       "'report'}; report has the growth rule, the verification scheme(s) used, per-step acceptance.");

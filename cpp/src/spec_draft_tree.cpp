@@ -22,6 +22,8 @@ DraftTree::DraftTree(Model& draft, const GenerationConfig& config, const Specula
       growth_(options.resolve_growth(config.sampling)),
       branching_(config.branching),
       expand_width_(options.resolve_expand_width(config)),
+      min_cum_logprob_(options.min_expand_prob > 0.0 ? std::log(options.min_expand_prob)
+                                                     : -std::numeric_limits<double>::infinity()),
       rng_(seed),
       cache_(draft) {
   if (branching_ < 1) throw InvalidArgument("branching must be >= 1, got " + std::to_string(branching_));
@@ -35,11 +37,15 @@ void DraftTree::start(const std::vector<int32_t>& prompt, int32_t first_token) {
   q_.clear();
 }
 
+bool DraftTree::expandable(const TreeNode& n, int depth_limit) const {
+  return !n.expanded && n.depth < depth_limit && (n.depth == 0 || n.cum_logprob >= min_cum_logprob_);
+}
+
 bool DraftTree::can_grow(int depth_limit) const {
   const int need = static_cast<int>(cache_.pending_tokens().size()) + 1;
   if (cache_.free_slots() < need) return false;
   for (const TreeNode& n : tree_.nodes())
-    if (!n.expanded && n.depth < depth_limit) return true;
+    if (expandable(n, depth_limit)) return true;
   return false;
 }
 
@@ -53,10 +59,8 @@ int DraftTree::selectable_nodes(int depth_limit) const {
 int DraftTree::grow_step(int depth_limit, int max_new_nodes) {
   // Best-first: unexpanded nodes by cumulative draft log-prob, then age.
   std::vector<int32_t> cand;
-  for (int i = 0; i < tree_.size(); ++i) {
-    const TreeNode& n = tree_.node(i);
-    if (!n.expanded && n.depth < depth_limit) cand.push_back(i);
-  }
+  for (int i = 0; i < tree_.size(); ++i)
+    if (expandable(tree_.node(i), depth_limit)) cand.push_back(i);
   std::stable_sort(cand.begin(), cand.end(), [this](int32_t a, int32_t b) {
     return tree_.node(a).cum_logprob > tree_.node(b).cum_logprob;
   });

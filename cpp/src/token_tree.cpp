@@ -65,6 +65,10 @@ void TokenTree::set_expanded(int i, std::vector<int32_t> draws) {
   nodes_[i].draws = std::move(draws);
 }
 
+void TokenTree::clear_draws() {
+  for (auto& n : nodes_) n.draws.clear();
+}
+
 std::vector<int32_t> TokenTree::path_to(int i) const {
   node(i);
   std::vector<int32_t> path;

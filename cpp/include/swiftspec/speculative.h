@@ -61,6 +61,15 @@ struct SpeculativeOptions {
   /// ceil(tree_budget / (branching * max_depth)) (at least 1), which reaches
   /// a full tree in about max_depth draft steps.
   int expand_width = 0;
+  /// Serial growth stops expanding nodes whose cumulative draft probability
+  /// exp(cum_logprob) is below this (the root is always expanded): on a
+  /// serial schedule every draft step delays the target, and a node that
+  /// unlikely adds less expected accepted tokens than a draft step costs.
+  /// 0 disables it (grow until tree_budget). The rule looks only at values
+  /// known before a node's children are drawn, so Sampled growth stays
+  /// lossless. In [0, 1].
+  double min_expand_prob = kDefaultMinExpandProb;
+  static constexpr double kDefaultMinExpandProb = 0.0;
   /// Test-only negative controls of the losslessness tests (verification.h).
   VerifierBias verifier_bias = VerifierBias::None;
 
@@ -98,12 +107,14 @@ class DraftTree {
   void start(const std::vector<int32_t>& prompt, int32_t first_token);
 
   /// True when another expansion can add nodes: an unexpanded node of depth
-  /// < depth_limit exists and tree slots are free.
+  /// < depth_limit and cumulative probability >= min_expand_prob exists and
+  /// tree slots are free.
   bool can_grow(int depth_limit) const;
   /// Non-root nodes of depth <= depth_limit.
   int selectable_nodes(int depth_limit) const;
   /// One draft step: expands up to expand_width best unexpanded nodes of
-  /// depth < depth_limit in one draft forward pass. With `max_new_nodes` >= 0
+  /// depth < depth_limit (and cumulative probability >= min_expand_prob) in
+  /// one draft forward pass. With `max_new_nodes` >= 0
   /// (Sampled growth's exact budget) adds at most that many nodes. Returns
   /// the number of nodes added (0: nothing to expand; no forward pass run).
   int grow_step(int depth_limit, int max_new_nodes = -1);
@@ -111,7 +122,14 @@ class DraftTree {
   void grow_to(int budget, int depth_limit);
 
   /// The subtree to verify: select_best(budget, depth_limit) as a new tree;
-  /// `to_draft` receives each node's index in this tree.
+  /// `to_draft` receives each node's index in this tree. Expansion draws are
+  /// kept only when the whole tree is selected (TokenTree::subtree). That is
+  /// lossless for serial growth, where "the whole tree is selected" never
+  /// depends on drawn values (Sampled growth stops at the budget). A caller
+  /// that selects while the tree keeps growing (the asynchronous engine) must
+  /// call clear_draws() on the result: whether the selection is whole would
+  /// then depend on how many distinct tokens the draws produced, which would
+  /// bias rejection sampling; target sampling stays lossless.
   TokenTree select(int budget, int depth_limit, std::vector<int32_t>& to_draft) const;
   /// The draft distribution q of expanded node `node` (Sampled growth), or
   /// nullptr.
@@ -137,12 +155,13 @@ class DraftTree {
   int drafted_nodes() const { return drafted_nodes_; }
 
  private:
-  void expand(int node, const float* logits);
+  bool expandable(const TreeNode& n, int depth_limit) const;
   Model* draft_;
   SamplingParams sampling_;
   TreeGrowth growth_;
   int branching_;
   int expand_width_;
+  double min_cum_logprob_;  ///< log(min_expand_prob); -inf when disabled
   Rng rng_;
   TokenTree tree_;
   TreeKvCache cache_;
@@ -186,7 +205,7 @@ class TreeVerifier {
 };
 
 /// Validates the speculative parts of a request for the pair: config.validate(),
-/// tree_budget / max_depth / branching >= 1, tree_budget + 1 <= max_tree of the
+/// tree_budget / max_depth / branching >= 1, min_expand_prob in [0, 1], tree_budget + 1 <= max_tree of the
 /// target and tree_budget + 2 <= max_tree of the draft, equal vocabularies, a
 /// non-empty prompt of ids in [0, vocab), prompt + max_new_tokens <= max_context
 /// of both models, expand_width >= 0. Throws InvalidArgument naming the field

@@ -83,6 +83,10 @@ class TokenTree {
   /// (every draw must be the token of a child of `node`, else InvalidArgument).
   void set_expanded(int node, std::vector<int32_t> draws = {});
 
+  /// Drops every node's expansion draws (children stay): the tree is then
+  /// verified by target sampling only (verification.h).
+  void clear_draws();
+
   /// Indices root..i along the path (depth order, `i` last).
   std::vector<int32_t> path_to(int i) const;
   /// Tokens of path_to(i), root included.
