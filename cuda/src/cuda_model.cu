@@ -375,6 +375,26 @@ class CudaModelImpl final : public CudaModel {
     }
   }
 
+  void debug_read_weight(const std::string& which, int layer, std::vector<float>& out) override {
+    SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const DeviceBuffer* b = nullptr;
+    if (which == "embed") b = &embed_;
+    else if (which == "lm") b = &lm_;
+    else {
+      if (layer < 0 || layer >= cfg_.num_layers) throw InvalidArgument("debug_read_weight: bad layer");
+      const Layer& L = layers_[layer];
+      if (which == "qkv") b = &L.qkv;
+      else if (which == "o") b = &L.o;
+      else if (which == "gate_up") b = &L.gu;
+      else if (which == "down") b = &L.down;
+      else throw InvalidArgument("debug_read_weight: unknown weight '" + which + "'");
+    }
+    std::vector<uint16_t> tmp(b->bytes() / 2);
+    SS_CUDA_CHECK(cudaMemcpy(tmp.data(), b->get(), b->bytes(), cudaMemcpyDeviceToHost));
+    out.resize(tmp.size());
+    for (size_t i = 0; i < tmp.size(); ++i) out[i] = bf16_bits_to_float(tmp[i]);
+  }
+
   size_t weight_bytes_per_step() const override {
     size_t b = 0;
     for (const Layer& L : layers_) b += L.qkv.bytes() + L.qkv_bias.bytes() + L.o.bytes() + L.gu.bytes() + L.down.bytes();

@@ -538,7 +538,16 @@ void diagnose_model(const std::string& tag, const ModelConfig& cfg, const CudaMo
       size_t bad = 0;
       const double e = rel_err(g, refv, &bad);
       std::snprintf(name, sizeof name, "diag[%s] pos %d %s", tag.c_str(), pos, what);
-      record(name, e, 1e-2, e < 1e-2 && bad == 0);
+      char det[200] = "";
+      if (!(e < 1e-2)) {
+        // first values and the index of the largest difference
+        size_t worst = 0;
+        for (size_t i = 0; i < g.size(); ++i)
+          if (std::fabs(g[i] - refv[i]) > std::fabs(g[worst] - refv[worst])) worst = i;
+        std::snprintf(det, sizeof det, "gpu[0..3] %.4g %.4g %.4g %.4g ref %.4g %.4g %.4g %.4g worst@%zu gpu %.4g ref %.4g",
+                      g[0], g[1], g[2], g[3], refv[0], refv[1], refv[2], refv[3], worst, g[worst], refv[worst]);
+      }
+      record(name, e, 1e-2, e < 1e-2 && bad == 0, det);
     };
     if (L > 0) {
       cmp("q", tr.q[L - 1]);
@@ -547,6 +556,42 @@ void diagnose_model(const std::string& tag, const ModelConfig& cfg, const CudaMo
     }
     cmp("h32", tr.h_final);
     cmp("logits", rl);
+    // Host emulation of the GPU's own last step from GPU-side data: splits a
+    // mismatch into "weights on the device differ from the checkpoint" and
+    // "a kernel computes something else than its inputs say".
+    if (pos == 0) {
+      const int H = cfg.hidden_size, V = cfg.vocab_size;
+      std::vector<float> lmw, h32, ssq;
+      m->debug_read_weight("lm", 0, lmw);
+      m->debug_read_activations("h32", 1, h32);
+      m->debug_read_activations("ssq", 1, ssq);
+      const auto& src = cfg.tie_word_embeddings ? tw.f["model.embed_tokens.weight"] : tw.f["lm_head.weight"];
+      const auto& gam = tw.f["model.norm.weight"];
+      size_t wdiff = 0;
+      for (int n = 0; n < V; ++n)
+        for (int k = 0; k < H; ++k)
+          if (bf2f(f2bf(src[static_cast<size_t>(n) * H + k] * gam[k])) != lmw[static_cast<size_t>(n) * H + k]) ++wdiff;
+      std::snprintf(name, sizeof name, "diag[%s] LM weights on device == bf16(W*g)", tag.c_str());
+      char det[120];
+      std::snprintf(det, sizeof det, "(%zu of %d differ)", wdiff, V * H);
+      record(name, wdiff, 0, wdiff == 0, det);
+      double ss = 0, ssg = 0;
+      for (int i = 0; i < H; ++i) ss += static_cast<double>(h32[i]) * h32[i];
+      for (int t = 0; t < H / 16; ++t) ssg += ssq[t];
+      const double rinv = 1.0 / std::sqrt(ssq.empty() ? 0.0 : ssg / H + cfg.rms_norm_eps);
+      std::vector<float> emu(V);
+      for (int n = 0; n < V; ++n) {
+        double acc = 0;
+        for (int k = 0; k < H; ++k) acc += static_cast<double>(lmw[static_cast<size_t>(n) * H + k]) * bf2f(f2bf(h32[k]));
+        emu[n] = static_cast<float>(acc * rinv);
+      }
+      size_t bad = 0;
+      const double e = rel_err(lg, emu, &bad);
+      std::snprintf(name, sizeof name, "diag[%s] GPU logits == host emulation from device data", tag.c_str());
+      std::snprintf(det, sizeof det, "(ssq sum %.4g vs host %.4g; gpu[0..2] %.4g %.4g %.4g emu %.4g %.4g %.4g ref %.4g %.4g %.4g)",
+                    ssg, ss, lg[0], lg[1], lg[2], emu[0], emu[1], emu[2], rl[0], rl[1], rl[2]);
+      record(name, e, 1e-2, e < 1e-2, det);
+    }
   }
 }
 

@@ -95,6 +95,11 @@ class CudaModel : public Model {
   /// (SwiGLU output, [rows][intermediate]), "ssq" ([rows][hidden/16]).
   virtual void debug_read_activations(const std::string& which, int rows, std::vector<float>& out) = 0;
 
+  /// Test hook: copies a device weight matrix as fp32, in its device layout
+  /// (rows permuted, RMSNorm weight folded; see weight_layout.h): "embed", "lm"
+  /// (vocab rows padded to 16), or per layer "qkv", "o", "gate_up", "down".
+  virtual void debug_read_weight(const std::string& which, int layer, std::vector<float>& out) = 0;
+
   /// Bytes of weights one decode step reads (all layers, final norm, LM head;
   /// the embedding counts one row).
   virtual size_t weight_bytes_per_step() const = 0;
