@@ -12,7 +12,8 @@
 #   6. prints a summary table (last) and writes under $OUT (8 files):
 #      build.log check.log check.json bench.log bench.json peer.log peer.json summary.json
 # Usage (repo root): tools/gpu_check.sh        env: OUT (default /tmp/swiftspec-gpu),
-#   SKIP_PEER=1, SKIP_GEMM_BENCH=1, BUILD_DIR (default build/gpu), JOBS (default nproc)
+#   SKIP_PEER=1, SKIP_GEMM_BENCH=1, BUILD_DIR (default build/gpu), JOBS (default nproc),
+#   BUDGET_S (default 560: seconds the whole script may take; waits are cut to fit)
 # nlohmann-json headers: a carried .whl/nlohmann_json-*.whl, an installed
 # nlohmann_json Python package, or SWIFTSPEC_JSON_INCLUDE_DIR.
 set -uo pipefail
@@ -21,7 +22,7 @@ BUILD_DIR=${BUILD_DIR:-build/gpu}
 JOBS=${JOBS:-$(nproc)}
 mkdir -p "$OUT"
 T0=$(date +%s)
-DEADLINE=$((T0 + 560))
+DEADLINE=$((T0 + ${BUDGET_S:-560}))
 el() { echo $(( $(date +%s) - T0 )); }
 left() { echo $(( DEADLINE - $(date +%s) )); }
 log() { echo "[gpu_check +$(el)s] $*"; }
@@ -83,7 +84,7 @@ fi
 # ---- 4. our benchmark (after the peers finished compiling) ------------------------
 if [ "${SKIP_PEER:-0}" != "1" ]; then
   for s in $SHAPES; do
-    while [ ! -e "$PEER_TMP/$s.ready" ] && kill -0 "${PEER_PID[$s]}" 2>/dev/null && [ "$(left)" -gt 200 ]; do sleep 1; done
+    while [ ! -e "$PEER_TMP/$s.ready" ] && kill -0 "${PEER_PID[$s]}" 2>/dev/null && [ "$(left)" -gt 110 ]; do sleep 1; done
   done
   log "peers ready: $(ls $PEER_TMP/*.ready 2>/dev/null | wc -l)/3"
 fi
@@ -91,7 +92,8 @@ if [ -x "$BIN/swiftspec-cuda-bench" ]; then
   BARGS=""
   [ "${SKIP_GEMM_BENCH:-0}" = "1" ] && BARGS="--no-gemm"
   log "bench"
-  timeout $(( $(left) > 240 ? 180 : $(left) - 60 )) "$BIN/swiftspec-cuda-bench" --json "$OUT/bench.json" $BARGS > "$OUT/bench.log" 2>&1
+  BT=$(( $(left) - 40 )); [ "$BT" -gt 180 ] && BT=180; [ "$BT" -lt 30 ] && BT=30
+  timeout "$BT" "$BIN/swiftspec-cuda-bench" --json "$OUT/bench.json" $BARGS > "$OUT/bench.log" 2>&1
   log "bench exit $?"
 fi
 
@@ -99,7 +101,7 @@ fi
 if [ "${SKIP_PEER:-0}" != "1" ]; then
   for s in $SHAPES; do
     touch "$PEER_TMP/$s.go"
-    while kill -0 "${PEER_PID[$s]}" 2>/dev/null && [ "$(left)" -gt 15 ]; do sleep 0.5; done
+    while kill -0 "${PEER_PID[$s]}" 2>/dev/null && [ "$(left)" -gt 8 ]; do sleep 0.5; done
     kill "${PEER_PID[$s]}" 2>/dev/null
     log "peer $s: $(grep -h 'ms/token' "$PEER_TMP/$s.log" | tail -1)"
   done

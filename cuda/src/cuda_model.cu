@@ -499,14 +499,20 @@ class CudaModelImpl final : public CudaModel {
     SS_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
+  // Uploads go through stream_ (and wait for it): a plain cudaMemcpy from
+  // pageable memory may return before its DMA has landed, and kernels on the
+  // non-blocking stream_ do not order after the legacy stream — a race that
+  // once corrupted weights here.
   DeviceBuffer upload_ints(const std::vector<int>& v) {
     DeviceBuffer b(sizeof(int) * v.size());
-    SS_CUDA_CHECK(cudaMemcpy(b.get(), v.data(), b.bytes(), cudaMemcpyHostToDevice));
+    SS_CUDA_CHECK(cudaMemcpyAsync(b.get(), v.data(), b.bytes(), cudaMemcpyHostToDevice, stream_));
+    SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return b;
   }
   DeviceBuffer upload_floats(const std::vector<float>& v) {
     DeviceBuffer b(sizeof(float) * v.size());
-    SS_CUDA_CHECK(cudaMemcpy(b.get(), v.data(), b.bytes(), cudaMemcpyHostToDevice));
+    SS_CUDA_CHECK(cudaMemcpyAsync(b.get(), v.data(), b.bytes(), cudaMemcpyHostToDevice, stream_));
+    SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return b;
   }
   /// Copies the raw bytes of `parts` (same dtype) one after the other into scratch_.
@@ -518,14 +524,18 @@ class CudaModelImpl final : public CudaModel {
       for (int64_t d : p->shape) n *= static_cast<size_t>(d);
       total += n;
     }
-    if (scratch_.bytes() < total) scratch_.allocate(total);
+    if (scratch_.bytes() < total) {
+      SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      scratch_.allocate(total);
+    }
     size_t off = 0;
     for (const HostWeight* p : parts) {
       size_t n = dtype_bytes(p->dtype);
       for (int64_t d : p->shape) n *= static_cast<size_t>(d);
-      SS_CUDA_CHECK(cudaMemcpy(scratch_.as<unsigned char>() + off, p->data, n, cudaMemcpyHostToDevice));
+      SS_CUDA_CHECK(cudaMemcpyAsync(scratch_.as<unsigned char>() + off, p->data, n, cudaMemcpyHostToDevice, stream_));
       off += n;
     }
+    SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
   // ---------------------------------------------------------------- steps

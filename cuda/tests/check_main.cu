@@ -128,8 +128,8 @@ void check_gemm(int N, int K, const std::vector<int>& Ms, Rng& rng, int num_sms,
     }
   });
   DeviceBuffer dw(w.size() * 2), dx(x.size() * 2), dout(sizeof(float) * R * N);
-  SS_CUDA_CHECK(cudaMemcpy(dw.get(), w.data(), dw.bytes(), cudaMemcpyHostToDevice));
-  SS_CUDA_CHECK(cudaMemcpy(dx.get(), x.data(), dx.bytes(), cudaMemcpyHostToDevice));
+  SS_CUDA_CHECK(cudaMemcpyAsync(dw.get(), w.data(), dw.bytes(), cudaMemcpyHostToDevice, st));
+  SS_CUDA_CHECK(cudaMemcpyAsync(dx.get(), x.data(), dx.bytes(), cudaMemcpyHostToDevice, st));
   std::vector<float> row0_m1;
   std::vector<float> out(static_cast<size_t>(R) * N);
   for (int M : Ms) {
@@ -206,9 +206,9 @@ void check_gemm_rms(int N, int K, const std::vector<int>& Ms, Rng& rng, int num_
     }
   });
   DeviceBuffer dw(w.size() * 2), dx(x.size() * 2), dssq(ssq.size() * 4), dout(sizeof(float) * R * N);
-  SS_CUDA_CHECK(cudaMemcpy(dw.get(), w.data(), dw.bytes(), cudaMemcpyHostToDevice));
-  SS_CUDA_CHECK(cudaMemcpy(dx.get(), x.data(), dx.bytes(), cudaMemcpyHostToDevice));
-  SS_CUDA_CHECK(cudaMemcpy(dssq.get(), ssq.data(), dssq.bytes(), cudaMemcpyHostToDevice));
+  SS_CUDA_CHECK(cudaMemcpyAsync(dw.get(), w.data(), dw.bytes(), cudaMemcpyHostToDevice, st));
+  SS_CUDA_CHECK(cudaMemcpyAsync(dx.get(), x.data(), dx.bytes(), cudaMemcpyHostToDevice, st));
+  SS_CUDA_CHECK(cudaMemcpyAsync(dssq.get(), ssq.data(), dssq.bytes(), cudaMemcpyHostToDevice, st));
   std::vector<float> out(static_cast<size_t>(R) * N);
   for (int M : Ms) {
     const int nt = bucket_nt(M);
@@ -559,6 +559,32 @@ void diagnose_model(const std::string& tag, const ModelConfig& cfg, const CudaMo
     // Host emulation of the GPU's own last step from GPU-side data: splits a
     // mismatch into "weights on the device differ from the checkpoint" and
     // "a kernel computes something else than its inputs say".
+    {
+      // Device weights vs the test's host copy and vs a fresh host copy made
+      // from the same seed: tells device-side from host-side corruption.
+      Rng rng2(seed);
+      TinyWeights fresh = make_weights(cfg, rng2);
+      for (const char* wname : {"embed", "qkv"}) {
+        std::vector<float> dv;
+        m->debug_read_weight(wname, 0, dv);
+        size_t d_tw = 0, d_fresh = 0, tw_fresh = 0;
+        if (std::string(wname) == "embed") {
+          const auto& a = tw.f["model.embed_tokens.weight"];
+          const auto& b = fresh.f["model.embed_tokens.weight"];
+          for (size_t i = 0; i < a.size(); ++i) {
+            d_tw += dv[i] != a[i];
+            d_fresh += dv[i] != b[i];
+            tw_fresh += a[i] != b[i];
+          }
+        } else if (L > 0) {
+          const auto& a = tw.f["model.layers.0.self_attn.q_proj.weight"];
+          const auto& b = fresh.f["model.layers.0.self_attn.q_proj.weight"];
+          for (size_t i = 0; i < a.size(); ++i) tw_fresh += a[i] != b[i];
+        }
+        std::snprintf(name, sizeof name, "diag[%s] pos %d %s: device!=host %zu device!=fresh %zu host!=fresh %zu", tag.c_str(), pos, wname, d_tw, d_fresh, tw_fresh);
+        record(name, static_cast<double>(d_tw + tw_fresh), 0, d_tw + tw_fresh == 0);
+      }
+    }
     if (pos == 0) {
       const int H = cfg.hidden_size, V = cfg.vocab_size;
       std::vector<float> lmw, h32, ssq;
@@ -637,8 +663,21 @@ void write_json(const std::string& path) {
 
 int main(int argc, char** argv) {
   std::string json;
-  for (int i = 1; i < argc; ++i)
+  bool diag_only = false;
+  for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--json" && i + 1 < argc) json = argv[++i];
+    if (std::string(argv[i]) == "--diag-only") diag_only = true;
+  }
+  if (diag_only) {
+    try {
+      ModelConfig c1 = tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true);
+      c1.num_layers = 1;
+      diagnose_model("llama L=1", c1, CudaModelOptions{}, 12);
+    } catch (const std::exception& e) {
+      std::printf("diag aborted: %s\n", e.what());
+    }
+    return 0;
+  }
   try {
     cudaDeviceProp prop;
     SS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));

@@ -14,10 +14,12 @@ namespace swiftspec::cuda {
 
 namespace cg = cooperative_groups;
 
-/// Pipeline depth for a tile shape: about 48 KiB of stages, 3..8 deep.
+/// Pipeline depth for a tile shape: about 24 KiB of stages, 3..8 deep (small
+/// CTAs, so that many are resident: the bytes in flight per SM come from the
+/// number of CTAs, and more resident clusters mean fewer persistent rounds).
 __host__ __device__ constexpr int gemm_stages(int NT, int TM, int WR) {
   const int stage = (16 * TM * WR + 8 * NT) * 128;
-  const int s = (48 * 1024) / stage;
+  const int s = (24 * 1024) / stage;
   return s < 3 ? 3 : (s > 8 ? 8 : s);
 }
 
@@ -286,7 +288,8 @@ GemmConfig plan_gemm(int N, int K, int NT, int num_sms) {
   // Row-block size: for each candidate, the resident clusters (occupancy API)
   // give the number of rounds a persistent CTA makes; estimated time per CTA
   // ~ rounds * (BR + Mpad/2 + 16) (activation tile bytes count half: they come
-  // from L2; 16: fixed per-row-block reduction cost in rows).
+  // from L2; 96: fixed per-row-block cost — cluster syncs, reduction, epilogue —
+  // in rows, as measured on the H200: many small row blocks lose).
   // Then the grid is balanced so that every CTA makes the same number of rounds.
   long best_cost = -1;
   for (int wr : {4, 2, 1}) {
@@ -314,7 +317,7 @@ GemmConfig plan_gemm(int N, int K, int NT, int num_sms) {
     });
     if (clusters <= 0) clusters = std::max(1, num_sms / c.S);
     const int rounds = (n_rb + clusters - 1) / clusters;
-    const long cost = static_cast<long>(rounds) * (br + 4 * NT + 16);
+    const long cost = static_cast<long>(rounds) * (br + 4 * NT + 96);
     if (best_cost < 0 || cost < best_cost) {
       best_cost = cost;
       c.WR = wr;
