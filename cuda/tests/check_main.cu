@@ -565,6 +565,7 @@ void diagnose_model(const std::string& tag, const ModelConfig& cfg, const CudaMo
       Rng rng2(seed);
       TinyWeights fresh = make_weights(cfg, rng2);
       for (const char* wname : {"embed", "qkv"}) {
+        if (std::string(wname) == "qkv" && L == 0) continue;
         std::vector<float> dv;
         m->debug_read_weight(wname, 0, dv);
         size_t d_tw = 0, d_fresh = 0, tw_fresh = 0;
