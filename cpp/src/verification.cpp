@@ -85,7 +85,9 @@ VerificationResult verify_stochastic(const TokenTree& tree, int vocab, const Nod
   for (;;) {
     const TreeNode& nd = tree.node(u);
     int32_t x;
-    if (bias == VerifierBias::AcceptFirstChild && !nd.children.empty()) {
+    if (nd.children.empty()) {
+      x = rng.categorical(target_probs(u), vocab);  // a leaf: the bonus token, no candidate to verify
+    } else if (bias == VerifierBias::AcceptFirstChild) {
       x = tree.node(nd.children[0]).token;
     } else if (!nd.draws.empty()) {
       if (!draft_probs)

@@ -60,8 +60,12 @@ struct VerificationResult {
   std::vector<int32_t> accepted_path;  ///< tree indices, root first (size >= 1)
   std::vector<int32_t> tokens;         ///< accepted children's tokens, then the bonus token
   int32_t bonus_token = -1;
-  int rejection_sampling_nodes = 0;  ///< nodes decided by recursive rejection sampling
-  int target_sampling_nodes = 0;     ///< nodes decided by target sampling (stochastic only)
+  /// Nodes with children whose outcome recursive rejection sampling decided.
+  int rejection_sampling_nodes = 0;
+  /// Nodes with children whose outcome target sampling decided (stochastic
+  /// only). A childless node on the walk only draws the bonus token from p_u
+  /// and counts in neither.
+  int target_sampling_nodes = 0;
 
   /// Accepted speculative tokens (the root excluded).
   int accepted() const { return static_cast<int>(accepted_path.size()) - 1; }
@@ -90,7 +94,7 @@ enum class VerifierBias {
 /// called only for nodes with draws (may be empty otherwise).
 /// Random draws per node: rejection sampling uses one rng.uniform() per draw
 /// it examines and, if all are rejected, one rng.categorical(); target
-/// sampling uses one rng.categorical(). Throws InvalidArgument for an empty
+/// sampling and a childless node use one rng.categorical(). Throws InvalidArgument for an empty
 /// tree, vocab <= 0, a missing draft_probs for a node with draws, or a draw
 /// whose draft probability is 0.
 VerificationResult verify_stochastic(const TokenTree& tree, int vocab, const NodeDistribution& target_probs,
