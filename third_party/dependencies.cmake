@@ -6,7 +6,8 @@ find_package(Python 3.10 COMPONENTS Interpreter REQUIRED)
 
 if(NOT SWIFTSPEC_JSON_INCLUDE_DIR)
   execute_process(
-    COMMAND ${Python_EXECUTABLE} -c "import nlohmann_json, os; print(os.path.join(os.path.dirname(nlohmann_json.__file__), 'include'))"
+    # find_spec locates the package without running its __init__ (which needs importlib_resources)
+    COMMAND ${Python_EXECUTABLE} -c "import importlib.util, os; s = importlib.util.find_spec('nlohmann_json'); print(os.path.join(list(s.submodule_search_locations)[0], 'include'))"
     OUTPUT_VARIABLE SWIFTSPEC_JSON_INCLUDE_DIR OUTPUT_STRIP_TRAILING_WHITESPACE
     RESULT_VARIABLE _json_rc)
   if(NOT _json_rc EQUAL 0 OR NOT EXISTS "${SWIFTSPEC_JSON_INCLUDE_DIR}/nlohmann/json.hpp")

@@ -56,11 +56,11 @@ log "logits checked"
 
 if [ "${SKIP_BENCH:-0}" != "1" ]; then
 NUM=${NUM_PROMPTS:-20}; NEW=${NEW_TOKENS:-256}
-CONFIGS=${CONFIGS:-target,serial:chain6,serial:tree16,serial:tree32,async:tree16,async:tree32}
+CONFIGS=${CONFIGS:-target,serial:chain6,serial:tree16,async:tree16}
 swiftspec bench --backend cuda --datasets humaneval,mtbench --num-prompts "$NUM" --max-new-tokens "$NEW" \
   --configs "$CONFIGS" --skip-unavailable --no-progress --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -40
 log "bench done"
-swiftspec bench --backend cuda --datasets humaneval,mtbench --num-prompts "${PEER_PROMPTS:-4}" \
+[ "${SKIP_PEERS:-0}" = "1" ] || swiftspec bench --backend cuda --datasets humaneval,mtbench --num-prompts "${PEER_PROMPTS:-4}" \
   --max-new-tokens "$NEW" --configs target,serial:tree16,hf:target,hf:assisted --no-progress \
   --out "$OUT/peers" 2>&1 | tee "$OUT/peers.log" | tail -30
 log "peers done"
