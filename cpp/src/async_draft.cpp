@@ -20,9 +20,13 @@ using Args = std::vector<std::pair<std::string, long long>>;
 // The decode-phase loop of the draft leader; returns when the request ends.
 class DraftLoop {
  public:
-  DraftLoop(DraftTree& drafter, Session& s, TimelineTrack* track, LeaderStats& out)
+  // `first_token_pending`: the tree is rooted at the last prompt token and the
+  // target's prefill (round 0) is in flight; its result carries the first token.
+  DraftLoop(DraftTree& drafter, Session& s, TimelineTrack* track, LeaderStats& out, bool first_token_pending)
       : d_(drafter), s_(s), cfg_(s.config), opt_(s.options), track_(track), out_(out) {
     growth_depth_ = opt_.growth_depth > 0 ? opt_.growth_depth : 2 * cfg_.max_depth;
+    emitted_ = first_token_pending ? 0 : 1;
+    target_busy_ = first_token_pending;
   }
 
   void run() {
@@ -95,7 +99,7 @@ class DraftLoop {
   TimelineTrack* track_;
   LeaderStats& out_;
   int growth_depth_ = 0;
-  int emitted_ = 1;  // the first token
+  int emitted_ = 1;  // tokens emitted so far (the root's token included)
   int round_ = 0;    // last round sent
   bool target_busy_ = false;
 };
@@ -105,20 +109,37 @@ class DraftLoop {
 void run_draft_leader(Model& draft, Session& s, TimelineTrack* track, LeaderStats& out) {
   pin_leader(draft);
   DraftTree drafter(draft, s.config, s.options.speculative, draft_seed(s.config.sampling.seed));
+  const std::vector<int32_t>& prompt = s.prompt;
 
-  // The first token (round 0) roots the tree.
+  if (prompt.size() >= 2) {
+    // Draft while the target prefills: root the tree at the last prompt token
+    // (a pending token: its K/V is computed when the root is first expanded)
+    // and grow it — its children guess the first token. The first token
+    // arrives as the round-0 result and re-roots the tree like any other.
+    const double p0 = s.timeline.now();
+    drafter.start(std::vector<int32_t>(prompt.begin(), prompt.end() - 1), prompt.back());
+    out.prefill_time = s.timeline.now() - p0;
+    if (track) track->add(ev::kPrefill, p0, s.timeline.now(), 0, {{"tokens", static_cast<long long>(prompt.size() - 1)}});
+    const int steps0 = drafter.steps();
+    const double time0 = drafter.time();
+    DraftLoop(drafter, s, track, out, /*first_token_pending=*/true).run();
+    out.steps = drafter.steps() - steps0;
+    out.time = drafter.time() - time0;
+    out.drafted_nodes = drafter.drafted_nodes();
+    return;
+  }
+  // A one-token prompt: nothing to prefill ahead; root the tree at the first token.
   const double w0 = s.timeline.now();
   std::optional<ResultMessage> first = s.to_draft.receive();
   if (track) track->add(ev::kWaitResult, w0, s.timeline.now(), 0);
   if (!first || first->finished) return;
   const double p0 = s.timeline.now();
-  drafter.start(s.prompt, first->bonus);
+  drafter.start(prompt, first->bonus);
   out.prefill_time = s.timeline.now() - p0;
-  if (track) track->add(ev::kPrefill, p0, s.timeline.now(), 0, {{"tokens", static_cast<long long>(s.prompt.size())}});
-
+  if (track) track->add(ev::kPrefill, p0, s.timeline.now(), 0, {{"tokens", static_cast<long long>(prompt.size())}});
   const int steps0 = drafter.steps();
   const double time0 = drafter.time();
-  DraftLoop(drafter, s, track, out).run();
+  DraftLoop(drafter, s, track, out, /*first_token_pending=*/false).run();
   out.steps = drafter.steps() - steps0;
   out.time = drafter.time() - time0;
   out.drafted_nodes = drafter.drafted_nodes();

@@ -6,6 +6,7 @@
 #include <tuple>
 #include <stdexcept>
 
+#include "backend/cpu/tp_model.h"
 #include "swiftspec/async_engine.h"
 #include "swiftspec/engine.h"
 #include "swiftspec/error.h"
@@ -161,6 +162,69 @@ SWIFTSPEC_TEST(async_sampling_equals_target_only_sampling) {
     const auto ref = pair().engine->generate(prompts()[1], cfg).tokens;
     cfg.mode = DecodeMode::Async;
     CHECK(pair().engine->generate(prompts()[1], cfg).tokens == ref);
+  }
+}
+
+}  // namespace swiftspec::test
+
+namespace swiftspec::test {
+
+// Many short requests through every way a request ends, with a
+// tensor-parallel target (2 ranks: worker-group threads, communicator) and a
+// plain draft: the ThreadSanitizer stress target of tools/run_tsan.sh.
+// SWIFTSPEC_TEST_STRESS_REQUESTS sets the count (default 40).
+SWIFTSPEC_TEST(async_engine_stress) {
+  TpCpuOptions tp;
+  tp.tp = 2;
+  ModelOptions o;
+  o.max_context = 256;
+  o.max_tree = 32;
+  o.num_threads = 1;
+  auto target = std::shared_ptr<Model>(make_tp_cpu_model(Checkpoint::open(small_dir()), o, tp));
+  auto draft = load_cpu(small_dir(), 1, {}, 256, 32);
+  Engine engine(target, draft);
+  const auto& prompt = small_prompt();
+  GenerationConfig cfg = greedy(8, DecodeMode::TargetOnly, 6, 3, 2);
+  const auto ref = engine.generate(prompt, cfg).tokens;
+  cfg.mode = DecodeMode::Async;
+  const int n = env_int("SWIFTSPEC_TEST_STRESS_REQUESTS", 40);
+  for (int i = 0; i < n; ++i) {
+    GenerationConfig c = cfg;
+    c.max_new_tokens = 1 + i % 8;
+    switch (i % 4) {
+      case 0: {  // limits
+        GenerationResult r = engine.generate(prompt, c);
+        CHECK(r.tokens == std::vector<int32_t>(ref.begin(), ref.begin() + c.max_new_tokens));
+        break;
+      }
+      case 1: {  // a stop token
+        c.max_new_tokens = 8;
+        c.stop_token_ids = {ref[i % 5]};
+        GenerationResult r = engine.generate(prompt, c);
+        const size_t cut = std::find(ref.begin(), ref.end(), ref[i % 5]) - ref.begin() + 1;
+        CHECK(r.tokens == std::vector<int32_t>(ref.begin(), ref.begin() + cut));
+        break;
+      }
+      case 2: {  // cancellation after k tokens
+        const int k = 1 + i % 6;
+        int seen = 0;
+        GenerationResult r = engine.generate(prompt, c, [&](const std::vector<int32_t>& t) {
+          seen += static_cast<int>(t.size());
+          return seen < k;
+        });
+        CHECK(r.tokens == std::vector<int32_t>(ref.begin(), ref.begin() + r.tokens.size()));
+        break;
+      }
+      default: {  // the callback throws
+        bool threw = false;
+        try {
+          engine.generate(prompt, c, [](const std::vector<int32_t>&) -> bool { throw std::runtime_error("x"); });
+        } catch (const std::runtime_error&) {
+          threw = true;
+        }
+        CHECK(threw);
+      }
+    }
   }
 }
 

@@ -32,6 +32,16 @@ inline std::string draft_dir() {
   const char* e = std::getenv("SWIFTSPEC_TEST_DRAFT");
   return e ? e : cache_checkpoint("qwen2.5-coder-0.5b-instruct-bfloat16");
 }
+/// The smallest real model, for stress tests (SWIFTSPEC_TEST_SMALL; default SmolLM2-135M bf16).
+inline std::string small_dir() {
+  const char* e = std::getenv("SWIFTSPEC_TEST_SMALL");
+  return e ? e : cache_checkpoint("smollm2-135m-instruct-bfloat16");
+}
+/// An integer from the environment, or `fallback`.
+inline int env_int(const char* name, int fallback) {
+  const char* e = std::getenv(name);
+  return e ? std::atoi(e) : fallback;
+}
 
 /// A CPU model over `dir` with `threads` threads pinned to `cores` (may be empty).
 inline std::shared_ptr<Model> load_cpu(const std::string& dir, int threads = 1, std::vector<int> cores = {},
@@ -57,6 +67,16 @@ inline const std::vector<std::vector<int32_t>>& prompts() {
        151645, 198, 151644, 872, 198, 840, 20772, 1128, 264, 5175, 2415, 374, 304, 1378, 22870, 13, 151645, 198,
        151644, 77091, 198},
   };
+  return p;
+}
+
+/// A real chat prompt for SmolLM2 (its tokenizer and chat template):
+/// "Write a Python function that checks whether a number is prime."
+inline const std::vector<int32_t>& small_prompt() {
+  static const std::vector<int32_t> p = {1,    9690, 198,  2683, 359,  253,  5356, 5646,  11173, 3365, 3511,
+                                         308,  34519, 28,  7018, 411,  407,  19712, 8182, 2,     198,  1,
+                                         4093, 198,  19161, 253, 5905, 1517, 338,  11139, 1991,  253,  1230,
+                                         314,  9552, 30,   2,    198,  1,    520,  9531,  198};
   return p;
 }
 
