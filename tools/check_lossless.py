@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Full greedy losslessness check of serial speculative decoding (issue 3).
+"""Full greedy losslessness check of serial (issue 3) or async (issue 4) speculative decoding.
 
 For every prompt (default: the 80 MT-Bench first turns and the first 40 HumanEval
 problems, chat template applied), decodes `--max-new-tokens` tokens (default 128) with
@@ -15,6 +15,14 @@ resumes where it stopped (--resume). Exit status 1 if any output differs.
 
   python tools/check_lossless.py                       # full run, float32 pair
   python tools/check_lossless.py --limit 4 --max-new-tokens 32 --out /tmp/quick
+  python tools/check_lossless.py --mode async --dtype bfloat16 --placement auto          # issue 4
+  python tools/check_lossless.py --mode async --target-tp 2 --placement auto             # TP-2 target
+
+--mode async checks parallel tree generation (draft and target groups running concurrently);
+--target-tp N loads the target as a tensor-parallel model over N ranks (the reference is then
+target-only decoding with that same TP-N target: TP changes the reduction order); --placement
+puts the groups on cores ("auto": draft on core 0, target on the rest; or JSON, see
+swiftspec.placement).
 """
 
 from __future__ import annotations
@@ -74,6 +82,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="CPU threads per model (0: all cores)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "lossless_greedy"), help="output path without suffix")
     ap.add_argument("--resume", action="store_true", help="skip prompts already in <out>.jsonl")
+    ap.add_argument("--mode", choices=["serial", "async"], default="serial", help="speculative mode to check")
+    ap.add_argument("--target-tp", type=int, default=1, help="TP degree of the target group (default 1)")
+    ap.add_argument("--placement", default=None, help="'auto' or JSON placement of the draft and target groups")
     args = ap.parse_args(argv)
 
     from swiftspec.fetch import ensure_checkpoint
@@ -92,7 +103,15 @@ def main(argv=None) -> int:
     opts.max_context = longest + args.max_new_tokens + 8
     opts.max_tree = max(b for b, _, _ in configs.values()) + 2
     opts.num_threads = args.threads
-    engine = Engine(load_model(str(tdir), "cpu", opts), load_model(str(ddir), "cpu", opts))
+    if args.placement or args.target_tp != 1:
+        from swiftspec.placement import load_models, normalize
+
+        placement = normalize(args.placement or {"target": {"tp": args.target_tp}}, target_tp=args.target_tp)
+        engine = Engine(*load_models(tdir, ddir, placement, max_context=opts.max_context, max_tree=opts.max_tree,
+                                     num_threads=args.threads))
+    else:
+        placement = None
+        engine = Engine(load_model(str(tdir), "cpu", opts), load_model(str(ddir), "cpu", opts))
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -116,7 +135,7 @@ def main(argv=None) -> int:
                "reference_tokens": len(ref["tokens"]), "reference_finish": ref["stats"]["finish_reason"],
                "target_only_decode_s": ref["stats"]["decode_time"], "configs": {}}
         for name, (budget, depth, branching) in configs.items():
-            res = engine.generate(ids, max_new_tokens=args.max_new_tokens, mode="serial", tree_budget=budget,
+            res = engine.generate(ids, max_new_tokens=args.max_new_tokens, mode=args.mode, tree_budget=budget,
                                   max_depth=depth, branching=branching)
             a, b = res["tokens"], ref["tokens"]
             diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
@@ -147,7 +166,8 @@ def main(argv=None) -> int:
                           for rec in records if not rec["configs"][name]["equal"]],
         }
     result = {
-        "what": "greedy serial speculative decoding vs target-only greedy decoding, token for token",
+        "what": f"greedy {args.mode} speculative decoding vs target-only greedy decoding, token for token",
+        "mode": args.mode, "target_tp": args.target_tp, "placement": placement,
         "target": TARGET, "draft": DRAFT, "dtype": args.dtype, "backend": "cpu",
         "max_new_tokens": args.max_new_tokens, "prompts": {"mtbench_first_turns": sum(r["dataset"] == "mtbench" for r in records),
                                                            "humaneval": sum(r["dataset"] == "humaneval" for r in records)},
@@ -157,7 +177,8 @@ def main(argv=None) -> int:
     }
     out.with_suffix(".json").write_text(json.dumps(result, indent=1))
     lines = [
-        "# Greedy losslessness of serial speculative decoding",
+        f"# Greedy losslessness of {args.mode} speculative decoding"
+        + (f" (target TP {args.target_tp})" if args.target_tp != 1 else ""),
         "",
         f"Target {TARGET}, draft {DRAFT}, {args.dtype}, CPU backend, {args.max_new_tokens} new tokens, "
         f"{result['prompts']['mtbench_first_turns']} MT-Bench first turns + {result['prompts']['humaneval']} HumanEval "
