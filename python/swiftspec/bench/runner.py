@@ -3,8 +3,9 @@
 Order: for each data set, for each prompt, every configuration in turn (interleaved, so slow
 drift of the machine — other jobs, thermal state — spreads over all configurations alike
 instead of biasing whichever ran last). Before measuring, each configuration runs ``warmup``
-short untimed requests; that first request also probes whether the runtime accepts the
-configuration at all (e.g. a decode mode this build does not have).
+short untimed requests. The first request of a configuration (warm-up or measured) also probes
+whether the runtime accepts it at all (e.g. a decode mode this build does not have): a
+rejection there marks it unavailable (``skip_unavailable``) or stops the run with a clear error.
 
 Rows are appended to ``requests.jsonl`` in the output folder as they are measured, so a long
 run that dies leaves its measurements behind.
@@ -223,20 +224,31 @@ class Runner:
             wall_s=float(st.get("wall_time", r.ttft_s + r.decode_s)))
 
     def _warmup(self, items: list[PromptItem]) -> None:
-        """Warm-up requests; the first one per configuration probes availability."""
+        """Warm-up requests (the first of each configuration probes availability). Logs an
+        estimate of the run's duration from the last warm-up of each configuration (its TTFT on
+        the first prompt plus max_new_tokens at its warm-up decode rate, per prompt)."""
         probe = items[0].prompt_ids
         tokens = min(WARMUP_TOKENS, self.settings.max_new_tokens)
+        estimate = 0.0
         for c in self.configs:
             if self.status[c.name][0] != "ok":
                 continue
-            for i in range(max(1, self.settings.warmup)):
+            last = None
+            for i in range(self.settings.warmup):
                 try:
-                    self._run_one(c, probe, tokens)
+                    last = self._run_one(c, probe, tokens)
                 except SwiftspecError as exc:
                     if i == 0:
                         self._mark_unavailable(c, f"the runtime rejected it: {exc}")
                         break
                     raise
+            if last is not None:
+                produced = len(last["token_ids"]) - last["first_emission_tokens"]
+                per_token = last["decode_s"] / produced if produced > 0 else last["ttft_s"]
+                estimate += last["ttft_s"] + per_token * (self.settings.max_new_tokens - 1)
+        if estimate > 0:
+            self.log(f"estimated measuring time: ~{estimate * len(items) / 60:.0f} min for {len(items)} prompts "
+                     "(from the warm-up requests; the machine's load changes it)")
 
     def run(self, items: list[PromptItem]) -> list[dict]:
         """Measures every prompt under every available configuration; returns the rows
@@ -255,10 +267,19 @@ class Runner:
         bar = tqdm(total=len(items) * len(active), desc="bench", unit="req", disable=not self.progress,
                    dynamic_ncols=True)
         try:
-            for item in items:
+            for n_item, item in enumerate(items):
                 for c in active:
+                    if self.status[c.name][0] != "ok":
+                        continue
                     bar.set_postfix_str(f"{item.dataset}[{item.index}] {c.name}", refresh=False)
-                    measured = self._run_one(c, item.prompt_ids, self.settings.max_new_tokens)
+                    try:
+                        measured = self._run_one(c, item.prompt_ids, self.settings.max_new_tokens)
+                    except SwiftspecError as exc:
+                        if n_item > 0:  # it ran before: a real failure, not an unsupported configuration
+                            raise
+                        self._mark_unavailable(c, f"the runtime rejected it: {exc}")
+                        bar.total -= len(items)
+                        continue
                     row = make_row(item, c, measured)
                     self.rows.append(row)
                     if jsonl is not None:

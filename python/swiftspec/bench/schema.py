@@ -215,7 +215,8 @@ SCHEMA: dict = {
                 "backend": {"enum": ["cpu", "cuda"]},
                 "dtype": {"enum": ["bfloat16", "float32"]},
                 "threads": {"type": "integer", "minimum": 0, "description": "CPU threads per model, 0 = all"},
-                "warmup": {"type": "integer", "minimum": 0, "description": "untimed requests per configuration"},
+                "warmup": {"type": "integer", "minimum": 0, "description": "untimed warm-up requests per configuration, of min(8, "
+                                                                    "max_new_tokens) tokens on the first prompt"},
                 "target": {"type": "string"}, "draft": _NSTR,
                 "target_checkpoint": {"type": "string"}, "draft_checkpoint": _NSTR,
                 "max_context": {"type": "integer"},
