@@ -82,6 +82,19 @@ def test_build_batch_layout_and_errors(models):
     assert cache.pending_tokens == [] and draft.committed_len == 7 and cache.free_slots == 47
     with pytest.raises(InvalidRequestError, match="must start at the root"):
         cache.commit_path(t, [1])
+    # two commits without a forward pass in between: the pending chain grows
+    t2 = spec.TokenTree(106)
+    cache.remap([-1] * len(t))
+    assert cache.free_slots == 48
+    x = t2.add_child(0, 107, -0.1)
+    assert cache.commit_path(t2, [0, x]) == 0 and cache.pending_tokens == [106, 107]
+    cache.remap([-1] * len(t2))
+    t2.reset(108)
+    assert cache.commit_path(t2, [0]) == 0 and cache.pending_tokens == [106, 107, 108]
+    t2.reset(109)
+    assert cache.base_position == draft.committed_len + 3
+    row0, logits = cache.forward_nodes(t2, [0], "all")
+    assert row0 == 3 and logits.shape[0] == 4 and draft.committed_len == 10 and cache.pending_tokens == []
     small = spec.TokenTree(1)
     for i in range(60):
         small.add_child(0, 200 + i, -1.0)

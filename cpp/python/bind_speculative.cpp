@@ -122,6 +122,8 @@ nb::dict report_dict(const SpeculationReport& r) {
   d["drafted_nodes"] = r.drafted_nodes;
   d["reused_nodes"] = r.reused_nodes;
   d["accepted_per_step"] = r.accepted_per_step;
+  d["verified_per_step"] = r.verified_per_step;
+  d["draft_batch_rows"] = r.draft_batch_rows;
   return d;
 }
 
@@ -377,7 +379,8 @@ void bind_speculative(nb::module_& parent) {
       .def_prop_ro("expand_width", &DraftTree::expand_width)
       .def_prop_ro("steps", &DraftTree::steps)
       .def_prop_ro("time", &DraftTree::time)
-      .def_prop_ro("drafted_nodes", &DraftTree::drafted_nodes);
+      .def_prop_ro("drafted_nodes", &DraftTree::drafted_nodes)
+      .def_prop_ro("batch_rows", &DraftTree::batch_rows);
 
   // ------------------------------------------------------------- TreeVerifier
   nb::class_<PyTreeVerifier>(m, "TreeVerifier", "The target side: verifies a tree in one forward, commits.")

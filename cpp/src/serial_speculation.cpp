@@ -89,6 +89,7 @@ GenerationResult generate_speculative_serial(Model& target, Model& draft, const 
     std::vector<int32_t> to_draft;
     const TokenTree tree = drafter.select(config.tree_budget, depth_limit, to_draft);
     rep.verified_nodes += tree.size() - 1;
+    rep.verified_per_step.push_back(tree.size() - 1);
     const VerificationResult r = verifier.verify(
         tree, [&](int u) { return drafter.draft_probs(to_draft[u]); }, rng);
     rep.rejection_sampling_nodes += r.rejection_sampling_nodes;
@@ -107,6 +108,7 @@ GenerationResult generate_speculative_serial(Model& target, Model& draft, const 
   st.draft_steps = drafter.steps();
   st.draft_time = drafter.time();
   rep.drafted_nodes = drafter.drafted_nodes();
+  rep.draft_batch_rows = drafter.batch_rows();
   rep.verification = join_schemes(config.sampling.greedy() && options.verifier_bias == VerifierBias::None,
                                   rep.rejection_sampling_nodes, rep.target_sampling_nodes);
   if (report) *report = std::move(rep);

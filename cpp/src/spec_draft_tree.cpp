@@ -83,6 +83,7 @@ int DraftTree::grow_step(int depth_limit, int max_new_nodes) {
     if (cache_.processed(i))
       throw InvalidArgument("DraftTree: node " + std::to_string(i) + " has K/V but was never expanded");
 
+  batch_rows_.push_back(width + static_cast<int>(cache_.pending_tokens().size()));
   const double t0 = now_s();
   const int row0 = cache_.forward_nodes(tree_, cand, LogitsMode::All, logits_);
   time_ += now_s() - t0;

@@ -124,9 +124,6 @@ int TreeKvCache::forward_nodes(const TokenTree& tree, const std::vector<int32_t>
 }
 
 int TreeKvCache::commit_path(const TokenTree& tree, const std::vector<int32_t>& path) {
-  if (!pending_.empty())
-    throw InvalidArgument("TreeKvCache::commit_path: " + str(pending_.size()) +
-                          " pending tokens from an earlier commit were never processed");
   if (path.empty() || path[0] != TokenTree::root())
     throw InvalidArgument("TreeKvCache::commit_path: the accepted path must start at the root (0)");
   for (size_t k = 1; k < path.size(); ++k)
@@ -136,6 +133,11 @@ int TreeKvCache::commit_path(const TokenTree& tree, const std::vector<int32_t>& 
   std::vector<int32_t> slots;
   size_t k = 0;
   for (; k < path.size() && processed(path[k]); ++k) slots.push_back(slot(path[k]));
+  // A processed node's ancestors and the pending tokens before it were all
+  // processed in its batch or earlier, so pending tokens mean an unprocessed root.
+  if (!slots.empty() && !pending_.empty())
+    throw InvalidArgument("TreeKvCache::commit_path: node " + str(path[0]) + " has K/V but " +
+                          str(pending_.size()) + " pending tokens before it do not");
   if (!slots.empty()) model_->commit_tree_slots(slots);
   for (size_t j = k; j < path.size(); ++j) pending_.push_back(tree.node(path[j]).token);
   return static_cast<int>(slots.size());

@@ -90,6 +90,8 @@ struct SpeculationReport {
   int drafted_nodes = 0;             ///< nodes the draft processed (forward passes rows), pending tokens excluded
   int reused_nodes = 0;              ///< nodes kept by re-rooting (already drafted, not recomputed)
   std::vector<int> accepted_per_step;  ///< accepted speculative tokens per verification (bonus excluded)
+  std::vector<int> verified_per_step;  ///< non-root nodes verified per verification
+  std::vector<int> draft_batch_rows;   ///< rows of each draft forward pass (pending tokens included)
 };
 
 /// The draft side: the draft model's token tree and tree KV bookkeeping.
@@ -153,6 +155,8 @@ class DraftTree {
   int steps() const { return steps_; }
   double time() const { return time_; }
   int drafted_nodes() const { return drafted_nodes_; }
+  /// Rows of each draft forward pass since construction (pending tokens included).
+  const std::vector<int>& batch_rows() const { return batch_rows_; }
 
  private:
   bool expandable(const TreeNode& n, int depth_limit) const;
@@ -170,6 +174,7 @@ class DraftTree {
   int steps_ = 0;
   double time_ = 0.0;
   int drafted_nodes_ = 0;
+  std::vector<int> batch_rows_;
 };
 
 /// The target side: verifies a token tree in one forward pass and commits the

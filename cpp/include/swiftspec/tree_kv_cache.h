@@ -96,9 +96,11 @@ class TreeKvCache {
   /// parent of the next): the longest processed prefix is appended to the
   /// committed region with Model::commit_tree_slots (in path order); the
   /// tokens of the remaining (unprocessed) suffix become pending tokens.
-  /// The committed nodes keep their (now stale) slots until remap(). Returns
+  /// The committed nodes keep their (now stale) slots until remap(). With
+  /// pending tokens left from an earlier commit (no forward pass since), the
+  /// root is unprocessed and the whole path extends the pending chain. Returns
   /// the number of nodes committed. Throws InvalidArgument if `path` does not
-  /// start at the root or is not a parent chain, or if pending tokens remain.
+  /// start at the root or is not a parent chain.
   int commit_path(const TokenTree& tree, const std::vector<int32_t>& path);
 
   /// Follows a change of the tree's indices: `old_to_new[i]` is node i's new
