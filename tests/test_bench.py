@@ -82,7 +82,7 @@ def test_hf_peer_and_unavailable_config(checkpoint_dir, tmp_path):
     for r in hf.values():
         assert r["counted_tokens"] == r["new_tokens"] and r["ttft_s"] > 0
     assert hf["hf:target"]["verification_steps"] == hf["hf:target"]["new_tokens"] - 1
-    assert doc["settings"]["hf"]["assisted"]["num_assistant_tokens"] is not None
+    assert doc["settings"]["hf"]["cpu"]["assisted"]["num_assistant_tokens"] is not None
 
 
 def test_unavailable_config_fails_fast_without_skip(checkpoint_dir, tmp_path):
@@ -104,6 +104,7 @@ def test_unavailable_config_fails_fast_without_skip(checkpoint_dir, tmp_path):
     ("serial:tree16:b2:d8", "serial:tree16", 16, 2, 8),
     ("async:tree64:tp2@cuda", "async:tree64:tp2@cuda", 64, 2, 8),
     ("hf:assisted", "hf:assisted", None, None, None),
+    ("hf:target@cuda", "hf:target@cuda", None, None, None),
 ])
 def test_config_grammar(token, name, budget, branching, depth):
     c = parse_config(token)
@@ -112,7 +113,7 @@ def test_config_grammar(token, name, budget, branching, depth):
 
 
 @pytest.mark.parametrize("token", ["", "foo", "serial:chain0", "serial:chain4:b2", "serial:tree16:x3",
-                                   "target:tree4", "serial@gpu", "serial:tree16:b2:b3", "hf:assisted@cuda"])
+                                   "target:tree4", "serial@gpu", "serial:tree16:b2:b3", "hf:assisted@tpu"])
 def test_config_grammar_rejects(token):
     with pytest.raises(BenchConfigError):
         parse_config(token)

@@ -83,7 +83,8 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
         "backend": backend, "dtype": dtype, "threads": threads, "warmup": warmup,
         "target": settings.target, "draft": settings.draft,
         "target_checkpoint": runner.target_checkpoint, "draft_checkpoint": runner.draft_checkpoint,
-        "max_context": max_context, "hf": runner.hf.settings() if runner.hf is not None else None,
+        "max_context": max_context,
+        "hf": ({b: peer.settings() for b, peer in runner.hf.items()} if runner.hf else None),
         "prompt_format": "chat template of the target; MT-Bench first turns; HumanEval wrapped by "
                          "swiftspec.datasets.prompt_messages",
         "decoding": "greedy",

@@ -18,8 +18,8 @@ A configuration is written as one token (``--configs`` takes a comma-separated l
 Examples: ``target``, ``serial:chain``, ``serial:chain6``, ``serial:tree16``,
 ``serial:tree32:b4:d6``, ``async:tree64:tp2:dtp1@cuda``, ``hf:assisted``.
 
-``target`` and ``hf:*`` take no shape or options (``hf:*`` runs on the CPU through PyTorch;
-a CUDA peer is for a later change). Speculative modes without a shape use ``tree16``.
+``target`` and ``hf:*`` take no shape or options (``hf:*`` runs PyTorch on the backend's device:
+``cpu`` or ``cuda``). Speculative modes without a shape use ``tree16``.
 
 :func:`parse_config` raises :class:`BenchConfigError` (a :class:`swiftspec.SwiftspecError`)
 naming the bad token; the CLI turns it into exit status 2.
@@ -129,9 +129,8 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
         raise BenchConfigError(f"unknown backend {default_backend!r} (expected cpu or cuda)")
 
     if body in HF_MODES:
-        if explicit_backend and backend != "cpu":
-            raise BenchConfigError(f"configuration {raw!r}: the HF peer runs on the CPU only for now")
-        return BenchConfig(name=body, engine="hf", mode=body.split(":", 1)[1], backend="cpu")
+        return BenchConfig(name=body + (f"@{backend}" if explicit_backend else ""), engine="hf",
+                           mode=body.split(":", 1)[1], backend=backend)
 
     parts = body.split(":")
     mode = parts[0]
@@ -228,7 +227,7 @@ def parse_config_list(text: str, default_backend: str = "cpu", peers: str | None
             continue
         if peer != "hf":
             raise BenchConfigError(f"unknown peer {peer!r} in --peers (expected hf or none)")
-        configs += [parse_config(m) for m in HF_MODES]
+        configs += [parse_config(m, default_backend) for m in HF_MODES]
     unique: dict[str, BenchConfig] = {}
     for c in configs:
         unique.setdefault(c.name, c)

@@ -74,7 +74,7 @@ _DTYPES = {"bfloat16": "bfloat16", "float32": "float32"}
 
 
 class HFPeer:
-    """HF transformers target model (and optional assistant), loaded on the CPU.
+    """HF transformers target model (and optional assistant), on the CPU or a CUDA GPU.
 
     Args:
         target_dir: an HF-loadable folder (our checkpoint folders are).
@@ -82,13 +82,14 @@ class HFPeer:
         dtype: "bfloat16" or "float32" (torch dtype of the loaded weights).
         threads: torch intra-op threads during generate (0: torch's current setting); the
             process-wide setting is restored after each request.
+        device: "cpu" or "cuda" (the first visible GPU).
 
     Raises:
         PeerUnavailableError: a package is missing or a model cannot be loaded (names it).
     """
 
     def __init__(self, target_dir: str | Path, draft_dir: str | Path | None, dtype: str = "bfloat16",
-                 threads: int = 0):
+                 threads: int = 0, device: str = "cpu"):
         try:
             import torch
             import transformers
@@ -98,6 +99,11 @@ class HFPeer:
         if dtype not in _DTYPES:
             raise PeerUnavailableError(f"HF peer dtype must be bfloat16 or float32, got {dtype!r}")
         self.torch = torch
+        if device == "cuda" and not torch.cuda.is_available():
+            raise PeerUnavailableError("the HF peer on cuda needs a CUDA build of torch and a visible GPU")
+        if device not in ("cpu", "cuda"):
+            raise PeerUnavailableError(f"HF peer device must be cpu or cuda, got {device!r}")
+        self.device = device
         torch_dtype = getattr(torch, _DTYPES[dtype])
         self.dtype = dtype
 
@@ -106,7 +112,7 @@ class HFPeer:
                 model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch_dtype)
             except Exception as exc:  # transformers raises many kinds; name the folder
                 raise PeerUnavailableError(f"HF transformers could not load {folder}: {exc}") from None
-            return model.eval()
+            return model.to(device).eval()
 
         self.target = load(target_dir)
         self.draft = load(draft_dir) if draft_dir is not None else None
@@ -128,7 +134,9 @@ class HFPeer:
             for key in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
                 value = getattr(dgc, key, None)
                 assist[key] = value if value is not None else defaults.get(key)
-        return {"dtype": self.dtype, "torch_threads": self.threads, **self.versions,
+        gpu = self.torch.cuda.get_device_name(0) if self.device == "cuda" else None
+        return {"dtype": self.dtype, "device": self.device, "gpu": gpu, "torch_threads": self.threads,
+                **self.versions,
                 "do_sample": False, "cache_implementation": getattr(gc, "cache_implementation", None),
                 "assisted": assist or None}
 
@@ -143,7 +151,7 @@ class HFPeer:
         torch = self.torch
         if assisted and self.draft is None:
             raise PeerUnavailableError("hf:assisted needs a draft model")
-        input_ids = torch.tensor([prompt_ids], dtype=torch.long)
+        input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         kwargs = dict(
             attention_mask=torch.ones_like(input_ids),
             max_new_tokens=max_new_tokens,
@@ -161,10 +169,12 @@ class HFPeer:
             streamer = _timing_streamer(t0)
             with torch.inference_mode():
                 out = self.target.generate(input_ids, streamer=streamer, **kwargs)
+            if self.device == "cuda":
+                torch.cuda.synchronize()
             t_end = time.perf_counter()
         finally:
             torch.set_num_threads(previous)
-        new = out[0, len(prompt_ids):].tolist()
+        new = out[0, len(prompt_ids):].cpu().tolist()
         # transformers pads nothing for batch 1, but be safe: cut after the first EOS.
         for i, t in enumerate(new):
             if t in eos_token_ids:

@@ -117,7 +117,7 @@ class Runner:
         self.skip_unavailable = skip_unavailable
         self.log = log or (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
         self.engines: dict[str, object] = {}
-        self.hf = None
+        self.hf: dict[str, object] = {}  # backend -> HFPeer
         self.status: dict[str, tuple[str, str | None]] = {c.name: ("ok", None) for c in configs}
         self.rows: list[dict] = []
         self.interrupted = False
@@ -174,15 +174,15 @@ class Runner:
         engine = next(iter(self.engines.values()), None)
         if engine is not None:
             self.tokenizer = engine.tokenizer
-        hf_configs = [c for c in self.configs if c.engine == "hf"]
-        if hf_configs:
+        for backend in sorted({c.backend for c in self.configs if c.engine == "hf"}):
             from swiftspec.bench.peers_hf import HFPeer, PeerUnavailableError
 
+            hf_configs = [c for c in self.configs if c.engine == "hf" and c.backend == backend]
             assisted = any(c.mode == "assisted" for c in hf_configs)
-            self.log("loading HF transformers peer" + (" with assistant" if assisted else ""))
+            self.log(f"loading HF transformers peer on {backend}" + (" with assistant" if assisted else ""))
             try:
-                self.hf = HFPeer(self.target_checkpoint, self.draft_checkpoint if assisted else None,
-                                 dtype=s.dtype, threads=s.hf_threads)
+                self.hf[backend] = HFPeer(self.target_checkpoint, self.draft_checkpoint if assisted else None,
+                                          dtype=s.dtype, threads=s.hf_threads, device=backend)
             except PeerUnavailableError as exc:
                 for c in hf_configs:
                     self._mark_unavailable(c, str(exc))
@@ -195,7 +195,7 @@ class Runner:
     def _run_one(self, config: BenchConfig, prompt_ids: list[int], max_new_tokens: int) -> dict:
         """Runs one request; returns the measured fields of a row."""
         if config.engine == "hf":
-            r = self.hf.generate(prompt_ids, max_new_tokens, self.tokenizer.eos_token_ids,
+            r = self.hf[config.backend].generate(prompt_ids, max_new_tokens, self.tokenizer.eos_token_ids,
                                  assisted=config.mode == "assisted")
             n = len(r.token_ids)
             first = r.emissions[0] if r.emissions else 0
@@ -314,14 +314,14 @@ class Runner:
 
 def reference_config(config: BenchConfig, configs: list[BenchConfig]) -> BenchConfig | None:
     """The configuration whose greedy outputs ``config``'s are checked against: its baseline
-    (speculation vs target-only), or for ``hf:target`` the swiftspec target-only run on the CPU
-    (two implementations of the same model)."""
+    (speculation vs target-only), or for ``hf:target`` the swiftspec target-only run on the same
+    backend (two implementations of the same model)."""
     base = find_baseline(config, configs)
     if base is not None:
         return base
     if config.engine == "hf" and config.mode == "target":
         for c in configs:
-            if c.engine == "swiftspec" and c.mode == "target" and c.backend == "cpu":
+            if c.engine == "swiftspec" and c.mode == "target" and c.backend == config.backend:
                 return c
     return None
 

@@ -220,7 +220,8 @@ SCHEMA: dict = {
                 "target": {"type": "string"}, "draft": _NSTR,
                 "target_checkpoint": {"type": "string"}, "draft_checkpoint": _NSTR,
                 "max_context": {"type": "integer"},
-                "hf": {"type": ["object", "null"], "description": "HF peer settings (null: no peer)"},
+                "hf": {"type": ["object", "null"], "description": "HF peer settings per backend, e.g. {\"cpu\": {dtype, device, "
+                                                                 "torch_threads, versions, assisted: {...}}} (null: no peer)"},
             },
         },
         "configs": {"type": "array", "items": _CONFIG, "minItems": 1},
