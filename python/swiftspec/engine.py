@@ -169,6 +169,8 @@ class Engine:
         messages (``[{"role": ..., "content": ...}]``, rendered with the model's
         chat template and a generation prompt), or a list of token ids."""
         if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("prompt is an empty string; give non-empty text, chat messages or token ids")
             ids = self.tokenizer.encode(prompt)
         elif isinstance(prompt, Sequence) and len(prompt) > 0 and all(isinstance(m, dict) for m in prompt):
             ids = self.tokenizer.encode_chat(list(prompt))
