@@ -465,5 +465,8 @@ def test_convert_weights_cli(tmp_path):
     assert not_gguf.returncode == 2 and "is not a GGUF file" in not_gguf.stderr
     assert "Traceback" not in not_gguf.stderr
 
-    tp = run_tool(str(path), "--out", str(tmp_path / "y"), "--tp", "2")
-    assert tp.returncode == 2 and "sharded checkpoints arrive with the async engine" in tp.stderr
+    tp = run_tool(str(path), "--out", str(tmp_path / "y"), "--tp", "2", "--quiet")
+    assert tp.returncode == 0, tp.stderr
+    assert json.loads((tmp_path / "y" / "manifest.json").read_text())["tp_degree"] == 2
+    bad_tp = run_tool(str(path), "--out", str(tmp_path / "z"), "--tp", "0")
+    assert bad_tp.returncode == 2 and "--tp 0" in bad_tp.stderr and "Traceback" not in bad_tp.stderr
