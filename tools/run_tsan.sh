@@ -11,7 +11,7 @@
 #   SWIFTSPEC_TEST_SMALL  SmolLM2-135M (bf16): the async stress test, TP-2 target + draft
 #   SWIFTSPEC_TEST_DRAFT  Qwen2.5-Coder-0.5B (bf16): the TP model against the plain CPU model
 # Fetch them first with `python tools/fetch_models.py` (or run the pytest suite once).
-# Environment: BUILD_DIR (build/tsan), JOBS (nproc), SWIFTSPEC_TEST_STRESS_REQUESTS (24).
+# Environment: BUILD_DIR (build/tsan), JOBS (nproc), SWIFTSPEC_TEST_STRESS_REQUESTS (16).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build/tsan}
@@ -20,10 +20,10 @@ cmake -S . -B "$BUILD_DIR" -G Ninja -DSWIFTSPEC_TSAN=ON -DSWIFTSPEC_PYTHON=OFF \
 cmake --build "$BUILD_DIR" --target swiftspec-cpp-tests -j "${JOBS:-$(nproc)}"
 
 if [ $# -eq 0 ]; then
-  set -- async_channel async_allreduce async_worker_group async_timeline async_placement async_tp_plan \
+  set -- async_channel async_allreduce async_worker_group async_timeline async_placement async_tp_plan async_send_policy \
     async_engine_stress tp1_model_bit_identical
 fi
-export SWIFTSPEC_TEST_STRESS_REQUESTS=${SWIFTSPEC_TEST_STRESS_REQUESTS:-24}
+export SWIFTSPEC_TEST_STRESS_REQUESTS=${SWIFTSPEC_TEST_STRESS_REQUESTS:-16}
 # halt_on_error: the first race fails the run; second_deadlock_stack: full lock-order reports.
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
 echo "ThreadSanitizer: $BUILD_DIR/swiftspec-cpp-tests $*"

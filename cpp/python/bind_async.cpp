@@ -104,8 +104,8 @@ void bind_async(nb::module_& m) {
       "generate_async",
       [](Engine& engine, const std::vector<int32_t>& prompt, int max_new_tokens, float temperature, int top_k,
          float top_p, uint64_t seed, const std::vector<int32_t>& stop_token_ids, int tree_budget, int max_depth,
-         int branching, int expand_width, int growth_depth, int min_send_nodes, double min_expand_prob,
-         bool record_timeline, nb::object on_tokens) {
+         int branching, int expand_width, int growth_depth, int min_send_nodes, bool cost_aware_send,
+         double min_expand_prob, bool record_timeline, nb::object on_tokens) {
         if (!engine.draft()) throw InvalidArgument("async mode needs a draft model: load the engine with one");
         GenerationConfig cfg;
         cfg.max_new_tokens = max_new_tokens;
@@ -123,6 +123,7 @@ void bind_async(nb::module_& m) {
         opt.speculative.min_expand_prob = min_expand_prob;
         opt.growth_depth = growth_depth;
         opt.min_send_nodes = min_send_nodes;
+        opt.cost_aware_send = cost_aware_send;
         opt.record_timeline = record_timeline;
         std::exception_ptr callback_error;
         TokenCallback cb;
@@ -155,11 +156,12 @@ void bind_async(nb::module_& m) {
       "engine"_a, "prompt"_a, "max_new_tokens"_a = 128, "temperature"_a = 0.0f, "top_k"_a = 0, "top_p"_a = 1.0f,
       "seed"_a = 0, "stop_token_ids"_a = std::vector<int32_t>{}, "tree_budget"_a = 16, "max_depth"_a = 8,
       "branching"_a = 2, "expand_width"_a = 0, "growth_depth"_a = 0, "min_send_nodes"_a = 1,
-      "min_expand_prob"_a = 0.0, "record_timeline"_a = true, "on_tokens"_a = nb::none(),
+      "cost_aware_send"_a = true, "min_expand_prob"_a = 0.0, "record_timeline"_a = true, "on_tokens"_a = nb::none(),
       "Parallel tree generation (async_engine.h) on an Engine's target and draft: the draft group grows\n"
       "the token tree while the target group verifies. Returns {'tokens', 'stats', 'report', 'timeline'}.\n"
-      "growth_depth: depth limit of continuous growth below the root (0: 2*max_depth); min_send_nodes:\n"
-      "verifiable nodes the draft waits for before handing a subtree to an idle target.");
+      "growth_depth: depth limit of continuous growth below the root (0: 3*max_depth); min_send_nodes:\n"
+      "verifiable nodes the draft waits for before handing a subtree to an idle target; cost_aware_send:\n"
+      "also wait while one more draft step raises the expected token rate (async_send_policy.h).");
 
   m.def(
       "load_group_model",

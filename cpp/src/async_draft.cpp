@@ -2,7 +2,9 @@
 // the token tree continuously, hand the best subtree to the target group
 // whenever it is idle, and re-root on every verification result.
 #include <algorithm>
+#include <cmath>
 
+#include "async_send_policy.h"
 #include "async_session.h"
 
 namespace swiftspec::async_detail {
@@ -23,8 +25,8 @@ class DraftLoop {
   // `first_token_pending`: the tree is rooted at the last prompt token and the
   // target's prefill (round 0) is in flight; its result carries the first token.
   DraftLoop(DraftTree& drafter, Session& s, TimelineTrack* track, LeaderStats& out, bool first_token_pending)
-      : d_(drafter), s_(s), cfg_(s.config), opt_(s.options), track_(track), out_(out) {
-    growth_depth_ = opt_.growth_depth > 0 ? opt_.growth_depth : 2 * cfg_.max_depth;
+      : d_(drafter), s_(s), cfg_(s.config), opt_(s.options), track_(track), out_(out), policy_(s.options, s.config) {
+    growth_depth_ = opt_.growth_depth > 0 ? opt_.growth_depth : 3 * cfg_.max_depth;
     emitted_ = first_token_pending ? 0 : 1;
     target_busy_ = first_token_pending;
   }
@@ -37,11 +39,14 @@ class DraftLoop {
       const int grow_depth = std::max(0, std::min(growth_depth_, remaining - 1));
 
       if (!target_busy_) {
-        // The target is idle: hand it the best subtree as soon as there is one.
-        if (d_.selectable_nodes(verify_depth) >= opt_.min_send_nodes || !d_.can_grow(verify_depth)) {
-          if (!send(verify_depth)) return;
+        // The target is idle: hand it the best subtree, unless one more draft
+        // step is expected to pay for the wait (async_send_policy.h).
+        std::vector<int32_t> selected = d_.tree().select_best(cfg_.tree_budget, verify_depth);
+        if (policy_.send_now(d_.tree(), selected, verify_depth, d_.can_grow(verify_depth), waited_)) {
+          if (!send(selected)) return;
           continue;
         }
+        ++waited_;
       } else if (std::optional<ResultMessage> r = s_.to_draft.try_receive()) {
         if (!apply(*r)) return;
         continue;
@@ -51,7 +56,9 @@ class DraftLoop {
 
       if (grow_depth >= 1 && d_.can_grow(grow_depth)) {
         const double t0 = s_.timeline.now();
+        const int before = d_.tree().size();
         const int added = d_.grow_step(grow_depth);
+        record_step(t0, before);
         rec(ev::kGrow, t0, round_, {{"added", added}, {"tree", d_.tree().size() - 1}});
         continue;
       }
@@ -68,21 +75,36 @@ class DraftLoop {
     if (track_) track_->add(name, begin, s_.timeline.now(), round, std::move(args));
   }
 
-  // Selects the best subtree within the budget and sends it; false if shut down.
-  bool send(int verify_depth) {
+  // The policy's view of a draft step: its duration and the draft
+  // probability mass it added per expanded node.
+  void record_step(double t0, int before) {
+    const TokenTree& t = d_.tree();
+    double mass = 0;
+    std::vector<int32_t> parents;
+    for (int i = before; i < t.size(); ++i) {
+      mass += std::exp(static_cast<double>(t.node(i).logprob));
+      if (std::find(parents.begin(), parents.end(), t.node(i).parent) == parents.end())
+        parents.push_back(t.node(i).parent);
+    }
+    policy_.record_draft_step(s_.timeline.now() - t0, mass, static_cast<int>(parents.size()));
+  }
+
+  // Sends the subtree made of `selected` (TokenTree::select_best); false if shut down.
+  bool send(const std::vector<int32_t>& selected) {
     const double t0 = s_.timeline.now();
-    std::vector<int32_t> to_draft;
-    SubtreeMessage msg{++round_, d_.select(cfg_.tree_budget, verify_depth, to_draft)};
+    SubtreeMessage msg{++round_, d_.tree().subtree(selected)};
     const long long nodes = msg.tree.size() - 1;
     if (!s_.to_target.send(std::move(msg))) return false;
     target_busy_ = true;
-    rec(ev::kSend, t0, round_, {{"nodes", nodes}, {"tree", d_.tree().size() - 1}});
+    rec(ev::kSend, t0, round_, {{"nodes", nodes}, {"tree", d_.tree().size() - 1}, {"waited_steps", waited_}});
     return true;
   }
 
   // Commits a verification result and re-roots; false when the request is over.
   bool apply(const ResultMessage& r) {
     if (r.finished) return false;
+    if (r.round > 0) policy_.record_verification(r.nodes, r.seconds);
+    waited_ = 0;
     const double t0 = s_.timeline.now();
     out_.reused_nodes += d_.advance(r.accepted, r.bonus);
     emitted_ += static_cast<int>(r.accepted.size()) + 1;
@@ -98,7 +120,9 @@ class DraftLoop {
   const AsyncOptions& opt_;
   TimelineTrack* track_;
   LeaderStats& out_;
+  SendPolicy policy_;
   int growth_depth_ = 0;
+  int waited_ = 0;  // draft steps taken while the target was idle, this round
   int emitted_ = 1;  // tokens emitted so far (the root's token included)
   int round_ = 0;    // last round sent
   bool target_busy_ = false;

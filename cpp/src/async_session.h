@@ -26,6 +26,8 @@ struct ResultMessage {
   std::vector<int32_t> accepted;  ///< accepted speculative tokens, root's child first
   int32_t bonus = -1;             ///< the token after them: the next root
   bool finished = false;          ///< EOS or max_new_tokens reached: stop
+  int nodes = 0;                  ///< non-root nodes verified (0 for round 0)
+  double seconds = 0;             ///< the verification's duration (forward + verify + commit)
 };
 
 /// target -> host: new final tokens (already cut to the request's limits).

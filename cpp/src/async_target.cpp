@@ -82,7 +82,7 @@ void run_target_leader(Model& target, Session& s, TimelineTrack* track, LeaderSt
     emitted += static_cast<int>(tokens.size());
     // The draft first: its re-root is on the critical path of the next round.
     s.to_draft.send(ResultMessage{msg->round, std::vector<int32_t>(r.tokens.begin(), r.tokens.end() - 1),
-                                  r.bonus_token, finished});
+                                  r.bonus_token, finished, msg->tree.size() - 1, v1 - w1});
     s.to_host.send(TokensMessage{tokens, finished, reason});
   }
   out.steps = verifier.steps();

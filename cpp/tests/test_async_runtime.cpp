@@ -16,6 +16,7 @@
 #include "swiftspec/tensor_parallel.h"
 #include "swiftspec/timeline.h"
 #include "swiftspec/worker_group.h"
+#include "src/async_send_policy.h"
 #include "test_framework.h"
 
 namespace swiftspec::test {
@@ -223,6 +224,50 @@ SWIFTSPEC_TEST(async_timeline_summary_and_trace) {
   CHECK(json.find("\"ph\":\"X\"") != std::string::npos);
   CHECK(json.find("\"accepted\":3") != std::string::npos);
   CHECK(json.find("\"thread_name\"") != std::string::npos);
+}
+
+SWIFTSPEC_TEST(async_send_policy_waits_only_when_it_pays) {
+  using async_detail::SendPolicy;
+  GenerationConfig cfg;
+  cfg.tree_budget = 16;
+  cfg.max_depth = 8;
+  cfg.branching = 2;
+  AsyncOptions opt;
+  opt.speculative.expand_width = 1;
+  // A root with one confident child (p = 0.9), unexpanded.
+  TokenTree tree(100);
+  tree.set_expanded(0);
+  tree.add_child(0, 7, std::log(0.9f));
+  const std::vector<int32_t> selected{0, 1};
+  auto policy = [&](double draft_step, bool cost_aware) {
+    AsyncOptions o = opt;
+    o.cost_aware_send = cost_aware;
+    SendPolicy p(o, cfg);
+    p.record_verification(4, 1.0);  // Tv(n) = 0.6 + 0.1 n
+    p.record_verification(8, 1.4);
+    p.record_draft_step(draft_step, 0.9, 1);
+    return p;
+  };
+  CHECK(std::fabs(policy(0.05, true).predicted_verify(1) - 0.7) < 1e-9);
+  // E_now = 1.9 tokens in 0.7 s (2.71/s); one more step adds ~0.81 tokens and 2 nodes:
+  // a 0.05 s step: 2.71 tokens in 0.95 s (2.85/s) -> wait; a 0.5 s step: in 1.4 s -> send.
+  CHECK(!policy(0.05, true).send_now(tree, selected, 8, true, 0));
+  CHECK(policy(0.5, true).send_now(tree, selected, 8, true, 0));
+  // Never waits when nothing can grow, when eager, or after max_depth waits.
+  CHECK(policy(0.05, true).send_now(tree, selected, 8, false, 0));
+  CHECK(policy(0.05, false).send_now(tree, selected, 8, true, 0));
+  CHECK(policy(0.05, true).send_now(tree, selected, 8, true, 8));
+  // Without two distinct verified sizes there is no cost model: eager.
+  SendPolicy fresh(opt, cfg);
+  fresh.record_verification(4, 1.0);
+  fresh.record_draft_step(0.01, 0.9, 1);
+  CHECK(fresh.predicted_verify(4) < 0);
+  CHECK(fresh.send_now(tree, selected, 8, true, 0));
+  // min_send_nodes holds an idle target back until the tree has that many nodes.
+  AsyncOptions m = opt;
+  m.min_send_nodes = 2;
+  m.cost_aware_send = false;
+  CHECK(!SendPolicy(m, cfg).send_now(tree, selected, 8, true, 0));
 }
 
 SWIFTSPEC_TEST(async_placement_json_and_automatic) {

@@ -63,12 +63,18 @@ struct AsyncOptions {
   /// draft forward pass (expand_width, 0: automatic as in serial mode).
   SpeculativeOptions speculative;
   /// Depth limit, below the current root, of the draft's continuous growth
-  /// (0: 2 * max_depth). Nodes deeper than max_depth are not verified yet
+  /// (0: 3 * max_depth). Nodes deeper than max_depth are not verified yet
   /// but become verifiable after a re-root.
   int growth_depth = 0;
   /// The draft hands out a subtree once it holds at least this many
   /// verifiable nodes, or cannot grow any more (>= 1).
   int min_send_nodes = 1;
+  /// Before handing an idle target a subtree, let the draft take one more
+  /// step while that raises the expected token rate (expected accepted
+  /// tokens under the draft's probabilities / fitted verification time);
+  /// see cpp/src/async_send_policy.h. False: send as soon as
+  /// min_send_nodes are ready.
+  bool cost_aware_send = true;
   /// Records the per-round timeline into AsyncReport::timeline.
   bool record_timeline = true;
 
