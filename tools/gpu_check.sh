@@ -13,6 +13,7 @@
 #      build.log check.log check.json bench.log bench.json peer.log peer.json summary.json
 # Usage (repo root): tools/gpu_check.sh        env: OUT (default /tmp/swiftspec-gpu),
 #   SKIP_PEER=1, SKIP_GEMM_BENCH=1, BUILD_DIR (default build/gpu), JOBS (default nproc),
+#   BENCH_ARGS (extra swiftspec-cuda-bench flags, e.g. "--sweep --mma-models"),
 #   BUDGET_S (default 560: seconds the whole script may take; waits are cut to fit)
 # nlohmann-json headers: a carried .whl/nlohmann_json-*.whl, an installed
 # nlohmann_json Python package, or SWIFTSPEC_JSON_INCLUDE_DIR.
@@ -89,10 +90,10 @@ if [ "${SKIP_PEER:-0}" != "1" ]; then
   log "peers ready: $(ls $PEER_TMP/*.ready 2>/dev/null | wc -l)/3"
 fi
 if [ -x "$BIN/swiftspec-cuda-bench" ]; then
-  BARGS=""
-  [ "${SKIP_GEMM_BENCH:-0}" = "1" ] && BARGS="--no-gemm"
+  BARGS="${BENCH_ARGS:-}"
+  [ "${SKIP_GEMM_BENCH:-0}" = "1" ] && BARGS="$BARGS --no-gemm"
   log "bench"
-  BT=$(( $(left) - 40 )); [ "$BT" -gt 180 ] && BT=180; [ "$BT" -lt 30 ] && BT=30
+  BT=$(( $(left) - 40 )); [ "$BT" -gt 240 ] && BT=240; [ "$BT" -lt 30 ] && BT=30
   timeout "$BT" "$BIN/swiftspec-cuda-bench" --json "$OUT/bench.json" $BARGS > "$OUT/bench.log" 2>&1
   log "bench exit $?"
 fi

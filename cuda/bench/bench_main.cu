@@ -3,7 +3,8 @@
 // same run.
 //
 //  * copy bandwidth: a 2 GiB device-to-device cudaMemcpy, bytes read + written;
-//  * skinny GEMMs of the Llama-3-8B shapes at M = 1, 16, 64: ours vs cuBLAS
+//  * skinny GEMMs of the Llama-3-8B shapes at M = 1, 16, 64: ours (default
+//    wgmma engine, and the mma.sync engine) vs cuBLAS
 //    (cublasGemmEx, bf16 in, fp32 compute), weights rotated over > 400 MB so
 //    that L2 does not serve them;
 //  * single-step decode at batch 1 (context 512, greedy: arg-max on the GPU),
@@ -12,11 +13,15 @@
 //    wall time; for the Llama-3-8B, Qwen2.5-1.5B and Qwen2.5-0.5B shapes;
 //  * tree verification of 32 and 64 nodes at the 8B shape (all rows' arg-max).
 // Physical limit of a step = weight bytes read per step / copy bandwidth.
-// Usage: swiftspec-cuda-bench [--json PATH] [--quick]
+//  * --sweep: every wgmma-engine choice (warpgroups, depth, resident
+//    activations) per GEMM shape; --mma-models: each model step also with the
+//    mma.sync engine (SWIFTSPEC_GEMM_ENGINE=mma).
+// Usage: swiftspec-cuda-bench [--json PATH] [--quick] [--no-gemm] [--sweep] [--mma-models]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
@@ -87,10 +92,11 @@ double copy_bandwidth_tbs(cudaStream_t st) {
 struct GemmRow {
   std::string name;
   int N, K, M;
-  double ours_us, cublas_us, bytes;
+  double ours_us, cublas_us, bytes, mma_us, best_us;
+  std::string config, best_config;
 };
 
-std::vector<GemmRow> bench_gemms(cudaStream_t st, int num_sms) {
+std::vector<GemmRow> bench_gemms(cudaStream_t st, int num_sms, bool sweep) {
   struct Shape {
     const char* name;
     int N, K;
@@ -113,10 +119,6 @@ std::vector<GemmRow> bench_gemms(cudaStream_t st, int num_sms) {
     launch_fill_random_bf16(x.as<__nv_bfloat16>(), size_t(kMaxStepTokens) * s.K, 1.0f, 8, st);
     for (int M : {1, 16, 64}) {
       const int nt = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
-      const GemmConfig c = plan_gemm<EpiPlain>(s.N, s.K, nt, num_sms);
-      std::vector<CUtensorMap> wm;
-      for (int i = 0; i < copies; ++i)
-        wm.push_back(make_tma_map_bf16(w.as<unsigned char>() + wbytes * i, s.N, s.K, s.K, c.BR));
       const CUtensorMap xm = make_tma_map_bf16(x.get(), kMaxStepTokens, s.K, s.K, 8 * nt);
       GemmArgs a;
       a.N = s.N;
@@ -125,7 +127,62 @@ std::vector<GemmRow> bench_gemms(cudaStream_t st, int num_sms) {
       EpiPlain::Params e;
       e.out = out.as<float>();
       e.ldo = s.N;
-      const double ours = time_ms(st, 40, [&](int i) { launch_gemm<EpiPlain>(c, wm[i % copies], xm, a, e, false, st); });
+      // Median µs of one plan (weights rotated over `copies` buffers).
+      auto time_plan = [&](const GemmConfig& c) {
+        std::vector<CUtensorMap> wm;
+        for (int i = 0; i < copies; ++i)
+          wm.push_back(make_tma_map_bf16(w.as<unsigned char>() + wbytes * i, s.N, s.K, s.K, c.BR));
+        return 1e3 * time_ms(st, 40, [&](int i) { launch_gemm<EpiPlain>(c, wm[i % copies], xm, a, e, false, st); });
+      };
+      auto desc = [](const GemmConfig& c) {
+        char b[96];
+        std::snprintf(b, sizeof b, "%s S=%d BR=%d st=%d xres=%d grid=%d", c.engine == GemmEngine::Wgmma ? "wgmma" : "mma",
+                      c.S, c.BR, c.stages, c.xres, c.grid_x);
+        return std::string(b);
+      };
+      const GemmConfig c = plan_gemm<EpiPlain>(s.N, s.K, nt, num_sms);
+      const double ours_us = time_plan(c);
+      GemmPlanHint hm;
+      hm.engine = 0;
+      const GemmConfig cm = plan_gemm<EpiPlain>(s.N, s.K, nt, num_sms, hm);
+      const double mma_us = time_plan(cm);
+      // Sweep of the wgmma engine's choices (calibrates the planner).
+      double best_us = 1e30;
+      std::string best;
+      if (sweep && nt > 1) {
+        GemmPlanHint hs;
+        hs.engine = 1;
+        hs.split_n = 1;
+        const double us = time_plan(plan_gemm<EpiPlain>(s.N, s.K, nt, num_sms, hs));
+        std::printf("  sweep %-13s M=%2d %-44s %8.1f us (%5.2f TB/s)\n", s.name, M, "default plan, n8 instructions only",
+                    us, wbytes / (us * 1e-6) / 1e12);
+      }
+      if (sweep) {
+        for (int wg : {1, 2})
+          for (int stg : {3, 4, 6})
+            for (int xr : {0, 1}) {
+              GemmPlanHint h;
+              h.engine = 1;
+              h.wg = wg;
+              h.stages = stg;
+              h.xres = xr;
+              GemmConfig cv;
+              try {
+                cv = plan_gemm<EpiPlain>(s.N, s.K, nt, num_sms, h);
+              } catch (const std::exception&) {
+                continue;
+              }
+              if (cv.xres != xr || cv.stages != stg) continue;  // did not fit
+              const double us = time_plan(cv);
+              std::printf("  sweep %-13s M=%2d %-44s %8.1f us (%5.2f TB/s)\n", s.name, M, desc(cv).c_str(), us,
+                          wbytes / (us * 1e-6) / 1e12);
+              if (us < best_us) {
+                best_us = us;
+                best = desc(cv);
+              }
+            }
+      }
+      const double ours = ours_us * 1e-3;
       double cub = -1;
 #if defined(SWIFTSPEC_HAVE_CUBLAS)
       const float alpha = 1.f, beta = 0.f;
@@ -137,10 +194,12 @@ std::vector<GemmRow> bench_gemms(cudaStream_t st, int num_sms) {
         if (r != CUBLAS_STATUS_SUCCESS) throw CudaError("cublasGemmEx failed: status " + std::to_string(r));
       });
 #endif
-      rows.push_back({s.name, s.N, s.K, M, ours * 1e3, cub * 1e3, static_cast<double>(wbytes)});
-      std::printf("gemm %-13s N=%6d K=%6d M=%2d  ours %8.1f us (%5.2f TB/s)  cublas %8.1f us (%5.2f TB/s)  [S=%d BR=%d grid=%d]\n",
-                  s.name, s.N, s.K, M, ours * 1e3, wbytes / (ours * 1e-3) / 1e12, cub * 1e3,
-                  cub > 0 ? wbytes / (cub * 1e-3) / 1e12 : 0.0, c.S, c.BR, c.grid_x);
+      rows.push_back({s.name, s.N, s.K, M, ours * 1e3, cub * 1e3, static_cast<double>(wbytes), mma_us, best_us, desc(c), best});
+      std::printf("gemm %-13s N=%6d K=%6d M=%2d  ours %8.1f us (%5.2f TB/s)  mma %8.1f us (%5.2f TB/s)  cublas %8.1f us (%5.2f TB/s)  [%s]",
+                  s.name, s.N, s.K, M, ours * 1e3, wbytes / (ours * 1e-3) / 1e12, mma_us, wbytes / (mma_us * 1e-6) / 1e12,
+                  cub * 1e3, cub > 0 ? wbytes / (cub * 1e-3) / 1e12 : 0.0, desc(c).c_str());
+      if (sweep) std::printf("  best %.1f us [%s]", best_us, best.c_str());
+      std::printf("\n");
       std::fflush(stdout);
     }
   }
@@ -209,9 +268,10 @@ ForwardBatch tree_batch(int n, int ctx, uint64_t seed) {
 struct ModelRow {
   std::string shape;
   double weight_gb, limit_ms, decode_ms, decode_nopdl_ms, host_ms, tree32_ms, tree64_ms;
+  double mma_decode_ms, mma_tree32_ms, mma_tree64_ms;  ///< GEMM engine Mma (with PDL), if asked
 };
 
-ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quick) {
+ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quick, bool with_mma) {
   ModelRow r{};
   r.shape = which;
   const ModelConfig cfg = shape_config(which);
@@ -254,6 +314,22 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
     std::printf("model %-13s pdl=%d decode %.4f ms\n", which.c_str(), pdl, ms);
     std::fflush(stdout);
   }
+  if (with_mma) {
+    // The same step with the mma.sync GEMM engine (A/B of the engines).
+    setenv("SWIFTSPEC_GEMM_ENGINE", "mma", 1);
+    CudaModelOptions co;
+    auto m = make_cuda_model_random(cfg, opt, co, 42);
+    m->debug_fill_committed_random(ctx, 43);
+    r.mma_decode_ms = m->debug_replay_ms(m->debug_prepare(decode_batch(ctx), false), iters);
+    if (which == "llama3-8b") {
+      r.mma_tree32_ms = m->debug_replay_ms(m->debug_prepare(tree_batch(32, ctx, 5), false), iters);
+      r.mma_tree64_ms = m->debug_replay_ms(m->debug_prepare(tree_batch(64, ctx, 6), false), iters);
+    }
+    unsetenv("SWIFTSPEC_GEMM_ENGINE");
+    std::printf("model %-13s engine=mma pdl=1 decode %.4f ms tree32 %.4f tree64 %.4f\n", which.c_str(),
+                r.mma_decode_ms, r.mma_tree32_ms, r.mma_tree64_ms);
+    std::fflush(stdout);
+  }
   return r;
 }
 
@@ -261,13 +337,15 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
 
 int main(int argc, char** argv) {
   std::string json_path;
-  bool quick = false, gemms = true;
+  bool quick = false, gemms = true, sweep = false, models_mma = false;
   std::string profile;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
     if (a == "--quick") quick = true;
     if (a == "--no-gemm") gemms = false;
+    if (a == "--sweep") sweep = true;
+    if (a == "--mma-models") models_mma = true;
     if (a == "--profile" && i + 1 < argc) profile = argv[++i];
   }
   if (!profile.empty()) {
@@ -298,19 +376,21 @@ int main(int argc, char** argv) {
     std::printf("copy bandwidth (2 GiB D2D, read+write): %.3f TB/s\n", bw);
     json_kv("copy_bandwidth_tbs", num(bw));
     if (gemms) {
-      const auto rows = bench_gemms(st, prop.multiProcessorCount);
+      const auto rows = bench_gemms(st, prop.multiProcessorCount, sweep);
       std::string arr = "[";
       for (size_t i = 0; i < rows.size(); ++i) {
         const auto& g = rows[i];
         arr += std::string(i ? ",\n    " : "\n    ") + "{\"name\": \"" + g.name + "\", \"N\": " + num(g.N) +
                ", \"K\": " + num(g.K) + ", \"M\": " + num(g.M) + ", \"ours_us\": " + num(g.ours_us) +
-               ", \"cublas_us\": " + num(g.cublas_us) + ", \"weight_bytes\": " + num(g.bytes) + "}";
+               ", \"cublas_us\": " + num(g.cublas_us) + ", \"mma_engine_us\": " + num(g.mma_us) +
+               ", \"sweep_best_us\": " + num(g.best_us < 1e29 ? g.best_us : -1) + ", \"config\": \"" + g.config +
+               "\", \"sweep_best_config\": \"" + g.best_config + "\", \"weight_bytes\": " + num(g.bytes) + "}";
       }
       json_kv("gemm", arr + "\n  ]");
     }
     const int ctx = 512;
     std::vector<ModelRow> models;
-    for (const char* w : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"}) models.push_back(bench_model(w, bw, ctx, quick));
+    for (const char* w : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"}) models.push_back(bench_model(w, bw, ctx, quick, models_mma));
     std::string arr = "[";
     for (size_t i = 0; i < models.size(); ++i) {
       const auto& m = models[i];
@@ -318,7 +398,10 @@ int main(int argc, char** argv) {
              ", \"weight_gb\": " + num(m.weight_gb) + ", \"limit_ms\": " + num(m.limit_ms) +
              ", \"decode_ms\": " + num(m.decode_ms) + ", \"decode_no_pdl_ms\": " + num(m.decode_nopdl_ms) +
              ", \"host_sync_decode_ms\": " + num(m.host_ms) + ", \"frac_of_limit\": " + num(m.limit_ms / m.decode_ms) +
-             (m.tree32_ms > 0 ? ", \"tree32_ms\": " + num(m.tree32_ms) + ", \"tree64_ms\": " + num(m.tree64_ms) : "") + "}";
+             (m.tree32_ms > 0 ? ", \"tree32_ms\": " + num(m.tree32_ms) + ", \"tree64_ms\": " + num(m.tree64_ms) : "") +
+             (m.mma_decode_ms > 0 ? ", \"mma_engine_decode_ms\": " + num(m.mma_decode_ms) : "") +
+             (m.mma_tree32_ms > 0 ? ", \"mma_engine_tree32_ms\": " + num(m.mma_tree32_ms) +
+                                        ", \"mma_engine_tree64_ms\": " + num(m.mma_tree64_ms) : "") + "}";
     }
     json_kv("models", arr + "\n  ]");
     std::printf("\n%-14s %9s %9s %10s %10s %10s %8s %9s %9s\n", "shape", "weightsGB", "limit_ms", "decode_ms",

@@ -1,6 +1,6 @@
 // Shared helpers of the CUDA backend: error checking, bf16 conversions, and
 // thin wrappers over the PTX instructions the kernels use (mbarrier, TMA bulk
-// tensor copies, ldmatrix, mma.sync, programmatic dependent launch).
+// tensor copies, ldmatrix, mma.sync, wgmma, programmatic dependent launch).
 // Hopper (sm_90a) only.
 #pragma once
 #include <cuda.h>
@@ -122,6 +122,83 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       "{%8, %9}, {%0, %1, %2, %3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- Hopper warpgroup MMA (wgmma, sm_90a) ----------------------------------
+/// Shared-memory matrix descriptor of a K-major operand tile whose rows are
+/// 128 bytes (64 bf16) written by TMA with CU_TENSOR_MAP_SWIZZLE_128B: 8-row
+/// core-matrix groups 1024 bytes apart (stride byte offset), leading byte
+/// offset unused for swizzled K-major tiles (1 by convention), layout type 1 =
+/// 128-byte swizzle. The tile base must be 1024-byte aligned; the k-th group of
+/// 16 columns starts `32 * k` bytes further (the swizzle is a function of the
+/// address bits, so an offset inside the 128-byte row stays valid).
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t saddr) {
+  return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) |
+         (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+/// Makes the compiler treat the accumulators as rewritten here, so that no
+/// read of them is scheduled before the wgmma_wait_all() that precedes it.
+template <int NT>
+__device__ __forceinline__ void wgmma_fence_acc(float (&d)[NT][4]) {
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) asm volatile("" : "+f"(d[i][c])::"memory");
+}
+/// D[64 x 8*NT] += A[64 x 16] * B[8*NT x 16]^T, A (weight rows) and B (token
+/// rows) K-major in shared memory, fp32 accumulators in the mma.sync m16n8
+/// fragment layout per 8-column block: warp w of the warpgroup holds rows
+/// 16w + lane/4 (+8), columns 8j + 2*(lane%4) (+1) in d[j][0..3].
+template <int NT>
+__device__ __forceinline__ void wgmma_bf16(float (&d)[NT][4], uint64_t da, uint64_t db);
+template <>
+__device__ __forceinline__ void wgmma_bf16<1>(float (&d)[1][4], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
+      : "l"(da), "l"(db), "r"(1)
+      : "memory");
+}
+template <>
+__device__ __forceinline__ void wgmma_bf16<2>(float (&d)[2][4], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+      : "l"(da), "l"(db), "r"(1)
+      : "memory");
+}
+template <>
+__device__ __forceinline__ void wgmma_bf16<4>(float (&d)[4][4], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(da), "l"(db), "r"(1)
+      : "memory");
+}
+template <>
+__device__ __forceinline__ void wgmma_bf16<8>(float (&d)[8][4], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(da), "l"(db), "r"(1)
+      : "memory");
 }
 
 /// Byte offset of the 16-byte chunk `chunk` (0..7) of row `row` in a tile of

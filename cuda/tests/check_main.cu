@@ -112,7 +112,8 @@ int bucket_nt(int m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
 // ---------------------------------------------------------------------------
 // 1. GEMM
 // ---------------------------------------------------------------------------
-void check_gemm(int N, int K, const std::vector<int>& Ms, Rng& rng, int num_sms, cudaStream_t st) {
+void check_gemm(int N, int K, const std::vector<int>& Ms, Rng& rng, int num_sms, cudaStream_t st,
+                const GemmPlanHint& hint = {}) {
   constexpr int R = kMaxStepTokens;
   std::vector<uint16_t> w(static_cast<size_t>(N) * K), x(static_cast<size_t>(R) * K);
   const float ws = 1.0f / std::sqrt(static_cast<float>(K));
@@ -134,7 +135,7 @@ void check_gemm(int N, int K, const std::vector<int>& Ms, Rng& rng, int num_sms,
   std::vector<float> out(static_cast<size_t>(R) * N);
   for (int M : Ms) {
     const int nt = bucket_nt(M);
-    const GemmConfig c = plan_gemm<EpiPlain>(N, K, nt, num_sms);
+    const GemmConfig c = plan_gemm<EpiPlain>(N, K, nt, num_sms, hint);
     const CUtensorMap wm = make_tma_map_bf16(dw.get(), N, K, K, c.BR);
     const CUtensorMap xm = make_tma_map_bf16(dx.get(), R, K, K, 8 * nt);
     GemmArgs a;
@@ -158,17 +159,18 @@ void check_gemm(int N, int K, const std::vector<int>& Ms, Rng& rng, int num_sms,
       std::memcpy(&u, &out[i], 4);
       if (u != 0xFFFFFFFFu) ++touched;
     }
-    char name[128], det[160];
-    std::snprintf(name, sizeof name, "gemm N=%d K=%d M=%d", N, K, M);
-    std::snprintf(det, sizeof det, "(S=%d BR=%d grid=%dx%d nonfinite=%zu rows>=M written=%zu)", c.S, c.BR, c.grid_x,
-                  c.S, bad, touched);
+    char name[128], det[200];
+    const char* eng = c.engine == GemmEngine::Mma ? "mma" : (c.split_n ? "wgmma-n8" : "wgmma");
+    std::snprintf(name, sizeof name, "gemm[%s] N=%d K=%d M=%d", eng, N, K, M);
+    std::snprintf(det, sizeof det, "(S=%d BR=%d stages=%d xres=%d grid=%dx%d nonfinite=%zu rows>=M written=%zu)", c.S,
+                  c.BR, c.stages, c.xres, c.grid_x, c.S, bad, touched);
     record(name, err, 1e-2, err < 1e-2 && bad == 0 && touched == 0, det);
     std::vector<float> row0(out.begin(), out.begin() + N);
     if (row0_m1.empty()) {
       row0_m1 = row0;
     } else {
       const bool same = std::memcmp(row0.data(), row0_m1.data(), sizeof(float) * N) == 0;
-      std::snprintf(name, sizeof name, "gemm N=%d K=%d M=%d row0 bitwise == M=%d", N, K, M, Ms[0]);
+      std::snprintf(name, sizeof name, "gemm[%s] N=%d K=%d M=%d row0 bitwise == M=%d", eng, N, K, M, Ms[0]);
       record(name, same ? 0.0 : 1.0, 0.0, same);
     }
   }
@@ -176,7 +178,8 @@ void check_gemm(int N, int K, const std::vector<int>& Ms, Rng& rng, int num_sms,
 
 /// The fused-RMSNorm path of the GEMM: ssq partials of X per 16 columns, the
 /// kernel computes 1/rms per token (spread over the cluster) and scales.
-void check_gemm_rms(int N, int K, const std::vector<int>& Ms, Rng& rng, int num_sms, cudaStream_t st) {
+void check_gemm_rms(int N, int K, const std::vector<int>& Ms, Rng& rng, int num_sms, cudaStream_t st,
+                    const GemmPlanHint& hint = {}) {
   constexpr int R = kMaxStepTokens;
   std::vector<uint16_t> w(static_cast<size_t>(N) * K), x(static_cast<size_t>(R) * K);
   for (auto& v : w) v = f2bf(rng.sym(1.0f / std::sqrt(static_cast<float>(K))));
@@ -212,7 +215,7 @@ void check_gemm_rms(int N, int K, const std::vector<int>& Ms, Rng& rng, int num_
   std::vector<float> out(static_cast<size_t>(R) * N);
   for (int M : Ms) {
     const int nt = bucket_nt(M);
-    const GemmConfig c = plan_gemm<EpiPlainRms>(N, K, nt, num_sms);
+    const GemmConfig c = plan_gemm<EpiPlainRms>(N, K, nt, num_sms, hint);
     const CUtensorMap wm = make_tma_map_bf16(dw.get(), N, K, K, c.BR);
     const CUtensorMap xm = make_tma_map_bf16(dx.get(), R, K, K, 8 * nt);
     GemmArgs a;
@@ -234,9 +237,11 @@ void check_gemm_rms(int N, int K, const std::vector<int>& Ms, Rng& rng, int num_
     std::vector<float> r(ref.begin(), ref.begin() + static_cast<size_t>(M) * N);
     size_t bad = 0;
     const double err = rel_err(o, r, &bad);
-    char name[128], det[160];
-    std::snprintf(name, sizeof name, "gemm+rmsnorm N=%d K=%d M=%d", N, K, M);
-    std::snprintf(det, sizeof det, "(S=%d BR=%d grid=%dx%d nonfinite=%zu)", c.S, c.BR, c.grid_x, c.S, bad);
+    char name[128], det[200];
+    std::snprintf(name, sizeof name, "gemm+rmsnorm[%s] N=%d K=%d M=%d", c.engine == GemmEngine::Wgmma ? "wgmma" : "mma",
+                  N, K, M);
+    std::snprintf(det, sizeof det, "(S=%d BR=%d stages=%d xres=%d grid=%dx%d nonfinite=%zu)", c.S, c.BR, c.stages,
+                  c.xres, c.grid_x, c.S, bad);
     record(name, err, 1e-2, err < 1e-2 && bad == 0, det);
   }
 }
@@ -715,6 +720,31 @@ int main(int argc, char** argv) {
     check_gemm(1152, 896, {1, 13, 64}, rng, prop.multiProcessorCount, st);
     check_gemm(896, 4864, {1, 40}, rng, prop.multiProcessorCount, st);
     check_gemm(32000, 1024, {1, 8}, rng, prop.multiProcessorCount, st);
+    // wgmma engine: activations streamed (slice too large to stay resident at
+    // M = 64), forced streaming / 2 warpgroups / shallow pipeline; and the
+    // mma.sync engine kept working (SWIFTSPEC_GEMM_ENGINE=mma selects it).
+    check_gemm(1024, 14336, {1, 17, 64}, rng, prop.multiProcessorCount, st);
+    {
+      GemmPlanHint h;
+      h.engine = 1;
+      h.xres = 0;
+      h.wg = 2;
+      h.stages = 2;
+      check_gemm(2048, 1536, {1, 9, 33, 64}, rng, prop.multiProcessorCount, st, h);
+      h.xres = 1;
+      h.wg = 1;
+      h.stages = 5;
+      check_gemm_rms(1152, 896, {1, 64}, rng, prop.multiProcessorCount, st, h);
+      GemmPlanHint hs;  // n8 instructions only
+      hs.engine = 1;
+      hs.split_n = 1;
+      check_gemm(2048, 1536, {1, 9, 33, 64}, rng, prop.multiProcessorCount, st, hs);
+      GemmPlanHint hm;
+      hm.engine = 0;
+      check_gemm(2048, 1536, {1, 5, 16, 33, 64}, rng, prop.multiProcessorCount, st, hm);
+      check_gemm(896, 4864, {1, 40}, rng, prop.multiProcessorCount, st, hm);
+      check_gemm_rms(2048, 1536, {1, 64}, rng, prop.multiProcessorCount, st, hm);
+    }
     check_model("llama-like", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 1);
     check_model("qwen2-like", tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false), 2);
     check_model("gqa7", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 3);

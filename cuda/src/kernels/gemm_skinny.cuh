@@ -28,10 +28,102 @@ constexpr size_t gemm_smem_bytes(int epi_smem) {
   constexpr int MP = 8 * NT, BR = 16 * TM * WR;
   constexpr int ST = gemm_stages(NT, TM, WR);
   return 1024 /*alignment slack*/ + size_t(ST) * (BR + MP) * 128 /*stages*/ +
-         size_t(BR) * (MP + 4) * 4 /*partials*/ + 64 * 4 /*rinv*/ + 8 * 8 /*barriers*/ +
+         size_t(BR) * (MP + 4) * 4 /*partials*/ + 64 * 4 /*rinv*/ + 9 * 8 /*barriers*/ +
          size_t(epi_smem);
 }
 
+/// 1/rms of the tokens m = rank (mod S) into rinv[m] (norm-fused GEMMs); the
+/// other CTAs of the cluster read them through distributed shared memory.
+template <class Epi>
+__device__ __forceinline__ void gemm_rms_prologue(const GemmArgs& args, float* rinv, int x_row0,
+                                                  int m_active, int rank, int S, int warp,
+                                                  int lane, int nwarps) {
+  if constexpr (Epi::kNeedsRms) {
+    for (int m = rank + warp * S; m < m_active; m += nwarps * S) {
+      const float* p = args.ssq + static_cast<size_t>(x_row0 + m) * args.ssq_stride;
+      float s = 0.f;
+      for (int i = lane; i < args.ssq_stride; i += 32) s += p[i];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (lane == 0) rinv[m] = 1.0f / sqrtf(s / static_cast<float>(args.hidden) + args.eps);
+    }
+  }
+}
+
+/// End of one row block `rb`: the CTA's fp32 partials (acc, zeroed here) go to
+/// shared memory; after a cluster barrier each CTA sums, for the 16-row tiles
+/// tl = rank (mod S) of the row block, the S partials in slice order 0..S-1
+/// (the batch-invariant order; all remote loads issued before the adds) and
+/// hands them to the epilogue. acc layout: mma.sync m16n8 fragments, warp w
+/// owns rows (w*TM + tm)*16 .. +15 of the row block.
+template <int NT, int TM, int WR, class Epi>
+__device__ __forceinline__ void gemm_reduce_epilogue(
+    float (&acc)[TM][NT][4], float* partial, const float* const (&rpart)[8], const float* rinv,
+    cg::cluster_group& cluster, int rb, int S, int rank, int tid, int warp, int lane,
+    const GemmArgs& args, const typename Epi::Params& ep, void* esm, int m_active) {
+  constexpr int MP = 8 * NT;
+  constexpr int BR = 16 * TM * WR;
+  constexpr int NTH = 32 * WR;
+  constexpr int PSTRIDE = MP + 4;
+  if (S > 1) cluster.sync(); else __syncthreads();  // previous partials fully read
+#pragma unroll
+  for (int tm = 0; tm < TM; ++tm) {
+    const int row = (warp * TM + tm) * 16 + (lane >> 2);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int col = nt * 8 + (lane & 3) * 2;
+      partial[row * PSTRIDE + col] = acc[tm][nt][0];
+      partial[row * PSTRIDE + col + 1] = acc[tm][nt][1];
+      partial[(row + 8) * PSTRIDE + col] = acc[tm][nt][2];
+      partial[(row + 8) * PSTRIDE + col + 1] = acc[tm][nt][3];
+      acc[tm][nt][0] = acc[tm][nt][1] = acc[tm][nt][2] = acc[tm][nt][3] = 0.f;
+    }
+  }
+  if (S > 1) cluster.sync(); else __syncthreads();
+
+  // This CTA owns tiles tl = rank (mod S) of the row block.
+  constexpr int TILES = BR / 16;
+  const int my_tiles = rank < TILES ? (TILES - 1 - rank) / S + 1 : 0;
+  const int total = my_tiles * 8 * MP;  // multiple of 64: whole warps
+  for (int idx = tid; idx < total; idx += NTH) {
+    const int ti = idx / (8 * MP);
+    const int rem = idx - ti * 8 * MP;
+    const int m = rem >> 3;
+    const int r = rem & 7;
+    const int tl = rank + ti * S;
+    const int tile = rb * TILES + tl;
+    const int prow = tl * 16 + r;
+    float vlo[8], vhi[8];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      if (q < S) {
+        vlo[q] = rpart[q][prow * PSTRIDE + m];
+        vhi[q] = rpart[q][(prow + 8) * PSTRIDE + m];
+      }
+    }
+    float lo = vlo[0], hi = vhi[0];
+#pragma unroll
+    for (int q = 1; q < 8; ++q) {
+      if (q < S) {
+        lo += vlo[q];
+        hi += vhi[q];
+      }
+    }
+    float ri = 1.f;
+    if constexpr (Epi::kNeedsRms) {
+      if (m < m_active) {
+        const float* rp = S > 1 ? cluster.map_shared_rank(rinv, m % S) : rinv;
+        ri = rp[m];
+      }
+    }
+    const bool valid = (tile * 16 < args.N);
+    Epi::apply(ep, esm, valid, tile, r, m, lo, hi, ri, m_active);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Engine Mma: ldmatrix + mma.sync m16n8k16, activations streamed per stage.
+// ---------------------------------------------------------------------------
 template <int NT, int TM, int WR, class Epi>
 __global__ void __launch_bounds__(WR * 32)
     gemm_skinny_kernel(const __grid_constant__ CUtensorMap wmap,
@@ -52,7 +144,7 @@ __global__ void __launch_bounds__(WR * 32)
   float* partial = reinterpret_cast<float*>(smem + ST * STAGE_BYTES);  // [BR][PSTRIDE]
   float* rinv = partial + BR * PSTRIDE;                                // [64]
   uint64_t* bars = reinterpret_cast<uint64_t*>(rinv + 64);             // [ST]
-  void* esm = reinterpret_cast<void*>(bars + 8);
+  void* esm = reinterpret_cast<void*>(bars + 9);
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
@@ -104,19 +196,7 @@ __global__ void __launch_bounds__(WR * 32)
       tma_load_2d(smem + i * STAGE_BYTES + W_BYTES, &xmap, kb + st * 64, x_row0, &bars[i]);
     }
   }
-
-  // RMSNorm statistics: this CTA computes 1/rms of tokens m = rank (mod S);
-  // the others read them through distributed shared memory.
-  if constexpr (Epi::kNeedsRms) {
-    for (int m = rank + warp * S; m < m_active; m += WR * S) {
-      const float* p = args.ssq + static_cast<size_t>(x_row0 + m) * args.ssq_stride;
-      float s = 0.f;
-      for (int i = lane; i < args.ssq_stride; i += 32) s += p[i];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      if (lane == 0) rinv[m] = 1.0f / sqrtf(s / static_cast<float>(args.hidden) + args.eps);
-    }
-  }
+  gemm_rms_prologue<Epi>(args, rinv, x_row0, m_active, rank, S, warp, lane, WR);
 
   float acc[TM][NT][4];
 #pragma unroll
@@ -178,64 +258,161 @@ __global__ void __launch_bounds__(WR * 32)
         tma_load_2d(smem + s * STAGE_BYTES + W_BYTES, &xmap, kb + nst_i * 64, x_row0, &bars[s]);
       }
     }
+    gemm_reduce_epilogue<NT, TM, WR, Epi>(acc, partial, rpart, rinv, cluster, rb, S, rank, tid, warp,
+                                         lane, args, ep, esm, m_active);
+  }
+  if (S > 1) cluster.sync(); else __syncthreads();  // keep smem alive for remote readers
+  Epi::cta_finish(ep, esm, tid, NTH, m_active);
+}
 
-    // ---- reduction over the S slices of the cluster ----
-    if (S > 1) cluster.sync(); else __syncthreads();  // previous partials fully read
+// ---------------------------------------------------------------------------
+// Engine Wgmma: WG warpgroups per CTA, each owns 64 weight rows of the row
+// block (BR = 64*WG) and issues wgmma m64n(8*NT)k16 with both operands in
+// shared memory. Pipeline depth args.stages (runtime). With args.xres the
+// CTA's activation slice [Mpad x (ke-kb)] is loaded once into shared memory
+// (nst tiles of [Mpad x 64]) and the stages carry weights only.
+// ---------------------------------------------------------------------------
+/// Shared memory of the wgmma engine (bytes), for a slice of `nst` 64-column
+/// tiles.
+__host__ __device__ constexpr size_t gemm_wgmma_smem_bytes(int NT, int WG, int stages, int xres,
+                                                           int nst, int epi_smem) {
+  return 1024 + size_t(stages) * (64 * WG + (xres ? 0 : 8 * NT)) * 128 +
+         (xres ? size_t(nst) * 8 * NT * 128 : 0) + size_t(64 * WG) * (8 * NT + 4) * 4 + 64 * 4 +
+         10 * 8 + size_t(epi_smem);
+}
+
+template <int NT, int WG, class Epi>
+__global__ void __launch_bounds__(WG * 128)
+    gemm_wgmma_kernel(const __grid_constant__ CUtensorMap wmap,
+                      const __grid_constant__ CUtensorMap xmap, const GemmArgs args,
+                      const typename Epi::Params ep) {
+  constexpr int MP = 8 * NT;
+  constexpr int WR = 4 * WG;
+  constexpr int BR = 64 * WG;
+  constexpr int NTH = 128 * WG;
+  constexpr int W_BYTES = BR * 128;
+  constexpr int X_BYTES = MP * 128;
+  constexpr int PSTRIDE = MP + 4;
+  const int ST = args.stages;
+  const bool xres = args.xres != 0;
+  const bool split_n = NT > 1 && args.split_n != 0;
+  const int STAGE_BYTES = W_BYTES + (xres ? 0 : X_BYTES);
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int wg = warp >> 2;
+  const int S = gridDim.y;
+  const int rank = blockIdx.y;
+  const int K16 = args.K >> 4;
+  const int kb = (rank * K16 / S) * 16;
+  const int ke = ((rank + 1) * K16 / S) * 16;
+  const int nst = (ke - kb + 63) >> 6;
+  const int nst_max = ((K16 + S - 1) / S * 16 + 63) >> 6;  // layout: same for all ranks
+  const int n_rb = (args.N + BR - 1) / BR;
+  const int my_rb =
+      blockIdx.x < n_rb ? (n_rb - 1 - static_cast<int>(blockIdx.x)) / gridDim.x + 1 : 0;
+  const int items = my_rb * nst;
+
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* xbuf = smem + ST * STAGE_BYTES;                               // [nst_max][MP x 64]
+  float* partial = reinterpret_cast<float*>(xbuf + (xres ? nst_max * X_BYTES : 0));  // [BR][PSTRIDE]
+  float* rinv = partial + BR * PSTRIDE;                                  // [64]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(rinv + 64);               // [ST], [8] = X
+  void* esm = reinterpret_cast<void*>(bars + 10);
+
+  if (tid == 0) {
+    prefetch_tensormap(&wmap);
+    prefetch_tensormap(&xmap);
+    for (int s = 0; s < ST; ++s) mbar_init(&bars[s], 1);
+    mbar_init(&bars[8], 1);
+    fence_mbar_init();
+  }
+  Epi::cta_init(ep, esm, tid, NTH);
+  __syncthreads();
+  griddep_launch_dependents();
+
+  const uint64_t wpolicy = l2_policy_evict_first();
+  const int pre = items < ST ? items : ST;
+  if (tid == 0) {
+    for (int i = 0; i < pre; ++i) {
+      const int rb = blockIdx.x + (i / nst) * gridDim.x;
+      mbar_arrive_expect_tx(&bars[i], STAGE_BYTES);
+      tma_load_2d_hint(smem + i * STAGE_BYTES, &wmap, kb + (i % nst) * 64, rb * BR, &bars[i], wpolicy);
+    }
+  }
+  griddep_wait();
+
+  const int x_row0 = args.x_row0_ptr ? *args.x_row0_ptr : 0;
+  int m_active = args.m_active_max;
+  if (args.m_active_ptr) m_active = min(m_active, *args.m_active_ptr);
+
+  if (tid == 0 && items > 0) {
+    if (xres) {
+      mbar_arrive_expect_tx(&bars[8], nst * X_BYTES);
+      for (int st = 0; st < nst; ++st)
+        tma_load_2d(xbuf + st * X_BYTES, &xmap, kb + st * 64, x_row0, &bars[8]);
+    } else {
+      for (int i = 0; i < pre; ++i)
+        tma_load_2d(smem + i * STAGE_BYTES + W_BYTES, &xmap, kb + (i % nst) * 64, x_row0, &bars[i]);
+    }
+  }
+  gemm_rms_prologue<Epi>(args, rinv, x_row0, m_active, rank, S, warp, lane, WR);
+
+  float acc[1][NT][4];
 #pragma unroll
-    for (int tm = 0; tm < TM; ++tm) {
-      const int row = (warp * TM + tm) * 16 + (lane >> 2);
+  for (int b = 0; b < NT; ++b)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const int col = nt * 8 + (lane & 3) * 2;
-        partial[row * PSTRIDE + col] = acc[tm][nt][0];
-        partial[row * PSTRIDE + col + 1] = acc[tm][nt][1];
-        partial[(row + 8) * PSTRIDE + col] = acc[tm][nt][2];
-        partial[(row + 8) * PSTRIDE + col + 1] = acc[tm][nt][3];
-        acc[tm][nt][0] = acc[tm][nt][1] = acc[tm][nt][2] = acc[tm][nt][3] = 0.f;
+    for (int c = 0; c < 4; ++c) acc[0][b][c] = 0.f;
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const float* rpart[8];
+#pragma unroll
+  for (int q = 0; q < 8; ++q) rpart[q] = (S > 1 && q < S) ? cluster.map_shared_rank(partial, q) : partial;
+  if (xres && items > 0) mbar_wait(&bars[8], 0);
+  int it = 0;
+  for (int rbi = 0; rbi < my_rb; ++rbi) {
+    const int rb = blockIdx.x + rbi * gridDim.x;
+    for (int st = 0; st < nst; ++st, ++it) {
+      const int s = it % ST;
+      mbar_wait(&bars[s], static_cast<uint32_t>((it / ST) & 1));
+      const int nk = min(4, (ke - kb - st * 64) >> 4);
+      const uint32_t wbase = smem_u32(smem + s * STAGE_BYTES);
+      const uint32_t abase = wbase + wg * (64 * 128);
+      const uint32_t bbase = xres ? smem_u32(xbuf + st * X_BYTES) : wbase + W_BYTES;
+      wgmma_fence();
+      if (split_n) {
+        // One n8 instruction per 8-token block (token block j's tile starts
+        // 1024 bytes after block j-1's): the same instruction for every M.
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+            if (kk < nk)
+              wgmma_bf16<1>(reinterpret_cast<float(&)[1][4]>(acc[0][j]), wgmma_desc_sw128(abase + kk * 32),
+                            wgmma_desc_sw128(bbase + j * 1024 + kk * 32));
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          if (kk < nk) wgmma_bf16<NT>(acc[0], wgmma_desc_sw128(abase + kk * 32), wgmma_desc_sw128(bbase + kk * 32));
+      }
+      wgmma_commit();
+      wgmma_wait_all();
+      wgmma_fence_acc<NT>(acc[0]);
+      __syncthreads();  // every warpgroup is done with stage s
+      if (tid == 0 && it + ST < items) {
+        const int nx = it + ST;
+        const int nrb = blockIdx.x + (nx / nst) * gridDim.x;
+        const int nst_i = nx % nst;
+        mbar_arrive_expect_tx(&bars[s], STAGE_BYTES);
+        tma_load_2d_hint(smem + s * STAGE_BYTES, &wmap, kb + nst_i * 64, nrb * BR, &bars[s], wpolicy);
+        if (!xres) tma_load_2d(smem + s * STAGE_BYTES + W_BYTES, &xmap, kb + nst_i * 64, x_row0, &bars[s]);
       }
     }
-    if (S > 1) cluster.sync(); else __syncthreads();
-
-    // ---- epilogue: this CTA owns tiles tl = rank (mod S) of the row block ----
-    constexpr int TILES = BR / 16;
-    const int my_tiles = rank < TILES ? (TILES - 1 - rank) / S + 1 : 0;
-    const int total = my_tiles * 8 * MP;  // multiple of 64: whole warps
-    for (int idx = tid; idx < total; idx += NTH) {
-      const int ti = idx / (8 * MP);
-      const int rem = idx - ti * 8 * MP;
-      const int m = rem >> 3;
-      const int r = rem & 7;
-      const int tl = rank + ti * S;
-      const int tile = rb * TILES + tl;
-      const int prow = tl * 16 + r;
-      // Sum of the S slice partials in slice order (the batch-invariant order);
-      // all remote loads are issued before the adds.
-      float vlo[8], vhi[8];
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        if (q < S) {
-          vlo[q] = rpart[q][prow * PSTRIDE + m];
-          vhi[q] = rpart[q][(prow + 8) * PSTRIDE + m];
-        }
-      }
-      float lo = vlo[0], hi = vhi[0];
-#pragma unroll
-      for (int q = 1; q < 8; ++q) {
-        if (q < S) {
-          lo += vlo[q];
-          hi += vhi[q];
-        }
-      }
-      float ri = 1.f;
-      if constexpr (Epi::kNeedsRms) {
-        if (m < m_active) {
-          const float* rp = S > 1 ? cluster.map_shared_rank(rinv, m % S) : rinv;
-          ri = rp[m];
-        }
-      }
-      const bool valid = (tile * 16 < args.N);
-      Epi::apply(ep, esm, valid, tile, r, m, lo, hi, ri, m_active);
-    }
+    gemm_reduce_epilogue<NT, 1, WR, Epi>(acc, partial, rpart, rinv, cluster, rb, S, rank, tid, warp,
+                                        lane, args, ep, esm, m_active);
   }
   if (S > 1) cluster.sync(); else __syncthreads();  // keep smem alive for remote readers
   Epi::cta_finish(ep, esm, tid, NTH, m_active);
@@ -274,22 +451,138 @@ void gemm_dispatch(int NT, int TM, int WR, F&& f) {
                         std::to_string(TM) + " WR=" + std::to_string(WR));
 }
 
+/// Dynamic shared memory opt-in limit of device 0 (bytes).
+inline int gemm_smem_optin() {
+  static int v = [] {
+    int dev = 0, x = 0;
+    SS_CUDA_CHECK(cudaGetDevice(&dev));
+    SS_CUDA_CHECK(cudaDeviceGetAttribute(&x, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return x;
+  }();
+  return v;
+}
+
+template <int NT, int WG, class Epi>
+struct GemmWgmmaInst {
+  static void prepare() {
+    static bool done = false;  // the opt-in maximum once: occupancy follows the launch's size
+    if (!done) {
+      SS_CUDA_CHECK(cudaFuncSetAttribute(&gemm_wgmma_kernel<NT, WG, Epi>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, gemm_smem_optin()));
+      done = true;
+    }
+  }
+};
+
+/// Calls f.template operator()<NT, WG>() for the runtime (NT, WG) of the wgmma engine.
+template <class F>
+void gemm_wgmma_dispatch(int NT, int WG, F&& f) {
+#define SS_GEMM_WCASE(nt, wg) \
+  if (NT == nt && WG == wg) return f.template operator()<nt, wg>();
+  SS_GEMM_WCASE(1, 1) SS_GEMM_WCASE(1, 2) SS_GEMM_WCASE(2, 1) SS_GEMM_WCASE(2, 2)
+  SS_GEMM_WCASE(4, 1) SS_GEMM_WCASE(4, 2) SS_GEMM_WCASE(8, 1) SS_GEMM_WCASE(8, 2)
+#undef SS_GEMM_WCASE
+  throw InvalidArgument("gemm: no wgmma kernel for NT=" + std::to_string(NT) + " WG=" +
+                        std::to_string(WG));
+}
+
+/// Resident clusters of S CTAs for a launch shape (occupancy API).
+template <class Kern>
+int gemm_resident_clusters(Kern* fn, int n_rb, int S, int threads, size_t smem) {
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(static_cast<unsigned>(n_rb), static_cast<unsigned>(S), 1);
+  lc.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
+  lc.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = static_cast<unsigned>(S);
+  attr[0].val.clusterDim.z = 1;
+  lc.attrs = attr;
+  lc.numAttrs = 1;
+  int clusters = 0;
+  SS_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, fn, &lc));
+  return clusters;
+}
+
+/// Per-row-block fixed cost of the planner's model, in weight rows (cluster
+/// syncs, DSMEM reduction, epilogue; measured on the H200: many small row
+/// blocks lose).
+constexpr int kGemmRowBlockCost = 96;
+
 template <class Epi>
-GemmConfig plan_gemm(int N, int K, int NT, int num_sms) {
+GemmConfig plan_gemm_wgmma(int N, int K, int NT, int num_sms, const GemmPlanHint& hint) {
+  GemmConfig c;
+  c.engine = GemmEngine::Wgmma;
+  c.NT = NT;
+  c.S = gemm_slices(K);
+  c.TM = 1;
+  const int K16 = K / 16;
+  const int nst_max = ((K16 + c.S - 1) / c.S * 16 + 63) / 64;
+  const int MP = 8 * NT;
+  const size_t optin = static_cast<size_t>(gemm_smem_optin());
+  long best_cost = -1;
+  for (int wg : {2, 1}) {
+    if (hint.wg && hint.wg != wg) continue;
+    const int br = 64 * wg;
+    const int n_rb = (N + br - 1) / br;
+    // Activations resident when the slice takes at most 96 KiB (e.g. K = 4096
+    // at M = 64: 64 KiB); else streamed with the weights.
+    int xres = hint.xres >= 0 ? hint.xres : (size_t(nst_max) * MP * 128 <= 96 * 1024 ? 1 : 0);
+    // Depth: about 40 KiB of stages (bytes in flight come from several CTAs per SM).
+    const int stage_bytes = (br + (xres ? 0 : MP)) * 128;
+    int stages = hint.stages ? hint.stages : std::clamp((40 * 1024) / stage_bytes, 3, 8);
+    size_t smem = gemm_wgmma_smem_bytes(NT, wg, stages, xres, nst_max, Epi::kSmemBytes);
+    while (smem > optin && stages > 2) smem = gemm_wgmma_smem_bytes(NT, wg, --stages, xres, nst_max, Epi::kSmemBytes);
+    if (smem > optin && xres) {
+      xres = 0;
+      smem = gemm_wgmma_smem_bytes(NT, wg, stages, xres, nst_max, Epi::kSmemBytes);
+    }
+    if (smem > optin) continue;
+    int clusters = 0;
+    gemm_wgmma_dispatch(NT, wg, [&]<int nt, int w>() {
+      GemmWgmmaInst<nt, w, Epi>::prepare();
+      clusters = gemm_resident_clusters(&gemm_wgmma_kernel<nt, w, Epi>, n_rb, c.S, 128 * w, smem);
+    });
+    if (clusters <= 0) continue;
+    const int rounds = (n_rb + clusters - 1) / clusters;
+    const long cost = static_cast<long>(rounds) * (br + (xres ? 0 : 4 * NT) + kGemmRowBlockCost);
+    if (best_cost < 0 || cost < best_cost) {
+      best_cost = cost;
+      c.WR = 4 * wg;
+      c.BR = br;
+      c.stages = stages;
+      c.xres = xres;
+      c.split_n = hint.split_n >= 0 ? hint.split_n : gemm_default_split_n();
+      c.smem = smem;
+      c.grid_x = (n_rb + rounds - 1) / rounds;
+    }
+  }
+  if (best_cost < 0)
+    throw InvalidArgument("gemm: no wgmma configuration fits (N=" + std::to_string(N) +
+                          ", K=" + std::to_string(K) + ", NT=" + std::to_string(NT) + ")");
+  return c;
+}
+
+template <class Epi>
+GemmConfig plan_gemm(int N, int K, int NT, int num_sms, const GemmPlanHint& hint) {
   if (N <= 0 || K <= 0 || N % 16 != 0 || K % 16 != 0)
     throw InvalidArgument("gemm: N and K must be positive multiples of 16 (N=" +
                           std::to_string(N) + ", K=" + std::to_string(K) + ")");
   if (NT != 1 && NT != 2 && NT != 4 && NT != 8)
     throw InvalidArgument("gemm: NT must be 1, 2, 4 or 8 (got " + std::to_string(NT) + ")");
+  const GemmEngine engine =
+      hint.engine < 0 ? gemm_default_engine(N, K) : static_cast<GemmEngine>(hint.engine);
+  if (engine == GemmEngine::Wgmma) return plan_gemm_wgmma<Epi>(N, K, NT, num_sms, hint);
   GemmConfig c;
+  c.engine = GemmEngine::Mma;
   c.NT = NT;
   c.S = gemm_slices(K);
   c.TM = NT <= 2 ? 1 : 2;
   // Row-block size: for each candidate, the resident clusters (occupancy API)
   // give the number of rounds a persistent CTA makes; estimated time per CTA
-  // ~ rounds * (BR + Mpad/2 + 16) (activation tile bytes count half: they come
-  // from L2; 96: fixed per-row-block cost — cluster syncs, reduction, epilogue —
-  // in rows, as measured on the H200: many small row blocks lose).
+  // ~ rounds * (BR + Mpad/2 + 96) (activation tile bytes count half: they come
+  // from L2; 96: kGemmRowBlockCost).
   // Then the grid is balanced so that every CTA makes the same number of rounds.
   long best_cost = -1;
   for (int wr : {4, 2, 1}) {
@@ -302,22 +595,11 @@ GemmConfig plan_gemm(int N, int K, int NT, int num_sms) {
       I::prepare();
       stages = I::kStages;
       smem = I::smem();
-      cudaLaunchConfig_t lc = {};
-      lc.gridDim = dim3(static_cast<unsigned>(n_rb), static_cast<unsigned>(c.S), 1);
-      lc.blockDim = dim3(32 * w, 1, 1);
-      lc.dynamicSmemBytes = smem;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = 1;
-      attr[0].val.clusterDim.y = static_cast<unsigned>(c.S);
-      attr[0].val.clusterDim.z = 1;
-      lc.attrs = attr;
-      lc.numAttrs = 1;
-      SS_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, &gemm_skinny_kernel<nt, tm, w, Epi>, &lc));
+      clusters = gemm_resident_clusters(&gemm_skinny_kernel<nt, tm, w, Epi>, n_rb, c.S, 32 * w, smem);
     });
     if (clusters <= 0) clusters = std::max(1, num_sms / c.S);
     const int rounds = (n_rb + clusters - 1) / clusters;
-    const long cost = static_cast<long>(rounds) * (br + 4 * NT + 96);
+    const long cost = static_cast<long>(rounds) * (br + 4 * NT + kGemmRowBlockCost);
     if (best_cost < 0 || cost < best_cost) {
       best_cost = cost;
       c.WR = wr;
@@ -332,34 +614,44 @@ GemmConfig plan_gemm(int N, int K, int NT, int num_sms) {
 
 template <class Epi>
 void launch_gemm(const GemmConfig& cfg, const CUtensorMap& wmap, const CUtensorMap& xmap,
-                 const GemmArgs& args, const typename Epi::Params& ep, bool pdl,
+                 const GemmArgs& args_in, const typename Epi::Params& ep, bool pdl,
                  cudaStream_t stream) {
-  gemm_dispatch(cfg.NT, cfg.TM, cfg.WR, [&]<int nt, int tm, int wr>() {
-    cudaLaunchConfig_t lc = {};
-    lc.gridDim = dim3(static_cast<unsigned>(cfg.grid_x), static_cast<unsigned>(cfg.S), 1);
-    lc.blockDim = dim3(32 * wr, 1, 1);
-    lc.dynamicSmemBytes = cfg.smem;
-    lc.stream = stream;
-    cudaLaunchAttribute attr[2];
-    int na = 0;
-    attr[na].id = cudaLaunchAttributeClusterDimension;
-    attr[na].val.clusterDim.x = 1;
-    attr[na].val.clusterDim.y = static_cast<unsigned>(cfg.S);
-    attr[na].val.clusterDim.z = 1;
+  GemmArgs args = args_in;
+  args.stages = cfg.stages;
+  args.xres = cfg.xres;
+  args.split_n = cfg.split_n;
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(static_cast<unsigned>(cfg.grid_x), static_cast<unsigned>(cfg.S), 1);
+  lc.blockDim = dim3(static_cast<unsigned>(32 * cfg.WR), 1, 1);
+  lc.dynamicSmemBytes = cfg.smem;
+  lc.stream = stream;
+  cudaLaunchAttribute attr[2];
+  int na = 0;
+  attr[na].id = cudaLaunchAttributeClusterDimension;
+  attr[na].val.clusterDim.x = 1;
+  attr[na].val.clusterDim.y = static_cast<unsigned>(cfg.S);
+  attr[na].val.clusterDim.z = 1;
+  ++na;
+  if (pdl) {
+    attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[na].val.programmaticStreamSerializationAllowed = 1;
     ++na;
-    if (pdl) {
-      attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attr[na].val.programmaticStreamSerializationAllowed = 1;
-      ++na;
-    }
-    lc.attrs = attr;
-    lc.numAttrs = na;
-    SS_CUDA_CHECK(cudaLaunchKernelEx(&lc, &gemm_skinny_kernel<nt, tm, wr, Epi>, wmap, xmap, args, ep));
-  });
+  }
+  lc.attrs = attr;
+  lc.numAttrs = na;
+  if (cfg.engine == GemmEngine::Wgmma) {
+    gemm_wgmma_dispatch(cfg.NT, cfg.WR / 4, [&]<int nt, int wg>() {
+      SS_CUDA_CHECK(cudaLaunchKernelEx(&lc, &gemm_wgmma_kernel<nt, wg, Epi>, wmap, xmap, args, ep));
+    });
+  } else {
+    gemm_dispatch(cfg.NT, cfg.TM, cfg.WR, [&]<int nt, int tm, int wr>() {
+      SS_CUDA_CHECK(cudaLaunchKernelEx(&lc, &gemm_skinny_kernel<nt, tm, wr, Epi>, wmap, xmap, args, ep));
+    });
+  }
 }
 
 #define SS_INSTANTIATE_GEMM(EPI)                                                              \
-  template GemmConfig plan_gemm<EPI>(int, int, int, int);                                     \
+  template GemmConfig plan_gemm<EPI>(int, int, int, int, const GemmPlanHint&);               \
   template void launch_gemm<EPI>(const GemmConfig&, const CUtensorMap&, const CUtensorMap&,   \
                                  const GemmArgs&, const EPI::Params&, bool, cudaStream_t);
 

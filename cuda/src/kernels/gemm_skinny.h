@@ -17,6 +17,15 @@
 //  * Epilogues (template parameter) see, for one 16-row tile, the pair of rows
 //    (r, r+8) of one token in the same thread: RoPE pairs and gate/up pairs are
 //    placed there by permuting weight rows at load time (see weights.h).
+//  * Two inner engines, chosen per matrix (never per M, so the row arithmetic
+//    stays batch invariant): `Mma` (ldmatrix + mma.sync, any row block of 16
+//    rows) and `Wgmma` (Hopper warpgroup MMA, the weight tile is the 64-row
+//    A operand and the token tile the N = 8*NT operand, both read by the
+//    tensor cores straight from the TMA-swizzled shared memory). The wgmma
+//    engine can keep the CTA's whole activation slice resident in shared
+//    memory (loaded once, not once per row block): at M = 64 the activation
+//    tile is as large as a 64-row weight tile, so streaming it per row block
+//    doubles the L2 traffic.
 // Shapes: N % 16 == 0, K % 16 == 0, M <= 64. Errors: InvalidArgument.
 #pragma once
 #include <cuda.h>
@@ -27,7 +36,13 @@
 namespace swiftspec::cuda {
 
 /// Geometry of one launch, chosen by plan_gemm() (host).
+/// Inner engine of the skinny GEMM (see above).
+enum class GemmEngine { Mma = 0, Wgmma = 1 };
+
 struct GemmConfig {
+  GemmEngine engine = GemmEngine::Mma;
+  int xres = 0;     ///< wgmma: activation slice resident in shared memory
+  int split_n = 0;  ///< wgmma: one m64n8k16 per 8-token block instead of one m64n(8*NT)k16
   int NT = 1;       ///< n-tiles of 8 tokens: Mpad = 8 * NT (1, 2, 4, 8)
   int TM = 1;       ///< 16-row m-tiles per warp
   int WR = 1;       ///< warps per CTA (each owns TM m-tiles of the row block)
@@ -51,16 +66,39 @@ struct GemmArgs {
   int ssq_stride = 0;   ///< partials per row (hidden / 16)
   int hidden = 0;
   float eps = 1e-6f;
+  // Set by launch_gemm from the GemmConfig (callers leave them alone).
+  int stages = 0;  ///< wgmma engine: pipeline depth (runtime)
+  int xres = 0;    ///< wgmma engine: activation slice resident
+  int split_n = 0; ///< wgmma engine: n8 instructions only
 };
+
+/// Optional overrides of plan_gemm's choices (benchmarks, tests). The engine
+/// must not depend on M for a given matrix (batch invariance): callers that
+/// override it must do so for every bucket of that matrix.
+struct GemmPlanHint {
+  int engine = -1;  ///< -1: default (gemm_default_engine), 0: Mma, 1: Wgmma
+  int wg = 0;       ///< wgmma: warpgroups per CTA (1 or 2 → 64 / 128 rows); 0: planner
+  int stages = 0;   ///< wgmma: pipeline depth 2..8; 0: planner
+  int xres = -1;    ///< wgmma: -1 planner, 0 stream activations, 1 resident (if it fits)
+  int split_n = -1; ///< wgmma: -1 default (gemm_default_split_n), 0 / 1
+};
+
+/// Whether the wgmma engine issues n8 instructions only (SWIFTSPEC_WGMMA_SPLIT_N=1).
+/// Both forms are checked for batch invariance; the wide form is the default.
+int gemm_default_split_n();
+
+/// Default engine of an N x K matrix: Wgmma, unless the environment variable
+/// SWIFTSPEC_GEMM_ENGINE=mma asks for the mma.sync engine (A/B measurements).
+GemmEngine gemm_default_engine(int N, int K);
 
 /// K slices of a matrix with reduction length K (fixed per matrix: the
 /// batch-invariance contract).
 int gemm_slices(int K);
 
 /// Picks tiles and grid for N x K with 8*NT token rows on this device.
-/// `max_ctas_per_sm_hint` limits occupancy (0: none).
+/// `hint` overrides choices (see GemmPlanHint).
 template <class Epi>
-GemmConfig plan_gemm(int N, int K, int NT, int num_sms);
+GemmConfig plan_gemm(int N, int K, int NT, int num_sms, const GemmPlanHint& hint = {});
 
 /// Launches on `stream` (captured into graphs), optionally with programmatic
 /// dependent launch. `wmap`: tensor map of W with box {64, cfg.BR}; `xmap`:
