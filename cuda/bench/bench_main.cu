@@ -102,7 +102,8 @@ std::vector<GemmRow> bench_gemms(cudaStream_t st, int num_sms, bool sweep) {
     int N, K;
   };
   const Shape shapes[] = {{"8B qkv", 6144, 4096}, {"8B o", 4096, 4096}, {"8B gate_up", 28672, 4096},
-                          {"8B down", 4096, 14336}, {"0.5B gate_up", 9728, 896}, {"0.5B down", 896, 4864}};
+                          {"8B down", 4096, 14336}, {"8B lm_head", 128256, 4096},
+                          {"0.5B qkv", 1152, 896}, {"0.5B gate_up", 9728, 896}, {"0.5B down", 896, 4864}};
   std::vector<GemmRow> rows;
 #if defined(SWIFTSPEC_HAVE_CUBLAS)
   cublasHandle_t h;

@@ -505,57 +505,59 @@ int gemm_resident_clusters(Kern* fn, int n_rb, int S, int threads, size_t smem) 
   return clusters;
 }
 
-/// Per-row-block fixed cost of the planner's model, in weight rows (cluster
-/// syncs, DSMEM reduction, epilogue; measured on the H200: many small row
-/// blocks lose).
-constexpr int kGemmRowBlockCost = 96;
+/// Per-row-block fixed cost of the planner's model, in weight rows: with a
+/// cluster (S > 1) the two cluster barriers per row block run in lockstep
+/// across S CTAs (measured on the H200: many small row blocks lose); with
+/// S = 1 only a CTA barrier and the epilogue remain.
+inline int gemm_row_block_cost(int S) { return S > 1 ? 96 : 16; }
 
 template <class Epi>
 GemmConfig plan_gemm_wgmma(int N, int K, int NT, int num_sms, const GemmPlanHint& hint) {
   GemmConfig c;
   c.engine = GemmEngine::Wgmma;
   c.NT = NT;
-  c.S = gemm_slices(K);
+  c.S = gemm_slices(N, K);
   c.TM = 1;
   const int K16 = K / 16;
   const int nst_max = ((K16 + c.S - 1) / c.S * 16 + 63) / 64;
-  const int MP = 8 * NT;
   const size_t optin = static_cast<size_t>(gemm_smem_optin());
+  // Row-block cost model as for the mma engine; among equal costs the deeper
+  // pipeline wins. Activations are streamed by default: run 7's sweep found
+  // the resident slice slower everywhere (its shared memory costs resident
+  // CTAs, and CTAs — not bytes per CTA — set the achieved bandwidth).
   long best_cost = -1;
   for (int wg : {2, 1}) {
     if (hint.wg && hint.wg != wg) continue;
-    const int br = 64 * wg;
-    const int n_rb = (N + br - 1) / br;
-    // Activations resident when the slice takes at most 96 KiB (e.g. K = 4096
-    // at M = 64: 64 KiB); else streamed with the weights.
-    int xres = hint.xres >= 0 ? hint.xres : (size_t(nst_max) * MP * 128 <= 96 * 1024 ? 1 : 0);
-    // Depth: about 40 KiB of stages (bytes in flight come from several CTAs per SM).
-    const int stage_bytes = (br + (xres ? 0 : MP)) * 128;
-    int stages = hint.stages ? hint.stages : std::clamp((40 * 1024) / stage_bytes, 3, 8);
-    size_t smem = gemm_wgmma_smem_bytes(NT, wg, stages, xres, nst_max, Epi::kSmemBytes);
-    while (smem > optin && stages > 2) smem = gemm_wgmma_smem_bytes(NT, wg, --stages, xres, nst_max, Epi::kSmemBytes);
-    if (smem > optin && xres) {
-      xres = 0;
-      smem = gemm_wgmma_smem_bytes(NT, wg, stages, xres, nst_max, Epi::kSmemBytes);
-    }
-    if (smem > optin) continue;
-    int clusters = 0;
-    gemm_wgmma_dispatch(NT, wg, [&]<int nt, int w>() {
-      GemmWgmmaInst<nt, w, Epi>::prepare();
-      clusters = gemm_resident_clusters(&gemm_wgmma_kernel<nt, w, Epi>, n_rb, c.S, 128 * w, smem);
-    });
-    if (clusters <= 0) continue;
-    const int rounds = (n_rb + clusters - 1) / clusters;
-    const long cost = static_cast<long>(rounds) * (br + (xres ? 0 : 4 * NT) + kGemmRowBlockCost);
-    if (best_cost < 0 || cost < best_cost) {
-      best_cost = cost;
-      c.WR = 4 * wg;
-      c.BR = br;
-      c.stages = stages;
-      c.xres = xres;
-      c.split_n = hint.split_n >= 0 ? hint.split_n : gemm_default_split_n();
-      c.smem = smem;
-      c.grid_x = (n_rb + rounds - 1) / rounds;
+    for (int stg : {6, 4, 3}) {
+      if (hint.stages && stg != 6) continue;  // one pass with the hinted depth
+      const int br = 64 * wg;
+      const int n_rb = (N + br - 1) / br;
+      int xres = hint.xres >= 0 ? hint.xres : 0;
+      int stages = hint.stages ? hint.stages : stg;
+      size_t smem = gemm_wgmma_smem_bytes(NT, wg, stages, xres, nst_max, Epi::kSmemBytes);
+      if (smem > optin && xres) {
+        xres = 0;
+        smem = gemm_wgmma_smem_bytes(NT, wg, stages, xres, nst_max, Epi::kSmemBytes);
+      }
+      if (smem > optin) continue;
+      int clusters = 0;
+      gemm_wgmma_dispatch(NT, wg, [&]<int nt, int w>() {
+        GemmWgmmaInst<nt, w, Epi>::prepare();
+        clusters = gemm_resident_clusters(&gemm_wgmma_kernel<nt, w, Epi>, n_rb, c.S, 128 * w, smem);
+      });
+      if (clusters <= 0) continue;
+      const int rounds = (n_rb + clusters - 1) / clusters;
+      const long cost = static_cast<long>(rounds) * (br + (xres ? 0 : 4 * NT) + gemm_row_block_cost(c.S));
+      if (best_cost < 0 || cost < best_cost) {
+        best_cost = cost;
+        c.WR = 4 * wg;
+        c.BR = br;
+        c.stages = stages;
+        c.xres = xres;
+        c.split_n = hint.split_n >= 0 ? hint.split_n : gemm_default_split_n();
+        c.smem = smem;
+        c.grid_x = (n_rb + rounds - 1) / rounds;
+      }
     }
   }
   if (best_cost < 0)
@@ -577,12 +579,12 @@ GemmConfig plan_gemm(int N, int K, int NT, int num_sms, const GemmPlanHint& hint
   GemmConfig c;
   c.engine = GemmEngine::Mma;
   c.NT = NT;
-  c.S = gemm_slices(K);
+  c.S = gemm_slices(N, K);
   c.TM = NT <= 2 ? 1 : 2;
   // Row-block size: for each candidate, the resident clusters (occupancy API)
   // give the number of rounds a persistent CTA makes; estimated time per CTA
   // ~ rounds * (BR + Mpad/2 + 96) (activation tile bytes count half: they come
-  // from L2; 96: kGemmRowBlockCost).
+  // from L2; gemm_row_block_cost: cluster barriers, reduction, epilogue).
   // Then the grid is balanced so that every CTA makes the same number of rounds.
   long best_cost = -1;
   for (int wr : {4, 2, 1}) {
@@ -599,7 +601,7 @@ GemmConfig plan_gemm(int N, int K, int NT, int num_sms, const GemmPlanHint& hint
     });
     if (clusters <= 0) clusters = std::max(1, num_sms / c.S);
     const int rounds = (n_rb + clusters - 1) / clusters;
-    const long cost = static_cast<long>(rounds) * (br + 4 * NT + kGemmRowBlockCost);
+    const long cost = static_cast<long>(rounds) * (br + 4 * NT + gemm_row_block_cost(c.S));
     if (best_cost < 0 || cost < best_cost) {
       best_cost = cost;
       c.WR = wr;

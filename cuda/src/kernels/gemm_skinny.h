@@ -3,7 +3,7 @@
 // every weight byte is read once per step, for all M rows at once).
 //
 // Kernel (SwiftSpec ASPLOS'26 §5.1, fused latency-optimized GEMMs):
-//  * K is split into S contiguous slices (S fixed per matrix by K, never by M);
+//  * K is split into S contiguous slices (S fixed per matrix shape, never by M);
 //    the S CTAs of a slice group form a thread-block cluster and sum their fp32
 //    partials through distributed shared memory in slice order 0..S-1. So a
 //    row of a batch of 64 gets bit-identical results to a batch of one.
@@ -91,9 +91,9 @@ int gemm_default_split_n();
 /// SWIFTSPEC_GEMM_ENGINE=mma asks for the mma.sync engine (A/B measurements).
 GemmEngine gemm_default_engine(int N, int K);
 
-/// K slices of a matrix with reduction length K (fixed per matrix: the
+/// K slices of an N x K matrix (a function of the shape only: the
 /// batch-invariance contract).
-int gemm_slices(int K);
+int gemm_slices(int N, int K);
 
 /// Picks tiles and grid for N x K with 8*NT token rows on this device.
 /// `hint` overrides choices (see GemmPlanHint).

@@ -1,6 +1,7 @@
 // The K partition and the engine of the skinny GEMM (gemm_skinny.h): one
 // place, because the batch-invariance contract (model.h) depends on neither
-// varying with M.
+// varying with M (both are functions of the matrix shape N x K alone).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -9,9 +10,18 @@
 
 namespace swiftspec::cuda {
 
-int gemm_slices(int K) {
-  const int s = (K + 511) / 512;
-  return s < 1 ? 1 : (s > 8 ? 8 : s);
+int gemm_slices(int N, int K) {
+  // Enough (64-row block, slice) pairs for about two CTAs per SM of the H200
+  // (132 SMs) in one wave — K is split only as far as N leaves SMs idle.
+  // Splitting further costs a cluster barrier per row block in lockstep
+  // across the S CTAs (run 7: the 8B gate/up matrix, 448 row blocks, lost
+  // ~1.6 µs per extra persistent round at S = 8), and slices of at least
+  // 128 columns (two pipeline stages).
+  constexpr int kTargetPairs = 256;
+  const int row_blocks = (N + 63) / 64;
+  int s = (kTargetPairs + row_blocks - 1) / row_blocks;
+  s = std::min(s, std::max(1, K / 128));
+  return std::clamp(s, 1, 8);
 }
 
 GemmEngine gemm_default_engine(int /*N*/, int /*K*/) {

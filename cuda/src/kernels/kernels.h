@@ -11,9 +11,9 @@
 
 namespace swiftspec::cuda {
 
-/// K slices of a GEMM with reduction length K: ceil(K/512) clamped to 1..8.
-/// Fixed per matrix so that results do not depend on the batch size.
-int gemm_slices(int K);
+/// K slices (1..8) of an N x K GEMM: a function of the matrix shape only, so
+/// that results do not depend on the batch size (see gemm_slices.cu).
+int gemm_slices(int N, int K);
 
 // ---------------------------------------------------------------------------
 // embedding.cu
