@@ -16,6 +16,8 @@
 //  * --sweep: every wgmma-engine choice (warpgroups, depth, resident
 //    activations) per GEMM shape; --mma-models: each model step also with the
 //    mma.sync engine (SWIFTSPEC_GEMM_ENGINE=mma).
+//  * --profile SHAPE [--profile-tree N]: one greedy decode step of SHAPE (then
+//    a tree of N nodes, graph replayed 4 times) and nothing else, for ncu.
 // Usage: swiftspec-cuda-bench [--json PATH] [--quick] [--no-gemm] [--sweep] [--mma-models]
 #include <algorithm>
 #include <chrono>
@@ -340,6 +342,7 @@ int main(int argc, char** argv) {
   std::string json_path;
   bool quick = false, gemms = true, sweep = false, models_mma = false;
   std::string profile;
+  int profile_tree = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
@@ -348,6 +351,7 @@ int main(int argc, char** argv) {
     if (a == "--sweep") sweep = true;
     if (a == "--mma-models") models_mma = true;
     if (a == "--profile" && i + 1 < argc) profile = argv[++i];
+    if (a == "--profile-tree" && i + 1 < argc) profile_tree = std::atoi(argv[++i]);
   }
   if (!profile.empty()) {
     // One greedy decode step of SHAPE (for a kernel profiler such as ncu).
@@ -360,6 +364,12 @@ int main(int argc, char** argv) {
       std::vector<int32_t> am;
       m->forward_argmax(decode_batch(512), am);
       std::printf("profile %s: one decode step, argmax %d\n", profile.c_str(), am.empty() ? -1 : am[0]);
+      if (profile_tree > 0) {
+        // Then 4 replays (3 warm-up + 1) of the graph of a tree of N nodes.
+        m->truncate_committed(512);
+        const int id = m->debug_prepare(tree_batch(profile_tree, 512, 6), false);
+        std::printf("profile %s: tree of %d nodes %.4f ms\n", profile.c_str(), profile_tree, m->debug_replay_ms(id, 1));
+      }
     } catch (const std::exception& e) {
       std::printf("profile aborted: %s\n", e.what());
       return 1;

@@ -145,6 +145,10 @@ __device__ __forceinline__ void wgmma_commit() {
 __device__ __forceinline__ void wgmma_wait_all() {
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 }
+/// Waits until at most one committed wgmma group is pending.
+__device__ __forceinline__ void wgmma_wait_1() {
+  asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+}
 /// Makes the compiler treat the accumulators as rewritten here, so that no
 /// read of them is scheduled before the wgmma_wait_all() that precedes it.
 template <int NT>

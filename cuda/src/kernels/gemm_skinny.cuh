@@ -268,7 +268,8 @@ __global__ void __launch_bounds__(WR * 32)
 // ---------------------------------------------------------------------------
 // Engine Wgmma: WG warpgroups per CTA, each owns 64 weight rows of the row
 // block (BR = 64*WG) and issues wgmma m64n(8*NT)k16 with both operands in
-// shared memory. Pipeline depth args.stages (runtime). With args.xres the
+// shared memory. Pipeline depth args.stages (runtime); one wgmma group stays
+// in flight, and a stage is refilled as soon as its group has retired. With args.xres the
 // CTA's activation slice [Mpad x (ke-kb)] is loaded once into shared memory
 // (nst tiles of [Mpad x 64]) and the stages carry weights only.
 // ---------------------------------------------------------------------------
@@ -399,18 +400,24 @@ __global__ void __launch_bounds__(WG * 128)
           if (kk < nk) wgmma_bf16<NT>(acc[0], wgmma_desc_sw128(abase + kk * 32), wgmma_desc_sw128(bbase + kk * 32));
       }
       wgmma_commit();
-      wgmma_wait_all();
-      wgmma_fence_acc<NT>(acc[0]);
-      __syncthreads();  // every warpgroup is done with stage s
-      if (tid == 0 && it + ST < items) {
-        const int nx = it + ST;
+      // Keep this stage's group in flight; the previous item's group is done,
+      // so its stage can be refilled now (the refill no longer waits for the
+      // tensor cores to finish the stage just issued).
+      wgmma_wait_1();
+      __syncthreads();  // every warpgroup is done with the previous item's stage
+      const int pv = it - 1;
+      if (tid == 0 && pv >= 0 && pv + ST < items) {
+        const int ps = pv % ST;
+        const int nx = pv + ST;
         const int nrb = blockIdx.x + (nx / nst) * gridDim.x;
         const int nst_i = nx % nst;
-        mbar_arrive_expect_tx(&bars[s], STAGE_BYTES);
-        tma_load_2d_hint(smem + s * STAGE_BYTES, &wmap, kb + nst_i * 64, nrb * BR, &bars[s], wpolicy);
-        if (!xres) tma_load_2d(smem + s * STAGE_BYTES + W_BYTES, &xmap, kb + nst_i * 64, x_row0, &bars[s]);
+        mbar_arrive_expect_tx(&bars[ps], STAGE_BYTES);
+        tma_load_2d_hint(smem + ps * STAGE_BYTES, &wmap, kb + nst_i * 64, nrb * BR, &bars[ps], wpolicy);
+        if (!xres) tma_load_2d(smem + ps * STAGE_BYTES + W_BYTES, &xmap, kb + nst_i * 64, x_row0, &bars[ps]);
       }
     }
+    wgmma_wait_all();
+    wgmma_fence_acc<NT>(acc[0]);
     gemm_reduce_epilogue<NT, 1, WR, Epi>(acc, partial, rpart, rinv, cluster, rb, S, rank, tid, warp,
                                         lane, args, ep, esm, m_active);
   }
@@ -522,14 +529,15 @@ GemmConfig plan_gemm_wgmma(int N, int K, int NT, int num_sms, const GemmPlanHint
   const int nst_max = ((K16 + c.S - 1) / c.S * 16 + 63) / 64;
   const size_t optin = static_cast<size_t>(gemm_smem_optin());
   // Row-block cost model as for the mma engine; among equal costs the deeper
-  // pipeline wins. Activations are streamed by default: run 7's sweep found
+  // pipeline wins (4 stages: one is being read by the tensor cores, one
+  // waits for its wgmma group to retire, two are loading). Activations are streamed by default: run 7's sweep found
   // the resident slice slower everywhere (its shared memory costs resident
   // CTAs, and CTAs — not bytes per CTA — set the achieved bandwidth).
   long best_cost = -1;
   for (int wg : {2, 1}) {
     if (hint.wg && hint.wg != wg) continue;
-    for (int stg : {6, 4, 3}) {
-      if (hint.stages && stg != 6) continue;  // one pass with the hinted depth
+    for (int stg : {4, 3}) {
+      if (hint.stages && stg != 4) continue;  // one pass with the hinted depth
       const int br = 64 * wg;
       const int n_rb = (N + br - 1) / br;
       int xres = hint.xres >= 0 ? hint.xres : 0;
