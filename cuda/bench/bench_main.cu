@@ -15,10 +15,11 @@
 // Physical limit of a step = weight bytes read per step / copy bandwidth.
 //  * --sweep: every wgmma-engine choice (warpgroups, depth, resident
 //    activations) per GEMM shape; --mma-models: each model step also with the
-//    mma.sync engine (SWIFTSPEC_GEMM_ENGINE=mma).
+//    mma.sync engine (SWIFTSPEC_GEMM_ENGINE=mma); --pdl-early: also with GEMMs
+//    releasing their dependents at entry (SWIFTSPEC_GEMM_PDL_EARLY=1).
 //  * --profile SHAPE [--profile-tree N]: one greedy decode step of SHAPE (then
 //    a tree of N nodes, graph replayed 4 times) and nothing else, for ncu.
-// Usage: swiftspec-cuda-bench [--json PATH] [--quick] [--no-gemm] [--sweep] [--mma-models]
+// Usage: swiftspec-cuda-bench [--json PATH] [--quick] [--no-gemm] [--sweep] [--mma-models] [--pdl-early]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -272,9 +273,11 @@ struct ModelRow {
   std::string shape;
   double weight_gb, limit_ms, decode_ms, decode_nopdl_ms, host_ms, tree32_ms, tree64_ms;
   double mma_decode_ms, mma_tree32_ms, mma_tree64_ms;  ///< GEMM engine Mma (with PDL), if asked
+  double early_decode_ms, early_tree32_ms, early_tree64_ms;  ///< GEMMs release dependents at entry
 };
 
-ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quick, bool with_mma) {
+ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quick, bool with_mma,
+                     bool with_pdl_early) {
   ModelRow r{};
   r.shape = which;
   const ModelConfig cfg = shape_config(which);
@@ -317,22 +320,25 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
     std::printf("model %-13s pdl=%d decode %.4f ms\n", which.c_str(), pdl, ms);
     std::fflush(stdout);
   }
-  if (with_mma) {
-    // The same step with the mma.sync GEMM engine (A/B of the engines).
-    setenv("SWIFTSPEC_GEMM_ENGINE", "mma", 1);
+  // Variants of the PDL step selected by environment variables (A/B).
+  auto variant = [&](const char* env, const char* value, const char* label, double& dec, double& t32,
+                     double& t64) {
+    setenv(env, value, 1);
     CudaModelOptions co;
     auto m = make_cuda_model_random(cfg, opt, co, 42);
     m->debug_fill_committed_random(ctx, 43);
-    r.mma_decode_ms = m->debug_replay_ms(m->debug_prepare(decode_batch(ctx), false), iters);
+    dec = m->debug_replay_ms(m->debug_prepare(decode_batch(ctx), false), iters);
     if (which == "llama3-8b") {
-      r.mma_tree32_ms = m->debug_replay_ms(m->debug_prepare(tree_batch(32, ctx, 5), false), iters);
-      r.mma_tree64_ms = m->debug_replay_ms(m->debug_prepare(tree_batch(64, ctx, 6), false), iters);
+      t32 = m->debug_replay_ms(m->debug_prepare(tree_batch(32, ctx, 5), false), iters);
+      t64 = m->debug_replay_ms(m->debug_prepare(tree_batch(64, ctx, 6), false), iters);
     }
-    unsetenv("SWIFTSPEC_GEMM_ENGINE");
-    std::printf("model %-13s engine=mma pdl=1 decode %.4f ms tree32 %.4f tree64 %.4f\n", which.c_str(),
-                r.mma_decode_ms, r.mma_tree32_ms, r.mma_tree64_ms);
+    unsetenv(env);
+    std::printf("model %-13s %s pdl=1 decode %.4f ms tree32 %.4f tree64 %.4f\n", which.c_str(), label, dec, t32, t64);
     std::fflush(stdout);
-  }
+  };
+  if (with_mma) variant("SWIFTSPEC_GEMM_ENGINE", "mma", "engine=mma", r.mma_decode_ms, r.mma_tree32_ms, r.mma_tree64_ms);
+  if (with_pdl_early)
+    variant("SWIFTSPEC_GEMM_PDL_EARLY", "1", "gemm-pdl-early", r.early_decode_ms, r.early_tree32_ms, r.early_tree64_ms);
   return r;
 }
 
@@ -340,7 +346,7 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
 
 int main(int argc, char** argv) {
   std::string json_path;
-  bool quick = false, gemms = true, sweep = false, models_mma = false;
+  bool quick = false, gemms = true, sweep = false, models_mma = false, models_pdl_early = false;
   std::string profile;
   int profile_tree = 0;
   for (int i = 1; i < argc; ++i) {
@@ -350,6 +356,7 @@ int main(int argc, char** argv) {
     if (a == "--no-gemm") gemms = false;
     if (a == "--sweep") sweep = true;
     if (a == "--mma-models") models_mma = true;
+    if (a == "--pdl-early") models_pdl_early = true;
     if (a == "--profile" && i + 1 < argc) profile = argv[++i];
     if (a == "--profile-tree" && i + 1 < argc) profile_tree = std::atoi(argv[++i]);
   }
@@ -401,7 +408,7 @@ int main(int argc, char** argv) {
     }
     const int ctx = 512;
     std::vector<ModelRow> models;
-    for (const char* w : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"}) models.push_back(bench_model(w, bw, ctx, quick, models_mma));
+    for (const char* w : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"}) models.push_back(bench_model(w, bw, ctx, quick, models_mma, models_pdl_early));
     std::string arr = "[";
     for (size_t i = 0; i < models.size(); ++i) {
       const auto& m = models[i];
@@ -412,7 +419,10 @@ int main(int argc, char** argv) {
              (m.tree32_ms > 0 ? ", \"tree32_ms\": " + num(m.tree32_ms) + ", \"tree64_ms\": " + num(m.tree64_ms) : "") +
              (m.mma_decode_ms > 0 ? ", \"mma_engine_decode_ms\": " + num(m.mma_decode_ms) : "") +
              (m.mma_tree32_ms > 0 ? ", \"mma_engine_tree32_ms\": " + num(m.mma_tree32_ms) +
-                                        ", \"mma_engine_tree64_ms\": " + num(m.mma_tree64_ms) : "") + "}";
+                                        ", \"mma_engine_tree64_ms\": " + num(m.mma_tree64_ms) : "") +
+             (m.early_decode_ms > 0 ? ", \"gemm_pdl_early_decode_ms\": " + num(m.early_decode_ms) : "") +
+             (m.early_tree32_ms > 0 ? ", \"gemm_pdl_early_tree32_ms\": " + num(m.early_tree32_ms) +
+                                          ", \"gemm_pdl_early_tree64_ms\": " + num(m.early_tree64_ms) : "") + "}";
     }
     json_kv("models", arr + "\n  ]");
     std::printf("\n%-14s %9s %9s %10s %10s %10s %8s %9s %9s\n", "shape", "weightsGB", "limit_ms", "decode_ms",

@@ -12,7 +12,8 @@
 //    STAGES-deep mbarrier pipeline; warps read fragments with ldmatrix and
 //    accumulate with mma.sync m16n8k16 (bf16 in, fp32 accumulate). The weight
 //    tiles of the first stages are requested before griddepcontrol.wait, so
-//    they overlap the previous kernel (programmatic dependent launch).
+//    they overlap the previous kernel (programmatic dependent launch); the
+//    next kernel is released after the main loop (gemm_pdl_early()).
 //  * Persistent: a CTA loops over row blocks; the pipeline runs across them.
 //  * Epilogues (template parameter) see, for one 16-row tile, the pair of rows
 //    (r, r+8) of one token in the same thread: RoPE pairs and gate/up pairs are
@@ -70,6 +71,7 @@ struct GemmArgs {
   int stages = 0;  ///< wgmma engine: pipeline depth (runtime)
   int xres = 0;    ///< wgmma engine: activation slice resident
   int split_n = 0; ///< wgmma engine: n8 instructions only
+  int pdl_early = 0; ///< release the dependent kernel at entry (else after the main loop)
 };
 
 /// Optional overrides of plan_gemm's choices (benchmarks, tests). The engine
@@ -86,6 +88,11 @@ struct GemmPlanHint {
 /// Whether the wgmma engine issues n8 instructions only (SWIFTSPEC_WGMMA_SPLIT_N=1).
 /// Both forms are checked for batch invariance; the wide form is the default.
 int gemm_default_split_n();
+
+/// Whether GEMMs release their programmatic dependents at entry
+/// (SWIFTSPEC_GEMM_PDL_EARLY=1, A/B measurements) instead of after their
+/// main loop (default).
+int gemm_pdl_early();
 
 /// Default engine of an N x K matrix: Wgmma, unless the environment variable
 /// SWIFTSPEC_GEMM_ENGINE=mma asks for the mma.sync engine (A/B measurements).
