@@ -162,6 +162,17 @@ std::vector<GemmRow> bench_gemms(cudaStream_t st, int num_sms, bool sweep) {
                     us, wbytes / (us * 1e-6) / 1e12);
       }
       if (sweep) {
+        // Other K splits (not usable by the model unless gemm_slices changes:
+        // the split is part of the matrix's arithmetic).
+        for (int sl : {1, 2, 4, 8}) {
+          if (sl == c.S || sl > s.K / 128) continue;
+          GemmPlanHint h;
+          h.slices = sl;
+          const GemmConfig cv = plan_gemm<EpiPlain>(s.N, s.K, nt, num_sms, h);
+          const double us = time_plan(cv);
+          std::printf("  sweep %-13s M=%2d %-44s %8.1f us (%5.2f TB/s)\n", s.name, M, desc(cv).c_str(), us,
+                      wbytes / (us * 1e-6) / 1e12);
+        }
         for (int wg : {1, 2})
           for (int stg : {3, 4, 6})
             for (int xr : {0, 1}) {

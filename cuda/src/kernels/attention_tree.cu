@@ -14,7 +14,8 @@
 //   2. S = Q K^T with mma.sync (one dot product per element: its value does
 //      not depend on where the key sits in the tile),
 //   3. per query head: max, p = exp(s - max), and sum_j p_j and sum_j p_j v_j
-//      sequentially in logical order over the attended keys only,
+//      sequentially in logical order over the attended keys only (keys of
+//      the block's union that a token does not attend add exact zeros),
 //   4. writes (max, sum, o) of the chunk.
 // The last CTA of a (kv head, token block) — an atomic counter, reset by that
 // CTA — combines the chunks in chunk order. The arithmetic seen by a token is
@@ -225,9 +226,17 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
         __syncthreads();
       }
       if (pact) {
+        // Branch-free over all keys of the block: a key of the union that this
+        // token does not attend has p = 0 exactly (its score is -inf), and
+        // adding it changes neither l nor o bitwise (both start at +0 and
+        // never become -0: x + (+-0) == x, and +0 + -0 == +0). So the sums
+        // equal those over the attended keys alone, in the same order, and
+        // the loop pipelines its shared-memory loads.
+        const float* srow = Ss + prh * kUMax + ub;
+#pragma unroll 4
         for (int u = 0; u < nb; ++u) {
-          if ((kmask[ub + u] >> pt) & 1u) {
-            const float pr = Ss[prh * kUMax + ub + u];
+          {
+            const float pr = srow[u];
             l += pr;
             const __nv_bfloat16* vr = Vs + u * LD + pd0;
             float vf[DPT];

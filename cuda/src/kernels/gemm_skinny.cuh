@@ -535,7 +535,7 @@ GemmConfig plan_gemm_wgmma(int N, int K, int NT, int num_sms, const GemmPlanHint
   GemmConfig c;
   c.engine = GemmEngine::Wgmma;
   c.NT = NT;
-  c.S = gemm_slices(N, K);
+  c.S = hint.slices > 0 ? std::min(hint.slices, K / 16) : gemm_slices(N, K);
   c.TM = 1;
   const int K16 = K / 16;
   const int nst_max = ((K16 + c.S - 1) / c.S * 16 + 63) / 64;
@@ -567,7 +567,7 @@ GemmConfig plan_gemm_wgmma(int N, int K, int NT, int num_sms, const GemmPlanHint
       });
       if (clusters <= 0) continue;
       const int rounds = (n_rb + clusters - 1) / clusters;
-      const long cost = static_cast<long>(rounds) * (br + (xres ? 0 : 4 * NT) + gemm_row_block_cost(c.S));
+      const long cost = static_cast<long>(rounds) * (br + (xres ? 0 : 8 * NT) + gemm_row_block_cost(c.S));
       if (best_cost < 0 || cost < best_cost) {
         best_cost = cost;
         c.WR = 4 * wg;
@@ -599,12 +599,14 @@ GemmConfig plan_gemm(int N, int K, int NT, int num_sms, const GemmPlanHint& hint
   GemmConfig c;
   c.engine = GemmEngine::Mma;
   c.NT = NT;
-  c.S = gemm_slices(N, K);
+  c.S = hint.slices > 0 ? std::min(hint.slices, K / 16) : gemm_slices(N, K);
   c.TM = NT <= 2 ? 1 : 2;
   // Row-block size: for each candidate, the resident clusters (occupancy API)
   // give the number of rounds a persistent CTA makes; estimated time per CTA
-  // ~ rounds * (BR + Mpad/2 + 96) (activation tile bytes count half: they come
-  // from L2; gemm_row_block_cost: cluster barriers, reduction, epilogue).
+  // ~ rounds * (BR + Mpad + cost) (the activation tile streams through TMA
+  // and shared memory like weight rows; run 8: the 8B LM head at M = 64 ran
+  // 301 µs with 128-row blocks in 4 rounds, 332 µs with 64-row blocks in 6;
+  // gemm_row_block_cost: cluster barriers, reduction, epilogue).
   // Then the grid is balanced so that every CTA makes the same number of rounds.
   long best_cost = -1;
   for (int wr : {4, 2, 1}) {
@@ -621,7 +623,7 @@ GemmConfig plan_gemm(int N, int K, int NT, int num_sms, const GemmPlanHint& hint
     });
     if (clusters <= 0) clusters = std::max(1, num_sms / c.S);
     const int rounds = (n_rb + clusters - 1) / clusters;
-    const long cost = static_cast<long>(rounds) * (br + 4 * NT + gemm_row_block_cost(c.S));
+    const long cost = static_cast<long>(rounds) * (br + 8 * NT + gemm_row_block_cost(c.S));
     if (best_cost < 0 || cost < best_cost) {
       best_cost = cost;
       c.WR = wr;

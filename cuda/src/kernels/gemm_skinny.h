@@ -83,6 +83,7 @@ struct GemmPlanHint {
   int stages = 0;   ///< wgmma: pipeline depth 2..8; 0: planner
   int xres = -1;    ///< wgmma: -1 planner, 0 stream activations, 1 resident (if it fits)
   int split_n = -1; ///< wgmma: -1 default (gemm_default_split_n), 0 / 1
+  int slices = 0;   ///< K slices (benchmarks only: the model must use gemm_slices); 0: default
 };
 
 /// Whether the wgmma engine issues n8 instructions only (SWIFTSPEC_WGMMA_SPLIT_N=1).
