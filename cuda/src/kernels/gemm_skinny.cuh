@@ -408,7 +408,8 @@ __global__ void __launch_bounds__(WG * 128)
       } else {
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-          if (kk < nk) wgmma_bf16<NT>(acc[0], wgmma_desc_sw128(abase + kk * 32), wgmma_desc_sw128(bbase + kk * 32));
+          if (kk < nk)
+            wgmma_bf16<NT>(acc[0], wgmma_desc_sw128(abase + kk * 32), wgmma_desc_sw128(bbase + kk * 32));
       }
       wgmma_commit();
       // Keep this stage's group in flight; the previous item's group is done,
@@ -541,10 +542,11 @@ GemmConfig plan_gemm_wgmma(int N, int K, int NT, int num_sms, const GemmPlanHint
   const int nst_max = ((K16 + c.S - 1) / c.S * 16 + 63) / 64;
   const size_t optin = static_cast<size_t>(gemm_smem_optin());
   // Row-block cost model as for the mma engine; among equal costs the deeper
-  // pipeline wins (4 stages: one is being read by the tensor cores, one
-  // waits for its wgmma group to retire, two are loading). Activations are streamed by default: run 7's sweep found
-  // the resident slice slower everywhere (its shared memory costs resident
-  // CTAs, and CTAs — not bytes per CTA — set the achieved bandwidth).
+  // pipeline wins (4 stages: one is read by the tensor cores, one waits for
+  // its wgmma group to retire, two are loading). Activations are streamed by
+  // default: run 7's sweep found the resident slice slower everywhere (its
+  // shared memory costs resident CTAs, and CTAs — not bytes per CTA — set
+  // the achieved bandwidth).
   long best_cost = -1;
   for (int wg : {2, 1}) {
     if (hint.wg && hint.wg != wg) continue;

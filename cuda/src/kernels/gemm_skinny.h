@@ -22,11 +22,12 @@
 //    stays batch invariant): `Mma` (ldmatrix + mma.sync, any row block of 16
 //    rows) and `Wgmma` (Hopper warpgroup MMA, the weight tile is the 64-row
 //    A operand and the token tile the N = 8*NT operand, both read by the
-//    tensor cores straight from the TMA-swizzled shared memory). The wgmma
-//    engine can keep the CTA's whole activation slice resident in shared
-//    memory (loaded once, not once per row block): at M = 64 the activation
-//    tile is as large as a 64-row weight tile, so streaming it per row block
-//    doubles the L2 traffic.
+//    tensor cores straight from the TMA-swizzled shared memory; one wgmma
+//    group stays in flight). Options of the wgmma engine, checked and
+//    benchmarked but off by default (measured slower on the H200, run 7):
+//    keeping the CTA's activation slice resident in shared memory (loaded
+//    once instead of once per row block; costs resident CTAs), and n8
+//    instructions only (split_n).
 // Shapes: N % 16 == 0, K % 16 == 0, M <= 64. Errors: InvalidArgument.
 #pragma once
 #include <cuda.h>
@@ -36,10 +37,10 @@
 
 namespace swiftspec::cuda {
 
-/// Geometry of one launch, chosen by plan_gemm() (host).
 /// Inner engine of the skinny GEMM (see above).
 enum class GemmEngine { Mma = 0, Wgmma = 1 };
 
+/// Geometry of one launch, chosen by plan_gemm() (host).
 struct GemmConfig {
   GemmEngine engine = GemmEngine::Mma;
   int xres = 0;     ///< wgmma: activation slice resident in shared memory

@@ -25,7 +25,8 @@ int gemm_slices(int N, int K) {
 }
 
 GemmEngine gemm_default_engine(int /*N*/, int /*K*/) {
-  // Per matrix, never per M (the engines round differently inside a k16 step).
+  // Per matrix, never per M: nothing guarantees that the two engines round a
+  // k16 step identically.
   const char* e = std::getenv("SWIFTSPEC_GEMM_ENGINE");
   if (e && std::strcmp(e, "mma") == 0) return GemmEngine::Mma;
   return GemmEngine::Wgmma;
