@@ -73,3 +73,29 @@ def humaneval() -> list[dict]:
     from swiftspec.datasets import load_humaneval
 
     return load_humaneval(cache=_cache(), progress=False)
+
+
+@pytest.fixture(scope="session")
+def hf_causal_lm(gguf_path):
+    """Factory: ``hf_causal_lm(name)`` -> (HF transformers model in float32, eval mode, its
+    tokenizer), both loaded from the reference model's GGUF file by transformers itself (its own
+    dequantization and Qwen2 implementation: the independent oracle of issue #2).
+
+    Loading dequantizes the GGUF in Python (about 90 s for the 1.5B), so the last model asked for
+    is kept for the next test module; only one is kept, because the 1.5B in float32 takes 6 GB.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kept: dict[str, tuple] = {}
+
+    def get(name: str):
+        if name not in kept:
+            kept.clear()
+            gguf = gguf_path(name)
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            kept[name] = (model.eval(), tok)
+        return kept[name]
+
+    return get

@@ -23,7 +23,7 @@ from swiftspec.datasets import prompt_messages
 TARGET = "qwen2.5-coder-1.5b-instruct"
 DRAFT = "qwen2.5-coder-0.5b-instruct"
 DTYPE = "bfloat16"
-NEW_TOKENS = 20
+NEW_TOKENS = 16
 TREE = dict(tree_budget=16, max_depth=6, branching=2)
 PLACEMENT_TP1 = {"draft": {"tp": 1, "cores": [0]}, "target": {"tp": 1, "cores": [1]}}
 PLACEMENT_TP2 = {"draft": {"tp": 1, "cores": [0]}, "target": {"tp": 2, "cores": [[1], [1]]}}
@@ -51,9 +51,19 @@ def messages(mtbench, humaneval):
 
 
 @pytest.fixture(scope="module")
-def reference_tp1(engine_tp1, messages):
-    """Target-only greedy results (GenerationResult) of every prompt."""
-    return {k: engine_tp1.generate(m, max_new_tokens=NEW_TOKENS, mode="target") for k, m in messages.items()}
+def reference_tp1(checkpoint_dir, messages):
+    """Target-only greedy results (GenerationResult) of every prompt, from a plain target-only
+    engine on all cores: the CPU kernels give every output the same arithmetic whatever the thread
+    count (batch-invariant, one thread per output), so this is what the 1-core target of
+    `engine_tp1` would produce, in half the time (test_reference_is_thread_count_independent)."""
+    plain = Engine(checkpoint_dir(TARGET, DTYPE), max_context=1024)
+    return {k: plain.generate(m, max_new_tokens=NEW_TOKENS, mode="target") for k, m in messages.items()}
+
+
+def test_reference_is_thread_count_independent(engine_tp1, messages, reference_tp1):
+    """The placed 1-core target decodes exactly what the all-core reference engine decoded."""
+    out = engine_tp1.generate(messages["mtbench76"], max_new_tokens=6, mode="target")
+    assert out.token_ids == reference_tp1["mtbench76"].token_ids[:6]
 
 
 def _first_difference(a, b):
@@ -78,16 +88,16 @@ def test_async_equals_target_only_tp1(engine_tp1, messages, reference_tp1, key):
 def test_async_equals_target_only_tp2_target(checkpoint_dir, messages):
     engine = _engine(checkpoint_dir, PLACEMENT_TP2)
     assert engine.placement["target"]["tp"] == 2
-    for key in ("mtbench76", "humaneval23"):
-        ref = engine.generate(messages[key], max_new_tokens=16, mode="target").token_ids
-        out = engine.generate(messages[key], max_new_tokens=16, mode="async", **TREE)
+    for key in ("mtbench76",):
+        ref = engine.generate(messages[key], max_new_tokens=12, mode="target").token_ids
+        out = engine.generate(messages[key], max_new_tokens=12, mode="async", **TREE)
         assert out.token_ids == ref, f"{key}: first difference at {_first_difference(out.token_ids, ref)}"
         assert out.stats["verification_steps"] < len(ref)
 
 
 def test_async_same_tokens_ten_times(engine_tp1, messages, reference_tp1):
-    ref = reference_tp1["mtbench76"].token_ids[:12]
-    runs = [engine_tp1.generate(messages["mtbench76"], max_new_tokens=12, mode="async", **TREE) for _ in range(10)]
+    ref = reference_tp1["mtbench76"].token_ids[:8]
+    runs = [engine_tp1.generate(messages["mtbench76"], max_new_tokens=8, mode="async", **TREE) for _ in range(10)]
     assert all(r.token_ids == ref for r in runs)
     # The trees differed with timing (or not): the output did not.
     print("verification steps per run:", [r.stats["verification_steps"] for r in runs])

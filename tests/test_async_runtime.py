@@ -1,7 +1,7 @@
 """The runtime under the asynchronous engine (issue 4): its C++ unit tests (channels,
 communicator, worker groups, tensor-parallel plan, timeline, placement, send policy; the TP CPU model against
 the plain CPU model with the real 0.5B model), pre-sharded checkpoints against load-time
-sharding, placement errors, and no leak or hang over 1000 short generations in a row mixing
+sharding, placement errors, and no leak or hang over many short generations in a row (300 in CI, 1000 recorded) mixing
 max-tokens, EOS and cancellation (resident memory and thread count flat).
 
 ThreadSanitizer runs of the same C++ tests: tools/run_tsan.sh.
@@ -115,12 +115,19 @@ def _threads(settle_s=1.0):
 _threads.baseline = 1 << 30
 
 
-def test_thousand_short_generations_no_leak(checkpoint_dir):
-    """1000 async requests in a row (SmolLM2-135M as target and draft, so the test runs in about
-    a minute), cycling through the ways a request ends: max tokens, a stop token, cancellation
-    from the callback at the first token, cancellation later, and an exception in the callback.
-    Every request's tokens are checked against target-only decoding, and resident memory and the
-    process's thread count return to their level after warm-up."""
+# Requests of the soak test. CI runs 300 (about 80 s on a 2-core machine); the issue-4 check of
+# 1000 in a row is the same test with SWIFTSPEC_SOAK_REQUESTS=1000 (command and result in
+# benchmarks/README.md).
+SOAK_REQUESTS = int(os.environ.get("SWIFTSPEC_SOAK_REQUESTS", "300"))
+
+
+def test_many_short_generations_no_leak(checkpoint_dir):
+    """SOAK_REQUESTS (>= 200) async requests in a row (SmolLM2-135M as target and draft),
+    cycling through the ways a request ends: max tokens, a stop token, cancellation from the
+    callback at the first token, cancellation later, and an exception in the callback. Every
+    request's tokens are checked against target-only decoding, and resident memory and the
+    process's thread count return to their level after the first 100 (warm-up)."""
+    assert SOAK_REQUESTS >= 200, "SWIFTSPEC_SOAK_REQUESTS must be >= 200 (100 warm-up + 100 measured)"
     ckpt = checkpoint_dir(SMALL, "bfloat16")
     engine = Engine(ckpt, ckpt, placement="auto", max_context=256, max_tree=32)
     eng = engine._engine
@@ -163,12 +170,13 @@ def test_thousand_short_generations_no_leak(checkpoint_dir):
         one(i)
     threads0 = _threads.baseline = _threads()
     rss_warm = _rss_kib()
-    for i in range(100, 1000):
+    for i in range(100, SOAK_REQUESTS):
         one(i)
         if i % 50 == 0:
             assert _threads() == threads0, f"request {i} left threads behind"
     assert _threads() == threads0
     rss_end = _rss_kib()
     growth = rss_end - rss_warm
-    print(f"RSS after warm-up {rss_warm} KiB, after 1000 requests {rss_end} KiB (+{growth} KiB)")
-    assert growth < 4096, f"resident memory grew by {growth} KiB over 900 requests"
+    print(f"RSS after warm-up {rss_warm} KiB, after {SOAK_REQUESTS} requests {rss_end} KiB (+{growth} KiB), "
+          f"threads {threads0}")
+    assert growth < 4096, f"resident memory grew by {growth} KiB over {SOAK_REQUESTS - 100} requests"

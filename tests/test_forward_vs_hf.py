@@ -33,16 +33,12 @@ def real_prompts(tokenizer, humaneval, mtbench):
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_logits_match_hf_transformers(name, checkpoint_dir, gguf_path, humaneval, mtbench):
-    from transformers import AutoModelForCausalLM
-
+def test_logits_match_hf_transformers(name, checkpoint_dir, hf_causal_lm, humaneval, mtbench):
     ckpt = checkpoint_dir(name, "float32")
     tokenizer = Tokenizer.from_checkpoint(ckpt)
     prompts = real_prompts(tokenizer, humaneval, mtbench)
 
-    gguf = gguf_path(name)
-    hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    hf.eval()
+    hf, _ = hf_causal_lm(name)
 
     opts = core.ModelOptions()
     opts.max_context = 1024

@@ -13,13 +13,8 @@ NEW_TOKENS = 64
 
 
 @pytest.fixture(scope="module")
-def hf_model_and_tokenizer(gguf_path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    gguf = gguf_path(NAME)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    return model.eval(), tok
+def hf_model_and_tokenizer(hf_causal_lm):
+    return hf_causal_lm(NAME)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,10 @@ and with serial tree generation for the chain and tree budgets 8, 16, 32, 64 (sh
   draft / target time split, draft steps per verification
   identical           outputs equal to target-only greedy (must be all)
 
+Each config is name:tree_budget:max_depth:branching[:min_expand_prob]; without the last
+field the serial default applies (SpeculativeOptions::kSerialMinExpandProb: nodes less
+likely than that under the draft are not expanded), 0 grows every tree to its budget.
+
 Writes <out>.json and <out>.md (default benchmarks/acceptance). CPU timings depend on
 the machine and its load: the load average before and after is recorded, and every
 config runs interleaved prompt by prompt so that load drifts hit all configs alike.
@@ -34,9 +38,21 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from check_lossless import DRAFT, REPO, TARGET, git_commit, load_prompts, parse_configs  # noqa: E402
+from check_lossless import DRAFT, REPO, TARGET, git_commit, load_prompts  # noqa: E402
 
 DEFAULT_CONFIGS = "chain8:8:8:1,tree8:8:8:2,tree16:16:8:2,tree32:32:8:4,tree64:64:8:4"
+
+
+def parse_configs(text: str) -> dict[str, tuple[int, int, int, float]]:
+    """name:tree_budget:max_depth:branching[:min_expand_prob],... (min_expand_prob default -1:
+    the serial default of speculative.h)."""
+    out = {}
+    for item in text.split(","):
+        parts = item.split(":")
+        if len(parts) not in (4, 5):
+            raise SystemExit(f"--configs item {item!r} must be name:tree_budget:max_depth:branching[:min_expand_prob]")
+        out[parts[0]] = (int(parts[1]), int(parts[2]), int(parts[3]), float(parts[4]) if len(parts) == 5 else -1.0)
+    return out
 
 
 def pooled(rows: list[dict], target_rows: list[dict]) -> dict:
@@ -65,14 +81,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=10, help="prompts per dataset (default 10)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"name:budget:depth:branching,... ({DEFAULT_CONFIGS})")
+    ap.add_argument("--configs", default=DEFAULT_CONFIGS,
+                    help=f"name:budget:depth:branching[:min_expand_prob],... ({DEFAULT_CONFIGS})")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=0, help="CPU threads per model (0: all cores)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "acceptance"), help="output path without suffix")
     args = ap.parse_args(argv)
 
     from swiftspec.fetch import ensure_checkpoint
-    from swiftspec.swiftspec_core import Engine, ModelOptions, load_model
+    from swiftspec.swiftspec_core import Engine, ModelOptions, load_model, spec
     from swiftspec.tokenizer import Tokenizer
 
     configs = parse_configs(args.configs)
@@ -82,9 +99,10 @@ def main(argv=None) -> int:
     prompts = load_prompts(tok, args.prompts, args.prompts)
     opts = ModelOptions()
     opts.max_context = max(len(p[3]) for p in prompts) + args.max_new_tokens + 8
-    opts.max_tree = max(b for b, _, _ in configs.values()) + 2
+    opts.max_tree = max(c[0] for c in configs.values()) + 2
     opts.num_threads = args.threads
-    engine = Engine(load_model(str(tdir), "cpu", opts), load_model(str(ddir), "cpu", opts))
+    target, draft = load_model(str(tdir), "cpu", opts), load_model(str(ddir), "cpu", opts)
+    engine = Engine(target, draft)
 
     load_before = os.getloadavg()
     t0 = time.time()
@@ -102,10 +120,14 @@ def main(argv=None) -> int:
 
         rows["target-only"].append(row(ref, "target-only"))
         line = []
-        for name, (budget, depth, branching) in configs.items():
-            res = engine.generate(ids, max_new_tokens=args.max_new_tokens, mode="serial", tree_budget=budget,
-                                  max_depth=depth, branching=branching)
+        for name, (budget, depth, branching, min_p) in configs.items():
+            # the function Engine.generate(mode="serial") calls, with explicit options
+            res = spec.generate_serial(target, draft, ids, max_new_tokens=args.max_new_tokens, tree_budget=budget,
+                                       max_depth=depth, branching=branching, min_expand_prob=min_p)
             rows[name].append(row(res, name))
+            rows[name][-1]["report"] = {k: res["report"][k] for k in
+                                        ("growth", "verification", "expand_width", "min_expand_prob",
+                                         "verified_per_step", "accepted_per_step", "draft_batch_rows")}
             line.append(f"{name} {res['stats']['acceptance_length']:.2f}")
         print(f"[{n + 1}/{len(prompts)}] {dataset}#{index}: " + ", ".join(line) + f" ({time.time() - t0:.0f}s)",
               flush=True)
@@ -121,7 +143,8 @@ def main(argv=None) -> int:
         "what": "acceptance length and CPU decode speed of serial speculative decoding vs target-only",
         "target": TARGET, "draft": DRAFT, "dtype": args.dtype, "backend": "cpu", "threads_per_model": args.threads,
         "max_new_tokens": args.max_new_tokens, "prompts_per_dataset": args.prompts,
-        "configs": {name: {"tree_budget": b, "max_depth": d, "branching": k} for name, (b, d, k) in configs.items()},
+        "configs": {name: {"tree_budget": b, "max_depth": d, "branching": k, "min_expand_prob": p}
+                    for name, (b, d, k, p) in configs.items()},
         "git_commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "loadavg_before": load_before, "loadavg_after": load_after},
@@ -144,13 +167,15 @@ def main(argv=None) -> int:
     ]
     for dataset in ("mtbench", "humaneval", "all"):
         lines += [f"## {dataset}", "",
-                  "| config | budget | depth | branching | acceptance length | draft steps / verification | "
-                  "decode tok/s | speedup | draft share of decode | identical |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| config | budget | depth | branching | min_expand_prob | acceptance length | "
+                  "draft steps / verification | decode tok/s | speedup | draft share of decode | identical |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for name, s in results[dataset].items():
-            b, d, k = configs.get(name, ("-", "-", "-"))
+            b, d, k, p = configs.get(name, ("-", "-", "-", None))
+            eff = rows[name][0]["report"]["min_expand_prob"] if name in configs and rows[name] else None
+            pcol = "-" if eff is None else f"{eff:g}"
             share = s["draft_s"] / max(s["draft_s"] + s["target_s"], 1e-9)
-            lines.append(f"| {name} | {b} | {d} | {k} | {s['acceptance_length_pooled']:.2f} | "
+            lines.append(f"| {name} | {b} | {d} | {k} | {pcol} | {s['acceptance_length_pooled']:.2f} | "
                          f"{s['draft_steps_per_verification']:.2f} | {s['decode_tokens_per_s']:.2f} | "
                          f"{s['speedup_vs_target_only']:.2f}x | {share:.0%} | {s['identical']}/{s['prompts']} |")
         lines.append("")

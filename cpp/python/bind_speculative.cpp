@@ -116,6 +116,7 @@ nb::dict report_dict(const SpeculationReport& r) {
   d["growth"] = r.growth;
   d["verification"] = r.verification;
   d["expand_width"] = r.expand_width;
+  d["min_expand_prob"] = r.min_expand_prob;
   d["rejection_sampling_nodes"] = r.rejection_sampling_nodes;
   d["target_sampling_nodes"] = r.target_sampling_nodes;
   d["verified_nodes"] = r.verified_nodes;
@@ -348,7 +349,7 @@ void bind_speculative(nb::module_& parent) {
           },
           "draft"_a, "tree_budget"_a = 16, "max_depth"_a = 8, "branching"_a = 2, "temperature"_a = 0.0f,
           "top_k"_a = 0, "top_p"_a = 1.0f, "seed"_a = 0, "growth"_a = "auto", "expand_width"_a = 0,
-          "min_expand_prob"_a = 0.0, nb::keep_alive<1, 2>())
+          "min_expand_prob"_a = -1.0, nb::keep_alive<1, 2>())
       .def("start", &DraftTree::start, "prompt"_a, "first_token"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("can_grow", &DraftTree::can_grow, "depth_limit"_a)
       .def("selectable_nodes", &DraftTree::selectable_nodes, "depth_limit"_a)
@@ -461,7 +462,7 @@ void bind_speculative(nb::module_& parent) {
       "target"_a, "draft"_a, "prompt"_a, "max_new_tokens"_a = 128, "temperature"_a = 0.0f, "top_k"_a = 0,
       "top_p"_a = 1.0f, "seed"_a = 0, "stop_token_ids"_a = std::vector<int32_t>{}, "tree_budget"_a = 16,
       "max_depth"_a = 8, "branching"_a = 2, "growth"_a = "auto", "expand_width"_a = 0,
-      "min_expand_prob"_a = SpeculativeOptions::kDefaultMinExpandProb, "verifier_bias"_a = "none",
+      "min_expand_prob"_a = -1.0, "verifier_bias"_a = "none",
       "on_tokens"_a = nb::none(),
       "Serial tree generation (speculative.h) with explicit options. Returns {'tokens', 'stats',\n"
       "'report'}; report has the growth rule, the verification scheme(s) used, per-step acceptance.");

@@ -86,7 +86,7 @@ class DraftLoop {
       if (std::find(parents.begin(), parents.end(), t.node(i).parent) == parents.end())
         parents.push_back(t.node(i).parent);
     }
-    policy_.record_draft_step(s_.timeline.now() - t0, mass, static_cast<int>(parents.size()));
+    policy_.record_draft_step(s_.timeline.now() - t0, mass, static_cast<int>(parents.size()), !target_busy_);
   }
 
   // Sends the subtree made of `selected` (TokenTree::select_best); false if shut down.

@@ -24,8 +24,9 @@ void SendPolicy::record_verification(int nodes, double seconds) {
   ++samples_;
 }
 
-void SendPolicy::record_draft_step(double seconds, double mass, int expanded) {
+void SendPolicy::record_draft_step(double seconds, double mass, int expanded, bool target_idle) {
   draft_step_ = draft_step_ < 0 ? seconds : 0.7 * draft_step_ + 0.3 * seconds;
+  if (target_idle) draft_step_idle_ = draft_step_idle_ < 0 ? seconds : 0.7 * draft_step_idle_ + 0.3 * seconds;
   mass_sum_ += mass;
   expansions_ += expanded;
 }
@@ -73,7 +74,8 @@ bool SendPolicy::send_now(const TokenTree& tree, const std::vector<int32_t>& sel
     n_next = n;
   }
   const double rate_now = expected / tv_now;
-  const double rate_next = (expected + gain) / (draft_step_ + predicted_verify(n_next));
+  const double step = draft_step_idle_ > 0 ? draft_step_idle_ : draft_step_;
+  const double rate_next = (expected + gain) / (step + predicted_verify(n_next));
   return rate_now >= rate_next;
 }
 

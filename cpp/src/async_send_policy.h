@@ -13,7 +13,10 @@
 //   Tv(n)  = a + b n                              the target's verification
 //            time, fitted by least squares to this request's rounds (the
 //            target reports each verification's duration in its result);
-//   Td     = the draft step time (moving average);
+//   Td     = the draft step time while the target is idle (moving average;
+//            steps taken during verifications until there is one: on a
+//            machine where the two groups slow each other down, a step taken
+//            alone is the faster);
 //   gain   = exp(cum_logprob) of the nodes the next step would expand, times
 //            the mean probability mass an expansion adds (measured).
 // Wait iff (E + gain) / (Td + Tv(n')) > E / Tv(n), and at most max_depth steps
@@ -37,9 +40,10 @@ class SendPolicy {
 
   /// A verification of `nodes` non-root nodes took `seconds` (target's report).
   void record_verification(int nodes, double seconds);
-  /// A draft step took `seconds` and added children whose draft probability
-  /// (given their parent) sums to `mass` over `expanded` expanded nodes.
-  void record_draft_step(double seconds, double mass, int expanded);
+  /// A draft step took `seconds` (`target_idle`: while no verification was
+  /// running) and added children whose draft probability (given their
+  /// parent) sums to `mass` over `expanded` expanded nodes.
+  void record_draft_step(double seconds, double mass, int expanded, bool target_idle);
 
   /// Whether to send `selected` (indices into `tree`, root first, from
   /// TokenTree::select_best) now. `can_grow`: another step could add
@@ -58,7 +62,8 @@ class SendPolicy {
   double sn_ = 0, st_ = 0, snn_ = 0, snt_ = 0;
   int samples_ = 0, n_first_ = -1;
   bool distinct_ = false;
-  double draft_step_ = -1;  // EMA, seconds
+  double draft_step_ = -1;       // EMA over every step, seconds
+  double draft_step_idle_ = -1;  // EMA over steps taken while the target was idle
   double mass_sum_ = 0;     // probability mass added per expansion, summed
   int expansions_ = 0;
 };

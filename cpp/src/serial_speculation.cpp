@@ -38,16 +38,19 @@ GenerationResult generate_speculative_serial(Model& target, Model& draft, const 
                                              const GenerationConfig& config, const TokenCallback& on_tokens,
                                              const SpeculativeOptions& options, SpeculationReport* report) {
   validate_speculative(target, draft, prompt, config, options);
+  SpeculativeOptions opts = options;
+  if (opts.min_expand_prob < 0.0) opts.min_expand_prob = SpeculativeOptions::kSerialMinExpandProb;
   GenerationResult result;
   GenerationStats& st = result.stats;
   st.prompt_tokens = static_cast<int>(prompt.size());
   SpeculationReport rep;
 
   Rng rng(config.sampling.seed);  // first token + verification draws
-  DraftTree drafter(draft, config, options, draft_seed(config.sampling.seed));
+  DraftTree drafter(draft, config, opts, draft_seed(config.sampling.seed));
   TreeVerifier verifier(target, config.sampling, options.verifier_bias);
   rep.growth = tree_growth_name(drafter.growth());
   rep.expand_width = drafter.expand_width();
+  rep.min_expand_prob = opts.min_expand_prob;
 
   // Emits `tokens` (already cut to the limits); false when generation ends.
   bool done = false;

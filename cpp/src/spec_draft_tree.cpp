@@ -101,7 +101,7 @@ int DraftTree::grow_step(int depth_limit, int max_new_nodes) {
       sampling_distribution(row, vocab, sampling_, *q);
       std::vector<int32_t> draws = draw_iid(q->data(), vocab, count, rng_);
       for (int32_t t : draws)
-        if (tree_.find_child(node, t) < 0) tree_.add_child(node, t, std::log((*q)[t]));
+        if (tree_.find_child(node, t) < 0) tree_.add_child(node, t, std::min(0.0f, std::log((*q)[t])));
       tree_.set_expanded(node, std::move(draws));
       if (static_cast<int>(q_.size()) <= node) q_.resize(node + 1);
       q_[node] = std::move(q);

@@ -1,5 +1,6 @@
 // Speculative options: defaults, and validation of a speculative request.
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "swiftspec/error.h"
@@ -37,8 +38,9 @@ void validate_speculative(const Model& target, const Model& draft, const std::ve
   if (config.branching < 1) throw InvalidArgument("branching must be >= 1, got " + str(config.branching));
   if (options.expand_width < 0)
     throw InvalidArgument("expand_width must be >= 0 (0: automatic), got " + str(options.expand_width));
-  if (!(options.min_expand_prob >= 0.0 && options.min_expand_prob <= 1.0))
-    throw InvalidArgument("min_expand_prob must be in [0, 1], got " + std::to_string(options.min_expand_prob));
+  if (std::isnan(options.min_expand_prob) || options.min_expand_prob > 1.0)
+    throw InvalidArgument("min_expand_prob must be in [0, 1] (or negative: automatic), got " +
+                          std::to_string(options.min_expand_prob));
   const int tv = target.config().vocab_size, dv = draft.config().vocab_size;
   if (tv != dv)
     throw InvalidArgument("the draft model's vocab_size " + str(dv) + " differs from the target's " + str(tv));

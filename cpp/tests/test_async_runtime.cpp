@@ -245,7 +245,7 @@ SWIFTSPEC_TEST(async_send_policy_waits_only_when_it_pays) {
     SendPolicy p(o, cfg);
     p.record_verification(4, 1.0);  // Tv(n) = 0.6 + 0.1 n
     p.record_verification(8, 1.4);
-    p.record_draft_step(draft_step, 0.9, 1);
+    p.record_draft_step(draft_step, 0.9, 1, true);
     return p;
   };
   CHECK(std::fabs(policy(0.05, true).predicted_verify(1) - 0.7) < 1e-9);
@@ -260,7 +260,7 @@ SWIFTSPEC_TEST(async_send_policy_waits_only_when_it_pays) {
   // Without two distinct verified sizes there is no cost model: eager.
   SendPolicy fresh(opt, cfg);
   fresh.record_verification(4, 1.0);
-  fresh.record_draft_step(0.01, 0.9, 1);
+  fresh.record_draft_step(0.01, 0.9, 1, false);
   CHECK(fresh.predicted_verify(4) < 0);
   CHECK(fresh.send_now(tree, selected, 8, true, 0));
   // min_send_nodes holds an idle target back until the tree has that many nodes.

@@ -7,11 +7,13 @@
 //   send(v)        enqueues v; returns false (and drops v) once closed;
 //   receive()      blocks until a message or close; std::nullopt when closed
 //                  (messages sent before close() are still delivered first);
+//   receive_for(d) receive() that gives up after d (std::nullopt);
 //   try_receive()  never blocks; std::nullopt when empty (or closed and empty);
 //   close()        wakes every waiter; idempotent.
 // A message is moved through the channel, so the receiver owns it (no aliasing
 // between sender and receiver). Thread-safe; ThreadSanitizer-clean.
 #pragma once
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -43,6 +45,15 @@ class Channel {
   std::optional<T> receive() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [this] { return !queue_.empty() || closed_; });
+    return pop_locked();
+  }
+
+  /// Like receive(), but gives up after `timeout` (std::nullopt; check
+  /// closed() to tell a timeout from a closed, drained channel).
+  template <typename Rep, typename Period>
+  std::optional<T> receive_for(std::chrono::duration<Rep, Period> timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, timeout, [this] { return !queue_.empty() || closed_; });
     return pop_locked();
   }
 

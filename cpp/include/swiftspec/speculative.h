@@ -9,7 +9,8 @@
 //      takes the `expand_width` unexpanded nodes with the largest cumulative
 //      draft log-probability (depth < max_depth), runs them through the draft
 //      in ONE tree-mode forward pass, and gives each its children — until the
-//      tree holds tree_budget non-root nodes or nothing can be expanded;
+//      tree holds tree_budget non-root nodes or nothing can be expanded (depth
+//      limit, or every unexpanded node less likely than min_expand_prob);
 //   2. select: the best prefix-closed subtree of at most tree_budget nodes
 //      (TokenTree::select_best) is verified by the target in ONE tree-mode
 //      forward pass (LogitsMode::All, tree_budget + 1 rows with the root);
@@ -61,15 +62,19 @@ struct SpeculativeOptions {
   /// ceil(tree_budget / (branching * max_depth)) (at least 1), which reaches
   /// a full tree in about max_depth draft steps.
   int expand_width = 0;
-  /// Serial growth stops expanding nodes whose cumulative draft probability
-  /// exp(cum_logprob) is below this (the root is always expanded): on a
-  /// serial schedule every draft step delays the target, and a node that
-  /// unlikely adds less expected accepted tokens than a draft step costs.
-  /// 0 disables it (grow until tree_budget). The rule looks only at values
-  /// known before a node's children are drawn, so Sampled growth stays
-  /// lossless. In [0, 1].
-  double min_expand_prob = kDefaultMinExpandProb;
-  static constexpr double kDefaultMinExpandProb = 0.0;
+  /// Growth stops expanding nodes whose cumulative draft probability
+  /// exp(cum_logprob) is below this (the root is always expanded). On a
+  /// serial schedule every draft step delays the target, and expanding a node
+  /// that unlikely adds fewer expected accepted tokens than the draft step
+  /// costs. 0 disables it (grow until tree_budget). Negative ("auto"): serial
+  /// generation uses kSerialMinExpandProb, a DraftTree on its own (the async
+  /// engine, whose draft is off the critical path) uses 0. The rule looks
+  /// only at values known before a node's children are drawn, so Sampled
+  /// growth stays lossless. Auto (< 0) or in [0, 1].
+  double min_expand_prob = -1.0;
+  /// The serial default of min_expand_prob, from the cost model in
+  /// benchmarks/acceptance.md (CPU backend, real Qwen pair).
+  static constexpr double kSerialMinExpandProb = 0.3;
   /// Test-only negative controls of the losslessness tests (verification.h).
   VerifierBias verifier_bias = VerifierBias::None;
 
@@ -84,6 +89,7 @@ struct SpeculationReport {
   std::string growth;        ///< "top_k" or "sampled"
   std::string verification;  ///< "greedy", "target_sampling", "rejection_sampling" or a mix joined by '+'
   int expand_width = 0;
+  double min_expand_prob = 0.0;      ///< the expansion threshold in effect
   int rejection_sampling_nodes = 0;  ///< verifier decisions by recursive rejection sampling
   int target_sampling_nodes = 0;     ///< verifier decisions by target sampling
   int verified_nodes = 0;            ///< non-root tree nodes sent to the target, all steps
