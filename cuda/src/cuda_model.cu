@@ -135,7 +135,7 @@ class CudaModelImpl final : public CudaModel {
   }
 
   ~CudaModelImpl() override {
-    GreenScope scope(green_.get());  // the stream and events belong to the green context
+    GreenScope scope(green_.get(), std::nothrow);  // the stream and events belong to the green context
     graphs_.clear();
     if (stream_) cudaStreamSynchronize(stream_);
     for (auto& e : desc_ev_)

@@ -177,7 +177,7 @@ GreenContext::GreenContext(int device, int first, int count) : device_(device) {
     lc.numAttrs = 1;
     SS_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters8_, cluster_probe_kernel, &lc));
   } catch (...) {
-    pop();
+    try_pop();
     d.green_destroy(green_);
     throw;
   }
@@ -206,6 +206,13 @@ void GreenContext::push() const { SS_CU_CHECK(driver().push(ctx_)); }
 void GreenContext::pop() const {
   CUcontext popped = nullptr;
   SS_CU_CHECK(driver().pop(&popped));
+}
+
+bool GreenContext::try_push() const noexcept { return driver().push(ctx_) == CUDA_SUCCESS; }
+
+bool GreenContext::try_pop() const noexcept {
+  CUcontext popped = nullptr;
+  return driver().pop(&popped) == CUDA_SUCCESS;
 }
 
 std::vector<int> probe_sm_ids(cudaStream_t stream, int ctas, int spin_us) {

@@ -22,6 +22,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <new>
 #include <string>
 #include <vector>
 
@@ -60,9 +61,13 @@ class GreenContext {
 
   /// A new non-blocking stream whose kernels run on this partition's SMs.
   cudaStream_t create_stream();
-  /// Makes the green context current on this thread / restores the previous one.
+  /// Makes the green context current on this thread (throws CudaError) /
+  /// restores the previous one. The noexcept forms report success instead
+  /// (destructors, where the driver may already be shut down at exit).
   void push() const;
+  bool try_push() const noexcept;
   void pop() const;
+  bool try_pop() const noexcept;
 
   SmRange range() const { return range_; }
   /// SMs provisioned by the driver (cuGreenCtxGetDevResource), = range().count.
@@ -79,14 +84,17 @@ class GreenContext {
   CUcontext ctx_ = nullptr;  ///< cuCtxFromGreenCtx(green_)
 };
 
-/// Makes `g` current on this thread for the scope (no-op for nullptr).
+/// Makes `g` current on this thread for the scope (no-op for nullptr). The
+/// constructor throws CudaError if the push fails; the std::nothrow_t form
+/// ignores a failed push (for destructors). Leaving the scope never throws.
 class GreenScope {
  public:
   explicit GreenScope(const GreenContext* g) : g_(g) {
     if (g_) g_->push();
   }
+  GreenScope(const GreenContext* g, std::nothrow_t) : g_(g && g->try_push() ? g : nullptr) {}
   ~GreenScope() {
-    if (g_) g_->pop();
+    if (g_) g_->try_pop();
   }
   GreenScope(const GreenScope&) = delete;
   GreenScope& operator=(const GreenScope&) = delete;
