@@ -13,7 +13,8 @@
 //      decode step (CUDA graph replays, median of device times);
 //   4. interference: the same target timings while a second thread keeps the
 //      draft decoding on its own stream, with plain streams (both models on
-//      all SMs) and with each green-context split.
+//      all SMs; also with the target's stream at the highest priority) and
+//      with each green-context split.
 // Prints a table last; --json PATH writes every number.
 // Usage: swiftspec-cuda-green-bench [--json PATH] [--splits 8,16,32] [--quick]
 #include <algorithm>
@@ -84,13 +85,14 @@ ForwardBatch tree16() {
   return b;
 }
 
-std::unique_ptr<CudaModel> make(bool target, int sm_first, int sm_count) {
+std::unique_ptr<CudaModel> make(bool target, int sm_first, int sm_count, int priority = 0) {
   ModelOptions opt;
   opt.max_context = 1024;
   opt.max_tree = 64;
   CudaModelOptions co;
   co.sm_first = sm_first;
   co.sm_count = sm_count;
+  co.stream_priority = priority;
   auto m = make_cuda_model_random(qwen_shape(target), opt, co, target ? 1501 : 501);
   m->debug_fill_committed_random(kContext, target ? 77 : 55);
   return m;
@@ -228,6 +230,24 @@ int main(int argc, char** argv) {
     };
     json += run_json("plain", prop.multiProcessorCount, prop.multiProcessorCount, tf, full_ids.size(),
                      full_ids.size(), false, -1);
+    // Plain streams, the target's at the highest priority: the block scheduler starts its
+    // pending CTAs first (no SM partition, no preemption).
+    Timing tp;
+    {
+      int least = 0, greatest = 0;
+      SS_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      Pair prio;
+      prio.draft = make(false, 0, 0);
+      prio.target = make(true, 0, 0, greatest);
+      prio.prepare();
+      time_pair(prio, iters, tp);
+      std::printf("plain streams, target stream priority %d: target decode %.4f ms (%.4f with draft busy), tree16 "
+                  "%.4f (%.4f), draft decode %.4f (%.4f busy)\n",
+                  greatest, tp.t_decode, tp.t_decode_busy, tp.t_tree, tp.t_tree_busy, tp.d_decode, tp.d_busy);
+      std::fflush(stdout);
+      json += "," + run_json("plain_target_priority", prop.multiProcessorCount, prop.multiProcessorCount, tp,
+                             full_ids.size(), full_ids.size(), false, -1);
+    }
     struct Row {
       int n;
       int dsm, tsm;
@@ -290,6 +310,9 @@ int main(int argc, char** argv) {
     std::printf("%-8s %5d %5d %8s %10.4f %10.4f %10.4f %10.4f %10.4f %10.4f %6s %5.1f%%\n", "plain",
                 prop.multiProcessorCount, prop.multiProcessorCount, "-", tf.t_decode, tf.t_decode_busy, tf.t_tree,
                 tf.t_tree_busy, tf.d_decode, tf.d_busy, "-", 100.0 * (tf.t_tree_busy / tf.t_tree - 1));
+    std::printf("%-8s %5d %5d %8s %10.4f %10.4f %10.4f %10.4f %10.4f %10.4f %6s %5.1f%%\n", "prio",
+                prop.multiProcessorCount, prop.multiProcessorCount, "-", tp.t_decode, tp.t_decode_busy, tp.t_tree,
+                tp.t_tree_busy, tp.d_decode, tp.d_busy, "-", 100.0 * (tp.t_tree_busy / tp.t_tree - 1));
     for (const Row& r : rows)
       std::printf("green%-3d %5d %5d %8s %10.4f %10.4f %10.4f %10.4f %10.4f %10.4f %6s %5.1f%%\n", r.n, r.dsm, r.tsm,
                   r.disjoint ? "yes" : "NO", r.t.t_decode, r.t.t_decode_busy, r.t.t_tree, r.t.t_tree_busy,

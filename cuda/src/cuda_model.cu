@@ -127,8 +127,8 @@ class CudaModelImpl final : public CudaModel {
       num_sms_ = green_->sm_count();
     }
     GreenScope scope(green_.get());
-    if (green_) stream_ = green_->create_stream();
-    else SS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    if (green_) stream_ = green_->create_stream(copt_.stream_priority);
+    else SS_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, copt_.stream_priority));
     for (auto& e : desc_ev_) SS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     SS_CUDA_CHECK(cudaEventCreateWithFlags(&commit_ev_, cudaEventDisableTiming));
     allocate_state();

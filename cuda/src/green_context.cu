@@ -195,9 +195,9 @@ GreenContext::~GreenContext() {
   if (green_) driver().green_destroy(green_);
 }
 
-cudaStream_t GreenContext::create_stream() {
+cudaStream_t GreenContext::create_stream(int priority) {
   CUstream s = nullptr;
-  SS_CU_CHECK(driver().green_stream_create(&s, green_, CU_STREAM_NON_BLOCKING, 0));
+  SS_CU_CHECK(driver().green_stream_create(&s, green_, CU_STREAM_NON_BLOCKING, priority));
   return reinterpret_cast<cudaStream_t>(s);
 }
 

@@ -59,8 +59,9 @@ class GreenContext {
   GreenContext(const GreenContext&) = delete;
   GreenContext& operator=(const GreenContext&) = delete;
 
-  /// A new non-blocking stream whose kernels run on this partition's SMs.
-  cudaStream_t create_stream();
+  /// A new non-blocking stream whose kernels run on this partition's SMs
+  /// (priority as for cudaStreamCreateWithPriority).
+  cudaStream_t create_stream(int priority = 0);
   /// Makes the green context current on this thread (throws CudaError) /
   /// restores the previous one. The noexcept forms report success instead
   /// (destructors, where the driver may already be shut down at exit).

@@ -69,6 +69,11 @@ struct CudaModelOptions {
   /// hold a cluster of 8 CTAs; CudaError if the driver has no green contexts.
   int sm_first = 0;
   int sm_count = 0;
+  /// Priority of the model's stream (cudaDeviceGetStreamPriorityRange: lower
+  /// numbers are higher priorities, clamped to the range; 0: default). With two
+  /// models on one GPU, the block scheduler starts a higher-priority stream's
+  /// pending CTAs first (it does not preempt running ones).
+  int stream_priority = 0;
 };
 
 /// The CUDA model. Implements swiftspec::Model; adds GPU-side greedy decoding
