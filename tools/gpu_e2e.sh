@@ -7,6 +7,8 @@
 #   .xfer/datasets/{mtbench/question.jsonl,humaneval/HumanEval.jsonl.gz}
 #   .whl/gguf-0.19.0-*.whl .whl/nlohmann_json-3.12.0-*.whl
 # Stages (env STAGES, comma list, run in this order; default prep,logits,bench,peers):
+#   build_bg  start the package build (as in prep) detached from this call (setsid) and return at
+#             once: later calls that carry the model chunks overlap it; prep then waits for it
 #   prep      join + sha256-check the GGUFs into the cache; build and install the package
 #             with CUDA on (sm_90a); convert both models to bf16. Skipped parts: a model
 #             already joined, a package already built in this machine's life (SKIP_BUILD=1
@@ -41,6 +43,25 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ss-sit
   || { log "wheel install failed"; cat "$OUT/install.log"; exit 1; }
 export PYTHONPATH=/tmp/ss-site
 
+build_cmd() {
+  SWIFTSPEC_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip install --no-build-isolation --no-deps \
+    -Cbuild-dir="$BUILD_DIR" .
+}
+BG_LOG=/tmp/ss-build-bg.log BG_DONE=/tmp/ss-build-bg.done
+if has build_bg; then
+  rm -f "$BG_DONE"
+  export -f build_cmd; export BUILD_DIR
+  setsid nohup bash -c "build_cmd > $BG_LOG 2>&1; echo \$? > $BG_DONE" > /dev/null 2>&1 < /dev/null &
+  log "build started in the background (log $BG_LOG)"
+fi
+
+if has prep && [ -f "$BG_LOG" ]; then  # a background build: wait for it, then skip the build below
+  for _ in $(seq 1 600); do [ -f "$BG_DONE" ] && break; sleep 1; done
+  cp "$BG_LOG" "$OUT/build.log"
+  if [ "$(cat "$BG_DONE" 2>/dev/null)" = "0" ]; then SKIP_BUILD=1; log "background build done"
+  else log "background build failed or unfinished"; tail -40 "$BG_LOG"; exit 1; fi
+fi
+
 if has prep; then
   join() {  # join CHUNKDIR NAME SHA
     local dst="$SWIFTSPEC_CACHE/models/$2"
@@ -55,8 +76,7 @@ if has prep; then
   # Build the package with the CUDA backend (no network there: no build isolation), while the
   # models join.
   if [ "${SKIP_BUILD:-0}" != "1" ]; then
-    SWIFTSPEC_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip install --no-build-isolation --no-deps \
-      -Cbuild-dir="$BUILD_DIR" . > "$OUT/build.log" 2>&1 || { log "build failed"; tail -40 "$OUT/build.log"; exit 1; }
+    build_cmd > "$OUT/build.log" 2>&1 || { log "build failed"; tail -40 "$OUT/build.log"; exit 1; }
     log "built"
   fi
   wait
