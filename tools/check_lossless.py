@@ -64,10 +64,12 @@ def parse_configs(text: str) -> dict[str, tuple[int, int, int]]:
 
 
 def git_commit() -> str:
+    """Short sha of the checkout; outside one, $SWIFTSPEC_COMMIT (set by tools/gpu_e2e.sh), else "unknown"."""
     try:
-        return subprocess.check_output(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], text=True).strip()
+        return subprocess.check_output(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], text=True,
+                                       stderr=subprocess.DEVNULL).strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return os.environ.get("SWIFTSPEC_COMMIT", "unknown")[:10] or "unknown"
 
 
 def load_prompts(tok, n_mtbench: int, n_humaneval: int):

@@ -23,7 +23,8 @@
 #             LOSSLESS_MTBENCH (80) MT-Bench first turns + LOSSLESS_HUMANEVAL (40) HumanEval
 #             prompts, LOSSLESS_TOKENS (128) new tokens, configs LOSSLESS_CONFIGS (tree16:16:8:2)
 # Results under $OUT, bundled into $OUT/e2e-results.tgz (the device tool returns 8 files).
-#   env: OUT, STAGES, NUM_PROMPTS (20), NEW_TOKENS (256), PEER_PROMPTS (4), CONFIGS, SKIP_PEERS=1
+#   env: OUT, COMMIT (sha recorded in the results), STAGES, NUM_PROMPTS (20), NEW_TOKENS (256),
+#        PEER_PROMPTS (4), CONFIGS, SKIP_PEERS=1
 #        (drops the peers stage), SKIP_BENCH=1 (drops bench and peers), BUILD_DIR (build/gpu-py)
 set -uo pipefail
 OUT=${OUT:-/tmp/swiftspec-e2e}
@@ -31,6 +32,9 @@ mkdir -p "$OUT"
 T0=$(date +%s)
 log() { echo "[gpu_e2e +$(( $(date +%s) - T0 ))s] $*"; }
 export PYTHONUNBUFFERED=1 SWIFTSPEC_CACHE=${SWIFTSPEC_CACHE:-/tmp/sscache}
+# The copy on the GPU machine has no .git: COMMIT (the sha this copy was made from) goes into
+# the result files through SWIFTSPEC_COMMIT.
+[ -n "${COMMIT:-}" ] && export SWIFTSPEC_COMMIT=$COMMIT
 mkdir -p "$SWIFTSPEC_CACHE/models" "$SWIFTSPEC_CACHE/datasets"
 STAGES=",${STAGES:-prep,logits,bench,peers},"
 [ "${SKIP_BENCH:-0}" = "1" ] && STAGES=${STAGES//,bench,/,} && STAGES=${STAGES//,peers,/,}
