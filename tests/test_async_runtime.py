@@ -95,6 +95,8 @@ def test_placement_errors_name_the_field(checkpoint_dir):
         Engine(ckpt, ckpt, placement={"draft": {"sm_partition": [0, -8]}})
     with pytest.raises(InvalidRequestError, match="placement.draft.devices applies to the cuda backend only"):
         Engine(ckpt, ckpt, placement={"draft": {"devices": [0]}})
+    with pytest.raises(InvalidRequestError, match="placement.target.stream_priority applies to the cuda backend"):
+        Engine(ckpt, ckpt, placement={"target": {"stream_priority": -5}})
     from swiftspec.placement import normalize
 
     assert normalize(one_gpu)["target"]["sm_partition"] == [16, 0]

@@ -127,6 +127,12 @@ def test_config_sm_partition_option():
     assert (c.name, c.draft_sms, engine_key(c)) == ("async:tree16:sm24", 24, "cuda:sm24")
     assert engine_key(parse_config("async:tree16", "cuda")) == "cuda"
     assert sm_placement(24) == {"draft": {"sm_partition": [0, 24]}, "target": {"sm_partition": [24, 0]}}
+    assert sm_placement(None) is None
+    h = parse_config("async:tree16:hp", "cuda")
+    assert (h.name, h.target_priority, engine_key(h)) == ("async:tree16:hp", True, "cuda:hp")
+    assert sm_placement(None, True) == {"draft": {}, "target": {"stream_priority": -1000}}
+    with pytest.raises(BenchConfigError, match="needs the cuda backend"):
+        parse_config("async:tree16:hp", "cpu")
     with pytest.raises(BenchConfigError, match="needs the cuda backend"):
         parse_config("async:tree16:sm16", "cpu")
     with pytest.raises(BenchConfigError, match="smN"):

@@ -17,7 +17,8 @@
 #             of green-context splits, random weights (GREEN_SPLITS, default 8,16,24,32,48,64)
 #   logits    tools/check_cuda_logits.py: CUDA vs CPU logits of both models
 #   bench     `swiftspec bench --backend cuda` over HumanEval + MT-Bench (CONFIGS, NUM_PROMPTS,
-#             NEW_TOKENS); configs with :smN run the draft in a green context on N SMs
+#             NEW_TOKENS); configs with :smN run the draft in a green context on N SMs (the target
+#             on the rest), :hp the target's stream at the highest priority
 #   peers     the HF transformers peers on PEER_PROMPTS prompts
 #   lossless  tools/check_lossless.py --backend cuda: target-only vs serial vs async greedy on
 #             LOSSLESS_MTBENCH (80) MT-Bench first turns + LOSSLESS_HUMANEVAL (40) HumanEval
@@ -110,7 +111,7 @@ if has logits; then
 fi
 
 if has bench; then
-  CONFIGS=${CONFIGS:-target,serial:tree16,async:tree16,async:tree16:sm16,async:tree16:sm32}
+  CONFIGS=${CONFIGS:-target,serial:tree16,async:tree16,async:tree16:hp,async:tree16:sm16,async:tree16:sm32,async:tree16:sm48}
   swiftspec bench --backend cuda --datasets humaneval,mtbench --num-prompts "$NUM" --max-new-tokens "$NEW" \
     --configs "$CONFIGS" --skip-unavailable --no-progress --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -40
   log "bench done"

@@ -52,6 +52,8 @@ GroupPlacement parse_group(const json& j, const std::string& where) {
         g.threads_per_rank = value.get<int>();
       } else if (key == "devices") {
         g.devices = value.get<std::vector<int>>();
+      } else if (key == "stream_priority") {
+        g.stream_priority = value.get<int>();
       } else if (key == "sm_partition") {
         const auto p = value.get<std::vector<int>>();
         if (p.size() != 2) throw InvalidArgument(where + ".sm_partition must be [first SM, SM count]");
@@ -59,7 +61,7 @@ GroupPlacement parse_group(const json& j, const std::string& where) {
         g.sm_count = p[1];
       } else {
         throw InvalidArgument(where + ": unknown field '" + key +
-                              "' (fields: tp, cores, threads_per_rank, devices, sm_partition)");
+                              "' (fields: tp, cores, threads_per_rank, devices, sm_partition, stream_priority)");
       }
     } catch (const json::exception& e) {
       throw InvalidArgument(where + "." + key + " has the wrong type: " + e.what());
@@ -85,6 +87,7 @@ json group_json(const GroupPlacement& g) {
   j["threads_per_rank"] = g.threads_per_rank;
   if (!g.devices.empty()) j["devices"] = g.devices;
   if (has_sm_partition(g.sm_first, g.sm_count)) j["sm_partition"] = {g.sm_first, g.sm_count};
+  if (g.stream_priority != 0) j["stream_priority"] = g.stream_priority;
   return j;
 }
 
@@ -208,6 +211,7 @@ std::unique_ptr<Model> load_group_model(const std::string& dir, const GroupPlace
     opt.device = rank_device(g, 0);
     opt.sm_first = g.sm_first;
     opt.sm_count = g.sm_count;
+    opt.stream_priority = g.stream_priority;
     try {
       return load_model(Checkpoint::open(dir), backend, opt);
     } catch (const InvalidArgument& e) {
@@ -223,6 +227,8 @@ std::unique_ptr<Model> load_group_model(const std::string& dir, const GroupPlace
   if (!g.devices.empty())
     throw InvalidArgument(where + ".devices applies to the cuda backend only; on the cpu backend place groups with "
                           "'cores'");
+  if (g.stream_priority != 0)
+    throw InvalidArgument(where + ".stream_priority applies to the cuda backend only");
   TpCpuOptions tp;
   tp.tp = g.tp;
   tp.rank_cores = g.cores;

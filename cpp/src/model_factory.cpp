@@ -38,6 +38,9 @@ std::unique_ptr<Model> load_model(std::shared_ptr<const Checkpoint> checkpoint,
     if (options.device != 0)
       throw InvalidArgument("device " + std::to_string(options.device) +
                             " (ModelOptions.device) applies to the cuda backend only");
+    if (options.stream_priority != 0)
+      throw InvalidArgument("stream_priority " + std::to_string(options.stream_priority) +
+                            " (ModelOptions.stream_priority) applies to the cuda backend only");
     return make_cpu_model(std::move(checkpoint), options);
   }
 #ifdef SWIFTSPEC_WITH_CUDA

@@ -336,6 +336,11 @@ SWIFTSPEC_TEST(async_placement_sm_partition) {
   CHECK(!sm_partitions_overlap(0, 16, 16, 0));
   CHECK(sm_partitions_overlap(0, 17, 16, 8));
   CHECK(!sm_partitions_overlap(0, 0, 0, 16));  // [0, 0] is no partition
+  // Stream priority (CUDA): parsed, round-tripped.
+  Placement pr = Placement::from_json(R"({"target": {"stream_priority": -5}})");
+  CHECK_EQ(pr.target.stream_priority, -5);
+  CHECK_EQ(pr.draft.stream_priority, 0);
+  CHECK(Placement::from_json(pr.to_json()).target.stream_priority == -5);
 
   // Resolution against a device (what the CUDA backend does with the driver's split).
   std::vector<int> bounds;

@@ -30,6 +30,7 @@ std::unique_ptr<Model> make_cuda_model(std::shared_ptr<const Checkpoint> checkpo
   cuda_options.device = options.device;
   cuda_options.sm_first = options.sm_first;
   cuda_options.sm_count = options.sm_count;
+  cuda_options.stream_priority = options.stream_priority;
   return make_cuda_model_ex(std::move(checkpoint), options, cuda_options);
 }
 

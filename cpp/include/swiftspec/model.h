@@ -69,6 +69,10 @@ struct ModelOptions {
   /// the cpu backend rejects a partition (InvalidArgument).
   int sm_first = 0;
   int sm_count = 0;
+  /// CUDA backend: priority of the model's stream (lower is higher, clamped to
+  /// cudaDeviceGetStreamPriorityRange; 0: default). A target at a higher
+  /// priority than the draft gets free SMs first on a shared GPU.
+  int stream_priority = 0;
 };
 
 class Model {

@@ -22,10 +22,14 @@
 //                     H100/H200): sm_partition.h. Example, one H200 (132 SMs):
 //                     {"draft": {"sm_partition": [0, 16]},
 //                      "target": {"sm_partition": [16, 0]}}
+//   stream_priority   CUDA backend: priority of the group's streams (lower is
+//                     higher, clamped to the device's range, e.g. [-5, 0] on an
+//                     H200; default 0). A target above the draft gets SMs first
+//                     when both have kernels waiting (no preemption, no partition).
 // Errors name the group and field: the placement checks the form and that the
 // two groups' partitions do not overlap on a shared GPU; loading a model checks
-// the bounds against the device, and the cpu backend rejects sm_partition and
-// devices (they are CUDA settings).
+// the bounds against the device, and the cpu backend rejects sm_partition,
+// devices and stream_priority (they are CUDA settings).
 #pragma once
 #include <memory>
 #include <string>
@@ -42,6 +46,7 @@ struct GroupPlacement {
   int threads_per_rank = 0;
   std::vector<int> devices;             ///< CUDA: [tp] GPU indices (or empty)
   int sm_first = 0, sm_count = 0;       ///< CUDA: SM partition (0 SMs: the whole GPU)
+  int stream_priority = 0;              ///< CUDA: stream priority (lower is higher)
 
   /// Threads of each rank's CPU thread pool for a model whose unpinned
   /// default is `default_threads` (ModelOptions::num_threads semantics).

@@ -156,7 +156,6 @@ class Runner:
         for key in sorted({engine_key(c) for c in self._swiftspec_configs()}):
             configs = [c for c in self._swiftspec_configs() if engine_key(c) == key]
             backend = configs[0].backend
-            draft_sms = configs[0].draft_sms
             for c in configs:  # TP degrees: the runtime has no tensor parallelism yet
                 if c.target_tp != 1 or (c.draft_tp or 1) != 1:
                     self._mark_unavailable(c, f"TP degree target={c.target_tp} draft={c.draft_tp}: "
@@ -165,7 +164,7 @@ class Runner:
             if not wanted:
                 continue
             with_draft = any(c.speculative for c in wanted)
-            placement = sm_placement(draft_sms) if draft_sms is not None else None
+            placement = sm_placement(configs[0].draft_sms, configs[0].target_priority)
             self.log(f"loading swiftspec {key}: target {self.target_checkpoint}"
                      + (f", draft {self.draft_checkpoint}" if with_draft else "")
                      + (f", placement {placement}" if placement else ""))
