@@ -64,12 +64,15 @@ def parse_configs(text: str) -> dict[str, tuple[int, int, int]]:
 
 
 def git_commit() -> str:
-    """Short sha of the checkout; outside one, $SWIFTSPEC_COMMIT (set by tools/gpu_e2e.sh), else "unknown"."""
+    """$SWIFTSPEC_COMMIT if set (tools/gpu_e2e.sh sets it: a copy on the GPU machine may sit inside
+    another, older checkout), else the short sha of the checkout, else "unknown"."""
+    if os.environ.get("SWIFTSPEC_COMMIT"):
+        return os.environ["SWIFTSPEC_COMMIT"][:10]
     try:
         return subprocess.check_output(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], text=True,
                                        stderr=subprocess.DEVNULL).strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("SWIFTSPEC_COMMIT", "unknown")[:10] or "unknown"
+        return "unknown"
 
 
 def load_prompts(tok, n_mtbench: int, n_humaneval: int):
