@@ -37,7 +37,7 @@ def _run_cpp_tests(filters, env_extra=None, timeout=900):
 def test_cpp_runtime_units():
     out = _run_cpp_tests(["async_channel", "async_allreduce", "async_worker_group", "async_tp_plan",
                           "async_timeline", "async_placement", "async_send_policy"])
-    assert out.count("[  OK  ]") == 8
+    assert out.count("[  OK  ]") == 9
 
 
 def test_cpp_tp_model_against_cpu_model(checkpoint_dir):
@@ -83,6 +83,28 @@ def test_placement_errors_name_the_field(checkpoint_dir):
         Engine(ckpt, ckpt, placement='{"target": {"tp": 0}}')
     with pytest.raises(InvalidRequestError, match="neither 'auto', a JSON object, nor an existing .json file"):
         Engine(ckpt, ckpt, placement="nowhere.json")
+    # SM partitions (green contexts) are CUDA settings: checked in form everywhere, refused on the cpu backend.
+    one_gpu = {"draft": {"sm_partition": [0, 16]}, "target": {"sm_partition": [16, 0]}}
+    with pytest.raises(InvalidRequestError, match=r"placement.target.sm_partition \[16, 0\] applies to the cuda "
+                                                  r"backend only"):
+        Engine(ckpt, ckpt, placement=one_gpu)
+    with pytest.raises(InvalidRequestError, match=r"draft.sm_partition \[0, 24\] and target.sm_partition \[16, 0\] "
+                                                  r"overlap on GPU 0"):
+        Engine(ckpt, ckpt, placement={"draft": {"sm_partition": [0, 24]}, "target": {"sm_partition": [16, 0]}})
+    with pytest.raises(InvalidRequestError, match="placement.draft.sm_partition must be"):
+        Engine(ckpt, ckpt, placement={"draft": {"sm_partition": [0, -8]}})
+    with pytest.raises(InvalidRequestError, match="placement.draft.devices applies to the cuda backend only"):
+        Engine(ckpt, ckpt, placement={"draft": {"devices": [0]}})
+    with pytest.raises(InvalidRequestError, match="placement.target.stream_priority applies to the cuda backend"):
+        Engine(ckpt, ckpt, placement={"target": {"stream_priority": -5}})
+    from swiftspec.placement import normalize
+
+    assert normalize(one_gpu)["target"]["sm_partition"] == [16, 0]
+    opts = core.ModelOptions()
+    opts.max_context, opts.max_tree, opts.sm_first, opts.sm_count = 64, 8, 0, 16
+    with pytest.raises(InvalidRequestError, match=r"sm_partition \[0, 16\] \(ModelOptions.sm_first / sm_count\) "
+                                                  "applies to the cuda backend only"):
+        core.load_model(str(ckpt), "cpu", opts)
     e = Engine(ckpt, ckpt, placement="auto", max_context=256, max_tree=32)
     n = os.cpu_count()
     assert e.placement["draft"]["cores"][0][0] == 0 and e.placement["target"]["tp"] == 1

@@ -103,6 +103,7 @@ def test_unavailable_config_fails_fast_without_skip(checkpoint_dir, tmp_path):
     ("serial:tree32:b4:d6", "serial:tree32:b4:d6", 32, 4, 6),
     ("serial:tree16:b2:d8", "serial:tree16", 16, 2, 8),
     ("async:tree64:tp2@cuda", "async:tree64:tp2@cuda", 64, 2, 8),
+    ("async:tree16:sm16@cuda", "async:tree16:sm16@cuda", 16, 2, 8),
     ("hf:assisted", "hf:assisted", None, None, None),
     ("hf:target@cuda", "hf:target@cuda", None, None, None),
 ])
@@ -117,6 +118,27 @@ def test_config_grammar(token, name, budget, branching, depth):
 def test_config_grammar_rejects(token):
     with pytest.raises(BenchConfigError):
         parse_config(token)
+
+
+def test_config_sm_partition_option():
+    from swiftspec.bench.config import engine_key, sm_placement
+
+    c = parse_config("async:tree16:sm24", "cuda")
+    assert (c.name, c.draft_sms, engine_key(c)) == ("async:tree16:sm24", 24, "cuda:sm24")
+    assert engine_key(parse_config("async:tree16", "cuda")) == "cuda"
+    assert sm_placement(24) == {"draft": {"sm_partition": [0, 24]}, "target": {"sm_partition": [24, 0]}}
+    assert sm_placement(None) is None
+    h = parse_config("async:tree16:hp", "cuda")
+    assert (h.name, h.target_priority, engine_key(h)) == ("async:tree16:hp", True, "cuda:hp")
+    assert sm_placement(None, True) == {"draft": {}, "target": {"stream_priority": -1000}}
+    with pytest.raises(BenchConfigError, match="needs the cuda backend"):
+        parse_config("async:tree16:hp", "cpu")
+    with pytest.raises(BenchConfigError, match="needs the cuda backend"):
+        parse_config("async:tree16:sm16", "cpu")
+    with pytest.raises(BenchConfigError, match="smN"):
+        parse_config("async:tree16:sm0@cuda")
+    with pytest.raises(BenchConfigError, match="takes no shape or options"):
+        parse_config("target:sm8@cuda")
 
 
 def test_config_list_adds_peers_and_drops_duplicates():

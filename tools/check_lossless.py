@@ -3,12 +3,17 @@
 
 For every prompt (default: the 80 MT-Bench first turns and the first 40 HumanEval
 problems, chat template applied), decodes `--max-new-tokens` tokens (default 128) with
-the target alone, greedy, then with serial tree generation for each `--configs` shape,
-and compares token for token. Writes
+the target alone, greedy, then with each `--mode` (serial and/or async tree generation)
+for each `--configs` shape, and compares token for token. At each divergence it records
+the target's logits there (the target run over the prompt and the reference tokens before
+the divergence): its top-2 gap and the logit difference between the reference token and
+the speculative one, so near-ties can be told from bugs. Writes
 
-  <out>.json   every prompt: reference length, per config equal / first difference /
-               acceptance length / verification and draft steps / times
-  <out>.md     a summary table (equal / total per config, mean acceptance length)
+  <out>.json   every prompt: reference length, per config equal / first difference (with the
+               target's top-2 logit gap there) / acceptance length / verification and draft
+               steps / times
+  <out>.md     a summary table (equal / total per config, mean acceptance length) and the
+               divergences with their logit gaps
 
 Progress is appended to <out>.jsonl as each prompt finishes, so an interrupted run
 resumes where it stopped (--resume). Exit status 1 if any output differs.
@@ -17,8 +22,13 @@ resumes where it stopped (--resume). Exit status 1 if any output differs.
   python tools/check_lossless.py --limit 4 --max-new-tokens 32 --out /tmp/quick
   python tools/check_lossless.py --mode async --dtype bfloat16 --placement auto          # issue 4
   python tools/check_lossless.py --mode async --target-tp 2 --placement auto             # TP-2 target
+  python tools/check_lossless.py --backend cuda --dtype bfloat16 --mode serial,async \
+      --configs tree16:16:8:2                                                          # the GPU (issue 5)
 
 --mode async checks parallel tree generation (draft and target groups running concurrently);
+--mode serial,async checks both against one target-only reference per prompt (config keys are
+then mode:name); --backend cuda runs both models on the GPU (CUDA builds; a --placement may
+give each group an sm_partition, docs/green_contexts.md);
 --target-tp N loads the target as a tensor-parallel model over N ranks (the reference is then
 target-only decoding with that same TP-N target: TP changes the reduction order); --placement
 puts the groups on cores ("auto": draft on core 0, target on the rest; or JSON, see
@@ -54,8 +64,13 @@ def parse_configs(text: str) -> dict[str, tuple[int, int, int]]:
 
 
 def git_commit() -> str:
+    """$SWIFTSPEC_COMMIT if set (tools/gpu_e2e.sh sets it: a copy on the GPU machine may sit inside
+    another, older checkout), else the short sha of the checkout, else "unknown"."""
+    if os.environ.get("SWIFTSPEC_COMMIT"):
+        return os.environ["SWIFTSPEC_COMMIT"][:10]
     try:
-        return subprocess.check_output(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], text=True).strip()
+        return subprocess.check_output(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], text=True,
+                                       stderr=subprocess.DEVNULL).strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -71,6 +86,33 @@ def load_prompts(tok, n_mtbench: int, n_humaneval: int):
     return out
 
 
+def target_logit_gap(model, prompt_ids, reference, speculative, position: int) -> dict:
+    """The target's logits where a speculative output first differs from the reference.
+
+    Runs `model` (the target, fresh committed KV) over prompt + reference[:position] and reads
+    the logits of the last row: the distribution the target sampled reference[position] from
+    (bit-identical to the decode step's on batch-invariant backends, model.h). Returns
+    {top1, top2 (token ids), top2_gap (top-1 minus top-2 logit), reference_token,
+    speculative_token, reference_minus_speculative (logit difference; None past an end)}.
+    Leaves the model's committed KV empty.
+    """
+    import numpy as np
+
+    model.truncate_committed(0)
+    logits = np.asarray(model.forward(list(prompt_ids) + list(reference[:position]), logits="last")[0],
+                        dtype=np.float64)
+    model.truncate_committed(0)
+    top = np.argsort(-logits, kind="stable")[:2]
+    ref_tok = reference[position] if position < len(reference) else None
+    spec_tok = speculative[position] if position < len(speculative) else None
+    return {
+        "top1": int(top[0]), "top2": int(top[1]), "top2_gap": float(logits[top[0]] - logits[top[1]]),
+        "reference_token": ref_tok, "speculative_token": spec_tok,
+        "reference_minus_speculative": (float(logits[ref_tok] - logits[spec_tok])
+                                        if ref_tok is not None and spec_tok is not None else None),
+    }
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mtbench", type=int, default=80, help="MT-Bench first turns to check (default 80)")
@@ -82,10 +124,15 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="CPU threads per model (0: all cores)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "lossless_greedy"), help="output path without suffix")
     ap.add_argument("--resume", action="store_true", help="skip prompts already in <out>.jsonl")
-    ap.add_argument("--mode", choices=["serial", "async"], default="serial", help="speculative mode to check")
+    ap.add_argument("--mode", default="serial",
+                    help="speculative mode(s) to check: serial, async, or a comma list (serial,async)")
+    ap.add_argument("--backend", choices=["cpu", "cuda"], default="cpu", help="backend of both models (default cpu)")
     ap.add_argument("--target-tp", type=int, default=1, help="TP degree of the target group (default 1)")
     ap.add_argument("--placement", default=None, help="'auto' or JSON placement of the draft and target groups")
     args = ap.parse_args(argv)
+    modes = [m.strip() for m in args.mode.split(",") if m.strip()]
+    if not modes or any(m not in ("serial", "async") for m in modes) or len(set(modes)) != len(modes):
+        ap.error(f"--mode {args.mode!r}: give serial, async, or serial,async")
 
     from swiftspec.fetch import ensure_checkpoint
     from swiftspec.swiftspec_core import Engine, ModelOptions, load_model
@@ -107,11 +154,15 @@ def main(argv=None) -> int:
         from swiftspec.placement import load_models, normalize
 
         placement = normalize(args.placement or {"target": {"tp": args.target_tp}}, target_tp=args.target_tp)
-        engine = Engine(*load_models(tdir, ddir, placement, max_context=opts.max_context, max_tree=opts.max_tree,
-                                     num_threads=args.threads))
+        target_model, draft_model = load_models(tdir, ddir, placement, backend=args.backend,
+                                                max_context=opts.max_context, max_tree=opts.max_tree,
+                                                num_threads=args.threads)
     else:
         placement = None
-        engine = Engine(load_model(str(tdir), "cpu", opts), load_model(str(ddir), "cpu", opts))
+        target_model, draft_model = load_model(str(tdir), args.backend, opts), load_model(str(ddir), args.backend, opts)
+    engine = Engine(target_model, draft_model)
+    # (mode, config name) -> record key: the bare name when one mode is checked (as before).
+    checks = [(m, name, f"{m}:{name}" if len(modes) > 1 else name) for m in modes for name in configs]
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -134,19 +185,21 @@ def main(argv=None) -> int:
         rec = {"dataset": dataset, "index": index, "id": pid, "prompt_tokens": len(ids),
                "reference_tokens": len(ref["tokens"]), "reference_finish": ref["stats"]["finish_reason"],
                "target_only_decode_s": ref["stats"]["decode_time"], "configs": {}}
-        for name, (budget, depth, branching) in configs.items():
-            res = engine.generate(ids, max_new_tokens=args.max_new_tokens, mode=args.mode, tree_budget=budget,
+        for mode, name, key in checks:
+            budget, depth, branching = configs[name]
+            res = engine.generate(ids, max_new_tokens=args.max_new_tokens, mode=mode, tree_budget=budget,
                                   max_depth=depth, branching=branching)
             a, b = res["tokens"], ref["tokens"]
             diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
             if diff is None and len(a) != len(b):
                 diff = min(len(a), len(b))
             st = res["stats"]
-            rec["configs"][name] = {
+            rec["configs"][key] = {
                 "equal": a == b, "first_difference": diff, "new_tokens": len(a),
                 "acceptance_length": st["acceptance_length"], "verification_steps": st["verification_steps"],
                 "draft_steps": st["draft_steps"], "decode_s": st["decode_time"], "target_s": st["target_time"],
                 "draft_s": st["draft_time"],
+                "divergence": None if diff is None else target_logit_gap(target_model, ids, b, a, diff),
             }
         records.append(rec)
         with progress_path.open("a") as f:
@@ -156,19 +209,24 @@ def main(argv=None) -> int:
         print(f"[{n + 1}/{len(prompts)}] {dataset}#{index}: {status}  ({time.time() - t_start:.0f}s)", flush=True)
 
     summary = {}
-    for name in configs:
-        rows = [r["configs"][name] for r in records]
-        summary[name] = {
-            "tree_budget": configs[name][0], "max_depth": configs[name][1], "branching": configs[name][2],
+    for mode, name, key in checks:
+        rows = [r["configs"][key] for r in records]
+        summary[key] = {
+            "mode": mode, "tree_budget": configs[name][0], "max_depth": configs[name][1],
+            "branching": configs[name][2],
             "equal": sum(r["equal"] for r in rows), "total": len(rows),
             "mean_acceptance_length": sum(r["acceptance_length"] for r in rows) / max(len(rows), 1),
-            "differing": [f"{rec['dataset']}#{rec['index']}@{rec['configs'][name]['first_difference']}"
-                          for rec in records if not rec["configs"][name]["equal"]],
+            "differing": [f"{rec['dataset']}#{rec['index']}@{rec['configs'][key]['first_difference']}"
+                          for rec in records if not rec["configs"][key]["equal"]],
+            "divergences": [dict(dataset=rec["dataset"], index=rec["index"], id=rec["id"],
+                                 position=rec["configs"][key]["first_difference"],
+                                 **(rec["configs"][key].get("divergence") or {}))
+                            for rec in records if not rec["configs"][key]["equal"]],
         }
     result = {
         "what": f"greedy {args.mode} speculative decoding vs target-only greedy decoding, token for token",
         "mode": args.mode, "target_tp": args.target_tp, "placement": placement,
-        "target": TARGET, "draft": DRAFT, "dtype": args.dtype, "backend": "cpu",
+        "target": TARGET, "draft": DRAFT, "dtype": args.dtype, "backend": args.backend,
         "max_new_tokens": args.max_new_tokens, "prompts": {"mtbench_first_turns": sum(r["dataset"] == "mtbench" for r in records),
                                                            "humaneval": sum(r["dataset"] == "humaneval" for r in records)},
         "git_commit": git_commit(), "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
@@ -180,7 +238,7 @@ def main(argv=None) -> int:
         f"# Greedy losslessness of {args.mode} speculative decoding"
         + (f" (target TP {args.target_tp})" if args.target_tp != 1 else ""),
         "",
-        f"Target {TARGET}, draft {DRAFT}, {args.dtype}, CPU backend, {args.max_new_tokens} new tokens, "
+        f"Target {TARGET}, draft {DRAFT}, {args.dtype}, {args.backend.upper()} backend, {args.max_new_tokens} new tokens, "
         f"{result['prompts']['mtbench_first_turns']} MT-Bench first turns + {result['prompts']['humaneval']} HumanEval "
         f"prompts (chat template). Commit {result['git_commit']}, {result['date']}. Produced by "
         "`tools/check_lossless.py`.",
@@ -188,11 +246,23 @@ def main(argv=None) -> int:
         "| config | tree_budget | max_depth | branching | identical to target-only | mean acceptance length |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for name, s in summary.items():
-        lines.append(f"| {name} | {s['tree_budget']} | {s['max_depth']} | {s['branching']} | "
+    for key, s in summary.items():
+        lines.append(f"| {key} | {s['tree_budget']} | {s['max_depth']} | {s['branching']} | "
                      f"{s['equal']}/{s['total']} | {s['mean_acceptance_length']:.2f} |")
     bad = [d for s in summary.values() for d in s["differing"]]
     lines += ["", "Differing outputs (dataset#index@first differing token): " + (", ".join(bad) if bad else "none"), ""]
+    divs = [(key, d) for key, s in summary.items() for d in s["divergences"]]
+    if divs:
+        lines += ["Target logits at each divergence (target run over the prompt + the reference tokens before it):",
+                  "", "| config | prompt | position | reference token | speculative token | top-1 - top-2 logit | "
+                  "reference - speculative logit |", "|---|---|---:|---:|---:|---:|---:|"]
+        for key, d in divs:
+            def fmt(v):
+                return "-" if v is None else f"{v:.4g}"
+            lines.append(f"| {key} | {d['dataset']}#{d['index']} | {d['position']} | {d.get('reference_token', '-')} | "
+                         f"{d.get('speculative_token', '-')} | {fmt(d.get('top2_gap'))} | "
+                         f"{fmt(d.get('reference_minus_speculative'))} |")
+        lines.append("")
     out.with_suffix(".md").write_text("\n".join(lines))
     print("\n".join(lines))
     return 1 if bad else 0

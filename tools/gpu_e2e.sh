@@ -6,42 +6,87 @@
 #   .xfer/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf.d/chunk.*
 #   .xfer/datasets/{mtbench/question.jsonl,humaneval/HumanEval.jsonl.gz}
 #   .whl/gguf-0.19.0-*.whl .whl/nlohmann_json-3.12.0-*.whl
-# Steps: join + sha256-check the GGUFs into the cache; build and install the
-# package with CUDA on (sm_90a); convert both models to bf16; CUDA-vs-CPU logits
-# check; `swiftspec bench` on the CUDA backend (target-only, serial, async) over
-# HumanEval + MT-Bench; the HF transformers peers on a subset. Results under $OUT.
-#   env: OUT, NUM_PROMPTS (20), NEW_TOKENS (256), PEER_PROMPTS (4), CONFIGS, SKIP_BENCH=1
+# Stages (env STAGES, comma list, run in this order; default prep,logits,bench,peers):
+#   build_bg  start the package build (as in prep) detached from this call (setsid) and return at
+#             once: later calls that carry the model chunks overlap it; prep then waits for it
+#   prep      join + sha256-check the GGUFs into the cache; build and install the package
+#             with CUDA on (sm_90a); convert both models to bf16. Skipped parts: a model
+#             already joined, a package already built in this machine's life (SKIP_BUILD=1
+#             forces skipping; the device machine keeps /usr/local between calls while warm)
+#   green     swiftspec-cuda-green-bench: SM isolation, exactness and draft/target interference
+#             of green-context splits, random weights (GREEN_SPLITS, default 8,16,24,32,48,64)
+#   logits    tools/check_cuda_logits.py: CUDA vs CPU logits of both models
+#   bench     `swiftspec bench --backend cuda` over HumanEval + MT-Bench (CONFIGS, NUM_PROMPTS,
+#             NEW_TOKENS); configs with :smN run the draft in a green context on N SMs (the target
+#             on the rest), :hp the target's stream at the highest priority
+#   peers     the HF transformers peers on PEER_PROMPTS prompts
+#   lossless  tools/check_lossless.py --backend cuda: target-only vs serial vs async greedy on
+#             LOSSLESS_MTBENCH (80) MT-Bench first turns + LOSSLESS_HUMANEVAL (40) HumanEval
+#             prompts, LOSSLESS_TOKENS (128) new tokens, configs LOSSLESS_CONFIGS (tree16:16:8:2)
+# Results under $OUT, bundled into $OUT/e2e-results.tgz (the device tool returns 8 files).
+#   env: OUT, COMMIT (sha recorded in the results), STAGES, NUM_PROMPTS (20), NEW_TOKENS (256),
+#        PEER_PROMPTS (4), CONFIGS, SKIP_PEERS=1
+#        (drops the peers stage), SKIP_BENCH=1 (drops bench and peers), BUILD_DIR (build/gpu-py)
 set -uo pipefail
 OUT=${OUT:-/tmp/swiftspec-e2e}
 mkdir -p "$OUT"
 T0=$(date +%s)
 log() { echo "[gpu_e2e +$(( $(date +%s) - T0 ))s] $*"; }
 export PYTHONUNBUFFERED=1 SWIFTSPEC_CACHE=${SWIFTSPEC_CACHE:-/tmp/sscache}
+# The copy on the GPU machine has no .git: COMMIT (the sha this copy was made from) goes into
+# the result files through SWIFTSPEC_COMMIT.
+[ -n "${COMMIT:-}" ] && export SWIFTSPEC_COMMIT=$COMMIT
 mkdir -p "$SWIFTSPEC_CACHE/models" "$SWIFTSPEC_CACHE/datasets"
+STAGES=",${STAGES:-prep,logits,bench,peers},"
+[ "${SKIP_BENCH:-0}" = "1" ] && STAGES=${STAGES//,bench,/,} && STAGES=${STAGES//,peers,/,}
+[ "${SKIP_PEERS:-0}" = "1" ] && STAGES=${STAGES//,peers,/,}
+has() { [[ "$STAGES" == *",$1,"* ]]; }
+BUILD_DIR=${BUILD_DIR:-build/gpu-py}
+NUM=${NUM_PROMPTS:-20}; NEW=${NEW_TOKENS:-256}
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ss-site .whl/*.whl > "$OUT/install.log" 2>&1 \
   || { log "wheel install failed"; cat "$OUT/install.log"; exit 1; }
 export PYTHONPATH=/tmp/ss-site
 
-join() {  # join CHUNKDIR NAME SHA
-  local dst="$SWIFTSPEC_CACHE/models/$2"
-  if [ ! -f "$dst" ]; then cat "$1"/chunk.* > "$dst.partial" && mv "$dst.partial" "$dst"; fi
-  echo "$3  $dst" | sha256sum -c - || { log "sha256 mismatch for $2"; rm -f "$dst"; exit 1; }
+build_cmd() {
+  SWIFTSPEC_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip install --no-build-isolation --no-deps \
+    -Cbuild-dir="$BUILD_DIR" .
 }
-join .xfer/qwen2.5-coder-0.5b-instruct.gguf.d qwen2.5-coder-0.5b-instruct.gguf \
-  1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 &
-join .xfer/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf.d qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
-  cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046 &
-cp -r .xfer/datasets/* "$SWIFTSPEC_CACHE/datasets/"
-wait
-log "models joined"
+BG_LOG=/tmp/ss-build-bg.log BG_DONE=/tmp/ss-build-bg.done
+if has build_bg; then
+  rm -f "$BG_DONE"
+  export -f build_cmd; export BUILD_DIR
+  setsid nohup bash -c "build_cmd > $BG_LOG 2>&1; echo \$? > $BG_DONE" > /dev/null 2>&1 < /dev/null &
+  log "build started in the background (log $BG_LOG)"
+fi
 
-# Build the package with the CUDA backend (no network there: no build isolation).
-SWIFTSPEC_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip install --no-build-isolation --no-deps \
-  -Cbuild-dir=build/gpu-py . > "$OUT/build.log" 2>&1 || { log "build failed"; tail -40 "$OUT/build.log"; exit 1; }
-log "built"
+if has prep && [ -f "$BG_LOG" ]; then  # a background build: wait for it, then skip the build below
+  for _ in $(seq 1 600); do [ -f "$BG_DONE" ] && break; sleep 1; done
+  cp "$BG_LOG" "$OUT/build.log"
+  if [ "$(cat "$BG_DONE" 2>/dev/null)" = "0" ]; then SKIP_BUILD=1; log "background build done"
+  else log "background build failed or unfinished"; tail -40 "$BG_LOG"; exit 1; fi
+fi
 
-python3 - > "$OUT/convert.log" 2>&1 <<'PY' || { log "convert failed"; tail -20 "$OUT/convert.log"; exit 1; }
+if has prep; then
+  join() {  # join CHUNKDIR NAME SHA
+    local dst="$SWIFTSPEC_CACHE/models/$2"
+    if [ ! -f "$dst" ]; then cat "$1"/chunk.* > "$dst.partial" && mv "$dst.partial" "$dst"; fi
+    echo "$3  $dst" | sha256sum -c - || { log "sha256 mismatch for $2"; rm -f "$dst"; exit 1; }
+  }
+  join .xfer/qwen2.5-coder-0.5b-instruct.gguf.d qwen2.5-coder-0.5b-instruct.gguf \
+    1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 &
+  join .xfer/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf.d qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
+    cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046 &
+  cp -r .xfer/datasets/* "$SWIFTSPEC_CACHE/datasets/"
+  # Build the package with the CUDA backend (no network there: no build isolation), while the
+  # models join.
+  if [ "${SKIP_BUILD:-0}" != "1" ]; then
+    build_cmd > "$OUT/build.log" 2>&1 || { log "build failed"; tail -40 "$OUT/build.log"; exit 1; }
+    log "built"
+  fi
+  wait
+  log "models joined"
+  python3 - > "$OUT/convert.log" 2>&1 <<'PY' || { log "convert failed"; tail -20 "$OUT/convert.log"; exit 1; }
 from concurrent.futures import ProcessPoolExecutor
 from swiftspec.fetch import ensure_checkpoint
 names = ["qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"]
@@ -49,21 +94,46 @@ with ProcessPoolExecutor(2) as ex:
     for p in ex.map(ensure_checkpoint, names, ["bfloat16"] * 2, [None] * 2, [False] * 2):
         print(p)
 PY
-log "converted"
+  log "converted"
+fi
 
-python3 tools/check_cuda_logits.py --json "$OUT/logits_check.json" 2>&1 | tee "$OUT/logits_check.log"
-log "logits checked"
+if has green; then
+  GB=$(find "$BUILD_DIR" -name swiftspec-cuda-green-bench -type f | head -1)
+  if [ -z "$GB" ]; then log "no swiftspec-cuda-green-bench under $BUILD_DIR"; else
+    "$GB" --splits "${GREEN_SPLITS:-8,16,24,32,48,64}" --json "$OUT/green_bench.json" 2>&1 | tee "$OUT/green_bench.log"
+    log "green bench done"
+  fi
+fi
 
-if [ "${SKIP_BENCH:-0}" != "1" ]; then
-NUM=${NUM_PROMPTS:-20}; NEW=${NEW_TOKENS:-256}
-CONFIGS=${CONFIGS:-target,serial:chain6,serial:tree16,async:tree16}
-swiftspec bench --backend cuda --datasets humaneval,mtbench --num-prompts "$NUM" --max-new-tokens "$NEW" \
-  --configs "$CONFIGS" --skip-unavailable --no-progress --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -40
-log "bench done"
-[ "${SKIP_PEERS:-0}" = "1" ] || swiftspec bench --backend cuda --datasets humaneval,mtbench --num-prompts "${PEER_PROMPTS:-4}" \
-  --max-new-tokens "$NEW" --configs target,serial:tree16,hf:target,hf:assisted --no-progress \
-  --out "$OUT/peers" 2>&1 | tee "$OUT/peers.log" | tail -30
-log "peers done"
+if has logits; then
+  python3 tools/check_cuda_logits.py --json "$OUT/logits_check.json" 2>&1 | tee "$OUT/logits_check.log"
+  log "logits checked"
+fi
+
+if has bench; then
+  CONFIGS=${CONFIGS:-target,serial:tree16,async:tree16,async:tree16:hp,async:tree16:sm16,async:tree16:sm32,async:tree16:sm48}
+  swiftspec bench --backend cuda --datasets humaneval,mtbench --num-prompts "$NUM" --max-new-tokens "$NEW" \
+    --configs "$CONFIGS" --skip-unavailable --no-progress --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -40
+  log "bench done"
+fi
+
+if has peers; then
+  swiftspec bench --backend cuda --datasets humaneval,mtbench --num-prompts "${PEER_PROMPTS:-4}" \
+    --max-new-tokens "$NEW" --configs target,serial:tree16,hf:target,hf:assisted --no-progress \
+    --out "$OUT/peers" 2>&1 | tee "$OUT/peers.log" | tail -30
+  log "peers done"
+fi
+
+if has lossless; then
+  # Resumable: a second call with the same LOSSLESS_DIR continues where a cut-off one stopped.
+  LDIR=${LOSSLESS_DIR:-/tmp/ss-lossless}
+  mkdir -p "$LDIR"
+  timeout "${LOSSLESS_TIMEOUT_S:-100000}" python3 tools/check_lossless.py --backend cuda --dtype bfloat16 \
+    --mode serial,async --configs "${LOSSLESS_CONFIGS:-tree16:16:8:2}" --max-new-tokens "${LOSSLESS_TOKENS:-128}" \
+    --mtbench "${LOSSLESS_MTBENCH:-80}" --humaneval "${LOSSLESS_HUMANEVAL:-40}" --out "$LDIR/lossless_gpu" --resume \
+    2>&1 | tee "$OUT/lossless.log" | tail -25
+  cp "$LDIR"/lossless_gpu.* "$OUT/" 2>/dev/null
+  log "lossless done"
 fi
 
 # The device tool returns at most 8 files from $OUT: bundle everything.

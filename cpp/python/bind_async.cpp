@@ -166,15 +166,19 @@ void bind_async(nb::module_& m) {
   m.def(
       "load_group_model",
       [](const std::string& dir, const std::string& group_json, const ModelOptions& options,
-         const std::string& backend) {
-        const Placement p = Placement::from_json("{\"target\": " + group_json + "}");
+         const std::string& backend, const std::string& name) {
+        if (name != "draft" && name != "target")
+          throw InvalidArgument("load_group_model: name must be 'draft' or 'target', got '" + name + "'");
+        const Placement p = Placement::from_json("{\"" + name + "\": " + group_json + "}");
+        const GroupPlacement& g = name == "draft" ? p.draft : p.target;
         nb::gil_scoped_release release;
-        return std::shared_ptr<Model>(load_group_model(dir, p.target, options, backend));
+        return std::shared_ptr<Model>(load_group_model(dir, g, options, backend, "placement." + name));
       },
-      "checkpoint_dir"_a, "group"_a, "options"_a = ModelOptions(), "backend"_a = "cpu",
+      "checkpoint_dir"_a, "group"_a, "options"_a = ModelOptions(), "backend"_a = "cpu", "name"_a = "target",
       "Loads one worker group's model where its placement says (JSON of one group: tp, cores,\n"
-      "threads_per_rank, ...; placement.h). A TP-1 folder is sharded at load time when tp > 1; a\n"
-      "pre-sharded folder (convert_weights.py --tp N) is mapped in place.");
+      "threads_per_rank, devices, sm_partition; placement.h). A TP-1 folder is sharded at load time when\n"
+      "tp > 1; a pre-sharded folder (convert_weights.py --tp N) is mapped in place. name ('draft' or\n"
+      "'target') names the group in errors.");
 
   m.def(
       "placement_normalize", [](const std::string& text) { return Placement::from_json(text).to_json(); }, "placement"_a,

@@ -103,7 +103,14 @@ void bind_runtime(nb::module_& m) {
       .def_rw("max_context", &ModelOptions::max_context, "committed KV capacity in tokens")
       .def_rw("max_tree", &ModelOptions::max_tree, "tree KV capacity in nodes")
       .def_rw("num_threads", &ModelOptions::num_threads, "CPU worker threads (0: all cores)")
-      .def_rw("cpu_affinity", &ModelOptions::cpu_affinity, "cores to pin CPU workers to");
+      .def_rw("cpu_affinity", &ModelOptions::cpu_affinity, "cores to pin CPU workers to")
+      .def_rw("device", &ModelOptions::device, "CUDA device ordinal (cuda backend)")
+      .def_rw("sm_first", &ModelOptions::sm_first,
+              "first SM of the model's green-context partition (cuda backend; model.h)")
+      .def_rw("sm_count", &ModelOptions::sm_count,
+              "SMs of the model's partition (0: up to the last SM; sm_first = sm_count = 0: whole GPU)")
+      .def_rw("stream_priority", &ModelOptions::stream_priority,
+              "priority of the model's CUDA stream (lower is higher; clamped to the device's range)");
 
   nb::class_<Checkpoint>(m, "Checkpoint", "A converted checkpoint folder (memory-mapped safetensors).")
       .def_static("open", &Checkpoint::open, "dir"_a, nb::call_guard<nb::gil_scoped_release>(),

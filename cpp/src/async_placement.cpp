@@ -52,6 +52,8 @@ GroupPlacement parse_group(const json& j, const std::string& where) {
         g.threads_per_rank = value.get<int>();
       } else if (key == "devices") {
         g.devices = value.get<std::vector<int>>();
+      } else if (key == "stream_priority") {
+        g.stream_priority = value.get<int>();
       } else if (key == "sm_partition") {
         const auto p = value.get<std::vector<int>>();
         if (p.size() != 2) throw InvalidArgument(where + ".sm_partition must be [first SM, SM count]");
@@ -59,7 +61,7 @@ GroupPlacement parse_group(const json& j, const std::string& where) {
         g.sm_count = p[1];
       } else {
         throw InvalidArgument(where + ": unknown field '" + key +
-                              "' (fields: tp, cores, threads_per_rank, devices, sm_partition)");
+                              "' (fields: tp, cores, threads_per_rank, devices, sm_partition, stream_priority)");
       }
     } catch (const json::exception& e) {
       throw InvalidArgument(where + "." + key + " has the wrong type: " + e.what());
@@ -84,7 +86,8 @@ json group_json(const GroupPlacement& g) {
   j["cores"] = g.cores;
   j["threads_per_rank"] = g.threads_per_rank;
   if (!g.devices.empty()) j["devices"] = g.devices;
-  if (g.sm_count > 0) j["sm_partition"] = {g.sm_first, g.sm_count};
+  if (has_sm_partition(g.sm_first, g.sm_count)) j["sm_partition"] = {g.sm_first, g.sm_count};
+  if (g.stream_priority != 0) j["stream_priority"] = g.stream_priority;
   return j;
 }
 
@@ -106,10 +109,11 @@ void validate_group(const GroupPlacement& g, const std::string& where) {
   }
   if (!g.devices.empty() && static_cast<int>(g.devices.size()) != g.tp)
     throw InvalidArgument(where + ".devices lists " + str(g.devices.size()) + " GPUs for tp = " + str(g.tp));
-  if (g.sm_first < 0 || g.sm_count < 0)
-    throw InvalidArgument(where + ".sm_partition must be non-negative, got [" + str(g.sm_first) + ", " +
-                          str(g.sm_count) + "]");
+  check_sm_partition_form(g.sm_first, g.sm_count, where + ".sm_partition");
 }
+
+// The GPU of rank r (devices, else r).
+int rank_device(const GroupPlacement& g, int r) { return g.devices.empty() ? r : g.devices[r]; }
 
 }  // namespace
 
@@ -179,11 +183,23 @@ Placement Placement::automatic(int num_cores, int target_tp, int draft_tp) {
 void Placement::validate() const {
   validate_group(draft, "placement.draft");
   validate_group(target, "placement.target");
+  // Two groups may share a GPU; their SM partitions there must be disjoint.
+  if (!sm_partitions_overlap(draft.sm_first, draft.sm_count, target.sm_first, target.sm_count)) return;
+  for (int a = 0; a < draft.tp; ++a)
+    for (int b = 0; b < target.tp; ++b)
+      if (rank_device(draft, a) == rank_device(target, b)) {
+        auto shown = [](const GroupPlacement& g) {
+          return "[" + str(g.sm_first) + ", " + str(g.sm_count) + "]";
+        };
+        throw InvalidArgument("placement: draft.sm_partition " + shown(draft) + " and target.sm_partition " +
+                              shown(target) + " overlap on GPU " + str(rank_device(draft, a)) +
+                              " (count 0 means up to the last SM); give the groups disjoint SM ranges");
+      }
 }
 
 std::unique_ptr<Model> load_group_model(const std::string& dir, const GroupPlacement& g, const ModelOptions& base,
-                                        const std::string& backend) {
-  validate_group(g, "placement");
+                                        const std::string& backend, const std::string& where) {
+  validate_group(g, where);
   ModelOptions opt = base;
   opt.num_threads = g.resolved_threads(base.num_threads);
   opt.cpu_affinity = g.cores.empty() ? std::vector<int>{} : g.cores[0];
@@ -192,8 +208,27 @@ std::unique_ptr<Model> load_group_model(const std::string& dir, const GroupPlace
       throw InvalidArgument("backend '" + backend +
                             "': tensor parallelism needs the NCCL communicator, which this build does not have yet; "
                             "use tp 1 or the cpu backend");
-    return load_model(Checkpoint::open(dir), backend, opt);
+    opt.device = rank_device(g, 0);
+    opt.sm_first = g.sm_first;
+    opt.sm_count = g.sm_count;
+    opt.stream_priority = g.stream_priority;
+    try {
+      return load_model(Checkpoint::open(dir), backend, opt);
+    } catch (const InvalidArgument& e) {
+      // The CUDA backend checks the partition against the device; name the group.
+      const std::string msg = e.what();
+      if (msg.rfind("sm_partition", 0) == 0 || msg.rfind("device", 0) == 0) throw InvalidArgument(where + "." + msg);
+      throw;
+    }
   }
+  if (has_sm_partition(g.sm_first, g.sm_count))
+    throw InvalidArgument(where + ".sm_partition [" + str(g.sm_first) + ", " + str(g.sm_count) +
+                          "] applies to the cuda backend only; on the cpu backend place groups with 'cores'");
+  if (!g.devices.empty())
+    throw InvalidArgument(where + ".devices applies to the cuda backend only; on the cpu backend place groups with "
+                          "'cores'");
+  if (g.stream_priority != 0)
+    throw InvalidArgument(where + ".stream_priority applies to the cuda backend only");
   TpCpuOptions tp;
   tp.tp = g.tp;
   tp.rank_cores = g.cores;

@@ -307,4 +307,66 @@ SWIFTSPEC_TEST(async_placement_json_and_automatic) {
   CHECK(b.target.cores == (std::vector<std::vector<int>>{{1}, {1}}));
 }
 
+SWIFTSPEC_TEST(async_placement_sm_partition) {
+  // One GPU, two green-context partitions: draft [0, 16), target [16, last].
+  Placement p = Placement::from_json(R"({"draft": {"sm_partition": [0, 16]}, "target": {"sm_partition": [16, 0]}})");
+  CHECK_EQ(p.draft.sm_first, 0);
+  CHECK_EQ(p.draft.sm_count, 16);
+  CHECK_EQ(p.target.sm_first, 16);
+  CHECK_EQ(p.target.sm_count, 0);
+  CHECK(Placement::from_json(p.to_json()).to_json() == p.to_json());
+  CHECK(p.to_json().find("\"sm_partition\":[16,0]") != std::string::npos);
+  auto fails_with = [](const std::string& text, const std::string& needle) {
+    try {
+      Placement::from_json(text);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what()).find(needle) != std::string::npos;
+    }
+    return false;
+  };
+  CHECK(fails_with(R"({"draft": {"sm_partition": [0, 24]}, "target": {"sm_partition": [16, 0]}})",
+                   "overlap on GPU 0"));
+  CHECK(fails_with(R"({"draft": {"sm_partition": [-8, 16]}})", "placement.draft.sm_partition must be"));
+  CHECK(fails_with(R"({"target": {"sm_partition": [8]}})", "placement.target.sm_partition must be [first SM"));
+  CHECK(fails_with(R"({"target": {"sm_partition": "all"}})", "placement.target.sm_partition has the wrong type"));
+  // Different GPUs, or a group on the whole GPU: no overlap.
+  Placement::from_json(R"({"draft": {"devices": [0], "sm_partition": [0, 16]},
+                           "target": {"devices": [1], "sm_partition": [8, 0]}})");
+  Placement::from_json(R"({"draft": {"sm_partition": [0, 16]}, "target": {}})");
+  CHECK(!sm_partitions_overlap(0, 16, 16, 0));
+  CHECK(sm_partitions_overlap(0, 17, 16, 8));
+  CHECK(!sm_partitions_overlap(0, 0, 0, 16));  // [0, 0] is no partition
+  // Stream priority (CUDA): parsed, round-tripped.
+  Placement pr = Placement::from_json(R"({"target": {"stream_priority": -5}})");
+  CHECK_EQ(pr.target.stream_priority, -5);
+  CHECK_EQ(pr.draft.stream_priority, 0);
+  CHECK(Placement::from_json(pr.to_json()).target.stream_priority == -5);
+
+  // Resolution against a device (what the CUDA backend does with the driver's split).
+  std::vector<int> bounds;
+  for (int b = 0; b <= 128; b += 8) bounds.push_back(b);
+  bounds.push_back(132);  // an H200: 16 groups of 8 SMs and a remainder of 4
+  const SmRange a = resolve_sm_partition(0, 16, 132, bounds, "sm_partition");
+  CHECK_EQ(a.first, 0);
+  CHECK_EQ(a.count, 16);
+  const SmRange b = resolve_sm_partition(16, 0, 132, bounds, "sm_partition");
+  CHECK_EQ(b.first, 16);
+  CHECK_EQ(b.count, 116);
+  auto resolve_fails = [&](int f, int c, const std::string& needle) {
+    try {
+      resolve_sm_partition(f, c, 132, bounds, "placement.draft.sm_partition");
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what()).find(needle) != std::string::npos;
+    }
+    return false;
+  };
+  CHECK(resolve_fails(0, 20, "placement.draft.sm_partition [0, 20] (SMs 0..19): green-context partitions of this "
+                             "GPU start and end at SM 0, 8, 16"));
+  CHECK(resolve_fails(128, 8, "is outside the 132 SMs of this GPU"));
+  CHECK(resolve_fails(132, 0, "is outside the 132 SMs"));
+  CHECK(resolve_fails(0, 0, "is the whole GPU"));
+  CHECK(resolve_fails(-1, 8, "non-negative"));
+  CHECK_EQ(resolve_sm_partition(3, 5, 132, {}, "x").count, 5);  // no boundaries: any SM
+}
+
 }  // namespace swiftspec::test

@@ -26,7 +26,12 @@ std::unique_ptr<CudaModel> make_cuda_model_ex(std::shared_ptr<const Checkpoint> 
 
 std::unique_ptr<Model> make_cuda_model(std::shared_ptr<const Checkpoint> checkpoint,
                                        const ModelOptions& options) {
-  return make_cuda_model_ex(std::move(checkpoint), options, CudaModelOptions{});
+  CudaModelOptions cuda_options;
+  cuda_options.device = options.device;
+  cuda_options.sm_first = options.sm_first;
+  cuda_options.sm_count = options.sm_count;
+  cuda_options.stream_priority = options.stream_priority;
+  return make_cuda_model_ex(std::move(checkpoint), options, cuda_options);
 }
 
 }  // namespace swiftspec

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "common.h"
 #include "device_memory.h"
 #include "graph_cache.h"
+#include "green_context.h"
 #include "kernels/epilogues.h"
 #include "kernels/gemm_skinny.h"
 #include "kernels/kernels.h"
@@ -114,13 +116,26 @@ class CudaModelImpl final : public CudaModel {
                       std::to_string(copt_.device) + " (" + prop.name + ") is " +
                       std::to_string(prop.major) + "." + std::to_string(prop.minor));
     num_sms_ = prop.multiProcessorCount;
-    SS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // One-GPU disaggregation (SwiftSpec §4): with an SM partition, the stream
+    // (and so every kernel, graph and copy of this model) lives in a green
+    // context over those SMs, and the GEMM planner sizes persistent grids
+    // for them (plan_gemm runs with the green context current: the occupancy
+    // API then counts the partition's SMs). Events are made in the same
+    // context as the stream (cuEventRecord requires it).
+    if (has_sm_partition(copt_.sm_first, copt_.sm_count)) {
+      green_ = std::make_unique<GreenContext>(copt_.device, copt_.sm_first, copt_.sm_count);
+      num_sms_ = green_->sm_count();
+    }
+    GreenScope scope(green_.get());
+    if (green_) stream_ = green_->create_stream(copt_.stream_priority);
+    else SS_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, copt_.stream_priority));
     for (auto& e : desc_ev_) SS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     SS_CUDA_CHECK(cudaEventCreateWithFlags(&commit_ev_, cudaEventDisableTiming));
     allocate_state();
   }
 
   ~CudaModelImpl() override {
+    GreenScope scope(green_.get(), std::nothrow);  // the stream and events belong to the green context
     graphs_.clear();
     if (stream_) cudaStreamSynchronize(stream_);
     for (auto& e : desc_ev_)
@@ -131,6 +146,7 @@ class CudaModelImpl final : public CudaModel {
 
   // ---------------------------------------------------------------- loading
   void load_host(const WeightLookup& lookup, const WeightExists& exists) {
+    GreenScope scope(green_.get());
     const int H = cfg_.hidden_size, I = cfg_.intermediate_size, hd = cfg_.head_dim;
     const int nq = cfg_.num_heads * hd, nkv = cfg_.num_kv_heads * hd;
     const int64_t V = cfg_.vocab_size;
@@ -211,6 +227,7 @@ class CudaModelImpl final : public CudaModel {
   }
 
   void init_random(uint64_t seed) {
+    GreenScope scope(green_.get());
     const int H = cfg_.hidden_size, I = cfg_.intermediate_size, hd = cfg_.head_dim;
     const int nq = cfg_.num_heads * hd, nkv = cfg_.num_kv_heads * hd;
     uint64_t s = seed * 1000003ull + 17;
@@ -237,10 +254,12 @@ class CudaModelImpl final : public CudaModel {
   int committed_len() const override { return committed_; }
 
   void forward(const ForwardBatch& batch, std::vector<float>& logits) override {
+    GreenScope scope(green_.get());
     run(batch, true, &logits, nullptr);
   }
 
   void forward_argmax(const ForwardBatch& batch, std::vector<int32_t>& argmax) override {
+    GreenScope scope(green_.get());
     run(batch, false, nullptr, &argmax);
   }
 
@@ -251,6 +270,7 @@ class CudaModelImpl final : public CudaModel {
       throw InvalidArgument("commit_tree_slots: committing " + std::to_string(n) + " slots to " +
                             std::to_string(committed_) + " committed entries exceeds max_context " +
                             std::to_string(opt_.max_context));
+    GreenScope scope(green_.get());
     SS_CUDA_CHECK(cudaEventSynchronize(commit_ev_));
     int* h = commit_host_.as<int>();
     for (int i = 0; i < n; ++i) {
@@ -297,6 +317,7 @@ class CudaModelImpl final : public CudaModel {
     if (len < 0 || len > opt_.max_context)
       throw InvalidArgument("debug_fill_committed_random: len " + std::to_string(len) +
                             " is outside [0, max_context]");
+    GreenScope scope(green_.get());
     launch_kv_fill_random(kcache_.as<__nv_bfloat16>(), vcache_.as<__nv_bfloat16>(), cfg_.num_layers,
                           cfg_.num_kv_heads, slots_, cfg_.head_dim, len, seed, stream_);
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -321,6 +342,7 @@ class CudaModelImpl final : public CudaModel {
   double debug_replay_ms(int id, int iters) override {
     if (id < 0 || id >= static_cast<int>(prepared_.size())) throw InvalidArgument("debug_replay_ms: bad step id");
     const Prepared& p = prepared_[id];
+    GreenScope scope(green_.get());
     upload_desc(*p.desc, p.n_attend);
     for (int i = 0; i < 3; ++i) run_step(p.nt, p.mode, p.write_logits);
     std::vector<cudaEvent_t> ev(2 * iters);
@@ -339,6 +361,7 @@ class CudaModelImpl final : public CudaModel {
   }
 
   void debug_poison_buffers() override {
+    GreenScope scope(green_.get());
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
     for (auto* b : {&h32_, &h16_, &ssq_, &q_, &attn_, &act_, &logits_, &part_o_, &part_ml_})
       SS_CUDA_CHECK(cudaMemsetAsync(b->get(), 0xFF, b->bytes(), stream_));
@@ -353,6 +376,7 @@ class CudaModelImpl final : public CudaModel {
 
   void debug_read_activations(const std::string& which, int rows, std::vector<float>& out) override {
     if (rows < 1 || rows > kRows) throw InvalidArgument("debug_read_activations: rows must be 1..64");
+    GreenScope scope(green_.get());
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
     const int H = cfg_.hidden_size, nq = cfg_.num_heads * cfg_.head_dim, I = cfg_.intermediate_size;
     const DeviceBuffer* b = nullptr;
@@ -376,6 +400,7 @@ class CudaModelImpl final : public CudaModel {
   }
 
   void debug_read_weight(const std::string& which, int layer, std::vector<float>& out) override {
+    GreenScope scope(green_.get());
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
     const DeviceBuffer* b = nullptr;
     if (which == "embed") b = &embed_;
@@ -403,6 +428,25 @@ class CudaModelImpl final : public CudaModel {
     return b;
   }
 
+  int num_sms() const override { return num_sms_; }
+
+  std::string debug_gemm_plans() const override {
+    static const char* names[] = {"qkv", "o", "gate_up", "down", "lm_head"};
+    std::string out;
+    for (const auto& [key, c] : plans_) {
+      const int kind = key / 16;
+      out += std::string(kind >= 0 && kind < 5 ? names[kind] : "?") + " nt=" + std::to_string(key % 16) +
+             " S=" + std::to_string(c.S) + " BR=" + std::to_string(c.BR) + " grid=" + std::to_string(c.grid_x) +
+             "x" + std::to_string(c.S) + " ctas=" + std::to_string(c.grid_x * c.S) + "\n";
+    }
+    return out;
+  }
+
+  std::vector<int> debug_probe_sm_ids(int ctas) override {
+    GreenScope scope(green_.get());
+    return probe_sm_ids(stream_, ctas);
+  }
+
  private:
   struct Layer {
     DeviceBuffer qkv, qkv_bias, o, gu, down;
@@ -420,6 +464,7 @@ class CudaModelImpl final : public CudaModel {
     if (layer < 0 || layer >= cfg_.num_layers)
       throw InvalidArgument("read_kv: layer " + std::to_string(layer) + " is outside [0, num_layers=" +
                             std::to_string(cfg_.num_layers) + ")");
+    GreenScope scope(green_.get());
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
     const int KVH = cfg_.num_kv_heads, hd = cfg_.head_dim;
     const size_t kv_layer = static_cast<size_t>(KVH) * slots_ * hd;
@@ -829,6 +874,7 @@ class CudaModelImpl final : public CudaModel {
   ModelConfig cfg_;
   ModelOptions opt_;
   CudaModelOptions copt_;
+  std::unique_ptr<GreenContext> green_;  ///< SM partition (null: whole GPU); outlives stream_ and events
   bool pdl_ = true;
   int num_sms_ = 0;
   int slots_ = 0;

@@ -14,6 +14,12 @@ Accepted forms (``Engine(..., placement=...)``):
   ``cpp/include/swiftspec/placement.h``);
 * the same as JSON text, or the path of a ``.json`` file holding it.
 
+On one GPU (``backend="cuda"``) the groups can get disjoint SM partitions, each run through a CUDA
+green context so the draft cannot slow the target: ``{"draft": {"sm_partition": [0, 16]},
+"target": {"sm_partition": [16, 0]}}`` (``[first SM, SM count]``, count 0: up to the last SM; bounds
+on multiples of 8 SMs on an H200; ``docs/green_contexts.md``). Without ``sm_partition`` both models
+share all SMs on their own streams.
+
 Errors (unknown fields, cores that do not exist, list sizes) raise
 :class:`swiftspec.InvalidRequestError` naming the group and field.
 """
@@ -73,8 +79,8 @@ def load_models(target_dir, draft_dir, placement: dict, *, backend: str = "cpu",
     options.max_context = int(max_context)
     options.max_tree = int(max_tree)
     options.num_threads = int(num_threads)
-    target = core.load_group_model(str(target_dir), json.dumps(placement["target"]), options, backend)
+    target = core.load_group_model(str(target_dir), json.dumps(placement["target"]), options, backend, "target")
     draft = None
     if draft_dir is not None:
-        draft = core.load_group_model(str(draft_dir), json.dumps(placement["draft"]), options, backend)
+        draft = core.load_group_model(str(draft_dir), json.dumps(placement["draft"]), options, backend, "draft")
     return target, draft

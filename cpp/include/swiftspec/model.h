@@ -61,6 +61,18 @@ struct ModelOptions {
   int max_tree = 256;       ///< tree KV capacity (nodes)
   int num_threads = 0;      ///< CPU backend worker threads (0: all cores)
   std::vector<int> cpu_affinity;  ///< CPU backend: cores to pin its threads to (empty: none)
+  int device = 0;           ///< CUDA backend: device ordinal
+  /// CUDA backend: the model's SM partition on its GPU, [sm_first, sm_first + sm_count),
+  /// run through a CUDA green context (SwiftSpec ASPLOS'26: draft and target disaggregated on
+  /// one GPU). sm_count 0: up to the last SM; [0, 0]: the whole GPU, no green context.
+  /// Bounds and granularity are checked against the device (placement.h, resolve_sm_partition);
+  /// the cpu backend rejects a partition (InvalidArgument).
+  int sm_first = 0;
+  int sm_count = 0;
+  /// CUDA backend: priority of the model's stream (lower is higher, clamped to
+  /// cudaDeviceGetStreamPriorityRange; 0: default). A target at a higher
+  /// priority than the draft gets free SMs first on a shared GPU.
+  int stream_priority = 0;
 };
 
 class Model {

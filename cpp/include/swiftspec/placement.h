@@ -15,14 +15,28 @@
 //                     (unpinned: 1 for tp > 1, all cores for tp 1)
 //   devices           CUDA backend: the GPU of each rank (default 0..tp-1)
 //   sm_partition      CUDA backend, both groups on one GPU: [first SM, SM count]
-//                     of this group's partition (green context); [0, 0]: all SMs
-// Errors name the group and field.
+//                     of this group's partition, run through a CUDA green
+//                     context; count 0: up to the last SM; [0, 0] (default):
+//                     all SMs, plain stream. SM numbers are logical and bounds
+//                     fall on the driver's partition granularity (8 SMs on an
+//                     H100/H200): sm_partition.h. Example, one H200 (132 SMs):
+//                     {"draft": {"sm_partition": [0, 16]},
+//                      "target": {"sm_partition": [16, 0]}}
+//   stream_priority   CUDA backend: priority of the group's streams (lower is
+//                     higher, clamped to the device's range, e.g. [-5, 0] on an
+//                     H200; default 0). A target above the draft gets SMs first
+//                     when both have kernels waiting (no preemption, no partition).
+// Errors name the group and field: the placement checks the form and that the
+// two groups' partitions do not overlap on a shared GPU; loading a model checks
+// the bounds against the device, and the cpu backend rejects sm_partition,
+// devices and stream_priority (they are CUDA settings).
 #pragma once
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "swiftspec/model.h"
+#include "swiftspec/sm_partition.h"
 
 namespace swiftspec {
 
@@ -32,6 +46,7 @@ struct GroupPlacement {
   int threads_per_rank = 0;
   std::vector<int> devices;             ///< CUDA: [tp] GPU indices (or empty)
   int sm_first = 0, sm_count = 0;       ///< CUDA: SM partition (0 SMs: the whole GPU)
+  int stream_priority = 0;              ///< CUDA: stream priority (lower is higher)
 
   /// Threads of each rank's CPU thread pool for a model whose unpinned
   /// default is `default_threads` (ModelOptions::num_threads semantics).
@@ -53,7 +68,8 @@ struct Placement {
   /// ranks share cores.
   static Placement automatic(int num_cores = 0, int target_tp = 1, int draft_tp = 1);
   /// Checks both groups (tp >= 1, core ids in [0, cores of this machine),
-  /// list sizes); throws InvalidArgument.
+  /// list sizes, sm_partition non-negative) and that the groups' SM partitions
+  /// do not overlap on a GPU they share; throws InvalidArgument.
   void validate() const;
 };
 
@@ -62,8 +78,13 @@ struct Placement {
 /// equal group.tp). `base` gives max_context / max_tree (and num_threads for
 /// an unpinned TP-1 group); the CPU thread count and affinity come from the
 /// placement. `backend` is "cpu" or "cuda" (CUDA: tp 1 only until the NCCL
-/// communicator lands). Throws InvalidArgument / CheckpointError.
+/// communicator lands; the rank's device and sm_partition go to
+/// ModelOptions::device / sm_first / sm_count). `where` names the group in
+/// errors ("placement.draft"). Throws InvalidArgument / CheckpointError;
+/// InvalidArgument for sm_partition or devices on the cpu backend, or a
+/// partition outside the device's SMs or off its granularity (CUDA).
 std::unique_ptr<Model> load_group_model(const std::string& checkpoint_dir, const GroupPlacement& group,
-                                        const ModelOptions& base, const std::string& backend = "cpu");
+                                        const ModelOptions& base, const std::string& backend = "cpu",
+                                        const std::string& where = "placement");
 
 }  // namespace swiftspec

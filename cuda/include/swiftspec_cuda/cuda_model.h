@@ -59,6 +59,21 @@ struct CudaModelOptions {
   int device = 0;               ///< CUDA device ordinal
   bool use_graphs = true;       ///< replay each step as a CUDA graph (false: plain launches)
   bool use_pdl = true;          ///< programmatic dependent launch between kernels of a step
+  /// SM partition [sm_first, sm_first + sm_count) of logical SMs (sm_partition.h):
+  /// the model's stream belongs to a CUDA green context over those SMs, and the
+  /// persistent GEMM grids are sized for them (SwiftSpec ASPLOS'26 §4, one-GPU
+  /// disaggregation: a draft on its own SMs cannot slow the target). sm_count 0:
+  /// up to the last SM; both 0 (default): the whole GPU, a plain stream. The
+  /// constructor throws InvalidArgument (message starting "sm_partition") for a
+  /// range outside the device, off the driver's 8-SM granularity, or unable to
+  /// hold a cluster of 8 CTAs; CudaError if the driver has no green contexts.
+  int sm_first = 0;
+  int sm_count = 0;
+  /// Priority of the model's stream (cudaDeviceGetStreamPriorityRange: lower
+  /// numbers are higher priorities, clamped to the range; 0: default). With two
+  /// models on one GPU, the block scheduler starts a higher-priority stream's
+  /// pending CTAs first (it does not preempt running ones).
+  int stream_priority = 0;
 };
 
 /// The CUDA model. Implements swiftspec::Model; adds GPU-side greedy decoding
@@ -103,12 +118,24 @@ class CudaModel : public Model {
   /// Bytes of weights one decode step reads (all layers, final norm, LM head;
   /// the embedding counts one row).
   virtual size_t weight_bytes_per_step() const = 0;
+
+  /// SMs this model's kernels run on: its green-context partition
+  /// (CudaModelOptions::sm_first / sm_count), else the whole GPU.
+  virtual int num_sms() const = 0;
+  /// Diagnostics: the persistent GEMM launch plans made so far, one line per
+  /// (matrix, token bucket): "qkv nt=1 S=2 BR=64 grid=66x2 ctas=132".
+  virtual std::string debug_gemm_plans() const = 0;
+  /// Diagnostics: the distinct SM ids (%smid) that `ctas` spinning CTAs
+  /// launched on this model's stream ran on (synchronizes the stream).
+  virtual std::vector<int> debug_probe_sm_ids(int ctas) = 0;
 };
 
 /// Builds the CUDA model from a checkpoint (bf16 or f32 weights; converted
-/// to bf16 on the GPU). Throws CheckpointError for missing or mis-shaped
-/// tensors, InvalidArgument for unsupported configurations (head_dim not 64
-/// or 128, sizes not multiples of 16), CudaError for device failures.
+/// to bf16 on the GPU) on ModelOptions::device, in the SM partition
+/// ModelOptions::sm_first / sm_count (see CudaModelOptions). Throws
+/// CheckpointError for missing or mis-shaped tensors, InvalidArgument for
+/// unsupported configurations (head_dim not 64 or 128, sizes not multiples of
+/// 16) or a bad SM partition, CudaError for device failures.
 std::unique_ptr<Model> make_cuda_model(std::shared_ptr<const Checkpoint> checkpoint,
                                        const ModelOptions& options);
 

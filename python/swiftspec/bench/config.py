@@ -13,10 +13,17 @@ A configuration is written as one token (``--configs`` takes a comma-separated l
              | "d" N          depth limit of the token tree
              | "tp" N         TP degree of the target group (1 today; the runtime rejects others)
              | "dtp" N        TP degree of the draft group (1 today)
+             | "sm" N         cuda, one GPU: the draft group runs in a green context on SMs [0, N),
+                                 the target group on SMs [N, last] (placement sm_partition; N on
+                                 the driver's granularity, a multiple of 8 on an H200). Without it
+                                 both models share all SMs on their own streams.
+             | "hp"           cuda: the target's stream at the highest priority (the block
+                                 scheduler starts its waiting CTAs before the draft's)
     BACKEND := "cpu" | "cuda" (default: the run's --backend)
 
 Examples: ``target``, ``serial:chain``, ``serial:chain6``, ``serial:tree16``,
-``serial:tree32:b4:d6``, ``async:tree64:tp2:dtp1@cuda``, ``hf:assisted``.
+``serial:tree32:b4:d6``, ``async:tree64:tp2:dtp1@cuda``, ``async:tree16:sm16@cuda``,
+``async:tree16:hp@cuda``, ``hf:assisted``.
 
 ``target`` and ``hf:*`` take no shape or options (``hf:*`` runs PyTorch on the backend's device:
 ``cpu`` or ``cuda``). Speculative modes without a shape use ``tree16``.
@@ -64,6 +71,9 @@ class BenchConfig:
         branching: children per expanded node (1 = chain), else None.
         target_tp: TP degree of the target group.
         draft_tp: TP degree of the draft group (speculative modes), else None.
+        draft_sms: SMs of the draft group's green-context partition on one GPU (the target
+            gets the rest), or None: both models on all SMs.
+        target_priority: the target's CUDA stream at the highest priority (``hp``).
         shape: "chain", "tree" or None (for plots: acceptance length per tree budget).
     """
 
@@ -77,6 +87,8 @@ class BenchConfig:
     target_tp: int = 1
     draft_tp: int | None = None
     shape: str | None = None
+    draft_sms: int | None = None
+    target_priority: bool = False
 
     @property
     def speculative(self) -> bool:
@@ -95,7 +107,7 @@ class BenchConfig:
 
 
 _SHAPE = re.compile(r"^(chain|tree)(\d*)$")
-_OPTION = re.compile(r"^(b|d|tp|dtp)(\d+)$")
+_OPTION = re.compile(r"^(b|d|tp|dtp|sm)(\d+)$")
 
 
 def _positive(token: str, what: str, text: str, limit: int | None = None) -> int:
@@ -158,12 +170,22 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
     else:
         branching, depth = DEFAULT_TREE_BRANCHING, DEFAULT_TREE_DEPTH
     target_tp, draft_tp = 1, 1
+    draft_sms = None
+    target_priority = False
     seen: set[str] = set()
     for opt in rest:
+        if opt == "hp":
+            if target_priority:
+                raise BenchConfigError(f"configuration {raw!r}: option 'hp' given twice")
+            if backend != "cuda":
+                raise BenchConfigError(f"configuration {raw!r}: hp sets a CUDA stream priority; it needs the cuda "
+                                       f"backend, not {backend!r}")
+            target_priority = True
+            continue
         m = _OPTION.match(opt)
         if not m:
             raise BenchConfigError(
-                f"configuration {raw!r}: bad part {opt!r} (expected chain[N], tree[N], bN, dN, tpN or dtpN)"
+                f"configuration {raw!r}: bad part {opt!r} (expected chain[N], tree[N], bN, dN, tpN, dtpN, smN or hp)"
             )
         key = m.group(1)
         if key in seen:
@@ -175,6 +197,13 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
             depth = _positive(raw, "depth", m.group(2), MAX_TREE_BUDGET)
         elif key == "tp":
             target_tp = _positive(raw, "target TP degree", m.group(2))
+        elif key == "sm":
+            draft_sms = _positive(raw, "draft SM partition (smN)", m.group(2))
+            if backend != "cuda":
+                raise BenchConfigError(
+                    f"configuration {raw!r}: sm{draft_sms} partitions a GPU's SMs (green contexts); it needs the "
+                    f"cuda backend, not {backend!r} (add @cuda or run with --backend cuda)"
+                )
         else:
             draft_tp = _positive(raw, "draft TP degree", m.group(2))
     if shape == "chain" and branching != 1:
@@ -194,10 +223,40 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
         name += f":tp{target_tp}"
     if draft_tp != 1:
         name += f":dtp{draft_tp}"
+    if draft_sms is not None:
+        name += f":sm{draft_sms}"
+    if target_priority:
+        name += ":hp"
     name += suffix
     return BenchConfig(name=name, engine="swiftspec", mode=mode, backend=backend, tree_budget=n,
                        max_depth=depth, branching=branching, target_tp=target_tp, draft_tp=draft_tp,
-                       shape=shape)
+                       shape=shape, draft_sms=draft_sms, target_priority=target_priority)
+
+
+def engine_key(config: BenchConfig) -> str:
+    """Which loaded engine runs ``config``: one per backend, plus one per draft SM partition
+    (``cuda:sm16``: draft in a green context on SMs [0, 16), target on the rest) and stream
+    priority (``cuda:hp``)."""
+    return (config.backend + (f":sm{config.draft_sms}" if config.draft_sms is not None else "")
+            + (":hp" if config.target_priority else ""))
+
+
+#: Stream priority asked for by ``hp`` (CUDA clamps it to the device's highest priority).
+HIGHEST_STREAM_PRIORITY = -1000
+
+
+def sm_placement(draft_sms: int | None, target_priority: bool = False) -> dict | None:
+    """The placement of ``smN`` (draft on logical SMs [0, N), target on [N, last]) and ``hp``
+    (the target's stream at the highest priority); None when neither is asked for."""
+    if draft_sms is None and not target_priority:
+        return None
+    p: dict = {"draft": {}, "target": {}}
+    if draft_sms is not None:
+        p["draft"]["sm_partition"] = [0, draft_sms]
+        p["target"]["sm_partition"] = [draft_sms, 0]
+    if target_priority:
+        p["target"]["stream_priority"] = HIGHEST_STREAM_PRIORITY
+    return p
 
 
 def find_baseline(config: BenchConfig, configs: list[BenchConfig]) -> BenchConfig | None:

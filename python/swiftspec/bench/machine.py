@@ -109,10 +109,14 @@ def _git(root: Path, *args: str, strip: bool = True) -> str | None:
 def commit_info() -> dict:
     """``{"sha", "short", "branch", "dirty", "dirty_files"}`` of the work tree this package runs
     from. ``dirty`` counts modified tracked files (untracked files are ignored: they are other
-    people's work in progress more often than not); all None outside a git checkout."""
+    people's work in progress more often than not); all None outside a git checkout. The
+    environment variable SWIFTSPEC_COMMIT, if set, gives the sha instead (a copy on a GPU machine
+    has no .git of its own; tools/gpu_e2e.sh sets it), the rest then None."""
+    env_sha = os.environ.get("SWIFTSPEC_COMMIT") or None
     root = repo_root()
-    if root is None:
-        return {"sha": None, "short": None, "branch": None, "dirty": None, "dirty_files": []}
+    if root is None or env_sha:
+        return {"sha": env_sha, "short": env_sha[:10] if env_sha else None, "branch": None, "dirty": None,
+                "dirty_files": []}
     sha = _git(root, "rev-parse", "HEAD")
     status = _git(root, "status", "--porcelain", "--untracked-files=no", strip=False)
     files = [line[3:] for line in (status or "").splitlines() if line.strip()]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from swiftspec.bench.config import BenchConfig, BenchConfigError, find_baseline
+from swiftspec.bench.config import BenchConfig, BenchConfigError, engine_key, find_baseline, sm_placement
 from swiftspec.errors import SwiftspecError
 
 #: Tokens of a warm-up request (enough to run prefill, a few decode / verification steps).
@@ -152,8 +152,10 @@ class Runner:
         if s.draft is not None and needs_draft:
             self.draft_checkpoint = str(resolve_checkpoint(s.draft, dtype=s.dtype))
         max_tree = max([c.tree_budget + 2 for c in self.configs if c.tree_budget] + [64])
-        for backend in sorted({c.backend for c in self._swiftspec_configs()}):
-            configs = self._swiftspec_configs(backend)
+        # One engine per backend, plus one per draft SM partition (green contexts on one GPU).
+        for key in sorted({engine_key(c) for c in self._swiftspec_configs()}):
+            configs = [c for c in self._swiftspec_configs() if engine_key(c) == key]
+            backend = configs[0].backend
             for c in configs:  # TP degrees: the runtime has no tensor parallelism yet
                 if c.target_tp != 1 or (c.draft_tp or 1) != 1:
                     self._mark_unavailable(c, f"TP degree target={c.target_tp} draft={c.draft_tp}: "
@@ -162,15 +164,18 @@ class Runner:
             if not wanted:
                 continue
             with_draft = any(c.speculative for c in wanted)
-            self.log(f"loading swiftspec {backend}: target {self.target_checkpoint}"
-                     + (f", draft {self.draft_checkpoint}" if with_draft else ""))
+            placement = sm_placement(configs[0].draft_sms, configs[0].target_priority)
+            self.log(f"loading swiftspec {key}: target {self.target_checkpoint}"
+                     + (f", draft {self.draft_checkpoint}" if with_draft else "")
+                     + (f", placement {placement}" if placement else ""))
             try:
-                self.engines[backend] = Engine(
+                self.engines[key] = Engine(
                     self.target_checkpoint, self.draft_checkpoint if with_draft else None, backend=backend,
-                    dtype=s.dtype, max_context=s.max_context, max_tree=max_tree, num_threads=s.threads)
+                    dtype=s.dtype, max_context=s.max_context, max_tree=max_tree, num_threads=s.threads,
+                    placement=placement)
             except SwiftspecError as exc:
                 for c in wanted:
-                    self._mark_unavailable(c, f"backend {backend} could not load the models: {exc}")
+                    self._mark_unavailable(c, f"backend {key} could not load the models: {exc}")
         engine = next(iter(self.engines.values()), None)
         if engine is not None:
             self.tokenizer = engine.tokenizer
@@ -206,7 +211,7 @@ class Runner:
                 ttft_s=r.ttft_s, decode_s=r.decode_s, verification_steps=steps, draft_steps=None,
                 acceptance_length=(n - first) / steps if steps else None,
                 target_time_s=None, draft_time_s=None, wall_s=r.wall_s)
-        engine = self.engines[config.backend]
+        engine = self.engines[engine_key(config)]
         kwargs = {}
         if config.speculative:
             kwargs = dict(tree_budget=config.tree_budget, max_depth=config.max_depth, branching=config.branching)

@@ -65,6 +65,11 @@ _CONFIG = {
         "branching": {**_NINT, "description": "children per expanded node (1 = chain)"},
         "target_tp": {"type": "integer", "minimum": 1, "description": "TP degree of the target group"},
         "draft_tp": {**_NINT, "description": "TP degree of the draft group"},
+        "draft_sms": {**_NINT, "description": "one-GPU disaggregation: SMs of the draft group's green-context "
+                                              "partition [0, N), the target on the rest; null: both models on "
+                                              "all SMs (plain streams)"},
+        "target_priority": {"type": "boolean", "description": "the target's CUDA stream at the highest "
+                                                              "priority (hp)"},
         "shape": {"enum": ["chain", "tree", None]},
         "speculative": {"type": "boolean"},
         "baseline": {**_NSTR, "description": "name of the target-only configuration compared against"},
