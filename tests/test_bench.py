@@ -94,6 +94,37 @@ def test_unavailable_config_fails_fast_without_skip(checkpoint_dir, tmp_path):
                   target=small, draft=small, out_dir=tmp_path / "x", progress=False)
 
 
+def test_resume_keeps_measured_requests_and_measures_the_rest(checkpoint_dir, tmp_path):
+    """An interrupted run (requests.jsonl cut after its first request, with a half-written line
+    after it) resumed into the same folder keeps the measured request as it was and measures only
+    the missing ones; a resume with other settings is refused, naming the setting."""
+    small = str(checkpoint_dir(SMALL, "bfloat16"))
+    out = tmp_path / "long"
+    kw = dict(datasets=["mtbench", "humaneval"], num_prompts=1, max_new_tokens=4, configs="target,serial:chain4",
+              target=small, draft=small, warmup=0, threads=1, out_dir=out, progress=False, plots=False)
+    full = run_bench(**kw)
+    assert len(full["requests"]) == 4
+    lines = (out / "requests.jsonl").read_text().splitlines()
+    kept = json.loads(lines[0])
+    (out / "requests.jsonl").write_text(lines[0] + "\n" + lines[1][: len(lines[1]) // 2])
+    (out / "bench.json").unlink()
+    with pytest.raises(BenchConfigError, match="max_new_tokens=4, this one 5"):
+        run_bench(**dict(kw, max_new_tokens=5), resume=True)
+    resumed = run_bench(**kw, resume=True)
+    rows = resumed["requests"]
+    assert len(rows) == 4
+    assert {(r["dataset"], r["config"]) for r in rows} == {(r["dataset"], r["config"]) for r in full["requests"]}
+    same = [r for r in rows if (r["dataset"], r["prompt_index"], r["config"]) ==
+            (kept["dataset"], kept["prompt_index"], kept["config"])]
+    assert len(same) == 1 and same[0]["wall_s"] == kept["wall_s"]  # kept, not measured again
+    assert len((out / "requests.jsonl").read_text().splitlines()) == 4
+    for a, b in zip(sorted(rows, key=lambda r: (r["dataset"], r["config"])),
+                    sorted(full["requests"], key=lambda r: (r["dataset"], r["config"]))):
+        assert a["token_ids"] == b["token_ids"]
+    with pytest.raises(BenchConfigError, match="resume needs an output folder"):
+        run_bench(**dict(kw, out_dir=None), resume=True)
+
+
 # -------------------------------------------------------------- no models needed
 @pytest.mark.parametrize("token,name,budget,branching,depth", [
     ("target", "target", None, None, None),

@@ -72,8 +72,12 @@ struct SpeculativeOptions {
   /// only at values known before a node's children are drawn, so Sampled
   /// growth stays lossless. Auto (< 0) or in [0, 1].
   double min_expand_prob = -1.0;
-  /// The serial default of min_expand_prob, from the cost model in
-  /// benchmarks/acceptance.md (CPU backend, real Qwen pair).
+  /// The serial default of min_expand_prob. Rationale: a draft step costs
+  /// about a third of a target verification on the CPU backend (0.5B draft,
+  /// 1.5B target), so a node whose path the target accepts with probability
+  /// below ~0.3 is not worth a step. Measured against trees grown to their
+  /// budget ("-auto" rows vs ":0" rows) in the benchmark record,
+  /// benchmarks/README.md, "acceptance length ... serial speculation".
   static constexpr double kSerialMinExpandProb = 0.3;
   /// Test-only negative controls of the losslessness tests (verification.h).
   VerifierBias verifier_bias = VerifierBias::None;

@@ -21,7 +21,7 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
               draft: str | None = None, dtype: str = "bfloat16", threads: int = 0, hf_threads: int = 0,
               warmup: int = 1, max_context: int = 4096, out_dir: str | Path | None = None,
               progress: bool = True, skip_unavailable: bool = False, plots: bool = True,
-              command: str | None = None, log=None) -> dict:
+              command: str | None = None, log=None, resume: bool = False) -> dict:
     """Runs a benchmark and returns its result document (see :mod:`swiftspec.bench.schema`).
 
     Args:
@@ -40,6 +40,8 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
         skip_unavailable: record configurations the runtime rejects instead of failing.
         plots: make the PNG plots (needs matplotlib) when ``out_dir`` is given.
         command: the command line to record (default: this process's argv).
+        resume: continue an interrupted run in ``out_dir`` (same settings): its measured
+            requests are kept, the missing ones measured.
 
     Raises:
         BenchConfigError: bad arguments (named in the message).
@@ -76,7 +78,9 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
     machine = mach.machine_info()
     runner = Runner(settings, config_list, out, progress=progress, skip_unavailable=skip_unavailable, log=log)
     runner.load()
-    runner.run(items)
+    if resume and out is None:
+        raise BenchConfigError("resume needs an output folder (--out) to resume from")
+    runner.run(items, resume=resume)
     machine["busy_processes_end"] = mach.busy_processes()
     settings_block = {
         "datasets": settings.datasets, "num_prompts": num_prompts, "max_new_tokens": max_new_tokens,

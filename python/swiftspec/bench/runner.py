@@ -255,26 +255,74 @@ class Runner:
             self.log(f"estimated measuring time: ~{estimate * len(items) / 60:.0f} min for {len(items)} prompts "
                      "(from the warm-up requests; the machine's load changes it)")
 
-    def run(self, items: list[PromptItem]) -> list[dict]:
+    def _run_identity(self) -> dict:
+        """What a resumed run must share with the run it continues (``run_identity.json``)."""
+        s = self.settings
+        return {"datasets": s.datasets, "num_prompts": s.num_prompts, "max_new_tokens": s.max_new_tokens,
+                "backend": s.backend, "dtype": s.dtype, "threads": s.threads, "hf_threads": s.hf_threads,
+                "target": s.target, "draft": s.draft, "max_context": s.max_context,
+                "configs": [c.name for c in self.configs]}
+
+    def _resumed_rows(self, items: list[PromptItem]) -> list[dict]:
+        """Rows already measured by an interrupted run into the same folder (``resume=True``).
+
+        Raises :class:`BenchConfigError` if that run had other settings (the field is named)."""
+        ident_path = self.out_dir / "run_identity.json"
+        jsonl_path = self.out_dir / "requests.jsonl"
+        if not ident_path.is_file() or not jsonl_path.is_file():
+            self.log(f"--resume: nothing to resume in {self.out_dir}; starting afresh")
+            return []
+        before = json.loads(ident_path.read_text())
+        now = self._run_identity()
+        for key in sorted(set(before) | set(now)):
+            if before.get(key) != now.get(key):
+                raise BenchConfigError(f"--resume: the run in {self.out_dir} has {key}={before.get(key)!r}, "
+                                       f"this one {now.get(key)!r}; use a new --out folder")
+        planned = {(i.dataset, i.index) for i in items}
+        rows = []
+        lines = jsonl_path.read_text().splitlines()
+        for n, line in enumerate(lines):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                if n == len(lines) - 1:  # the write a kill interrupted: that request is measured again
+                    continue
+                raise BenchConfigError(f"--resume: {jsonl_path} line {n + 1} is not JSON") from None
+            if (row["dataset"], row["prompt_index"]) in planned:
+                rows.append(row)
+        self.log(f"--resume: {len(rows)} requests already measured in {jsonl_path}")
+        return rows
+
+    def run(self, items: list[PromptItem], resume: bool = False) -> list[dict]:
         """Measures every prompt under every available configuration; returns the rows
         (speedups and output checks are filled in by :func:`swiftspec.bench.report.build_document`).
-        A KeyboardInterrupt stops early with the rows so far (``self.interrupted``)."""
+        A KeyboardInterrupt stops early with the rows so far (``self.interrupted``).
+
+        ``resume``: keep the requests an interrupted run with the same settings left in
+        ``out_dir/requests.jsonl`` and measure only the missing ones (a long CPU run can span
+        several sittings). Raises :class:`BenchConfigError` if the settings differ."""
         from tqdm.auto import tqdm
 
         for item in items:
             item.prompt_ids = self.tokenizer.encode_chat(item.messages)
+        done: set[tuple[str, int, str]] = set()
+        if resume and self.out_dir is not None:
+            for row in self._resumed_rows(items):
+                self.rows.append(row)
+                done.add((row["dataset"], row["prompt_index"], row["config"]))
         self._warmup(items)
         active = [c for c in self.configs if self.status[c.name][0] == "ok"]
         jsonl = None
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            jsonl = open(self.out_dir / "requests.jsonl", "w")
-        bar = tqdm(total=len(items) * len(active), desc="bench", unit="req", disable=not self.progress,
-                   dynamic_ncols=True)
+            (self.out_dir / "run_identity.json").write_text(json.dumps(self._run_identity(), indent=1) + "\n")
+            jsonl = open(self.out_dir / "requests.jsonl", "a" if done else "w")
+        bar = tqdm(total=len(items) * len(active), initial=len(done), desc="bench", unit="req",
+                   disable=not self.progress, dynamic_ncols=True)
         try:
             for n_item, item in enumerate(items):
                 for c in active:
-                    if self.status[c.name][0] != "ok":
+                    if self.status[c.name][0] != "ok" or (item.dataset, item.index, c.name) in done:
                         continue
                     bar.set_postfix_str(f"{item.dataset}[{item.index}] {c.name}", refresh=False)
                     try:

@@ -52,6 +52,8 @@ def add_parser(sub) -> None:
     p.add_argument("--skip-unavailable", action="store_true",
                    help="record configurations the runtime rejects (e.g. async in a build without it) "
                         "as unavailable instead of stopping")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run in --out (same settings): keep its measured requests")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--print-schema", action="store_true", help="print the result JSON schema and exit")
@@ -97,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dtype not in ("bfloat16", "float32"):
         raise BenchConfigError(f"--dtype must be bfloat16 or float32, got {args.dtype!r}")
     parse_config_list(args.configs, args.backend, args.peers)  # fail fast, before loading anything
+    if args.resume and not args.out:
+        raise BenchConfigError("--resume needs --out (the folder of the run to continue)")
     out = Path(args.out) if args.out else Path("bench-results") / machine.now_utc().replace(":", "")
     print(f"[bench] writing into {out}", file=sys.stderr)
     try:
@@ -104,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
                         peers=args.peers, backend=args.backend, target=args.target, draft=args.draft,
                         dtype=args.dtype, threads=threads, hf_threads=hf_threads, warmup=warmup,
                         max_context=max_context, out_dir=out, progress=not args.no_progress,
-                        skip_unavailable=args.skip_unavailable, plots=not args.no_plots)
+                        skip_unavailable=args.skip_unavailable, plots=not args.no_plots, resume=args.resume)
     except KeyboardInterrupt:
         print(f"[bench] interrupted; partial results in {out}", file=sys.stderr)
         return 130
