@@ -270,6 +270,18 @@ SWIFTSPEC_TEST(async_send_policy_waits_only_when_it_pays) {
   CHECK(!SendPolicy(m, cfg).send_now(tree, selected, 8, true, 0));
 }
 
+namespace {
+// Whether parsing the placement `text` throws InvalidArgument whose message contains `needle`.
+bool placement_fails_with(const std::string& text, const std::string& needle) {
+  try {
+    Placement::from_json(text);
+  } catch (const InvalidArgument& e) {
+    return std::string(e.what()).find(needle) != std::string::npos;
+  }
+  return false;
+}
+}  // namespace
+
 SWIFTSPEC_TEST(async_placement_json_and_automatic) {
   Placement p = Placement::from_json(R"({"draft": {"tp": 1, "cores": [0]}, "target": {"tp": 2, "cores": [1]}})");
   CHECK_EQ(p.draft.tp, 1);
@@ -285,20 +297,12 @@ SWIFTSPEC_TEST(async_placement_json_and_automatic) {
     CHECK_EQ(q.target.resolved_threads(0), 2);
   }
   // Errors name the group and field.
-  auto fails_with = [](const std::string& text, const std::string& needle) {
-    try {
-      Placement::from_json(text);
-    } catch (const InvalidArgument& e) {
-      return std::string(e.what()).find(needle) != std::string::npos;
-    }
-    return false;
-  };
-  CHECK(fails_with(R"({"target": {"tp": 0}})", "placement.target.tp"));
-  CHECK(fails_with(R"({"draft": {"core": [0]}})", "unknown field 'core'"));
-  CHECK(fails_with(R"({"target": {"cores": [100000]}})", "core 100000 does not exist"));
-  CHECK(fails_with(R"({"target": {"tp": 2, "cores": [[0]]}})", "placement.target.cores lists 1 ranks"));
-  CHECK(fails_with(R"({"gpu": {}})", "unknown group 'gpu'"));
-  CHECK(fails_with("[1", "not valid JSON"));
+  CHECK(placement_fails_with(R"({"target": {"tp": 0}})", "placement.target.tp"));
+  CHECK(placement_fails_with(R"({"draft": {"core": [0]}})", "unknown field 'core'"));
+  CHECK(placement_fails_with(R"({"target": {"cores": [100000]}})", "core 100000 does not exist"));
+  CHECK(placement_fails_with(R"({"target": {"tp": 2, "cores": [[0]]}})", "placement.target.cores lists 1 ranks"));
+  CHECK(placement_fails_with(R"({"gpu": {}})", "unknown group 'gpu'"));
+  CHECK(placement_fails_with("[1", "not valid JSON"));
   // Automatic: two cores -> draft on core 0, target on core 1.
   Placement a = Placement::automatic(2);
   CHECK(a.draft.cores == std::vector<std::vector<int>>{{0}});
@@ -316,19 +320,11 @@ SWIFTSPEC_TEST(async_placement_sm_partition) {
   CHECK_EQ(p.target.sm_count, 0);
   CHECK(Placement::from_json(p.to_json()).to_json() == p.to_json());
   CHECK(p.to_json().find("\"sm_partition\":[16,0]") != std::string::npos);
-  auto fails_with = [](const std::string& text, const std::string& needle) {
-    try {
-      Placement::from_json(text);
-    } catch (const InvalidArgument& e) {
-      return std::string(e.what()).find(needle) != std::string::npos;
-    }
-    return false;
-  };
-  CHECK(fails_with(R"({"draft": {"sm_partition": [0, 24]}, "target": {"sm_partition": [16, 0]}})",
+  CHECK(placement_fails_with(R"({"draft": {"sm_partition": [0, 24]}, "target": {"sm_partition": [16, 0]}})",
                    "overlap on GPU 0"));
-  CHECK(fails_with(R"({"draft": {"sm_partition": [-8, 16]}})", "placement.draft.sm_partition must be"));
-  CHECK(fails_with(R"({"target": {"sm_partition": [8]}})", "placement.target.sm_partition must be [first SM"));
-  CHECK(fails_with(R"({"target": {"sm_partition": "all"}})", "placement.target.sm_partition has the wrong type"));
+  CHECK(placement_fails_with(R"({"draft": {"sm_partition": [-8, 16]}})", "placement.draft.sm_partition must be"));
+  CHECK(placement_fails_with(R"({"target": {"sm_partition": [8]}})", "placement.target.sm_partition must be [first SM"));
+  CHECK(placement_fails_with(R"({"target": {"sm_partition": "all"}})", "placement.target.sm_partition has the wrong type"));
   // Different GPUs, or a group on the whole GPU: no overlap.
   Placement::from_json(R"({"draft": {"devices": [0], "sm_partition": [0, 16]},
                            "target": {"devices": [1], "sm_partition": [8, 0]}})");
