@@ -36,8 +36,8 @@ def _run_cpp_tests(filters, env_extra=None, timeout=900):
 
 def test_cpp_runtime_units():
     out = _run_cpp_tests(["async_channel", "async_allreduce", "async_worker_group", "async_tp_plan",
-                          "async_timeline", "async_placement", "async_send_policy"])
-    assert out.count("[  OK  ]") == 9
+                          "async_timeline", "async_placement", "async_send_policy", "forward_batch"])
+    assert out.count("[  OK  ]") == 10
 
 
 def test_cpp_tp_model_against_cpu_model(checkpoint_dir):

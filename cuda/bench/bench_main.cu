@@ -259,25 +259,10 @@ ForwardBatch decode_batch(int pos) {
 /// (depth about n/3), every node's logits (greedy verification reads all).
 ForwardBatch tree_batch(int n, int ctx, uint64_t seed) {
   std::mt19937_64 g(seed);
-  std::vector<int> parent(n), depth(n);
-  for (int i = 0; i < n; ++i) {
-    parent[i] = i == 0 ? -1 : (i % 3 == 0 ? static_cast<int>(g() % i) : i - 1);
-    depth[i] = parent[i] < 0 ? 0 : depth[parent[i]] + 1;
-  }
-  ForwardBatch b;
-  b.attend_offsets.push_back(0);
-  for (int i = 0; i < n; ++i) {
-    b.tokens.push_back(static_cast<int>(g() % 100000));
-    b.positions.push_back(ctx + depth[i]);
-    b.tree_slots.push_back(i);
-    std::vector<int> chain;
-    for (int j = i; j >= 0; j = parent[j]) chain.push_back(j);
-    std::reverse(chain.begin(), chain.end());
-    b.attend_slots.insert(b.attend_slots.end(), chain.begin(), chain.end());
-    b.attend_offsets.push_back(static_cast<int>(b.attend_slots.size()));
-  }
-  b.logits = LogitsMode::All;
-  return b;
+  std::vector<int32_t> parents(n), tokens(n);
+  for (int i = 0; i < n; ++i) parents[i] = i == 0 ? -1 : (i % 3 == 0 ? static_cast<int>(g() % i) : i - 1);
+  for (int i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>(g() % 100000);
+  return ForwardBatch::tree(tokens, parents, ctx);
 }
 
 struct ModelRow {

@@ -65,24 +65,12 @@ ForwardBatch decode_batch() {
 
 /// A 16-node binary-ish tree under the context (node i's parent: (i-1)/2).
 ForwardBatch tree16() {
-  ForwardBatch b;
-  const int n = 16;
-  std::vector<int> parent(n), depth(n);
-  b.attend_offsets.push_back(0);
-  for (int i = 0; i < n; ++i) {
-    parent[i] = i == 0 ? -1 : (i - 1) / 2;
-    depth[i] = i == 0 ? 0 : depth[parent[i]] + 1;
-    b.tokens.push_back(1000 + 37 * i);
-    b.positions.push_back(kContext + depth[i]);
-    b.tree_slots.push_back(i);
-    std::vector<int> chain;
-    for (int j = i; j >= 0; j = parent[j]) chain.push_back(j);
-    std::reverse(chain.begin(), chain.end());
-    b.attend_slots.insert(b.attend_slots.end(), chain.begin(), chain.end());
-    b.attend_offsets.push_back(static_cast<int>(b.attend_slots.size()));
+  std::vector<int32_t> tokens, parents;
+  for (int i = 0; i < 16; ++i) {
+    tokens.push_back(1000 + 37 * i);
+    parents.push_back(i == 0 ? -1 : (i - 1) / 2);
   }
-  b.logits = LogitsMode::All;
-  return b;
+  return ForwardBatch::tree(tokens, parents, kContext);
 }
 
 std::unique_ptr<CudaModel> make(bool target, int sm_first, int sm_count, int priority = 0) {

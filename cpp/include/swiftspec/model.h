@@ -53,6 +53,13 @@ struct ForwardBatch {
   /// Builds a plain append batch: tokens at positions start, start+1, ...
   static ForwardBatch append(const std::vector<int32_t>& tokens, int start_position,
                              LogitsMode mode = LogitsMode::Last);
+  /// Builds a tree batch of a whole token tree with nothing of it cached yet:
+  /// node i (token tokens[i], parent parents[i] < i, -1 for a root) goes to
+  /// tree slot i at position start_position + its depth, and attends its
+  /// ancestors' slots root first, then its own. Throws InvalidArgument when
+  /// the sizes differ or a parent does not come before its child.
+  static ForwardBatch tree(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                           int start_position, LogitsMode mode = LogitsMode::All);
 };
 
 /// Options a backend needs to instantiate a model.
