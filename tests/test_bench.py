@@ -110,6 +110,11 @@ def test_resume_keeps_measured_requests_and_measures_the_rest(checkpoint_dir, tm
     (out / "bench.json").unlink()
     with pytest.raises(BenchConfigError, match="max_new_tokens=4, this one 5"):
         run_bench(**dict(kw, max_new_tokens=5), resume=True)
+    cut = (out / "requests.jsonl").read_text()
+    (out / "requests.jsonl").write_text('{"tokens_per_s": 1.0}\n' + cut)
+    with pytest.raises(BenchConfigError, match="line 1 is not a request row"):
+        run_bench(**kw, resume=True)
+    (out / "requests.jsonl").write_text(cut)
     resumed = run_bench(**kw, resume=True)
     rows = resumed["requests"]
     assert len(rows) == 4

@@ -288,7 +288,11 @@ class Runner:
                 if n == len(lines) - 1:  # the write a kill interrupted: that request is measured again
                     continue
                 raise BenchConfigError(f"--resume: {jsonl_path} line {n + 1} is not JSON") from None
-            if (row["dataset"], row["prompt_index"]) in planned:
+            key = (row.get("dataset"), row.get("prompt_index"), row.get("config")) if isinstance(row, dict) else None
+            if key is None or None in key:
+                raise BenchConfigError(f"--resume: {jsonl_path} line {n + 1} is not a request row "
+                                       "(no dataset, prompt_index or config)")
+            if key[:2] in planned:
                 rows.append(row)
         self.log(f"--resume: {len(rows)} requests already measured in {jsonl_path}")
         return rows
