@@ -74,6 +74,30 @@ def test_greedy_speculation_equals_target_only(pair, prompts, reference, key, sh
           f"{st['verification_steps']} verifications, {st['draft_steps']} draft steps")
 
 
+def test_teacher_forced_reference_confirms_target_only_output(pair, prompts, reference):
+    """tools/check_lossless.py --reference prefill: one batched target pass over the prompt and
+    the target-only tokens confirms them (batch invariance); any changed token, a truncated
+    sequence that did not stop, or an empty one is not confirmed."""
+    from swiftspec.bench.greedy_reference import teacher_forced_reference
+
+    _, target, _, _ = pair
+    key = ("humaneval", 3)
+    ids, ref = prompts[key], reference[key]
+    assert len(ref) == NEW_TOKENS
+    assert teacher_forced_reference(target, ids, ref, NEW_TOKENS) == ref
+    for pos in (0, NEW_TOKENS // 2, NEW_TOKENS - 1):
+        wrong = list(ref)
+        wrong[pos] = (wrong[pos] + 1) % 1000
+        assert teacher_forced_reference(target, ids, wrong, NEW_TOKENS) is None
+    assert teacher_forced_reference(target, ids, ref[:-1], NEW_TOKENS) is None  # did not stop there
+    j = max(i for i, t in enumerate(ref) if t not in ref[:i])  # a token's first occurrence
+    assert teacher_forced_reference(target, ids, ref[:j + 1], NEW_TOKENS, stop_token_ids=[ref[j]]) == ref[:j + 1]
+    if j + 1 < len(ref):  # past a stop token: decoding would have stopped at it
+        assert teacher_forced_reference(target, ids, ref[:j + 2], NEW_TOKENS, stop_token_ids=[ref[j]]) is None
+    assert teacher_forced_reference(target, ids, [], NEW_TOKENS) is None
+    assert target.committed_len == 0
+
+
 def test_forced_sampled_growth_also_exact_when_greedy(pair, prompts, reference):
     """The explicit-options entry point with a forced growth rule (sampled growth from a
     greedy request: one-hot draft distributions, so a chain) and a forced expansion width

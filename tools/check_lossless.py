@@ -29,6 +29,10 @@ resumes where it stopped (--resume). Exit status 1 if any output differs.
 --mode serial,async checks both against one target-only reference per prompt (config keys are
 then mode:name); --backend cuda runs both models on the GPU (CUDA builds; a --placement may
 give each group an sm_partition, docs/green_contexts.md);
+--reference prefill makes the target-only reference from one teacher-forced target pass over the
+first speculative output (exact on the batch-invariant CPU backend; one batched pass instead of
+--max-new-tokens decode steps), decoding only where a position disagrees; --reference both does both and stops
+if they ever differ (the check of that equivalence).
 --target-tp N loads the target as a tensor-parallel model over N ranks (the reference is then
 target-only decoding with that same TP-N target: TP changes the reduction order); --placement
 puts the groups on cores ("auto": draft on core 0, target on the rest; or JSON, see
@@ -129,11 +133,19 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", choices=["cpu", "cuda"], default="cpu", help="backend of both models (default cpu)")
     ap.add_argument("--target-tp", type=int, default=1, help="TP degree of the target group (default 1)")
     ap.add_argument("--placement", default=None, help="'auto' or JSON placement of the draft and target groups")
+    ap.add_argument("--reference", choices=["decode", "prefill", "both"], default="decode",
+                    help="how the target-only reference is made: decode (target-only greedy decoding), prefill "
+                         "(confirm the first speculative output with one teacher-forced target pass; exact on "
+                         "batch-invariant backends, falls back to decoding where it disagrees), both (prefill "
+                         "and decode, and fail unless they agree)")
     args = ap.parse_args(argv)
+    if args.reference != "decode" and args.backend != "cpu":
+        ap.error("--reference prefill/both needs the batch-invariant CPU backend")
     modes = [m.strip() for m in args.mode.split(",") if m.strip()]
     if not modes or any(m not in ("serial", "async") for m in modes) or len(set(modes)) != len(modes):
         ap.error(f"--mode {args.mode!r}: give serial, async, or serial,async")
 
+    from swiftspec.bench.greedy_reference import teacher_forced_reference
     from swiftspec.fetch import ensure_checkpoint
     from swiftspec.swiftspec_core import Engine, ModelOptions, load_model
     from swiftspec.tokenizer import Tokenizer
@@ -181,15 +193,32 @@ def main(argv=None) -> int:
         if (dataset, index) in done:
             records.append(done[(dataset, index)])
             continue
-        ref = engine.generate(ids, max_new_tokens=args.max_new_tokens, mode="target")
-        rec = {"dataset": dataset, "index": index, "id": pid, "prompt_tokens": len(ids),
-               "reference_tokens": len(ref["tokens"]), "reference_finish": ref["stats"]["finish_reason"],
-               "target_only_decode_s": ref["stats"]["decode_time"], "configs": {}}
+        results = {}
         for mode, name, key in checks:
             budget, depth, branching = configs[name]
-            res = engine.generate(ids, max_new_tokens=args.max_new_tokens, mode=mode, tree_budget=budget,
-                                  max_depth=depth, branching=branching)
-            a, b = res["tokens"], ref["tokens"]
+            results[key] = engine.generate(ids, max_new_tokens=args.max_new_tokens, mode=mode, tree_budget=budget,
+                                           max_depth=depth, branching=branching)
+        ref_tokens, ref_finish, ref_how, decode_s = None, None, "decode", None
+        if args.reference in ("prefill", "both"):
+            first = next(iter(results.values()))
+            # No stop tokens in these requests: every output runs to --max-new-tokens.
+            ref_tokens = teacher_forced_reference(target_model, ids, first["tokens"], args.max_new_tokens)
+            if ref_tokens is not None:
+                ref_finish, ref_how = ("length" if len(ref_tokens) == args.max_new_tokens else "stop"), "prefill"
+        if ref_tokens is None or args.reference == "both":
+            ref = engine.generate(ids, max_new_tokens=args.max_new_tokens, mode="target")
+            decode_s = ref["stats"]["decode_time"]
+            if ref_tokens is not None and ref_tokens != ref["tokens"]:
+                raise SystemExit(f"{dataset}#{index}: the teacher-forced reference differs from target-only "
+                                 "decoding: the backend is not batch-invariant, use --reference decode")
+            ref_how = "prefill+decode (equal)" if ref_tokens is not None else "decode"
+            ref_tokens, ref_finish = ref["tokens"], ref["stats"]["finish_reason"]
+        rec = {"dataset": dataset, "index": index, "id": pid, "prompt_tokens": len(ids),
+               "reference_tokens": len(ref_tokens), "reference_finish": ref_finish, "reference_from": ref_how,
+               "target_only_decode_s": decode_s, "configs": {}}
+        for mode, name, key in checks:
+            res = results[key]
+            a, b = res["tokens"], ref_tokens
             diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
             if diff is None and len(a) != len(b):
                 diff = min(len(a), len(b))
@@ -225,7 +254,7 @@ def main(argv=None) -> int:
         }
     result = {
         "what": f"greedy {args.mode} speculative decoding vs target-only greedy decoding, token for token",
-        "mode": args.mode, "target_tp": args.target_tp, "placement": placement,
+        "mode": args.mode, "target_tp": args.target_tp, "reference": args.reference, "placement": placement,
         "target": TARGET, "draft": DRAFT, "dtype": args.dtype, "backend": args.backend,
         "max_new_tokens": args.max_new_tokens, "prompts": {"mtbench_first_turns": sum(r["dataset"] == "mtbench" for r in records),
                                                            "humaneval": sum(r["dataset"] == "humaneval" for r in records)},
@@ -240,7 +269,8 @@ def main(argv=None) -> int:
         "",
         f"Target {TARGET}, draft {DRAFT}, {args.dtype}, {args.backend.upper()} backend, {args.max_new_tokens} new tokens, "
         f"{result['prompts']['mtbench_first_turns']} MT-Bench first turns + {result['prompts']['humaneval']} HumanEval "
-        f"prompts (chat template). Commit {result['git_commit']}, {result['date']}. Produced by "
+        f"prompts (chat template). Target-only reference: {args.reference} (see the tool's help). "
+        f"Commit {result['git_commit']}, {result['date']}. Produced by "
         "`tools/check_lossless.py`.",
         "",
         "| config | tree_budget | max_depth | branching | identical to target-only | mean acceptance length |",

@@ -23,6 +23,11 @@
 #   lossless  tools/check_lossless.py --backend cuda: target-only vs serial vs async greedy on
 #             LOSSLESS_MTBENCH (80) MT-Bench first turns + LOSSLESS_HUMANEVAL (40) HumanEval
 #             prompts, LOSSLESS_TOKENS (128) new tokens, configs LOSSLESS_CONFIGS (tree16:16:8:2)
+#   cpu_lossless  the same check on the CPU backend of this machine's cores (issues 3 and 4): two
+#             jobs side by side, each on half the cores: serial,async with target TP 1, and async
+#             with target TP 2 (draft TP 1, a quarter of its half); reference CPU_LOSSLESS_REFERENCE
+#             (prefill: one teacher-forced target pass, exact on the batch-invariant CPU backend;
+#             both: prefill and decode, failing if they differ); LOSSLESS_LIMIT (0: all) prompts
 # Results under $OUT, bundled into $OUT/e2e-results.tgz (the device tool returns 8 files).
 #   env: OUT, COMMIT (sha recorded in the results), STAGES, NUM_PROMPTS (20), NEW_TOKENS (256),
 #        PEER_PROMPTS (4), CONFIGS, SKIP_PEERS=1
@@ -134,6 +139,33 @@ if has lossless; then
     2>&1 | tee "$OUT/lossless.log" | tail -25
   cp "$LDIR"/lossless_gpu.* "$OUT/" 2>/dev/null
   log "lossless done"
+fi
+
+if has cpu_lossless; then
+  # Resumable like the lossless stage; LOSSLESS_TIMEOUT_S cuts both jobs before the call's limit.
+  LDIR=${LOSSLESS_DIR:-/tmp/ss-lossless}
+  mkdir -p "$LDIR"
+  placement() {  # FIRST COUNT TP -> JSON over the allowed cores [FIRST, FIRST+COUNT): draft on a quarter, target TP ranks on the rest
+    python3 -c "import json,os,sys; f,n,tp=map(int,sys.argv[1:]); c=sorted(os.sched_getaffinity(0))[f:f+n]; d=max(1,n//4); \
+t=c[d:]; k=len(t)//tp; print(json.dumps({'draft':{'tp':1,'cores':c[:d]},'target':{'tp':tp,'cores':[t[i*k:(i+1)*k] for i in range(tp)]}}))" "$@"
+  }
+  cpu_lossless_job() {  # NAME MODE TP PLACEMENT
+    timeout "${LOSSLESS_TIMEOUT_S:-100000}" python3 tools/check_lossless.py --backend cpu --dtype bfloat16 \
+      --mode "$2" --target-tp "$3" --placement "$4" --reference "${CPU_LOSSLESS_REFERENCE:-prefill}" \
+      --configs "${LOSSLESS_CONFIGS:-tree16:16:8:2}" --max-new-tokens "${LOSSLESS_TOKENS:-128}" \
+      --mtbench "${LOSSLESS_MTBENCH:-80}" --humaneval "${LOSSLESS_HUMANEVAL:-40}" --limit "${LOSSLESS_LIMIT:-0}" \
+      --out "$LDIR/$1" --resume > "$OUT/$1.log" 2>&1
+    echo "exit $?" >> "$OUT/$1.log"
+    cp "$LDIR/$1".* "$OUT/" 2>/dev/null
+  }
+  HALF=$(( $(nproc) / 2 ))
+  P1=$(placement 0 "$HALF" 1); P2=$(placement "$HALF" "$HALF" 2)
+  echo "tp1: $P1"; echo "tp2: $P2"
+  cpu_lossless_job lossless_cpu_tp1 serial,async 1 "$P1" &
+  cpu_lossless_job lossless_cpu_tp2 async 2 "$P2" &
+  wait
+  tail -n 4 "$OUT"/lossless_cpu_tp*.log
+  log "cpu lossless done"
 fi
 
 # The device tool returns at most 8 files from $OUT: bundle everything.
