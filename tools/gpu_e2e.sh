@@ -31,7 +31,8 @@
 # Results under $OUT, bundled into $OUT/e2e-results.tgz (the device tool returns 8 files).
 #   env: OUT, COMMIT (sha recorded in the results), STAGES, NUM_PROMPTS (20), NEW_TOKENS (256),
 #        PEER_PROMPTS (4), CONFIGS, SKIP_PEERS=1
-#        (drops the peers stage), SKIP_BENCH=1 (drops bench and peers), BUILD_DIR (build/gpu-py)
+#        (drops the peers stage), SKIP_BENCH=1 (drops bench and peers), BUILD_DIR (build/gpu-py),
+#        BUILD_CUDA (ON; OFF builds the CPU backend only, enough for cpu_lossless)
 set -uo pipefail
 OUT=${OUT:-/tmp/swiftspec-e2e}
 mkdir -p "$OUT"
@@ -54,7 +55,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ss-sit
 export PYTHONPATH=/tmp/ss-site
 
 build_cmd() {
-  SWIFTSPEC_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip install --no-build-isolation --no-deps \
+  SWIFTSPEC_CUDA=${BUILD_CUDA:-ON} CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip install --no-build-isolation --no-deps \
     -Cbuild-dir="$BUILD_DIR" .
 }
 BG_LOG=/tmp/ss-build-bg.log BG_DONE=/tmp/ss-build-bg.done
