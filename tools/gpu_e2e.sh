@@ -146,6 +146,13 @@ if has cpu_lossless; then
   # Resumable like the lossless stage; LOSSLESS_TIMEOUT_S cuts both jobs before the call's limit.
   LDIR=${LOSSLESS_DIR:-/tmp/ss-lossless}
   mkdir -p "$LDIR"
+  # LOSSLESS_RESUME_FROM: a folder of the repo holding an earlier machine's lossless_cpu_tp*.jsonl
+  # (e.g. benchmarks/2026-11-29-lossless-cpu-x2host): its prompts are not checked again.
+  if [ -n "${LOSSLESS_RESUME_FROM:-}" ]; then
+    for f in "$LOSSLESS_RESUME_FROM"/lossless_cpu_tp*.jsonl; do
+      [ -f "$LDIR/$(basename "$f")" ] || cp "$f" "$LDIR/"
+    done
+  fi
   placement() {  # FIRST COUNT TP -> JSON over the allowed cores [FIRST, FIRST+COUNT): draft on a quarter, target TP ranks on the rest
     python3 -c "import json,os,sys; f,n,tp=map(int,sys.argv[1:]); c=sorted(os.sched_getaffinity(0))[f:f+n]; d=max(1,n//4); \
 t=c[d:]; k=len(t)//tp; print(json.dumps({'draft':{'tp':1,'cores':c[:d]},'target':{'tp':tp,'cores':[t[i*k:(i+1)*k] for i in range(tp)]}}))" "$@"
