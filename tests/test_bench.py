@@ -220,3 +220,29 @@ def test_cli_prints_schema(capsys):
 
     assert main(["bench", "--print-schema"]) == 0
     assert json.loads(capsys.readouterr().out)["title"] == "swiftspec bench result"
+
+
+def test_commit_info_of_a_checkout_and_from_the_environment(tmp_path, monkeypatch):
+    """The record's commit: the checkout's sha and dirty state; SWIFTSPEC_COMMIT (a copy on the
+    GPU machine has no .git) overrides; None outside a checkout."""
+    import subprocess
+
+    from swiftspec.bench.machine import commit_info
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    (repo / "a.txt").write_text("1")
+    subprocess.run(git + ["add", "a.txt"], check=True)
+    subprocess.run(git + ["commit", "-qm", "one"], check=True)
+    sha = subprocess.run(git[:3] + ["rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    monkeypatch.delenv("SWIFTSPEC_COMMIT", raising=False)
+    info = commit_info(repo)
+    assert info["sha"] == sha and info["short"] == sha[:10] and info["dirty"] is False
+    (repo / "a.txt").write_text("2")
+    info = commit_info(repo)
+    assert info["dirty"] is True and info["dirty_files"] == ["a.txt"]
+    assert commit_info(tmp_path)["sha"] is None and commit_info(tmp_path)["dirty"] is None  # no checkout
+    monkeypatch.setenv("SWIFTSPEC_COMMIT", "0123456789abcdef")
+    assert commit_info(repo)["short"] == "0123456789" and commit_info(repo)["dirty"] is None

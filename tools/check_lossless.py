@@ -43,9 +43,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -65,18 +62,6 @@ def parse_configs(text: str) -> dict[str, tuple[int, int, int]]:
             raise SystemExit(f"--configs item {item!r} must be name:tree_budget:max_depth:branching")
         out[parts[0]] = tuple(int(x) for x in parts[1:])
     return out
-
-
-def git_commit() -> str:
-    """$SWIFTSPEC_COMMIT if set (tools/gpu_e2e.sh sets it: a copy on the GPU machine may sit inside
-    another, older checkout), else the short sha of the checkout, else "unknown"."""
-    if os.environ.get("SWIFTSPEC_COMMIT"):
-        return os.environ["SWIFTSPEC_COMMIT"][:10]
-    try:
-        return subprocess.check_output(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], text=True,
-                                       stderr=subprocess.DEVNULL).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def load_prompts(tok, n_mtbench: int, n_humaneval: int):
@@ -146,6 +131,7 @@ def main(argv=None) -> int:
         ap.error(f"--mode {args.mode!r}: give serial, async, or serial,async")
 
     from swiftspec.bench.greedy_reference import teacher_forced_reference
+    from swiftspec.bench.machine import commit_info, machine_info
     from swiftspec.fetch import ensure_checkpoint
     from swiftspec.swiftspec_core import Engine, ModelOptions, load_model
     from swiftspec.tokenizer import Tokenizer
@@ -258,7 +244,7 @@ def main(argv=None) -> int:
         "target": TARGET, "draft": DRAFT, "dtype": args.dtype, "backend": args.backend,
         "max_new_tokens": args.max_new_tokens, "prompts": {"mtbench_first_turns": sum(r["dataset"] == "mtbench" for r in records),
                                                            "humaneval": sum(r["dataset"] == "humaneval" for r in records)},
-        "git_commit": git_commit(), "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "git_commit": commit_info(REPO)["short"] or "unknown", "machine": machine_info(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "wall_s": time.time() - t_start,
         "summary": summary, "records": records,
     }
