@@ -38,7 +38,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from check_lossless import DRAFT, REPO, TARGET, git_commit, load_prompts  # noqa: E402
+from check_lossless import DRAFT, REPO, TARGET, load_prompts  # noqa: E402
+from swiftspec.bench.machine import commit_label  # noqa: E402
 
 DEFAULT_CONFIGS = "chain8:8:8:1,tree8:8:8:2,tree16:16:8:2,tree32:32:8:4,tree64:64:8:4"
 
@@ -145,7 +146,7 @@ def main(argv=None) -> int:
         "max_new_tokens": args.max_new_tokens, "prompts_per_dataset": args.prompts,
         "configs": {name: {"tree_budget": b, "max_depth": d, "branching": k, "min_expand_prob": p}
                     for name, (b, d, k, p) in configs.items()},
-        "git_commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "git_commit": commit_label(REPO), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "loadavg_before": load_before, "loadavg_after": load_after},
         "wall_s": time.time() - t0, "results": results, "rows": rows,

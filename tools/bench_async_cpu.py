@@ -32,26 +32,17 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from swiftspec.bench.machine import commit_label
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = "qwen2.5-coder-1.5b-instruct"
 DRAFT = "qwen2.5-coder-0.5b-instruct"
 ALL_CONFIGS = ("target", "serial", "async", "async-eager", "serial-all", "target-all")
 DEFAULT_CONFIGS = ("target", "serial", "async", "serial-all")
-
-
-def git_commit() -> str:
-    try:
-        sha = subprocess.check_output(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], text=True).strip()
-        dirty = subprocess.check_output(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                                        text=True).strip()
-        return sha + (" (dirty)" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def cpu_model() -> str:
@@ -185,7 +176,7 @@ def main(argv=None) -> int:
         "tree": tree, "max_new_tokens": args.max_new_tokens, "async_options": async_options,
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
                     "loadavg_1min_start_end": [load_start[0], os.getloadavg()[0]]},
-        "git_commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv),
+        "git_commit": commit_label(REPO), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv),
         "wall_s": time.time() - t_start, "summary": summary, "records": records,
     }
     (out_dir / "async_cpu.json").write_text(json.dumps(result, indent=1))

@@ -131,7 +131,7 @@ def main(argv=None) -> int:
         ap.error(f"--mode {args.mode!r}: give serial, async, or serial,async")
 
     from swiftspec.bench.greedy_reference import teacher_forced_reference
-    from swiftspec.bench.machine import commit_info, machine_info
+    from swiftspec.bench.machine import commit_label, machine_info
     from swiftspec.fetch import ensure_checkpoint
     from swiftspec.swiftspec_core import Engine, ModelOptions, load_model
     from swiftspec.tokenizer import Tokenizer
@@ -244,7 +244,7 @@ def main(argv=None) -> int:
         "target": TARGET, "draft": DRAFT, "dtype": args.dtype, "backend": args.backend,
         "max_new_tokens": args.max_new_tokens, "prompts": {"mtbench_first_turns": sum(r["dataset"] == "mtbench" for r in records),
                                                            "humaneval": sum(r["dataset"] == "humaneval" for r in records)},
-        "git_commit": commit_info(REPO)["short"] or "unknown", "machine": machine_info(),
+        "git_commit": commit_label(REPO), "machine": machine_info(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "wall_s": time.time() - t_start,
         "summary": summary, "records": records,
     }

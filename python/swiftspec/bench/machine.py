@@ -129,6 +129,15 @@ def commit_info(root: Path | None = None) -> dict:
     }
 
 
+def commit_label(root: Path | None = None) -> str:
+    """One-line commit of a record: the short sha, " (dirty)" when tracked files are modified,
+    "unknown" outside a checkout without SWIFTSPEC_COMMIT (see :func:`commit_info`)."""
+    info = commit_info(root)
+    if not info["short"]:
+        return "unknown"
+    return info["short"] + (" (dirty)" if info["dirty"] else "")
+
+
 def software_versions() -> dict:
     """Versions of Python and the packages whose speed we measure (None if not installed)."""
     from importlib import metadata
