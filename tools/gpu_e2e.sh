@@ -27,7 +27,11 @@
 #             jobs side by side, each on half the cores: serial,async with target TP 1, and async
 #             with target TP 2 (draft TP 1, a quarter of its half); reference CPU_LOSSLESS_REFERENCE
 #             (prefill: one teacher-forced target pass, exact on the batch-invariant CPU backend;
-#             both: prefill and decode, failing if they differ); LOSSLESS_LIMIT (0: all) prompts
+#             both: prefill and decode, failing if they differ); LOSSLESS_LIMIT (0: all) prompts;
+#             LOSSLESS_RESUME_FROM: a repo folder of earlier records to continue from
+#   cpu_acceptance  tools/bench_acceptance.py on this machine's cores (issue 3): acceptance length
+#             and CPU tokens/s of the chain and tree budgets 8/16/32/64 vs target-only, ACC_PROMPTS
+#             (5) prompts per dataset, ACC_TOKENS (64) new tokens; run it alone (timings)
 # Results under $OUT, bundled into $OUT/e2e-results.tgz (the device tool returns 8 files).
 #   env: OUT, COMMIT (sha recorded in the results), STAGES, NUM_PROMPTS (20), NEW_TOKENS (256),
 #        PEER_PROMPTS (4), CONFIGS, SKIP_PEERS=1
@@ -174,6 +178,13 @@ t=c[d:]; k=len(t)//tp; print(json.dumps({'draft':{'tp':1,'cores':c[:d]},'target'
   wait
   tail -n 4 "$OUT"/lossless_cpu_tp*.log
   log "cpu lossless done"
+fi
+
+if has cpu_acceptance; then
+  python3 tools/bench_acceptance.py --dtype bfloat16 --prompts "${ACC_PROMPTS:-5}" --max-new-tokens "${ACC_TOKENS:-64}" \
+    --configs "${ACC_CONFIGS:-chain8:8:8:1:0,tree8:8:8:2:0,tree16:16:8:2:0,tree32:32:8:4:0,tree64:64:8:4:0,tree16-auto:16:8:2}" \
+    --out "$OUT/acceptance_cpu" 2>&1 | tee "$OUT/acceptance_cpu.log" | tail -25
+  log "cpu acceptance done"
 fi
 
 # The device tool returns at most 8 files from $OUT: bundle everything.
