@@ -77,7 +77,7 @@ struct SpeculativeOptions {
   /// 1.5B target), so a node whose path the target accepts with probability
   /// below ~0.3 is not worth a step. Measured against trees grown to their
   /// budget ("-auto" rows vs ":0" rows) in the benchmark record,
-  /// benchmarks/README.md, "acceptance length ... serial speculation".
+  /// benchmarks/README.md, "acceptance length of the chain and tree budgets".
   static constexpr double kSerialMinExpandProb = 0.3;
   /// Test-only negative controls of the losslessness tests (verification.h).
   VerifierBias verifier_bias = VerifierBias::None;
