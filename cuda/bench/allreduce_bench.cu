@@ -1,0 +1,403 @@
+// swiftspec-cuda-allreduce-bench: latency of the tensor-parallel all-reduce
+// on the GPUs of one node (issue 7), for every TP degree 1, 2, 4, 8 up to the
+// GPU count (and the count itself).
+//
+//  * all-reduce of 8 KB, 16 KB, ..., 1 MB of bf16, in place:
+//    (a) ncclAllReduce (NVLink multicast off: NCCL_NVLS_ENABLE=0),
+//    (b) the peer all-reduce (one-shot over NVLink peer access, rank-order
+//        sums: cuda/src/multigpu/peer_channel.h);
+//  * the row-parallel GEMM of the Llama-3-8B O projection (N 4096, K 4096/tp)
+//    and down projection (N 4096, K 14336/tp) at M = 1, 16, 64 token rows:
+//    GEMM alone (bf16 out), GEMM + ncclAllReduce, GEMM + peer all-reduce, and
+//    the GEMM with the all-reduce fused into its epilogue.
+// Timing: every rank captures a CUDA graph of R back-to-back operations
+// (GEMMs rotate over weight copies of >= 400 MB per rank, so L2 does not
+// serve the weights), every rank's thread replays it `iters` times with CUDA
+// events around each replay; time per operation = replay / R; the number
+// reported is the median over replays of the slowest rank's time. Also the
+// device-to-device copy bandwidth of GPU 0 (bytes read + written), for the
+// physical limit of a GEMM (weight bytes / bandwidth).
+// With one GPU everything runs at TP 1 (NCCL and the peer all-reduce then
+// reduce over one rank): a smoke test of the code path.
+// Usage: swiftspec-cuda-allreduce-bench [--gpus N] [--json PATH] [--iters N] [--quick]
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "device_memory.h"
+#include "kernels/gemm_skinny.h"
+#include "kernels/kernels.h"
+#include "multigpu/epi_allreduce.h"
+#include "multigpu/peer_allreduce.h"
+#include "multigpu/rank_threads.h"
+#include "step_desc.h"
+#include "tma_map.h"
+
+#if defined(SWIFTSPEC_HAVE_NCCL)
+#include <nccl.h>
+
+#include "swiftspec_cuda/nccl_group.h"
+#endif
+
+using namespace swiftspec;
+using namespace swiftspec::cuda;
+
+namespace {
+
+std::string num(double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.6g", v);
+  return b;
+}
+
+template <class F>
+cudaGraphExec_t capture(cudaStream_t st, F&& record) {
+  SS_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+  record();
+  cudaGraph_t g = nullptr;
+  SS_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+  cudaGraphExec_t ex = nullptr;
+  SS_CUDA_CHECK(cudaGraphInstantiateWithFlags(&ex, g, 0));
+  cudaGraphDestroy(g);
+  return ex;
+}
+
+/// Every rank replays its graph `iters` times (after 3 warm-up replays);
+/// returns the median over replays of max over ranks of the replay time
+/// divided by `ops` (microseconds per operation).
+double time_graphs(const std::vector<int>& devs, const std::vector<cudaStream_t>& st,
+                   const std::vector<cudaGraphExec_t>& g, int ops, int iters) {
+  const int n = static_cast<int>(devs.size());
+  std::vector<std::vector<float>> ms(n, std::vector<float>(iters));
+  run_ranks(devs, [&](int r) {
+    for (int i = 0; i < 3; ++i) SS_CUDA_CHECK(cudaGraphLaunch(g[r], st[r]));
+    std::vector<cudaEvent_t> ev(2 * iters);
+    for (auto& e : ev) SS_CUDA_CHECK(cudaEventCreate(&e));
+    for (int i = 0; i < iters; ++i) {
+      SS_CUDA_CHECK(cudaEventRecord(ev[2 * i], st[r]));
+      SS_CUDA_CHECK(cudaGraphLaunch(g[r], st[r]));
+      SS_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], st[r]));
+    }
+    SS_CUDA_CHECK(cudaStreamSynchronize(st[r]));
+    for (int i = 0; i < iters; ++i) SS_CUDA_CHECK(cudaEventElapsedTime(&ms[r][i], ev[2 * i], ev[2 * i + 1]));
+    for (auto& e : ev) cudaEventDestroy(e);
+  });
+  std::vector<float> worst(iters, 0.f);
+  for (int i = 0; i < iters; ++i)
+    for (int r = 0; r < n; ++r) worst[i] = std::max(worst[i], ms[r][i]);
+  std::sort(worst.begin(), worst.end());
+  return 1e3 * worst[iters / 2] / ops;
+}
+
+void destroy_graphs(const std::vector<int>& devs, std::vector<cudaGraphExec_t>& g) {
+  for (size_t r = 0; r < g.size(); ++r)
+    if (g[r]) {
+      SS_CUDA_CHECK(cudaSetDevice(devs[r]));
+      cudaGraphExecDestroy(g[r]);
+      g[r] = nullptr;
+    }
+}
+
+double copy_bandwidth_tbs(int dev) {
+  SS_CUDA_CHECK(cudaSetDevice(dev));
+  cudaStream_t st;
+  SS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const size_t bytes = size_t(2) << 30;
+  double best = 0;
+  {
+    DeviceBuffer a(bytes), b(bytes);
+    SS_CUDA_CHECK(cudaMemsetAsync(a.get(), 1, bytes, st));
+    cudaEvent_t e0, e1;
+    SS_CUDA_CHECK(cudaEventCreate(&e0));
+    SS_CUDA_CHECK(cudaEventCreate(&e1));
+    std::vector<float> ms;
+    for (int i = 0; i < 13; ++i) {
+      SS_CUDA_CHECK(cudaEventRecord(e0, st));
+      SS_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, st));
+      SS_CUDA_CHECK(cudaEventRecord(e1, st));
+      SS_CUDA_CHECK(cudaEventSynchronize(e1));
+      float t = 0;
+      SS_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+      if (i >= 3) ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    best = 2.0 * bytes / (ms[ms.size() / 2] * 1e-3) / 1e12;
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+  }
+  cudaStreamDestroy(st);
+  return best;
+}
+
+struct ArRow {
+  int tp;
+  size_t bytes;
+  double nccl_us, peer_us;
+};
+struct GemmRow {
+  int tp;
+  std::string shape;
+  int N, K, M;
+  double gemm_us, gemm_nccl_us, gemm_peer_us, fused_us, limit_us;
+  std::string plan;
+};
+
+int bucket_nt(int m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  int want = 0, iters = 200;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    else if (a == "--gpus" && i + 1 < argc) want = std::atoi(argv[++i]);
+    else if (a == "--iters" && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else if (a == "--quick") quick = true;
+    else {
+      std::fprintf(stderr,
+                   "usage: swiftspec-cuda-allreduce-bench [--gpus N] [--json PATH] [--iters N] [--quick] "
+                   "(unknown argument '%s')\n",
+                   a.c_str());
+      return 2;
+    }
+  }
+  if (quick) iters = std::min(iters, 30);
+  if (iters < 1) {
+    std::fprintf(stderr, "--iters must be >= 1\n");
+    return 2;
+  }
+  std::vector<ArRow> ar_rows;
+  std::vector<GemmRow> gemm_rows;
+  int gpus = 0;
+  double bw = 0;
+  std::string device_name, error;
+  int nccl_version = 0;
+  try {
+#if defined(SWIFTSPEC_HAVE_NCCL)
+    disable_nvlink_multicast();
+    ncclGetVersion(&nccl_version);
+#endif
+    SS_CUDA_CHECK(cudaGetDeviceCount(&gpus));
+    if (want > 0) {
+      if (want > gpus) throw InvalidArgument("--gpus " + std::to_string(want) + ": only " + std::to_string(gpus) + " GPUs");
+      gpus = want;
+    }
+    cudaDeviceProp prop;
+    SS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    device_name = prop.name;
+    std::printf("devices: %d x %s, %d SMs; NCCL %d; iters %d\n", gpus, prop.name, prop.multiProcessorCount,
+                nccl_version, iters);
+    bw = copy_bandwidth_tbs(0);
+    std::printf("copy bandwidth GPU 0: %.3f TB/s\n", bw);
+    const int num_sms = prop.multiProcessorCount;
+
+    std::vector<int> tps;
+    for (int t : {1, 2, 4, 8})
+      if (t <= gpus) tps.push_back(t);
+    if (std::find(tps.begin(), tps.end(), gpus) == tps.end()) tps.push_back(gpus);
+    for (int tp : tps) {
+      std::vector<int> devs(tp);
+      for (int r = 0; r < tp; ++r) devs[r] = r;
+      std::vector<cudaStream_t> st(tp);
+      for (int r = 0; r < tp; ++r) {
+        SS_CUDA_CHECK(cudaSetDevice(r));
+        SS_CUDA_CHECK(cudaStreamCreateWithFlags(&st[r], cudaStreamNonBlocking));
+      }
+      const size_t cap = size_t(1) << 19;  // 1 MB of bf16; >= 64 x 4096 outputs
+      PeerGroup peers(devs, cap, 2);
+#if defined(SWIFTSPEC_HAVE_NCCL)
+      auto comms = make_nccl_group(devs);
+      for (int r = 0; r < tp; ++r) comms[r]->set_stream(st[r]);
+#endif
+      // ---- all-reduce latency ------------------------------------------------
+      {
+        constexpr int kOps = 20;
+        std::vector<DeviceBuffer> buf(tp);
+        for (int r = 0; r < tp; ++r) {
+          SS_CUDA_CHECK(cudaSetDevice(r));
+          buf[r].allocate(2 * cap);
+          launch_fill_random_bf16(buf[r].as<__nv_bfloat16>(), cap, 1e-3f, 100 + r, st[r]);
+          SS_CUDA_CHECK(cudaStreamSynchronize(st[r]));
+        }
+        for (size_t bytes = 8192; bytes <= (size_t(1) << 20); bytes *= 2) {
+          const size_t cnt = bytes / 2;
+          ArRow row{tp, bytes, -1, -1};
+          std::vector<cudaGraphExec_t> g(tp, nullptr);
+#if defined(SWIFTSPEC_HAVE_NCCL)
+          run_ranks(devs, [&](int r) {
+            g[r] = capture(st[r], [&] {
+              for (int i = 0; i < kOps; ++i) comms[r]->all_reduce_sum_bf16(buf[r].get(), cnt);
+            });
+          });
+          row.nccl_us = time_graphs(devs, st, g, kOps, iters);
+          destroy_graphs(devs, g);
+#endif
+          run_ranks(devs, [&](int r) {
+            g[r] = capture(st[r], [&] {
+              for (int i = 0; i < kOps; ++i)
+                peers.all_reduce_bf16(r, buf[r].as<__nv_bfloat16>(), buf[r].as<__nv_bfloat16>(), cnt, st[r], 0);
+            });
+          });
+          row.peer_us = time_graphs(devs, st, g, kOps, iters);
+          destroy_graphs(devs, g);
+          std::printf("  tp%d all-reduce %7zu B: nccl %8.2f us  peer %8.2f us\n", tp, bytes, row.nccl_us, row.peer_us);
+          std::fflush(stdout);
+          ar_rows.push_back(row);
+        }
+      }
+      // ---- row-parallel GEMM + all-reduce -----------------------------------------
+      struct Shape {
+        const char* name;
+        int N, Ktot;
+      };
+      for (const Shape& s : {Shape{"8B o_proj", 4096, 4096}, Shape{"8B down_proj", 4096, 14336}}) {
+        if (s.Ktot % (16 * tp) != 0) continue;
+        const int N = s.N, K = s.Ktot / tp;
+        const size_t wbytes = size_t(N) * K * 2;
+        const int copies = static_cast<int>(std::clamp<size_t>((size_t(400) << 20) / wbytes + 1, 2, 64));
+        std::vector<DeviceBuffer> w(tp), x(tp), y(tp), out32(tp);
+        for (int r = 0; r < tp; ++r) {
+          SS_CUDA_CHECK(cudaSetDevice(r));
+          w[r].allocate(wbytes * copies);
+          x[r].allocate(size_t(kMaxStepTokens) * K * 2);
+          y[r].allocate(size_t(kMaxStepTokens) * N * 2);
+          launch_fill_random_bf16(w[r].as<__nv_bfloat16>(), wbytes / 2 * copies, 1.0f / std::sqrt(float(s.Ktot)),
+                                  7 + r, st[r]);
+          launch_fill_random_bf16(x[r].as<__nv_bfloat16>(), size_t(kMaxStepTokens) * K, 1.0f, 8 + r, st[r]);
+          SS_CUDA_CHECK(cudaStreamSynchronize(st[r]));
+        }
+        for (int M : {1, 16, 64}) {
+          const int nt = bucket_nt(M);
+          GemmRow row{tp, s.name, N, s.Ktot, M, -1, -1, -1, -1, 0, ""};
+          row.limit_us = wbytes / (bw * 1e12) * 1e6;
+          std::vector<GemmConfig> pf(tp), pb(tp);
+          run_ranks(devs, [&](int r) {
+            pf[r] = plan_gemm<EpiAllReduce>(N, K, nt, num_sms);
+            pb[r] = plan_gemm<EpiStoreBf16>(N, K, nt, num_sms);
+          });
+          for (int r = 1; r < tp; ++r)
+            if (pf[r].grid_x != pf[0].grid_x || pf[r].S != pf[0].S || pf[r].BR != pf[0].BR)
+              throw CudaError("GEMM plans differ across ranks (unlike GPUs?)");
+          {
+            char b[128];
+            std::snprintf(b, sizeof b, "%s S=%d BR=%d grid=%dx%d", pf[0].engine == GemmEngine::Wgmma ? "wgmma" : "mma",
+                          pf[0].S, pf[0].BR, pf[0].grid_x, pf[0].S);
+            row.plan = b;
+          }
+          GemmArgs a;
+          a.N = N;
+          a.K = K;
+          a.m_active_max = M;
+          const size_t cnt = size_t(M) * N;
+          // variant: 0 gemm, 1 gemm + nccl, 2 gemm + peer, 3 fused
+          for (int variant = 0; variant < 4; ++variant) {
+#if !defined(SWIFTSPEC_HAVE_NCCL)
+            if (variant == 1) continue;
+#endif
+            std::vector<cudaGraphExec_t> g(tp, nullptr);
+            run_ranks(devs, [&](int r) {
+              const GemmConfig& c = variant == 3 ? pf[r] : pb[r];
+              std::vector<CUtensorMap> wm;
+              for (int i = 0; i < copies; ++i)
+                wm.push_back(make_tma_map_bf16(w[r].as<unsigned char>() + wbytes * i, N, K, K, c.BR));
+              const CUtensorMap xm = make_tma_map_bf16(x[r].get(), kMaxStepTokens, K, K, 8 * nt);
+              EpiStoreBf16::Params eb;
+              eb.out = y[r].as<__nv_bfloat16>();
+              eb.ldo = N;
+              EpiAllReduce::Params ef;
+              ef.ch = peers.channel(r, 1);
+              ef.N = N;
+              ef.out = AllReduceOut::Bf16;
+              ef.out16 = y[r].as<__nv_bfloat16>();
+              ef.ldo = N;
+              g[r] = capture(st[r], [&] {
+                for (int i = 0; i < copies; ++i) {
+                  if (variant == 3) {
+                    launch_gemm_allreduce(c, wm[i], xm, a, ef, false, st[r]);
+                    continue;
+                  }
+                  launch_gemm<EpiStoreBf16>(c, wm[i], xm, a, eb, false, st[r]);
+#if defined(SWIFTSPEC_HAVE_NCCL)
+                  if (variant == 1) comms[r]->all_reduce_sum_bf16(y[r].get(), cnt);
+#endif
+                  if (variant == 2)
+                    peers.all_reduce_bf16(r, y[r].as<__nv_bfloat16>(), y[r].as<__nv_bfloat16>(), cnt, st[r], 0);
+                }
+              });
+            });
+            const double us = time_graphs(devs, st, g, copies, std::max(5, iters / 4));
+            destroy_graphs(devs, g);
+            (variant == 0 ? row.gemm_us : variant == 1 ? row.gemm_nccl_us : variant == 2 ? row.gemm_peer_us
+                                                                                          : row.fused_us) = us;
+          }
+          std::printf("  tp%d %-13s M=%2d: gemm %7.2f  +nccl %7.2f  +peer %7.2f  fused %7.2f us  (limit %6.2f; %s)\n",
+                      tp, s.name, M, row.gemm_us, row.gemm_nccl_us, row.gemm_peer_us, row.fused_us, row.limit_us,
+                      row.plan.c_str());
+          std::fflush(stdout);
+          gemm_rows.push_back(row);
+        }
+      }
+      for (int r = 0; r < tp; ++r) {
+        SS_CUDA_CHECK(cudaSetDevice(r));
+        SS_CUDA_CHECK(cudaStreamSynchronize(st[r]));
+      }
+#if defined(SWIFTSPEC_HAVE_NCCL)
+      comms.clear();
+#endif
+      for (int r = 0; r < tp; ++r) {
+        SS_CUDA_CHECK(cudaSetDevice(r));
+        cudaStreamDestroy(st[r]);
+      }
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+    std::replace(error.begin(), error.end(), '"', '\'');
+    std::printf("ERROR: %s\n", e.what());
+  }
+
+  // ---- summary table + JSON ------------------------------------------------------
+  std::printf("\n%-4s %-9s %10s %10s %8s\n", "tp", "bytes", "nccl_us", "peer_us", "speedup");
+  for (const ArRow& r : ar_rows)
+    std::printf("%-4d %-9zu %10.2f %10.2f %8.2f\n", r.tp, r.bytes, r.nccl_us, r.peer_us,
+                r.peer_us > 0 && r.nccl_us > 0 ? r.nccl_us / r.peer_us : 0.0);
+  std::printf("\n%-4s %-13s %3s %9s %9s %9s %9s %9s\n", "tp", "shape", "M", "gemm", "+nccl", "+peer", "fused", "limit");
+  for (const GemmRow& r : gemm_rows)
+    std::printf("%-4d %-13s %3d %9.2f %9.2f %9.2f %9.2f %9.2f\n", r.tp, r.shape.c_str(), r.M, r.gemm_us,
+                r.gemm_nccl_us, r.gemm_peer_us, r.fused_us, r.limit_us);
+  if (!json_path.empty()) {
+    std::string j = "{\n  \"device\": \"" + device_name + "\",\n  \"gpus\": " + std::to_string(gpus) +
+                    ",\n  \"nccl_version\": " + std::to_string(nccl_version) + ",\n  \"nvls_enable\": \"" +
+                    (std::getenv("NCCL_NVLS_ENABLE") ? std::getenv("NCCL_NVLS_ENABLE") : "") +
+                    "\",\n  \"iters\": " + std::to_string(iters) + ",\n  \"copy_bandwidth_tbs\": " + num(bw) +
+                    ",\n  \"units\": \"microseconds per operation (median over graph replays of the slowest rank)\"" +
+                    ",\n  \"allreduce\": [";
+    for (size_t i = 0; i < ar_rows.size(); ++i) {
+      const ArRow& r = ar_rows[i];
+      j += std::string(i ? "," : "") + "\n    {\"tp\": " + std::to_string(r.tp) + ", \"bytes\": " +
+           std::to_string(r.bytes) + ", \"nccl_us\": " + num(r.nccl_us) + ", \"peer_us\": " + num(r.peer_us) + "}";
+    }
+    j += "\n  ],\n  \"row_parallel_gemm\": [";
+    for (size_t i = 0; i < gemm_rows.size(); ++i) {
+      const GemmRow& r = gemm_rows[i];
+      j += std::string(i ? "," : "") + "\n    {\"tp\": " + std::to_string(r.tp) + ", \"shape\": \"" + r.shape +
+           "\", \"N\": " + std::to_string(r.N) + ", \"K_total\": " + std::to_string(r.K) + ", \"M\": " +
+           std::to_string(r.M) + ", \"gemm_us\": " + num(r.gemm_us) + ", \"gemm_nccl_us\": " + num(r.gemm_nccl_us) +
+           ", \"gemm_peer_us\": " + num(r.gemm_peer_us) + ", \"fused_us\": " + num(r.fused_us) +
+           ", \"weight_limit_us\": " + num(r.limit_us) + ", \"plan\": \"" + r.plan + "\"}";
+    }
+    j += "\n  ],\n  \"error\": \"" + error + "\"\n}\n";
+    FILE* f = std::fopen(json_path.c_str(), "w");
+    if (f) {
+      std::fputs(j.c_str(), f);
+      std::fclose(f);
+    }
+  }
+  return error.empty() ? 0 : 1;
+}
