@@ -268,7 +268,7 @@ void check_nccl(const std::vector<int>& devs, Rng& rng) {
   run_ranks(devs, [&](int r) {
     DeviceBuffer s(sizeof(float) * cg), d(sizeof(float) * cg * n);
     cudaStream_t st = static_cast<cudaStream_t>(comms[r]->stream());
-    upload(s.get(), in[r], st);  // first cg values of in[r]
+    upload(s.get(), std::vector<float>(in[r].begin(), in[r].begin() + cg), st);
     comms[r]->gather(s.as<float>(), d.as<float>(), cg, root);
     if (r == root) gathered = download<float>(d.get(), cg * n, st);
     else SS_CUDA_CHECK(cudaStreamSynchronize(st));
