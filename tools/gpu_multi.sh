@@ -20,7 +20,9 @@
 # Usage (repo root): tools/gpu_multi.sh   env: OUT (default /tmp/swiftspec-multi),
 #   BUILD_DIR (default build/multigpu), JOBS (default nproc), GPUS (default all),
 #   BENCH_ARGS / TP_BENCH_ARGS (extra flags), BUDGET_S (default 540: seconds the
-#   whole script may take; each stage's timeout is cut to fit), SKIP_TP_BENCH=1.
+#   whole script may take; each stage's timeout is cut to fit), SKIP_TP_BENCH=1,
+#   PREBUILT (a folder with the three binaries built elsewhere: used when they
+#   start on this machine, else the script builds).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/swiftspec-multi}
@@ -50,12 +52,19 @@ NCCL_ROOT_DIR=${NCCL_ROOT:-$(python3 -c "import importlib.util as u; s = u.find_
   echo "--- nvidia-smi nvlink -s (first GPU)"; nvidia-smi nvlink -s -i 0 2>&1 | head -20
   nvcc --version | tail -2; cmake --version | head -1
   echo "nccl wheel: $NCCL_ROOT_DIR"; ls "$NCCL_ROOT_DIR/lib" 2>&1
-  python3 -c 'import torch; print("torch", torch.__version__, "nccl", torch.cuda.nccl.version())' 2>&1
   env | grep -E '^(NCCL|NVSHMEM|TORCH_SYMM)' | sort
 } > "$LOGS/machine.log" 2>&1
 log "$(grep -c H200 "$LOGS/machine.log") H200 lines; NCCL from '$NCCL_ROOT_DIR'"
 
-# ---- 2. build -------------------------------------------------------------------------
+# ---- 2. build (or use PREBUILT binaries, if they start here) ---------------------------------
+BIN=$BUILD_DIR/cuda
+export LD_LIBRARY_PATH="$NCCL_ROOT_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [ -n "${PREBUILT:-}" ] && [ -x "$PREBUILT/swiftspec-cuda-allreduce-bench" ]; then
+  # A binary that loads answers an unknown flag with its usage and status 2.
+  "$PREBUILT/swiftspec-cuda-allreduce-bench" --probe-loads > "$LOGS/prebuilt.log" 2>&1
+  if [ $? = 2 ]; then BIN=$PREBUILT; SKIP_BUILD=1; log "using prebuilt binaries in $PREBUILT"
+  else log "prebuilt binaries do not start here (see prebuilt.log): building"; fi
+fi
 JSON_INC=${SWIFTSPEC_JSON_INCLUDE_DIR:-}
 if [ -z "$JSON_INC" ] && ls .whl/nlohmann_json-*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/ss-site .whl/nlohmann_json-*.whl >> "$LOGS/build.log" 2>&1
@@ -66,16 +75,16 @@ fi
 # a placeholder keeps the top-level configure going without them.
 [ -z "$JSON_INC" ] && JSON_INC=/nonexistent-json-include
 TARGETS="swiftspec-cuda-multigpu-check swiftspec-cuda-allreduce-bench"
-log "configure + build ($BUILD_DIR, $JOBS jobs)"
-cmake -S . -B "$BUILD_DIR" -G Ninja -DSWIFTSPEC_CUDA=ON -DSWIFTSPEC_PYTHON=OFF -DSWIFTSPEC_NCCL=ON \
-  -DNCCL_ROOT="$NCCL_ROOT_DIR" -DSWIFTSPEC_JSON_INCLUDE_DIR="$JSON_INC" >> "$LOGS/build.log" 2>&1 || log "CONFIGURE FAILED"
-grep -q "swiftspec-cuda-tp-bench" "$BUILD_DIR/build.ninja" 2>/dev/null && [ "${SKIP_TP_BENCH:-0}" != "1" ] &&
-  TARGETS="$TARGETS swiftspec-cuda-tp-bench"
-timeout "$(cap 300 200)" cmake --build "$BUILD_DIR" --target $TARGETS -j "$JOBS" >> "$LOGS/build.log" 2>&1 ||
-  { log "BUILD FAILED (see build.log)"; grep -B2 -A8 -m3 'error' "$LOGS/build.log" | tee -a "$LOGS/summary.txt"; }
-log "build done"
-BIN=$BUILD_DIR/cuda
-export LD_LIBRARY_PATH="$NCCL_ROOT_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [ "${SKIP_BUILD:-0}" != "1" ]; then
+  log "configure + build ($BUILD_DIR, $JOBS jobs)"
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DSWIFTSPEC_CUDA=ON -DSWIFTSPEC_PYTHON=OFF -DSWIFTSPEC_NCCL=ON \
+    -DNCCL_ROOT="$NCCL_ROOT_DIR" -DSWIFTSPEC_JSON_INCLUDE_DIR="$JSON_INC" >> "$LOGS/build.log" 2>&1 || log "CONFIGURE FAILED"
+  grep -q "swiftspec-cuda-tp-bench" "$BUILD_DIR/build.ninja" 2>/dev/null && [ "${SKIP_TP_BENCH:-0}" != "1" ] &&
+    TARGETS="$TARGETS swiftspec-cuda-tp-bench"
+  timeout "$(cap 300 200)" cmake --build "$BUILD_DIR" --target $TARGETS -j "$JOBS" >> "$LOGS/build.log" 2>&1 ||
+    { log "BUILD FAILED (see build.log)"; grep -B2 -A8 -m3 'error' "$LOGS/build.log" | tee -a "$LOGS/summary.txt"; }
+  log "build done"
+fi
 
 # ---- 3. checks --------------------------------------------------------------------------
 if [ -x "$BIN/swiftspec-cuda-multigpu-check" ]; then

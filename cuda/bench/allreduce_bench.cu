@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -178,6 +179,7 @@ int main(int argc, char** argv) {
   int gpus = 0;
   double bw = 0;
   std::string device_name, error;
+  std::vector<std::string> notes;
   int nccl_version = 0;
   try {
 #if defined(SWIFTSPEC_HAVE_NCCL)
@@ -211,10 +213,27 @@ int main(int argc, char** argv) {
         SS_CUDA_CHECK(cudaStreamCreateWithFlags(&st[r], cudaStreamNonBlocking));
       }
       const size_t cap = size_t(1) << 19;  // 1 MB of bf16; >= 64 x 4096 outputs
-      PeerGroup peers(devs, cap, 2);
+      // Either side may be unavailable (no peer access between the GPUs, an
+      // NCCL failure): the other still runs, the missing columns stay -1.
+      std::unique_ptr<PeerGroup> peers;
+      try {
+        peers = std::make_unique<PeerGroup>(devs, cap, 2);
+      } catch (const std::exception& e) {
+        std::printf("  tp%d: peer group unavailable: %s\n", tp, e.what());
+        notes.push_back("tp" + std::to_string(tp) + " peer: " + e.what());
+      }
 #if defined(SWIFTSPEC_HAVE_NCCL)
-      auto comms = make_nccl_group(devs);
-      for (int r = 0; r < tp; ++r) comms[r]->set_stream(st[r]);
+      std::vector<std::unique_ptr<CudaCommunicator>> comms;
+      try {
+        comms = make_nccl_group(devs);
+        for (int r = 0; r < tp; ++r) comms[r]->set_stream(st[r]);
+      } catch (const std::exception& e) {
+        std::printf("  tp%d: NCCL group unavailable: %s\n", tp, e.what());
+        notes.push_back("tp" + std::to_string(tp) + " nccl: " + e.what());
+      }
+      const bool have_nccl = !comms.empty();
+#else
+      const bool have_nccl = false;
 #endif
       // ---- all-reduce latency ------------------------------------------------
       {
@@ -231,22 +250,26 @@ int main(int argc, char** argv) {
           ArRow row{tp, bytes, -1, -1};
           std::vector<cudaGraphExec_t> g(tp, nullptr);
 #if defined(SWIFTSPEC_HAVE_NCCL)
-          run_ranks(devs, [&](int r) {
-            g[r] = capture(st[r], [&] {
-              for (int i = 0; i < kOps; ++i) comms[r]->all_reduce_sum_bf16(buf[r].get(), cnt);
+          if (have_nccl) {
+            run_ranks(devs, [&](int r) {
+              g[r] = capture(st[r], [&] {
+                for (int i = 0; i < kOps; ++i) comms[r]->all_reduce_sum_bf16(buf[r].get(), cnt);
+              });
             });
-          });
-          row.nccl_us = time_graphs(devs, st, g, kOps, iters);
-          destroy_graphs(devs, g);
+            row.nccl_us = time_graphs(devs, st, g, kOps, iters);
+            destroy_graphs(devs, g);
+          }
 #endif
-          run_ranks(devs, [&](int r) {
-            g[r] = capture(st[r], [&] {
-              for (int i = 0; i < kOps; ++i)
-                peers.all_reduce_bf16(r, buf[r].as<__nv_bfloat16>(), buf[r].as<__nv_bfloat16>(), cnt, st[r], 0);
+          if (peers) {
+            run_ranks(devs, [&](int r) {
+              g[r] = capture(st[r], [&] {
+                for (int i = 0; i < kOps; ++i)
+                  peers->all_reduce_bf16(r, buf[r].as<__nv_bfloat16>(), buf[r].as<__nv_bfloat16>(), cnt, st[r], 0);
+              });
             });
-          });
-          row.peer_us = time_graphs(devs, st, g, kOps, iters);
-          destroy_graphs(devs, g);
+            row.peer_us = time_graphs(devs, st, g, kOps, iters);
+            destroy_graphs(devs, g);
+          }
           std::printf("  tp%d all-reduce %7zu B: nccl %8.2f us  peer %8.2f us\n", tp, bytes, row.nccl_us, row.peer_us);
           std::fflush(stdout);
           ar_rows.push_back(row);
@@ -298,9 +321,7 @@ int main(int argc, char** argv) {
           const size_t cnt = size_t(M) * N;
           // variant: 0 gemm, 1 gemm + nccl, 2 gemm + peer, 3 fused
           for (int variant = 0; variant < 4; ++variant) {
-#if !defined(SWIFTSPEC_HAVE_NCCL)
-            if (variant == 1) continue;
-#endif
+            if ((variant == 1 && !have_nccl) || (variant >= 2 && !peers)) continue;
             std::vector<cudaGraphExec_t> g(tp, nullptr);
             run_ranks(devs, [&](int r) {
               const GemmConfig& c = variant == 3 ? pf[r] : pb[r];
@@ -312,7 +333,7 @@ int main(int argc, char** argv) {
               eb.out = y[r].as<__nv_bfloat16>();
               eb.ldo = N;
               EpiAllReduce::Params ef;
-              ef.ch = peers.channel(r, 1);
+              if (variant == 3) ef.ch = peers->channel(r, 1);
               ef.N = N;
               ef.out = AllReduceOut::Bf16;
               ef.out16 = y[r].as<__nv_bfloat16>();
@@ -328,7 +349,7 @@ int main(int argc, char** argv) {
                   if (variant == 1) comms[r]->all_reduce_sum_bf16(y[r].get(), cnt);
 #endif
                   if (variant == 2)
-                    peers.all_reduce_bf16(r, y[r].as<__nv_bfloat16>(), y[r].as<__nv_bfloat16>(), cnt, st[r], 0);
+                    peers->all_reduce_bf16(r, y[r].as<__nv_bfloat16>(), y[r].as<__nv_bfloat16>(), cnt, st[r], 0);
                 }
               });
             });
@@ -392,7 +413,13 @@ int main(int argc, char** argv) {
            ", \"gemm_peer_us\": " + num(r.gemm_peer_us) + ", \"fused_us\": " + num(r.fused_us) +
            ", \"weight_limit_us\": " + num(r.limit_us) + ", \"plan\": \"" + r.plan + "\"}";
     }
-    j += "\n  ],\n  \"error\": \"" + error + "\"\n}\n";
+    j += "\n  ],\n  \"notes\": [";
+    for (size_t i = 0; i < notes.size(); ++i) {
+      std::string n = notes[i];
+      std::replace(n.begin(), n.end(), '"', '\'');
+      j += std::string(i ? ", " : "") + "\"" + n + "\"";
+    }
+    j += "],\n  \"error\": \"" + error + "\"\n}\n";
     FILE* f = std::fopen(json_path.c_str(), "w");
     if (f) {
       std::fputs(j.c_str(), f);

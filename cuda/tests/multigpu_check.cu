@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -384,10 +385,12 @@ struct RankGemm {
   DeviceBuffer w, x, out32, out16, h32, h16, ssq;
 };
 
+/// `peers` null: the fused and peer variants are skipped (no peer access);
+/// `comms` null or empty: the NCCL variant is skipped.
 void check_row_parallel(const std::vector<int>& devs, const char* name, int N, int Ktot,
-                        const std::vector<int>& Ms, Rng& rng, PeerGroup& peers
+                        const std::vector<int>& Ms, Rng& rng, PeerGroup* peers
 #if defined(SWIFTSPEC_HAVE_NCCL)
-                        , std::vector<std::unique_ptr<CudaCommunicator>>& comms
+                        , std::vector<std::unique_ptr<CudaCommunicator>>* comms
 #endif
 ) {
   constexpr int R = kMaxStepTokens;
@@ -461,91 +464,96 @@ void check_row_parallel(const std::vector<int>& devs, const char* name, int N, i
     a.N = N;
     a.K = K;
     a.m_active_max = M;
-    // (a) fused, fp32 output: graph replay after an eager launch.
-    std::vector<std::vector<float>> o32(n);
-    std::vector<std::vector<uint32_t>> raw(n);
-    run_ranks(devs, [&](int r) {
-      cudaStream_t st = streams.s[r];
-      const CUtensorMap wm = make_tma_map_bf16(rk[r].w.get(), N, K, K, plans[r].BR);
-      const CUtensorMap xm = make_tma_map_bf16(rk[r].x.get(), R, K, K, 8 * nt);
-      EpiAllReduce::Params e;
-      e.ch = peers.channel(r, 0);
-      e.N = N;
-      e.out = AllReduceOut::F32;
-      e.out32 = rk[r].out32.as<float>();
-      e.ldo = N;
-      SS_CUDA_CHECK(cudaMemsetAsync(rk[r].out32.get(), 0xFF, sizeof(float) * R * N, st));
-      launch_gemm_allreduce(plans[r], wm, xm, a, e, false, st);
-      cudaGraphExec_t g = capture(st, [&] { launch_gemm_allreduce(plans[r], wm, xm, a, e, false, st); });
-      SS_CUDA_CHECK(cudaMemsetAsync(rk[r].out32.get(), 0xFF, sizeof(float) * R * N, st));
-      SS_CUDA_CHECK(cudaGraphLaunch(g, st));
-      raw[r] = download<uint32_t>(rk[r].out32.get(), static_cast<size_t>(R) * N, st);
-      cudaGraphExecDestroy(g);
-    });
-    size_t untouched_bad = 0, mism = 0;
-    for (int r = 0; r < n; ++r) {
-      o32[r].resize(static_cast<size_t>(M) * N);
-      std::memcpy(o32[r].data(), raw[r].data(), 4 * o32[r].size());
-      for (size_t i = static_cast<size_t>(M) * N; i < raw[r].size(); ++i) untouched_bad += raw[r][i] != 0xFFFFFFFFu;
-      if (r > 0) mism += o32[r] != o32[0];
-    }
     std::vector<double> ref(Y.begin(), Y.begin() + static_cast<size_t>(M) * N);
-    size_t bad = 0;
-    const double ef = rel_err(o32[0], ref, &bad);
-    std::string det = fmt_bad(bad, mism);
-    if (untouched_bad) det += "rows>=M written=" + std::to_string(untouched_bad) + " ";
-    size_t inv = 0;
-    if (M == 1) {
-      std::copy(o32[0].begin(), o32[0].begin() + N, row0_m1.begin());
-      have_row0 = true;
-    } else if (have_row0) {
-      inv = std::memcmp(row0_m1.data(), o32[0].data(), 4 * static_cast<size_t>(N)) != 0;
-      if (inv) det += "row0 differs from M=1 ";
-    }
-    record(base + "M=" + std::to_string(M) + " fused all-reduce fp32", ef, 1e-2,
-           ef < 1e-2 && !bad && !mism && !untouched_bad && !inv, det);
+    size_t bad = 0, mism = 0;
+    if (peers) {
+      // (a) fused, fp32 output: graph replay after an eager launch.
+      std::vector<std::vector<float>> o32(n);
+      std::vector<std::vector<uint32_t>> raw(n);
+      run_ranks(devs, [&](int r) {
+        cudaStream_t st = streams.s[r];
+        const CUtensorMap wm = make_tma_map_bf16(rk[r].w.get(), N, K, K, plans[r].BR);
+        const CUtensorMap xm = make_tma_map_bf16(rk[r].x.get(), R, K, K, 8 * nt);
+        EpiAllReduce::Params e;
+        e.ch = peers->channel(r, 0);
+        e.N = N;
+        e.out = AllReduceOut::F32;
+        e.out32 = rk[r].out32.as<float>();
+        e.ldo = N;
+        SS_CUDA_CHECK(cudaMemsetAsync(rk[r].out32.get(), 0xFF, sizeof(float) * R * N, st));
+        launch_gemm_allreduce(plans[r], wm, xm, a, e, false, st);
+        cudaGraphExec_t g = capture(st, [&] { launch_gemm_allreduce(plans[r], wm, xm, a, e, false, st); });
+        SS_CUDA_CHECK(cudaMemsetAsync(rk[r].out32.get(), 0xFF, sizeof(float) * R * N, st));
+        SS_CUDA_CHECK(cudaGraphLaunch(g, st));
+        raw[r] = download<uint32_t>(rk[r].out32.get(), static_cast<size_t>(R) * N, st);
+        cudaGraphExecDestroy(g);
+      });
+      size_t untouched_bad = 0;
+      for (int r = 0; r < n; ++r) {
+        o32[r].resize(static_cast<size_t>(M) * N);
+        std::memcpy(o32[r].data(), raw[r].data(), 4 * o32[r].size());
+        for (size_t i = static_cast<size_t>(M) * N; i < raw[r].size(); ++i) untouched_bad += raw[r][i] != 0xFFFFFFFFu;
+        if (r > 0) mism += o32[r] != o32[0];
+      }
+      const double ef = rel_err(o32[0], ref, &bad);
+      std::string det = fmt_bad(bad, mism);
+      if (untouched_bad) det += "rows>=M written=" + std::to_string(untouched_bad) + " ";
+      size_t inv = 0;
+      if (M == 1) {
+        std::copy(o32[0].begin(), o32[0].begin() + N, row0_m1.begin());
+        have_row0 = true;
+      } else if (have_row0) {
+        inv = std::memcmp(row0_m1.data(), o32[0].data(), 4 * static_cast<size_t>(N)) != 0;
+        if (inv) det += "row0 differs from M=1 ";
+      }
+      record(base + "M=" + std::to_string(M) + " fused all-reduce fp32", ef, 1e-2,
+             ef < 1e-2 && !bad && !mism && !untouched_bad && !inv, det);
 
-    // (b) fused, residual output: h32 += Y, h16, ssq.
-    std::vector<std::vector<float>> hh(n), ss(n);
-    std::vector<std::vector<uint16_t>> h16(n);
-    run_ranks(devs, [&](int r) {
-      cudaStream_t st = streams.s[r];
-      const CUtensorMap wm = make_tma_map_bf16(rk[r].w.get(), N, K, K, plans[r].BR);
-      const CUtensorMap xm = make_tma_map_bf16(rk[r].x.get(), R, K, K, 8 * nt);
-      upload(rk[r].h32.get(), h0, st);
-      SS_CUDA_CHECK(cudaMemsetAsync(rk[r].h16.get(), 0xFF, 2 * static_cast<size_t>(R) * N, st));
-      SS_CUDA_CHECK(cudaMemsetAsync(rk[r].ssq.get(), 0xFF, sizeof(float) * R * (N / 16), st));
-      EpiAllReduce::Params e;
-      e.ch = peers.channel(r, 0);
-      e.N = N;
-      e.out = AllReduceOut::Residual;
-      e.h32 = rk[r].h32.as<float>();
-      e.h16 = rk[r].h16.as<__nv_bfloat16>();
-      e.ssq = rk[r].ssq.as<float>();
-      launch_gemm_allreduce(plans[r], wm, xm, a, e, false, st);
-      hh[r] = download<float>(rk[r].h32.get(), static_cast<size_t>(M) * N, st);
-      h16[r] = download<uint16_t>(rk[r].h16.get(), static_cast<size_t>(M) * N, st);
-      ss[r] = download<float>(rk[r].ssq.get(), static_cast<size_t>(M) * (N / 16), st);
-    });
-    std::vector<double> href(static_cast<size_t>(M) * N), sref(static_cast<size_t>(M) * (N / 16), 0.0);
-    for (size_t i = 0; i < href.size(); ++i) href[i] = h0[i] + Y[i];
-    for (int m = 0; m < M; ++m)
-      for (int j = 0; j < N; ++j) sref[static_cast<size_t>(m) * (N / 16) + j / 16] += href[static_cast<size_t>(m) * N + j] * href[static_cast<size_t>(m) * N + j];
-    size_t bh = 0, b16 = 0, bs = 0;
-    mism = 0;
-    const double eh = rel_err(hh[0], href, &bh);
-    const double e16 = rel_err(to_float(h16[0]), href, &b16);
-    const double es = rel_err(ss[0], sref, &bs);
-    for (int r = 1; r < n; ++r) mism += (hh[r] != hh[0]) + (h16[r] != h16[0]) + (ss[r] != ss[0]);
-    const double eres = std::max({eh, e16, es});
-    record(base + "M=" + std::to_string(M) + " fused all-reduce + residual (h32, h16, ssq)", eres, 1e-2,
-           eres < 1e-2 && !bh && !b16 && !bs && !mism, fmt_bad(bh + b16 + bs, mism));
+      // (b) fused, residual output: h32 += Y, h16, ssq.
+      std::vector<std::vector<float>> hh(n), ss(n);
+      std::vector<std::vector<uint16_t>> h16(n);
+      run_ranks(devs, [&](int r) {
+        cudaStream_t st = streams.s[r];
+        const CUtensorMap wm = make_tma_map_bf16(rk[r].w.get(), N, K, K, plans[r].BR);
+        const CUtensorMap xm = make_tma_map_bf16(rk[r].x.get(), R, K, K, 8 * nt);
+        upload(rk[r].h32.get(), h0, st);
+        SS_CUDA_CHECK(cudaMemsetAsync(rk[r].h16.get(), 0xFF, 2 * static_cast<size_t>(R) * N, st));
+        SS_CUDA_CHECK(cudaMemsetAsync(rk[r].ssq.get(), 0xFF, sizeof(float) * R * (N / 16), st));
+        EpiAllReduce::Params e;
+        e.ch = peers->channel(r, 0);
+        e.N = N;
+        e.out = AllReduceOut::Residual;
+        e.h32 = rk[r].h32.as<float>();
+        e.h16 = rk[r].h16.as<__nv_bfloat16>();
+        e.ssq = rk[r].ssq.as<float>();
+        launch_gemm_allreduce(plans[r], wm, xm, a, e, false, st);
+        hh[r] = download<float>(rk[r].h32.get(), static_cast<size_t>(M) * N, st);
+        h16[r] = download<uint16_t>(rk[r].h16.get(), static_cast<size_t>(M) * N, st);
+        ss[r] = download<float>(rk[r].ssq.get(), static_cast<size_t>(M) * (N / 16), st);
+      });
+      std::vector<double> href(static_cast<size_t>(M) * N), sref(static_cast<size_t>(M) * (N / 16), 0.0);
+      for (size_t i = 0; i < href.size(); ++i) href[i] = h0[i] + Y[i];
+      for (int m = 0; m < M; ++m)
+        for (int j = 0; j < N; ++j) sref[static_cast<size_t>(m) * (N / 16) + j / 16] += href[static_cast<size_t>(m) * N + j] * href[static_cast<size_t>(m) * N + j];
+      size_t bh = 0, b16 = 0, bs = 0;
+      mism = 0;
+      const double eh = rel_err(hh[0], href, &bh);
+      const double e16 = rel_err(to_float(h16[0]), href, &b16);
+      const double es = rel_err(ss[0], sref, &bs);
+      for (int r = 1; r < n; ++r) mism += (hh[r] != hh[0]) + (h16[r] != h16[0]) + (ss[r] != ss[0]);
+      const double eres = std::max({eh, e16, es});
+      record(base + "M=" + std::to_string(M) + " fused all-reduce + residual (h32, h16, ssq)", eres, 1e-2,
+             eres < 1e-2 && !bh && !b16 && !bs && !mism, fmt_bad(bh + b16 + bs, mism));
+    }  // peers
 
     // (c) GEMM -> bf16, then ncclAllReduce / the peer all-reduce.
     for (int via = 0; via < 2; ++via) {
-#if !defined(SWIFTSPEC_HAVE_NCCL)
+#if defined(SWIFTSPEC_HAVE_NCCL)
+      if (via == 0 && (!comms || comms->empty())) continue;
+#else
       if (via == 0) continue;
 #endif
+      if (via == 1 && !peers) continue;
       std::vector<std::vector<uint16_t>> ob(n);
       run_ranks(devs, [&](int r) {
         cudaStream_t st = streams.s[r];
@@ -559,11 +567,11 @@ void check_row_parallel(const std::vector<int>& devs, const char* name, int N, i
         const size_t cnt = static_cast<size_t>(M) * N;
         if (via == 0) {
 #if defined(SWIFTSPEC_HAVE_NCCL)
-          comms[r]->set_stream(st);
-          comms[r]->all_reduce_sum_bf16(rk[r].out16.get(), cnt);
+          (*comms)[r]->set_stream(st);
+          (*comms)[r]->all_reduce_sum_bf16(rk[r].out16.get(), cnt);
 #endif
         } else {
-          peers.all_reduce_bf16(r, rk[r].out16.as<__nv_bfloat16>(), rk[r].out16.as<__nv_bfloat16>(), cnt, st, 1);
+          peers->all_reduce_bf16(r, rk[r].out16.as<__nv_bfloat16>(), rk[r].out16.as<__nv_bfloat16>(), cnt, st, 1);
         }
         ob[r] = download<uint16_t>(rk[r].out16.get(), cnt, st);
       });
@@ -573,6 +581,17 @@ void check_row_parallel(const std::vector<int>& devs, const char* name, int N, i
       record(base + "M=" + std::to_string(M) + (via == 0 ? " GEMM + ncclAllReduce bf16" : " GEMM + peer all-reduce"),
              eb, 1e-2, eb < 1e-2 && !bad && !mism, fmt_bad(bad, mism));
     }
+  }
+}
+
+/// Runs one section; an exception fails it (recorded) and the next section
+/// still runs (e.g. no peer access between the GPUs: the NCCL checks go on).
+template <class F>
+void guarded(const std::string& name, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    record(name + " (aborted)", NAN, 0, false, std::string("exception: ") + e.what());
   }
 }
 
@@ -608,8 +627,8 @@ int main(int argc, char** argv) {
     Rng rng(20261129);
     const std::vector<size_t> counts = {13, 1000, 4096, 8192, 16384, 65536, 262144, 524288};
     // The protocol with several ranks on GPU 0 (runs on any machine).
-    check_peer_allreduce({0, 0}, {13, 4096, 65536}, rng);
-    check_peer_allreduce({0, 0, 0, 0}, {1000, 524288}, rng);
+    guarded("peer all-reduce 2 ranks on GPU 0", [&] { check_peer_allreduce({0, 0}, {13, 4096, 65536}, rng); });
+    guarded("peer all-reduce 4 ranks on GPU 0", [&] { check_peer_allreduce({0, 0, 0, 0}, {1000, 524288}, rng); });
     std::vector<int> tps;
     for (int t : {1, 2, 4, 8})
       if (t <= gpus) tps.push_back(t);
@@ -617,19 +636,26 @@ int main(int argc, char** argv) {
     for (int tp : tps) {
       std::vector<int> devs(tp);
       for (int r = 0; r < tp; ++r) devs[r] = r;
+      const std::string t = " tp" + std::to_string(tp);
 #if defined(SWIFTSPEC_HAVE_NCCL)
-      check_nccl(devs, rng);
+      guarded("nccl" + t, [&] { check_nccl(devs, rng); });
 #endif
-      check_peer_allreduce(devs, counts, rng);
-      PeerGroup peers(devs, static_cast<size_t>(kMaxStepTokens) * 4096, 2);
+      guarded("peer all-reduce" + t, [&] { check_peer_allreduce(devs, counts, rng); });
+      guarded("row-parallel" + t, [&] {
+        std::unique_ptr<PeerGroup> peers;
+        guarded("row-parallel peer group" + t, [&] {
+          peers = std::make_unique<PeerGroup>(devs, static_cast<size_t>(kMaxStepTokens) * 4096, 2);
+        });
 #if defined(SWIFTSPEC_HAVE_NCCL)
-      auto comms = make_nccl_group(devs);
-      check_row_parallel(devs, "8B o_proj", 4096, 4096, {1, 7, 64}, rng, peers, comms);
-      check_row_parallel(devs, "8B down_proj", 4096, 14336, {1, 64}, rng, peers, comms);
+        std::vector<std::unique_ptr<CudaCommunicator>> comms;
+        guarded("row-parallel nccl group" + t, [&] { comms = make_nccl_group(devs); });
+        check_row_parallel(devs, "8B o_proj", 4096, 4096, {1, 7, 64}, rng, peers.get(), &comms);
+        check_row_parallel(devs, "8B down_proj", 4096, 14336, {1, 64}, rng, peers.get(), &comms);
 #else
-      check_row_parallel(devs, "8B o_proj", 4096, 4096, {1, 7, 64}, rng, peers);
-      check_row_parallel(devs, "8B down_proj", 4096, 14336, {1, 64}, rng, peers);
+        check_row_parallel(devs, "8B o_proj", 4096, 4096, {1, 7, 64}, rng, peers.get());
+        check_row_parallel(devs, "8B down_proj", 4096, 14336, {1, 64}, rng, peers.get());
 #endif
+      });
     }
   } catch (const std::exception& e) {
     std::printf("CHECK %-62s err=nan limit=0 FAIL exception: %s\n", "(aborted)", e.what());
