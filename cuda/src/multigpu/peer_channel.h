@@ -50,6 +50,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 
 namespace swiftspec::cuda {
 
@@ -104,6 +105,18 @@ __device__ __forceinline__ uint32_t peer_epoch(const PeerChannel& ch) {
   return peer_ld_volatile_u32(ch.epoch) + 1u;
 }
 
+__device__ __forceinline__ uint64_t peer_globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/// A wait for a peer longer than this is a bug (a rank that never launches
+/// its part, mismatched launch sequences): the kernel reports it and traps,
+/// so the process fails instead of hanging. Legitimate waits are
+/// microseconds (ranks' host threads drift by at most milliseconds).
+constexpr uint64_t kPeerWaitLimitNs = 10ull * 1000 * 1000 * 1000;
+
 /// Steps 2-3 for CTA slot `slot`: announce this CTA's contribution to every
 /// rank and wait for every rank's. All threads of the CTA must call it after
 /// writing their part of the contribution. Needs blockDim.x >= ch.size.
@@ -114,7 +127,18 @@ __device__ __forceinline__ void peer_exchange(const PeerChannel& ch, int slot, u
     __threadfence_system();  // fence.acq_rel.sys: the CTA's writes (ordered by the barrier) first
     peer_st_release_sys(ch.flags[q] + static_cast<size_t>(slot) * kMaxPeerRanks + ch.rank, e);
     const uint32_t* mine = ch.flags[ch.rank] + static_cast<size_t>(slot) * kMaxPeerRanks + q;
-    while (static_cast<int>(peer_ld_acquire_sys(mine) - e) < 0) {
+    uint32_t v = peer_ld_acquire_sys(mine);
+    if (static_cast<int>(v - e) < 0) {
+      const uint64_t t0 = peer_globaltimer_ns();
+      for (uint32_t spins = 1;; ++spins) {
+        v = peer_ld_acquire_sys(mine);
+        if (static_cast<int>(v - e) >= 0) break;
+        if ((spins & 1023u) == 0 && peer_globaltimer_ns() - t0 > kPeerWaitLimitNs) {
+          printf("swiftspec peer all-reduce: rank %d CTA slot %d waited 10 s for rank %d (epoch %u, flag %u): trap\n",
+                 ch.rank, slot, q, e, v);
+          __trap();
+        }
+      }
     }
   }
   __syncthreads();
