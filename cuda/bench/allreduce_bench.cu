@@ -5,7 +5,8 @@
 //  * all-reduce of 8 KB, 16 KB, ..., 1 MB of bf16, in place:
 //    (a) ncclAllReduce (NVLink multicast off: NCCL_NVLS_ENABLE=0),
 //    (b) the peer all-reduce (one-shot over NVLink peer access, rank-order
-//        sums: cuda/src/multigpu/peer_channel.h);
+//        sums: cuda/src/multigpu/peer_channel.h), with its default CTA count
+//        and at 4 / 16 / 64 CTAs (tuning data);
 //  * the row-parallel GEMM of the Llama-3-8B O projection (N 4096, K 4096/tp)
 //    and down projection (N 4096, K 14336/tp) at M = 1, 16, 64 token rows:
 //    GEMM alone (bf16 out), GEMM + ncclAllReduce, GEMM + peer all-reduce, and
@@ -134,10 +135,14 @@ double copy_bandwidth_tbs(int dev) {
   return best;
 }
 
+/// CTA counts of the peer all-reduce tried besides the default (tuning data).
+constexpr int kSweepCtas[] = {4, 16, 64};
+
 struct ArRow {
   int tp;
   size_t bytes;
   double nccl_us, peer_us;
+  double peer_sweep_us[3];  ///< at kSweepCtas CTAs (capped by the message size)
 };
 struct GemmRow {
   int tp;
@@ -247,7 +252,7 @@ int main(int argc, char** argv) {
         }
         for (size_t bytes = 8192; bytes <= (size_t(1) << 20); bytes *= 2) {
           const size_t cnt = bytes / 2;
-          ArRow row{tp, bytes, -1, -1};
+          ArRow row{tp, bytes, -1, -1, {-1, -1, -1}};
           std::vector<cudaGraphExec_t> g(tp, nullptr);
 #if defined(SWIFTSPEC_HAVE_NCCL)
           if (have_nccl) {
@@ -269,8 +274,21 @@ int main(int argc, char** argv) {
             });
             row.peer_us = time_graphs(devs, st, g, kOps, iters);
             destroy_graphs(devs, g);
+            for (int k = 0; k < 3; ++k) {
+              run_ranks(devs, [&](int r) {
+                g[r] = capture(st[r], [&] {
+                  for (int i = 0; i < kOps; ++i)
+                    peers->all_reduce_bf16(r, buf[r].as<__nv_bfloat16>(), buf[r].as<__nv_bfloat16>(), cnt, st[r], 0,
+                                           false, kSweepCtas[k]);
+                });
+              });
+              row.peer_sweep_us[k] = time_graphs(devs, st, g, kOps, std::max(5, iters / 2));
+              destroy_graphs(devs, g);
+            }
           }
-          std::printf("  tp%d all-reduce %7zu B: nccl %8.2f us  peer %8.2f us\n", tp, bytes, row.nccl_us, row.peer_us);
+          std::printf("  tp%d all-reduce %7zu B: nccl %8.2f us  peer %8.2f us  (peer at %d/%d/%d CTAs: %.2f %.2f %.2f)\n",
+                      tp, bytes, row.nccl_us, row.peer_us, kSweepCtas[0], kSweepCtas[1], kSweepCtas[2],
+                      row.peer_sweep_us[0], row.peer_sweep_us[1], row.peer_sweep_us[2]);
           std::fflush(stdout);
           ar_rows.push_back(row);
         }
@@ -402,7 +420,10 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < ar_rows.size(); ++i) {
       const ArRow& r = ar_rows[i];
       j += std::string(i ? "," : "") + "\n    {\"tp\": " + std::to_string(r.tp) + ", \"bytes\": " +
-           std::to_string(r.bytes) + ", \"nccl_us\": " + num(r.nccl_us) + ", \"peer_us\": " + num(r.peer_us) + "}";
+           std::to_string(r.bytes) + ", \"nccl_us\": " + num(r.nccl_us) + ", \"peer_us\": " + num(r.peer_us) +
+           ", \"peer_us_by_ctas\": {\"" + std::to_string(kSweepCtas[0]) + "\": " + num(r.peer_sweep_us[0]) + ", \"" +
+           std::to_string(kSweepCtas[1]) + "\": " + num(r.peer_sweep_us[1]) + ", \"" + std::to_string(kSweepCtas[2]) +
+           "\": " + num(r.peer_sweep_us[2]) + "}}";
     }
     j += "\n  ],\n  \"row_parallel_gemm\": [";
     for (size_t i = 0; i < gemm_rows.size(); ++i) {
