@@ -62,6 +62,17 @@ enum class AllReduceOut : int {
   Residual = 2,  ///< h32 += Y; h16 = bf16(h32); ssq[m][tile] = sum of squares of the tile's 16 rows
 };
 
+#if defined(__CUDACC__)
+/// 8 floats -> 8 bf16 (round to nearest even) in one 16-byte vector.
+__device__ __forceinline__ uint4 pack_bf16x8(const float* v) {
+  uint4 o;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+  return o;
+}
+#endif
+
 struct EpiAllReduce {
   struct Params {
     PeerChannel ch;        ///< this rank's view of the channel (capacity >= M * N)
@@ -117,29 +128,31 @@ struct EpiAllReduce {
       const int row0 = tile * 16 + hf * 8;
       float acc[8];
       if (act) peer_sum8_n(p.ch, half, static_cast<size_t>(m) * p.N + row0, acc);
+      // 16-byte accesses: row0 % 8 == 0, N % 16 == 0, ldo % 8 == 0, bases
+      // 16-byte aligned (checked by launch_gemm_allreduce).
       if (p.out == AllReduceOut::Residual) {
         float s = 0.f;
         if (act) {
-          float* hp = p.h32 + static_cast<size_t>(m) * p.N + row0;
-          __nv_bfloat16* hb = p.h16 + static_cast<size_t>(m) * p.N + row0;
+          float4* hp = reinterpret_cast<float4*>(p.h32 + static_cast<size_t>(m) * p.N + row0);
+          float4 h[2] = {hp[0], hp[1]};
+          float* a = reinterpret_cast<float*>(h);
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
-            const float a = hp[i] + acc[i];
-            hp[i] = a;
-            hb[i] = __float2bfloat16_rn(a);
-            s += a * a;
+            a[i] += acc[i];
+            s += a[i] * a[i];
           }
+          hp[0] = h[0];
+          hp[1] = h[1];
+          *reinterpret_cast<uint4*>(p.h16 + static_cast<size_t>(m) * p.N + row0) = pack_bf16x8(a);
         }
         s += __shfl_xor_sync(0xffffffffu, s, 1);
         if (act && hf == 0) p.ssq[static_cast<size_t>(m) * (p.N >> 4) + tile] = s;
       } else if (act && p.out == AllReduceOut::F32) {
-        float* o = p.out32 + static_cast<size_t>(m) * p.ldo + row0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) o[i] = acc[i];
+        float4* o = reinterpret_cast<float4*>(p.out32 + static_cast<size_t>(m) * p.ldo + row0);
+        o[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        o[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
       } else if (act) {
-        __nv_bfloat16* o = p.out16 + static_cast<size_t>(m) * p.ldo + row0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) o[i] = __float2bfloat16_rn(acc[i]);
+        *reinterpret_cast<uint4*>(p.out16 + static_cast<size_t>(m) * p.ldo + row0) = pack_bf16x8(acc);
       }
     }
     peer_finish_launch(p.ch);
@@ -151,8 +164,9 @@ struct EpiAllReduce {
 /// EpiAllReduce): fills ep.br from `cfg` and checks what the protocol needs.
 /// Every rank must launch the same shape with the same plan on the channel.
 /// Throws InvalidArgument when the channel's capacity is below
-/// args.m_active_max * N, the grid has more CTAs than kMaxPeerCtas, or
-/// N % 16 != 0.
+/// args.m_active_max * N, the grid has more CTAs than kMaxPeerCtas,
+/// N % 16 != 0, an output pointer is null or not 16-byte aligned, or
+/// ldo % 8 != 0.
 void launch_gemm_allreduce(const GemmConfig& cfg, const CUtensorMap& wmap, const CUtensorMap& xmap,
                            const GemmArgs& args, EpiAllReduce::Params ep, bool pdl, cudaStream_t stream);
 

@@ -1,5 +1,6 @@
 // Instantiation of the skinny GEMM with the fused all-reduce epilogue
 // (epi_allreduce.h), and its checked launcher.
+#include <cstdint>
 #include <string>
 
 #include "kernels/gemm_skinny.cuh"
@@ -29,6 +30,11 @@ void launch_gemm_allreduce(const GemmConfig& cfg, const CUtensorMap& wmap, const
     throw InvalidArgument("gemm+all-reduce: residual output needs h32, h16 and ssq");
   if (ep.out == AllReduceOut::F32 && !ep.out32) throw InvalidArgument("gemm+all-reduce: out32 is null");
   if (ep.out == AllReduceOut::Bf16 && !ep.out16) throw InvalidArgument("gemm+all-reduce: out16 is null");
+  const auto misaligned = [](const void* p) { return p && reinterpret_cast<uintptr_t>(p) % 16 != 0; };
+  if (misaligned(ep.out32) || misaligned(ep.out16) || misaligned(ep.h32) || misaligned(ep.h16))
+    throw InvalidArgument("gemm+all-reduce: output buffers must be 16-byte aligned");
+  if (ep.out != AllReduceOut::Residual && (ep.ldo < ep.N || ep.ldo % 8 != 0))
+    throw InvalidArgument("gemm+all-reduce: ldo " + std::to_string(ep.ldo) + " must be >= N and a multiple of 8");
   ep.br = cfg.BR;
   launch_gemm<EpiAllReduce>(cfg, wmap, xmap, args, ep, pdl, stream);
 }
