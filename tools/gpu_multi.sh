@@ -110,10 +110,7 @@ fi
 
 # ---- 6. bundle ------------------------------------------------------------------------------------
 log "done"
-{
-  echo "=== allreduce bench (tail)"; tail -45 "$LOGS/bench.log" 2>/dev/null
-  echo "=== tp bench (tail)"; tail -20 "$LOGS/tp_bench.log" 2>/dev/null
-} >> "$LOGS/summary.txt"
+python3 cuda/scripts/multigpu_summary.py "$LOGS" >> "$LOGS/summary.txt" 2>&1
 tar czf "$OUT/multigpu.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")"
 for f in check.json bench.json tp_bench.json summary.txt; do [ -f "$LOGS/$f" ] && cp "$LOGS/$f" "$OUT/$f"; done
 cat "$LOGS/summary.txt"
