@@ -10,7 +10,11 @@
 //  * the row-parallel GEMM of the Llama-3-8B O projection (N 4096, K 4096/tp)
 //    and down projection (N 4096, K 14336/tp) at M = 1, 16, 64 token rows:
 //    GEMM alone (bf16 out), GEMM + ncclAllReduce, GEMM + peer all-reduce, and
-//    the GEMM with the all-reduce fused into its epilogue.
+//    the GEMM with the all-reduce fused into its epilogue;
+//  * at TP 2: one-way latency of a 256 B / 4 KB / 64 KB message between the
+//    two GPUs (what the draft and target groups exchange: subtrees,
+//    verification results), ncclSend/ncclRecv ping-pong vs a peer-memory
+//    ping-pong kernel (stores into the peer's inbox + a release flag).
 // Timing: every rank captures a CUDA graph of R back-to-back operations
 // (GEMMs rotate over weight copies of >= 400 MB per rank, so L2 does not
 // serve the weights), every rank's thread replays it `iters` times with CUDA
@@ -154,6 +158,115 @@ struct GemmRow {
 
 int bucket_nt(int m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
 
+// ---- messages between two GPUs (draft group <-> target group) -------------------
+struct P2pRow {
+  size_t bytes;
+  double nccl_us, peer_us;  ///< one-way latency (half a round trip)
+};
+
+/// Waits until *flag >= seq (wrap-safe); traps after kPeerWaitLimitNs.
+__device__ void pingpong_wait(const uint32_t* flag, uint32_t seq) {
+  const uint64_t t0 = peer_globaltimer_ns();
+  for (uint32_t spins = 1; static_cast<int>(peer_ld_acquire_sys(flag) - seq) < 0; ++spins)
+    if ((spins & 1023u) == 0 && peer_globaltimer_ns() - t0 > kPeerWaitLimitNs) {
+      printf("pingpong: waited 10 s for message %u: trap\n", seq);
+      __trap();
+    }
+}
+
+/// `iters` round trips of a `vecs` x 16-byte message between two GPUs over
+/// peer memory, one CTA per side: the sender stores the message into the
+/// receiver's inbox, then (fence.acq_rel.sys) st.release.sys the receiver's
+/// flag = sequence number; side 1 answers each message. Sequence numbers
+/// continue across launches / graph replays through a counter on each side.
+__global__ void __launch_bounds__(256)
+    pingpong_kernel(const uint4* src, uint4* peer_inbox, uint32_t* peer_flag, const uint32_t* my_flag,
+                    uint32_t* counter, size_t vecs, int side, int iters) {
+  const uint32_t base = peer_ld_volatile_u32(counter);
+  for (int i = 1; i <= iters; ++i) {
+    const uint32_t seq = base + static_cast<uint32_t>(i);
+    if (side == 1) {
+      if (threadIdx.x == 0) pingpong_wait(my_flag, seq);
+      __syncthreads();
+    }
+    for (size_t v = threadIdx.x; v < vecs; v += blockDim.x) peer_inbox[v] = src[v];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence_system();
+      peer_st_release_sys(peer_flag, seq);
+      if (side == 0) pingpong_wait(my_flag, seq);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *counter = base + static_cast<uint32_t>(iters);
+}
+
+/// One-way message latency GPU devs[0] <-> devs[1]: NCCL send/recv and the
+/// peer-memory ping-pong, for a few message sizes (subtrees and verification
+/// results are bytes to tens of KB).
+std::vector<P2pRow> bench_p2p(const std::vector<int>& devs, const std::vector<cudaStream_t>& st,
+                              void* const* nccl_comms, bool peer_ok, int iters) {
+  constexpr int kTrips = 50;
+  const std::vector<int> pair = {devs[0], devs[1]};
+  const std::vector<cudaStream_t> pst = {st[0], st[1]};
+  const size_t maxb = size_t(64) << 10;
+  std::vector<DeviceBuffer> msg(2), inbox(2), flags(2);
+  for (int r = 0; r < 2; ++r) {
+    SS_CUDA_CHECK(cudaSetDevice(pair[r]));
+    msg[r].allocate(maxb);
+    inbox[r].allocate(maxb);
+    flags[r].allocate(256);  // [0]: flag written by the other side, [1]: counter
+    SS_CUDA_CHECK(cudaMemset(msg[r].get(), 1 + r, maxb));
+    SS_CUDA_CHECK(cudaMemset(flags[r].get(), 0, 256));
+    SS_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  std::vector<P2pRow> rows;
+  for (size_t bytes : {size_t(256), size_t(4) << 10, size_t(64) << 10}) {
+    P2pRow row{bytes, -1, -1};
+    std::vector<cudaGraphExec_t> g(2, nullptr);
+#if defined(SWIFTSPEC_HAVE_NCCL)
+    if (nccl_comms) {
+      run_ranks(pair, [&](int r) {
+        ncclComm_t c = static_cast<ncclComm_t>(nccl_comms[r]);
+        g[r] = capture(pst[r], [&] {
+          for (int i = 0; i < kTrips; ++i) {
+            const auto ok = [](ncclResult_t e, const char* what) {
+              if (e != ncclSuccess) throw NcclError(std::string(what) + ": " + ncclGetErrorString(e));
+            };
+            if (r == 0) {
+              ok(ncclSend(msg[0].get(), bytes, ncclInt8, 1, c, pst[0]), "ncclSend");
+              ok(ncclRecv(inbox[0].get(), bytes, ncclInt8, 1, c, pst[0]), "ncclRecv");
+            } else {
+              ok(ncclRecv(inbox[1].get(), bytes, ncclInt8, 0, c, pst[1]), "ncclRecv");
+              ok(ncclSend(msg[1].get(), bytes, ncclInt8, 0, c, pst[1]), "ncclSend");
+            }
+          }
+        });
+      });
+      row.nccl_us = time_graphs(pair, pst, g, 2 * kTrips, iters);
+      destroy_graphs(pair, g);
+    }
+#endif
+    if (peer_ok) {
+      run_ranks(pair, [&](int r) {
+        const int o = 1 - r;
+        uint32_t* myf = flags[r].as<uint32_t>();
+        g[r] = capture(pst[r], [&] {
+          pingpong_kernel<<<1, 256, 0, pst[r]>>>(msg[r].as<uint4>(), inbox[o].as<uint4>(), flags[o].as<uint32_t>(), myf,
+                                                  myf + 1, bytes / 16, r, kTrips);
+          SS_CUDA_CHECK(cudaGetLastError());
+        });
+      });
+      row.peer_us = time_graphs(pair, pst, g, 2 * kTrips, iters);
+      destroy_graphs(pair, g);
+    }
+    std::printf("  p2p %6zu B one-way: nccl send/recv %7.2f us  peer memory %7.2f us\n", bytes, row.nccl_us, row.peer_us);
+    std::fflush(stdout);
+    rows.push_back(row);
+  }
+  return rows;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -181,6 +294,7 @@ int main(int argc, char** argv) {
   }
   std::vector<ArRow> ar_rows;
   std::vector<GemmRow> gemm_rows;
+  std::vector<P2pRow> p2p_rows;
   int gpus = 0;
   double bw = 0;
   std::string device_name, error;
@@ -291,6 +405,21 @@ int main(int argc, char** argv) {
                       row.peer_sweep_us[0], row.peer_sweep_us[1], row.peer_sweep_us[2]);
           std::fflush(stdout);
           ar_rows.push_back(row);
+        }
+      }
+      // ---- messages between two GPUs (once, at TP 2) ---------------------------------
+      if (tp == 2) {
+        try {
+#if defined(SWIFTSPEC_HAVE_NCCL)
+          std::vector<void*> raw;
+          for (auto& c : comms) raw.push_back(c->nccl_comm());
+          p2p_rows = bench_p2p(devs, st, have_nccl ? raw.data() : nullptr, peers != nullptr, std::max(5, iters / 2));
+#else
+          p2p_rows = bench_p2p(devs, st, nullptr, peers != nullptr, std::max(5, iters / 2));
+#endif
+        } catch (const std::exception& e) {
+          std::printf("  p2p failed: %s\n", e.what());
+          notes.push_back(std::string("p2p: ") + e.what());
         }
       }
       // ---- row-parallel GEMM + all-reduce -----------------------------------------
@@ -434,6 +563,10 @@ int main(int argc, char** argv) {
            ", \"gemm_peer_us\": " + num(r.gemm_peer_us) + ", \"fused_us\": " + num(r.fused_us) +
            ", \"weight_limit_us\": " + num(r.limit_us) + ", \"plan\": \"" + r.plan + "\"}";
     }
+    j += "\n  ],\n  \"p2p_one_way\": [";
+    for (size_t i = 0; i < p2p_rows.size(); ++i)
+      j += std::string(i ? "," : "") + "\n    {\"bytes\": " + std::to_string(p2p_rows[i].bytes) + ", \"nccl_us\": " +
+           num(p2p_rows[i].nccl_us) + ", \"peer_us\": " + num(p2p_rows[i].peer_us) + "}";
     j += "\n  ],\n  \"notes\": [";
     for (size_t i = 0; i < notes.size(); ++i) {
       std::string n = notes[i];

@@ -55,6 +55,12 @@ def main(d):
             print(f"| {r['tp']} | {r['shape']} N={r['N']} K={r['K_total']}/{r['tp']} | {r['M']} | {fmt(r['gemm_us'])} | "
                   f"{fmt(r['gemm_nccl_us'])} | {fmt(r['gemm_peer_us'])} | {fmt(r['fused_us'])} | "
                   f"{fmt(r['weight_limit_us'])} | {r.get('plan', '')} |")
+        if b.get("p2p_one_way"):
+            print("| message bytes | ncclSend/ncclRecv one-way (µs) | peer-memory one-way (µs) |")
+            print("|---|---|---|")
+            for r in b["p2p_one_way"]:
+                print(f"| {r['bytes']} | {fmt(r['nccl_us'])} | {fmt(r['peer_us'])} |")
+            print()
         for n in b.get("notes", []):
             print(f"note: {n}")
         if b.get("error"):
