@@ -81,14 +81,14 @@ if [ "${SKIP_BUILD:-0}" != "1" ]; then
     -DNCCL_ROOT="$NCCL_ROOT_DIR" -DSWIFTSPEC_JSON_INCLUDE_DIR="$JSON_INC" >> "$LOGS/build.log" 2>&1 || log "CONFIGURE FAILED"
   grep -q "swiftspec-cuda-tp-bench" "$BUILD_DIR/build.ninja" 2>/dev/null && [ "${SKIP_TP_BENCH:-0}" != "1" ] &&
     TARGETS="$TARGETS swiftspec-cuda-tp-bench"
-  timeout "$(cap 300 200)" cmake --build "$BUILD_DIR" --target $TARGETS -j "$JOBS" >> "$LOGS/build.log" 2>&1 ||
+  timeout "$(cap 240 130)" cmake --build "$BUILD_DIR" --target $TARGETS -j "$JOBS" >> "$LOGS/build.log" 2>&1 ||
     { log "BUILD FAILED (see build.log)"; grep -B2 -A8 -m3 'error' "$LOGS/build.log" | tee -a "$LOGS/summary.txt"; }
   log "build done"
 fi
 
 # ---- 3. checks --------------------------------------------------------------------------
 if [ -x "$BIN/swiftspec-cuda-multigpu-check" ]; then
-  timeout "$(cap 150 150)" "$BIN/swiftspec-cuda-multigpu-check" "${GPU_ARG[@]}" --json "$LOGS/check.json" > "$LOGS/check.log" 2>&1
+  timeout "$(cap 120 120)" "$BIN/swiftspec-cuda-multigpu-check" "${GPU_ARG[@]}" --json "$LOGS/check.json" > "$LOGS/check.log" 2>&1
   rc=$?
   log "checks exit $rc ($(grep -c ' PASS' "$LOGS/check.log") pass, $(grep -c ' FAIL' "$LOGS/check.log") fail)$([ $rc = 124 ] && echo ' TIMED OUT')"
   grep ' FAIL' "$LOGS/check.log" | head -20 | tee -a "$LOGS/summary.txt"
@@ -96,14 +96,14 @@ fi
 
 # ---- 4. all-reduce / row-parallel GEMM benchmark ---------------------------------------------
 if [ -x "$BIN/swiftspec-cuda-allreduce-bench" ]; then
-  timeout "$(cap 200 70)" "$BIN/swiftspec-cuda-allreduce-bench" "${GPU_ARG[@]}" --json "$LOGS/bench.json" ${BENCH_ARGS:-} \
+  timeout "$(cap 150 60)" "$BIN/swiftspec-cuda-allreduce-bench" "${GPU_ARG[@]}" --json "$LOGS/bench.json" ${BENCH_ARGS:-} \
     > "$LOGS/bench.log" 2>&1
   log "allreduce bench exit $?"
 fi
 
 # ---- 5. TP decode-step benchmark -------------------------------------------------------------------
 if [ -x "$BIN/swiftspec-cuda-tp-bench" ] && [ "${SKIP_TP_BENCH:-0}" != "1" ]; then
-  timeout "$(cap 180 20)" "$BIN/swiftspec-cuda-tp-bench" "${GPU_ARG[@]}" --json "$LOGS/tp_bench.json" ${TP_BENCH_ARGS:-} \
+  timeout "$(cap 150 10)" "$BIN/swiftspec-cuda-tp-bench" "${GPU_ARG[@]}" --json "$LOGS/tp_bench.json" ${TP_BENCH_ARGS:-} \
     > "$LOGS/tp_bench.log" 2>&1
   log "tp bench exit $?"
 fi
