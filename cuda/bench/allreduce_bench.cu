@@ -432,7 +432,7 @@ int main(int argc, char** argv) {
         const int N = s.N, K = s.Ktot / tp;
         const size_t wbytes = size_t(N) * K * 2;
         const int copies = static_cast<int>(std::clamp<size_t>((size_t(400) << 20) / wbytes + 1, 2, 64));
-        std::vector<DeviceBuffer> w(tp), x(tp), y(tp), out32(tp);
+        std::vector<DeviceBuffer> w(tp), x(tp), y(tp);
         for (int r = 0; r < tp; ++r) {
           SS_CUDA_CHECK(cudaSetDevice(r));
           w[r].allocate(wbytes * copies);
