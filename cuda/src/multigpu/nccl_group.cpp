@@ -58,14 +58,18 @@ class NcclCommunicator final : public CudaCommunicator {
     SS_CUDA_CHECK(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking));
     stream_ = own_stream_;
     SS_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
+    SS_CUDA_CHECK(cudaMemset(scratch_, 0, sizeof(float)));
   }
   ~NcclCommunicator() override {
+    int prev = 0;
+    cudaGetDevice(&prev);
     cudaSetDevice(device());
     if (own_stream_) {
       cudaStreamSynchronize(own_stream_);
       cudaStreamDestroy(own_stream_);
     }
     if (scratch_) cudaFree(scratch_);
+    cudaSetDevice(prev);
   }
 
   int rank() const override { return rank_; }
