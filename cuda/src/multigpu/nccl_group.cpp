@@ -43,11 +43,14 @@ struct GroupState {
     SS_NCCL_CHECK(ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data()));
   }
   ~GroupState() {
+    int prev = 0;
+    cudaGetDevice(&prev);
     for (size_t r = 0; r < comms.size(); ++r) {
       if (!comms[r]) continue;
       cudaSetDevice(devices[r]);
       ncclCommDestroy(comms[r]);
     }
+    cudaSetDevice(prev);
   }
 };
 
