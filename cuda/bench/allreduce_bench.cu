@@ -9,8 +9,10 @@
 //        and at 4 / 16 / 64 CTAs (tuning data);
 //  * the row-parallel GEMM of the Llama-3-8B O projection (N 4096, K 4096/tp)
 //    and down projection (N 4096, K 14336/tp) at M = 1, 16, 64 token rows:
-//    GEMM alone (bf16 out), GEMM + ncclAllReduce, GEMM + peer all-reduce, and
-//    the GEMM with the all-reduce fused into its epilogue;
+//    GEMM alone (bf16 out), GEMM + ncclAllReduce, GEMM + peer all-reduce,
+//    the GEMM with the all-reduce fused into its epilogue, and the two-kernel
+//    path (GEMM partials into the symmetric buffer, then the all-reduce
+//    kernel, which also adds the residual: a little more work than the others);
 //  * at TP 2: one-way latency of a 256 B / 4 KB / 64 KB message between the
 //    two GPUs (what the draft and target groups exchange: subtrees,
 //    verification results), ncclSend/ncclRecv ping-pong vs a peer-memory
@@ -154,6 +156,7 @@ struct GemmRow {
   int N, K, M;
   double gemm_us, gemm_nccl_us, gemm_peer_us, fused_us, limit_us;
   std::string plan;
+  double two_kernel_us = -1;  ///< GEMM into the symmetric buffer + all-reduce/residual kernel
 };
 
 int bucket_nt(int m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
@@ -432,12 +435,16 @@ int main(int argc, char** argv) {
         const int N = s.N, K = s.Ktot / tp;
         const size_t wbytes = size_t(N) * K * 2;
         const int copies = static_cast<int>(std::clamp<size_t>((size_t(400) << 20) / wbytes + 1, 2, 64));
-        std::vector<DeviceBuffer> w(tp), x(tp), y(tp);
+        std::vector<DeviceBuffer> w(tp), x(tp), y(tp), h32(tp), h16(tp), ssq(tp);
         for (int r = 0; r < tp; ++r) {
           SS_CUDA_CHECK(cudaSetDevice(r));
           w[r].allocate(wbytes * copies);
           x[r].allocate(size_t(kMaxStepTokens) * K * 2);
           y[r].allocate(size_t(kMaxStepTokens) * N * 2);
+          h32[r].allocate(size_t(kMaxStepTokens) * N * 4);
+          h16[r].allocate(size_t(kMaxStepTokens) * N * 2);
+          ssq[r].allocate(size_t(kMaxStepTokens) * (N / 16) * 4);
+          SS_CUDA_CHECK(cudaMemset(h32[r].get(), 0, h32[r].bytes()));
           launch_fill_random_bf16(w[r].as<__nv_bfloat16>(), wbytes / 2 * copies, 1.0f / std::sqrt(float(s.Ktot)),
                                   7 + r, st[r]);
           launch_fill_random_bf16(x[r].as<__nv_bfloat16>(), size_t(kMaxStepTokens) * K, 1.0f, 8 + r, st[r]);
@@ -447,10 +454,11 @@ int main(int argc, char** argv) {
           const int nt = bucket_nt(M);
           GemmRow row{tp, s.name, N, s.Ktot, M, -1, -1, -1, -1, 0, ""};
           row.limit_us = wbytes / (bw * 1e12) * 1e6;
-          std::vector<GemmConfig> pf(tp), pb(tp);
+          std::vector<GemmConfig> pf(tp), pb(tp), ps(tp);
           run_ranks(devs, [&](int r) {
             pf[r] = plan_gemm<EpiAllReduce>(N, K, nt, num_sms);
             pb[r] = plan_gemm<EpiStoreBf16>(N, K, nt, num_sms);
+            ps[r] = plan_gemm<EpiPeerStore>(N, K, nt, num_sms);
           });
           for (int r = 1; r < tp; ++r)
             if (pf[r].grid_x != pf[0].grid_x || pf[r].S != pf[0].S || pf[r].BR != pf[0].BR)
@@ -466,12 +474,13 @@ int main(int argc, char** argv) {
           a.K = K;
           a.m_active_max = M;
           const size_t cnt = size_t(M) * N;
-          // variant: 0 gemm, 1 gemm + nccl, 2 gemm + peer, 3 fused
-          for (int variant = 0; variant < 4; ++variant) {
+          // variant: 0 gemm, 1 gemm + nccl, 2 gemm + peer, 3 fused, 4 two kernels
+          // (GEMM into the symmetric buffer, all-reduce + residual add)
+          for (int variant = 0; variant < 5; ++variant) {
             if ((variant == 1 && !have_nccl) || (variant >= 2 && !peers)) continue;
             std::vector<cudaGraphExec_t> g(tp, nullptr);
             run_ranks(devs, [&](int r) {
-              const GemmConfig& c = variant == 3 ? pf[r] : pb[r];
+              const GemmConfig& c = variant == 3 ? pf[r] : variant == 4 ? ps[r] : pb[r];
               std::vector<CUtensorMap> wm;
               for (int i = 0; i < copies; ++i)
                 wm.push_back(make_tma_map_bf16(w[r].as<unsigned char>() + wbytes * i, N, K, K, c.BR));
@@ -485,8 +494,17 @@ int main(int argc, char** argv) {
               ef.out = AllReduceOut::Bf16;
               ef.out16 = y[r].as<__nv_bfloat16>();
               ef.ldo = N;
+              EpiPeerStore::Params es;
+              if (variant == 4) es.ch = peers->channel(r, 1);
+              es.N = N;
               g[r] = capture(st[r], [&] {
                 for (int i = 0; i < copies; ++i) {
+                  if (variant == 4) {
+                    launch_gemm<EpiPeerStore>(c, wm[i], xm, a, es, false, st[r]);
+                    launch_peer_allreduce_residual(es.ch, nullptr, M, N, h32[r].as<float>(),
+                                                   h16[r].as<__nv_bfloat16>(), ssq[r].as<float>(), false, st[r]);
+                    continue;
+                  }
                   if (variant == 3) {
                     launch_gemm_allreduce(c, wm[i], xm, a, ef, false, st[r]);
                     continue;
@@ -502,12 +520,16 @@ int main(int argc, char** argv) {
             });
             const double us = time_graphs(devs, st, g, copies, std::max(5, iters / 4));
             destroy_graphs(devs, g);
-            (variant == 0 ? row.gemm_us : variant == 1 ? row.gemm_nccl_us : variant == 2 ? row.gemm_peer_us
-                                                                                          : row.fused_us) = us;
+            (variant == 0   ? row.gemm_us
+             : variant == 1 ? row.gemm_nccl_us
+             : variant == 2 ? row.gemm_peer_us
+             : variant == 3 ? row.fused_us
+                            : row.two_kernel_us) = us;
           }
-          std::printf("  tp%d %-13s M=%2d: gemm %7.2f  +nccl %7.2f  +peer %7.2f  fused %7.2f us  (limit %6.2f; %s)\n",
-                      tp, s.name, M, row.gemm_us, row.gemm_nccl_us, row.gemm_peer_us, row.fused_us, row.limit_us,
-                      row.plan.c_str());
+          std::printf(
+              "  tp%d %-13s M=%2d: gemm %7.2f  +nccl %7.2f  +peer %7.2f  fused %7.2f  2-kernel %7.2f us  (limit %6.2f; %s)\n",
+              tp, s.name, M, row.gemm_us, row.gemm_nccl_us, row.gemm_peer_us, row.fused_us, row.two_kernel_us,
+              row.limit_us, row.plan.c_str());
           std::fflush(stdout);
           gemm_rows.push_back(row);
         }
@@ -561,6 +583,7 @@ int main(int argc, char** argv) {
            "\", \"N\": " + std::to_string(r.N) + ", \"K_total\": " + std::to_string(r.K) + ", \"M\": " +
            std::to_string(r.M) + ", \"gemm_us\": " + num(r.gemm_us) + ", \"gemm_nccl_us\": " + num(r.gemm_nccl_us) +
            ", \"gemm_peer_us\": " + num(r.gemm_peer_us) + ", \"fused_us\": " + num(r.fused_us) +
+           ", \"two_kernel_residual_us\": " + num(r.two_kernel_us) +
            ", \"weight_limit_us\": " + num(r.limit_us) + ", \"plan\": \"" + r.plan + "\"}";
     }
     j += "\n  ],\n  \"p2p_one_way\": [";

@@ -10,8 +10,10 @@
 // hidden size and the replicated fp32 residual stream whole. The attention
 // output and MLP down projections all-reduce through the row-parallel hook
 // (row_parallel.h), in two variants:
-//   peer-fused  the peer all-reduce in the GEMM epilogue (one kernel),
-//   nccl        GEMM, ncclAllReduce (bf16), residual-add kernel.
+//   peer-fused    the peer all-reduce in the GEMM epilogue (one kernel),
+//   peer-2kernel  GEMM into the symmetric buffer, then the peer all-reduce
+//                 kernel with the residual add (two kernels),
+//   nccl          GEMM, ncclAllReduce (bf16), residual-add kernel.
 // Every rank replays its step graph (batch 1, context 512, greedy, PDL on)
 // concurrently; the number is the slowest rank's median (CUDA events).
 // Physical limit of a step = weight bytes one rank reads / copy bandwidth of
@@ -190,7 +192,8 @@ int main(int argc, char** argv) {
     for (const std::string& shape : shapes) {
       const ModelConfig full = shape_config(shape);
       for (int tp : tps) {
-        std::vector<std::string> modes = tp == 1 ? std::vector<std::string>{"single"} : std::vector<std::string>{"peer-fused"};
+        std::vector<std::string> modes =
+            tp == 1 ? std::vector<std::string>{"single"} : std::vector<std::string>{"peer-fused", "peer-2kernel"};
 #if defined(SWIFTSPEC_HAVE_NCCL)
         if (tp > 1) modes.push_back("nccl");
 #endif
@@ -218,7 +221,8 @@ int main(int argc, char** argv) {
           }
           try {
             std::unique_ptr<PeerGroup> peers;
-            if (mode == "peer-fused") peers = std::make_unique<PeerGroup>(devs, size_t(kMaxStepTokens) * cfg.hidden_size, 2);
+            if (mode.rfind("peer", 0) == 0)
+              peers = std::make_unique<PeerGroup>(devs, size_t(kMaxStepTokens) * cfg.hidden_size, 2);
 #if defined(SWIFTSPEC_HAVE_NCCL)
             std::vector<std::unique_ptr<CudaCommunicator>> comms;
             if (mode == "nccl") comms = make_nccl_group(devs);
@@ -229,6 +233,9 @@ int main(int argc, char** argv) {
               CudaModelOptions co;
               co.device = r;
               if (mode == "peer-fused") co.row_parallel = make_peer_row_parallel(*peers, r, prop.multiProcessorCount);
+              if (mode == "peer-2kernel")
+                co.row_parallel =
+                    make_peer_row_parallel(*peers, r, prop.multiProcessorCount, PeerRowMode::TwoKernel);
 #if defined(SWIFTSPEC_HAVE_NCCL)
               if (mode == "nccl") co.row_parallel = make_nccl_row_parallel(*comms[r], cfg.hidden_size, prop.multiProcessorCount);
 #endif

@@ -49,11 +49,13 @@ def main(d):
             sws = " / ".join(fmt(sw.get(k)) for k in ("4", "16", "64"))
             print(f"| {r['tp']} | {r['bytes']} | {fmt(r['nccl_us'])} | {fmt(r['peer_us'])} | {fmt(sp)} | {sws} |")
         print()
-        print("| TP | shape | M | GEMM alone | GEMM + ncclAllReduce | GEMM + peer AR | fused GEMM+AR | weight limit | plan |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| TP | shape | M | GEMM alone | GEMM + ncclAllReduce | GEMM + peer AR | fused GEMM+AR | "
+              "GEMM→sym + AR/residual | weight limit | plan |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for r in b.get("row_parallel_gemm", []):
             print(f"| {r['tp']} | {r['shape']} N={r['N']} K={r['K_total']}/{r['tp']} | {r['M']} | {fmt(r['gemm_us'])} | "
                   f"{fmt(r['gemm_nccl_us'])} | {fmt(r['gemm_peer_us'])} | {fmt(r['fused_us'])} | "
+                  f"{fmt(r.get('two_kernel_residual_us'))} | "
                   f"{fmt(r['weight_limit_us'])} | {r.get('plan', '')} |")
         if b.get("p2p_one_way"):
             print("| message bytes | ncclSend/ncclRecv one-way (µs) | peer-memory one-way (µs) |")

@@ -14,7 +14,10 @@
 //  3. Row-parallel GEMM (Y = sum_r X_r W_r^T, bf16, fp32 accumulation) at the
 //     Llama-3-8B O / down projection shapes split over the TP degree, M = 1, 7,
 //     64: fused all-reduce epilogue (fp32 output; residual output with h16 and
-//     RMSNorm statistics), GEMM + ncclAllReduce, GEMM + peer all-reduce; all
+//     RMSNorm statistics), the two-kernel path (GEMM partials into the
+//     symmetric buffer, then the all-reduce + residual kernel: bit-identical
+//     to the fused residual output), GEMM + ncclAllReduce, GEMM + peer
+//     all-reduce; all
 //     against a double-precision host product: relative error < 1e-2, no
 //     unwritten (poisoned) element, rows >= M untouched, fused results
 //     bit-identical across ranks, row 0 bit-identical for M = 1 and M = 64.
@@ -544,6 +547,42 @@ void check_row_parallel(const std::vector<int>& devs, const char* name, int N, i
       const double eres = std::max({eh, e16, es});
       record(base + "M=" + std::to_string(M) + " fused all-reduce + residual (h32, h16, ssq)", eres, 1e-2,
              eres < 1e-2 && !bh && !b16 && !bs && !mism, fmt_bad(bh + b16 + bs, mism));
+
+      // (d) two kernels: GEMM partials into the symmetric buffer, then the
+      // peer all-reduce + residual kernel; same arithmetic as (b), so the
+      // results must equal (b)'s bit for bit.
+      std::vector<std::vector<float>> hh2(n), ss2(n);
+      std::vector<std::vector<uint16_t>> h162(n);
+      std::vector<GemmConfig> plans_s(n);
+      run_ranks(devs, [&](int r) { plans_s[r] = plan_gemm<EpiPeerStore>(N, K, nt, num_sms); });
+      run_ranks(devs, [&](int r) {
+        cudaStream_t st = streams.s[r];
+        const CUtensorMap wm = make_tma_map_bf16(rk[r].w.get(), N, K, K, plans_s[r].BR);
+        const CUtensorMap xm = make_tma_map_bf16(rk[r].x.get(), R, K, K, 8 * nt);
+        upload(rk[r].h32.get(), h0, st);
+        SS_CUDA_CHECK(cudaMemsetAsync(rk[r].h16.get(), 0xFF, 2 * static_cast<size_t>(R) * N, st));
+        SS_CUDA_CHECK(cudaMemsetAsync(rk[r].ssq.get(), 0xFF, sizeof(float) * R * (N / 16), st));
+        EpiPeerStore::Params e;
+        e.ch = peers->channel(r, 0);
+        e.N = N;
+        launch_gemm<EpiPeerStore>(plans_s[r], wm, xm, a, e, false, st);
+        launch_peer_allreduce_residual(peers->channel(r, 0), nullptr, M, N, rk[r].h32.as<float>(),
+                                       rk[r].h16.as<__nv_bfloat16>(), rk[r].ssq.as<float>(), false, st);
+        hh2[r] = download<float>(rk[r].h32.get(), static_cast<size_t>(M) * N, st);
+        h162[r] = download<uint16_t>(rk[r].h16.get(), static_cast<size_t>(M) * N, st);
+        ss2[r] = download<float>(rk[r].ssq.get(), static_cast<size_t>(M) * (N / 16), st);
+      });
+      size_t bh2 = 0, b162 = 0, bs2 = 0, mism2 = 0;
+      const double eh2 = rel_err(hh2[0], href, &bh2);
+      const double e162 = rel_err(to_float(h162[0]), href, &b162);
+      const double es2 = rel_err(ss2[0], sref, &bs2);
+      for (int r = 1; r < n; ++r) mism2 += (hh2[r] != hh2[0]) + (h162[r] != h162[0]) + (ss2[r] != ss2[0]);
+      const bool same = hh2[0] == hh[0] && h162[0] == h16[0] && ss2[0] == ss[0];
+      const double eres2 = std::max({eh2, e162, es2});
+      std::string det2 = fmt_bad(bh2 + b162 + bs2, mism2);
+      if (!same) det2 += "differs from the fused residual result";
+      record(base + "M=" + std::to_string(M) + " GEMM -> symmetric buffer + peer all-reduce/residual kernel", eres2,
+             1e-2, eres2 < 1e-2 && !bh2 && !b162 && !bs2 && !mism2 && same, det2);
     }  // peers
 
     // (c) GEMM -> bf16, then ncclAllReduce / the peer all-reduce.

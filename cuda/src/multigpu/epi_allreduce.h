@@ -55,6 +55,33 @@ struct EpiStoreBf16 {
 #endif
 };
 
+/// Y_r (bf16) straight into this rank's half of the peer channel's symmetric
+/// buffer for the channel's next launch (data[rank][epoch & 1], row m at
+/// m * N), for launch_peer_allreduce_residual() to reduce: the two-kernel
+/// path (no copy-in, and only that kernel's few CTAs exchange flags). The
+/// epoch is not advanced here; the all-reduce kernel that follows on the
+/// same stream does it.
+struct EpiPeerStore {
+  struct Params {
+    PeerChannel ch;
+    int N = 0;
+  };
+  static constexpr bool kNeedsRms = false;
+  static constexpr int kSmemBytes = 0;
+#if defined(__CUDACC__)
+  __device__ static void cta_init(const Params&, void*, int, int) {}
+  __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo,
+                               float hi, float, int m_active) {
+    if (!valid || m >= m_active) return;
+    const uint32_t e = peer_epoch(p.ch);
+    __nv_bfloat16* buf = p.ch.data[p.ch.rank] + (e & 1u) * p.ch.capacity + static_cast<size_t>(m) * p.N;
+    buf[tile * 16 + r] = __float2bfloat16_rn(lo);
+    buf[tile * 16 + r + 8] = __float2bfloat16_rn(hi);
+  }
+  __device__ static void cta_finish(const Params&, void*, int, int, int) {}
+#endif
+};
+
 /// What EpiAllReduce does with the reduced output Y [M][N].
 enum class AllReduceOut : int {
   F32 = 0,       ///< out32[m * ldo + row] = Y (tests, benchmarks)

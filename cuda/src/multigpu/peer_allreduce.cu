@@ -66,6 +66,69 @@ void launch_ar(const PeerChannel& ch, const __nv_bfloat16* in, __nv_bfloat16* ou
   SS_CUDA_CHECK(cudaLaunchKernelEx(&lc, &peer_allreduce_kernel<NR>, ch, in, out, count, chunk));
 }
 
+/// One thread per (token row, 16-column tile) item; items of rows past
+/// m_active are skipped, but every CTA takes part in the exchange.
+template <int NR>
+__global__ void __launch_bounds__(kArThreads)
+    peer_allreduce_residual_kernel(const PeerChannel ch, const int* m_active_ptr, int m_max, int N, float* h32,
+                                   __nv_bfloat16* h16, float* ssq) {
+  griddep_wait();
+  const uint32_t e = peer_epoch(ch);
+  const size_t half = (e & 1u) * ch.capacity;
+  int m_active = m_max;
+  if (m_active_ptr) m_active = min(m_active, *m_active_ptr);
+  peer_exchange(ch, static_cast<int>(blockIdx.x), e);
+  const int tiles = N >> 4;
+  const int item = static_cast<int>(blockIdx.x) * kArThreads + static_cast<int>(threadIdx.x);
+  const int m = item / tiles;
+  const int t = item - m * tiles;
+  if (m < m_active) {
+    const size_t off = static_cast<size_t>(m) * N + 16 * t;
+    float lo[8], hi[8];
+    peer_sum8<NR>(ch, half, off, lo);
+    peer_sum8<NR>(ch, half, off + 8, hi);
+    float4* hp = reinterpret_cast<float4*>(h32 + off);
+    float4 hv[4] = {hp[0], hp[1], hp[2], hp[3]};
+    float* a = reinterpret_cast<float*>(hv);
+    float s_lo = 0.f, s_hi = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      a[i] += lo[i];
+      s_lo += a[i] * a[i];
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      a[8 + i] += hi[i];
+      s_hi += a[8 + i] * a[8 + i];
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) hp[i] = hv[i];
+    uint4 o[2];
+    __nv_bfloat162* ob = reinterpret_cast<__nv_bfloat162*>(o);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) ob[i] = __floats2bfloat162_rn(a[2 * i], a[2 * i + 1]);
+    reinterpret_cast<uint4*>(h16 + off)[0] = o[0];
+    reinterpret_cast<uint4*>(h16 + off)[1] = o[1];
+    ssq[static_cast<size_t>(m) * tiles + t] = s_lo + s_hi;
+  }
+  peer_finish_launch(ch);
+}
+
+template <int NR>
+void launch_arr(const PeerChannel& ch, const int* m_active_ptr, int m_max, int N, float* h32, __nv_bfloat16* h16,
+                float* ssq, int ctas, bool pdl, cudaStream_t st) {
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(static_cast<unsigned>(ctas), 1, 1);
+  lc.blockDim = dim3(kArThreads, 1, 1);
+  lc.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  lc.attrs = attr;
+  lc.numAttrs = pdl ? 1 : 0;
+  SS_CUDA_CHECK(cudaLaunchKernelEx(&lc, &peer_allreduce_residual_kernel<NR>, ch, m_active_ptr, m_max, N, h32, h16, ssq));
+}
+
 /// Restores the current device on scope exit.
 struct DeviceGuard {
   int prev = 0;
@@ -210,6 +273,34 @@ void PeerGroup::reset_state() {
   for (size_t i = 0; i < allocs_.size(); ++i) {
     SS_CUDA_CHECK(cudaSetDevice(devices_[i / channels_]));
     SS_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+}
+
+void launch_peer_allreduce_residual(const PeerChannel& ch, const int* m_active_ptr, int m_max, int N, float* h32,
+                                    __nv_bfloat16* h16, float* ssq, bool pdl, cudaStream_t stream) {
+  if (m_max <= 0) return;
+  if (N <= 0 || N % 16 != 0)
+    throw InvalidArgument("peer all-reduce + residual: N " + std::to_string(N) + " must be a positive multiple of 16");
+  if (static_cast<size_t>(m_max) * N > ch.capacity)
+    throw InvalidArgument("peer all-reduce + residual: " + std::to_string(m_max) + " x " + std::to_string(N) +
+                          " exceeds the channel's capacity of " + std::to_string(ch.capacity) + " elements");
+  if (!h32 || !h16 || !ssq || (reinterpret_cast<uintptr_t>(h32) | reinterpret_cast<uintptr_t>(h16)) % 16 != 0)
+    throw InvalidArgument("peer all-reduce + residual: h32 / h16 / ssq must be non-null, h32 and h16 16-byte aligned");
+  const int items = m_max * (N / 16);
+  const int ctas = (items + kArThreads - 1) / kArThreads;
+  if (ctas > kMaxPeerCtas)
+    throw InvalidArgument("peer all-reduce + residual: " + std::to_string(ctas) + " CTAs exceed the channel's " +
+                          std::to_string(kMaxPeerCtas) + " flag slots");
+  switch (ch.size) {
+    case 1: launch_arr<1>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream); break;
+    case 2: launch_arr<2>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream); break;
+    case 3: launch_arr<3>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream); break;
+    case 4: launch_arr<4>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream); break;
+    case 5: launch_arr<5>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream); break;
+    case 6: launch_arr<6>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream); break;
+    case 7: launch_arr<7>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream); break;
+    case 8: launch_arr<8>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream); break;
+    default: throw InvalidArgument("peer all-reduce + residual: group size " + std::to_string(ch.size) + " unsupported");
   }
 }
 

@@ -70,6 +70,21 @@ class PeerGroup {
   std::vector<PeerChannel> views_;     // [rank * channels + ch]
 };
 
+/// The second kernel of the two-kernel row-parallel path (after a GEMM with
+/// EpiPeerStore on the same channel and stream): for token rows m <
+/// min(*m_active_ptr, m_max) (null pointer: m_max), Y[m] = sum over ranks
+/// in rank order (fp32) of the bf16 partials in the channel's data for this
+/// launch, then h32[m] += Y[m], h16[m] = bf16(h32[m]), ssq[m][t] = (sum of
+/// squares of columns 16t..16t+7) + (of 16t+8..16t+15) — the same
+/// arithmetic as EpiAllReduce's residual output, so both paths give
+/// bit-identical results. h32 / h16 [m_max][N], ssq [m_max][N / 16], N % 16
+/// == 0, m_max * N <= capacity. One thread per 16-column tile; the CTAs
+/// (m_max * N / 4096 of them, at least one) exchange flags with the same CTA
+/// of every rank, then advance the channel's epoch. With `pdl`, launched as
+/// a programmatic dependent of the GEMM. Throws InvalidArgument.
+void launch_peer_allreduce_residual(const PeerChannel& ch, const int* m_active_ptr, int m_max, int N, float* h32,
+                                    __nv_bfloat16* h16, float* ssq, bool pdl, cudaStream_t stream);
+
 /// Offsets inside one rank/channel allocation (bytes).
 constexpr size_t kPeerFlagsBytes = sizeof(uint32_t) * kMaxPeerCtas * kMaxPeerRanks;
 constexpr size_t kPeerCountersOffset = kPeerFlagsBytes;       // epoch, done

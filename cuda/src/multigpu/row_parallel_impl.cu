@@ -49,7 +49,8 @@ void check_device(int want, const char* who) {
 
 class PeerRowParallel final : public RowParallel {
  public:
-  PeerRowParallel(const PeerGroup& g, int rank, int num_sms) : g_(g), rank_(rank), cache_(num_sms) {
+  PeerRowParallel(const PeerGroup& g, int rank, int num_sms, PeerRowMode mode)
+      : g_(g), rank_(rank), mode_(mode), cache_(num_sms), store_cache_(num_sms) {
     if (rank < 0 || rank >= g.size())
       throw InvalidArgument("make_peer_row_parallel: rank " + std::to_string(rank) + " is outside [0, " +
                             std::to_string(g.size()) + ")");
@@ -57,9 +58,23 @@ class PeerRowParallel final : public RowParallel {
   void residual_gemm(Kind kind, const void* w, const void* x, int nt, const GemmArgs& args,
                      const EpiResidual::Params& res, bool pdl, cudaStream_t stream) override {
     check_device(g_.device(rank_), "peer row-parallel GEMM");
+    const PeerChannel& ch = g_.channel(rank_, static_cast<int>(kind) % g_.channels());
+    if (mode_ == PeerRowMode::TwoKernel) {
+      const GemmConfig& c = store_cache_.plan(args.N, args.K, nt);
+      if (static_cast<size_t>(args.m_active_max) * args.N > ch.capacity)
+        throw InvalidArgument("peer row-parallel GEMM: outputs exceed the channel's capacity");
+      EpiPeerStore::Params e;
+      e.ch = ch;
+      e.N = args.N;
+      launch_gemm<EpiPeerStore>(c, store_cache_.map(w, args.N, args.K, c.BR),
+                                store_cache_.map(x, kMaxStepTokens, args.K, 8 * nt), args, e, pdl, stream);
+      launch_peer_allreduce_residual(ch, args.m_active_ptr, args.m_active_max, args.N, res.h32, res.h16, res.ssq, pdl,
+                                     stream);
+      return;
+    }
     const GemmConfig& c = cache_.plan(args.N, args.K, nt);
     EpiAllReduce::Params e;
-    e.ch = g_.channel(rank_, static_cast<int>(kind) % g_.channels());
+    e.ch = ch;
     e.N = args.N;
     e.out = AllReduceOut::Residual;
     e.h32 = res.h32;
@@ -70,12 +85,14 @@ class PeerRowParallel final : public RowParallel {
   }
   int size() const override { return g_.size(); }
   int rank() const override { return rank_; }
-  const char* name() const override { return "peer-fused"; }
+  const char* name() const override { return mode_ == PeerRowMode::Fused ? "peer-fused" : "peer-2kernel"; }
 
  private:
   const PeerGroup& g_;
   int rank_;
+  PeerRowMode mode_;
   PlanCache<EpiAllReduce> cache_;
+  PlanCache<EpiPeerStore> store_cache_;
 };
 
 #if defined(SWIFTSPEC_HAVE_NCCL)
@@ -121,8 +138,8 @@ class NcclRowParallel final : public RowParallel {
 
 }  // namespace
 
-std::shared_ptr<RowParallel> make_peer_row_parallel(const PeerGroup& group, int rank, int num_sms) {
-  return std::make_shared<PeerRowParallel>(group, rank, num_sms);
+std::shared_ptr<RowParallel> make_peer_row_parallel(const PeerGroup& group, int rank, int num_sms, PeerRowMode mode) {
+  return std::make_shared<PeerRowParallel>(group, rank, num_sms, mode);
 }
 
 #if defined(SWIFTSPEC_HAVE_NCCL)

@@ -1,9 +1,11 @@
 // Implementations of the tensor-parallel hook of the CUDA model
 // (row_parallel.h), one object per rank:
-//   make_peer_row_parallel  the GEMM with the peer all-reduce fused into its
-//                           epilogue (EpiAllReduce, residual output): one
-//                           kernel per projection, rank-order sums, results
-//                           bit-identical on every rank;
+//   make_peer_row_parallel  the peer all-reduce (rank-order sums, results
+//                           bit-identical on every rank), either fused into
+//                           the GEMM epilogue (EpiAllReduce, residual output:
+//                           one kernel per projection) or as a second kernel
+//                           reading the GEMM's partials from the symmetric
+//                           buffer and adding the residual (two kernels);
 //   make_nccl_row_parallel  the plain GEMM (bf16 partial output), then
 //                           ncclAllReduce (bf16, in place) and a residual-add
 //                           kernel: three kernels per projection.
@@ -23,10 +25,18 @@
 
 namespace swiftspec::cuda {
 
+/// How the peer hook completes a row-parallel projection.
+enum class PeerRowMode {
+  Fused,      ///< EpiAllReduce (residual output): every GEMM CTA exchanges its own tiles
+  TwoKernel,  ///< GEMM with EpiPeerStore into the symmetric buffer, then
+              ///< launch_peer_allreduce_residual (few CTAs exchange, no copy-in)
+};
+
 /// Rank `rank` of `group` (which must outlive the hook; capacity >= 64 *
 /// hidden; channel c serves projection kind c mod channels()). `num_sms`:
 /// SMs of the GEMM grids (the model's). Throws InvalidArgument for a bad rank.
-std::shared_ptr<RowParallel> make_peer_row_parallel(const PeerGroup& group, int rank, int num_sms);
+std::shared_ptr<RowParallel> make_peer_row_parallel(const PeerGroup& group, int rank, int num_sms,
+                                                    PeerRowMode mode = PeerRowMode::Fused);
 
 #if defined(SWIFTSPEC_HAVE_NCCL)
 /// Rank comm.rank() of an NCCL group (`comm` must outlive the hook; its
