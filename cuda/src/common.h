@@ -31,6 +31,21 @@ namespace swiftspec::cuda {
 
 namespace swiftspec::cuda {
 
+/// Bit of the current device in "done once per device" masks (kernel
+/// attributes): cudaFuncSetAttribute applies to the current device only, so a
+/// process that launches a kernel on several GPUs (tensor parallelism, one
+/// thread per GPU) must set it once per device. Ordinals >= 64 get no bit (0):
+/// callers then set the attribute on every call (the call is idempotent).
+inline uint64_t current_device_bit() {
+  int dev = 0;
+  SS_CUDA_CHECK(cudaGetDevice(&dev));
+  return dev < 64 ? uint64_t(1) << dev : 0;
+}
+
+}  // namespace swiftspec::cuda
+
+namespace swiftspec::cuda {
+
 // ---------------------------------------------------------------------------
 // Device helpers
 // ---------------------------------------------------------------------------

@@ -17,6 +17,7 @@
 #include "kernels/epilogues.h"
 #include "kernels/gemm_skinny.h"
 #include "kernels/kernels.h"
+#include "row_parallel.h"
 #include "step_desc.h"
 #include "tma_map.h"
 #include "weight_layout.h"
@@ -835,7 +836,10 @@ class CudaModelImpl final : public CudaModel {
         a.K = nq;
         a.m_active_ptr = n_ptr;
         a.m_active_max = rows;
-        gemm<EpiResidual>(kO, L.o.get(), H, nq, attn_.get(), nt, a, res, s);
+        if (copt_.row_parallel)
+          copt_.row_parallel->residual_gemm(RowParallel::kAttnOut, L.o.get(), attn_.get(), nt, a, res, pdl_, s);
+        else
+          gemm<EpiResidual>(kO, L.o.get(), H, nq, attn_.get(), nt, a, res, s);
       }
       {
         GemmArgs a = norm_args;
@@ -851,7 +855,10 @@ class CudaModelImpl final : public CudaModel {
         a.K = I;
         a.m_active_ptr = n_ptr;
         a.m_active_max = rows;
-        gemm<EpiResidual>(kDown, L.down.get(), H, I, act_.get(), nt, a, res, s);
+        if (copt_.row_parallel)
+          copt_.row_parallel->residual_gemm(RowParallel::kMlpDown, L.down.get(), act_.get(), nt, a, res, pdl_, s);
+        else
+          gemm<EpiResidual>(kDown, L.down.get(), H, I, act_.get(), nt, a, res, s);
       }
     }
     if (mode == LogitsMode::None) return;

@@ -21,8 +21,9 @@
 //    (each element is reduced on its own): the batch invariance the lossless
 //    greedy claim needs (model.h, "Exactness").
 //  - NCCL (CUDA builds): provided by the CUDA backend as
-//    `make_nccl_group(devices)` in cuda/include/swiftspec_cuda/ (device
-//    pointers; calls are enqueued on the stream given to set_stream()).
+//    `make_nccl_group(devices)` in cuda/include/swiftspec_cuda/nccl_group.h
+//    (device pointers; calls are enqueued on the stream given to
+//    set_stream() and return before the GPU has done them; NCCL's sum order).
 #pragma once
 #include <cstddef>
 #include <memory>

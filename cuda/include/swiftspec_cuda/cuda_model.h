@@ -30,6 +30,10 @@
 
 namespace swiftspec {
 
+namespace cuda {
+class RowParallel;  // cuda/src/row_parallel.h
+}
+
 /// A CUDA runtime / driver call failed, or the device cannot run this backend
 /// (no GPU, compute capability below 9.0, out of device memory). The message
 /// names the call, the file:line and the CUDA error string.
@@ -74,6 +78,14 @@ struct CudaModelOptions {
   /// models on one GPU, the block scheduler starts a higher-priority stream's
   /// pending CTAs first (it does not preempt running ones).
   int stream_priority = 0;
+  /// Tensor parallelism (issue 7): with a hook, this model is one rank of a
+  /// tensor-parallel group; its ModelConfig is the rank's shard shape (heads,
+  /// KV heads, intermediate size and vocabulary divided by the TP degree) and
+  /// the attention-output and MLP-down projections go through the hook, which
+  /// all-reduces their partial outputs over the group (cuda/src/row_parallel.h;
+  /// implementations in cuda/src/multigpu/). Every rank must run the same
+  /// steps, concurrently, one thread each. Null (default): one GPU.
+  std::shared_ptr<cuda::RowParallel> row_parallel;
 };
 
 /// The CUDA model. Implements swiftspec::Model; adds GPU-side greedy decoding

@@ -21,6 +21,7 @@
 // CTA — combines the chunks in chunk order. The arithmetic seen by a token is
 // therefore the same whether it is decoded alone or verified inside a tree,
 // and whatever the step's batch size.
+#include <atomic>
 #include <cmath>
 
 #include "common.h"
@@ -338,13 +339,14 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
 
 template <int HD>
 void launch_attention_hd(const AttnParams& p, int rows, bool pdl, cudaStream_t stream) {
-  static bool attr_done = false;
+  static std::atomic<uint64_t> attr_done{0};  // per device (current_device_bit)
   constexpr size_t smem = attn_smem_bytes<HD>();
-  if (!attr_done) {
+  const uint64_t bit = current_device_bit();
+  if (!bit || !(attr_done.load(std::memory_order_acquire) & bit)) {
     SS_CUDA_CHECK(cudaFuncSetAttribute(&attention_kernel<HD>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem)));
-    attr_done = true;
+    attr_done.fetch_or(bit, std::memory_order_acq_rel);
   }
   cudaLaunchConfig_t lc = {};
   const int blocks = (rows + p.tokens_per_block - 1) / p.tokens_per_block;

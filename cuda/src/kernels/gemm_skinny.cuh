@@ -5,6 +5,8 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "common.h"
@@ -447,12 +449,13 @@ struct GemmInst {
   static size_t smem() { return gemm_smem_bytes<NT, TM, WR>(Epi::kSmemBytes); }
   static void* fn() { return reinterpret_cast<void*>(&gemm_skinny_kernel<NT, TM, WR, Epi>); }
   static void prepare() {
-    static bool done = false;  // attribute set once per process (per device 0)
-    if (!done) {
+    static std::atomic<uint64_t> done{0};  // one bit per device ordinal (see current_device_bit)
+    const uint64_t bit = current_device_bit();
+    if (!bit || !(done.load(std::memory_order_acquire) & bit)) {
       SS_CUDA_CHECK(cudaFuncSetAttribute(&gemm_skinny_kernel<NT, TM, WR, Epi>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem())));
-      done = true;
+      done.fetch_or(bit, std::memory_order_acq_rel);
     }
   }
 };
@@ -471,25 +474,28 @@ void gemm_dispatch(int NT, int TM, int WR, F&& f) {
                         std::to_string(TM) + " WR=" + std::to_string(WR));
 }
 
-/// Dynamic shared memory opt-in limit of device 0 (bytes).
+/// Dynamic shared memory opt-in limit of the current device (bytes), cached
+/// per device ordinal (< 64; others are asked every time).
 inline int gemm_smem_optin() {
-  static int v = [] {
-    int dev = 0, x = 0;
-    SS_CUDA_CHECK(cudaGetDevice(&dev));
-    SS_CUDA_CHECK(cudaDeviceGetAttribute(&x, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return x;
-  }();
-  return v;
+  static std::atomic<int> cache[64] = {};
+  int dev = 0, x = 0;
+  SS_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 64 && (x = cache[dev].load(std::memory_order_relaxed)) > 0) return x;
+  SS_CUDA_CHECK(cudaDeviceGetAttribute(&x, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (dev < 64) cache[dev].store(x, std::memory_order_relaxed);
+  return x;
 }
 
 template <int NT, int WG, class Epi>
 struct GemmWgmmaInst {
   static void prepare() {
-    static bool done = false;  // the opt-in maximum once: occupancy follows the launch's size
-    if (!done) {
+    // The opt-in maximum once per device: occupancy follows the launch's size.
+    static std::atomic<uint64_t> done{0};
+    const uint64_t bit = current_device_bit();
+    if (!bit || !(done.load(std::memory_order_acquire) & bit)) {
       SS_CUDA_CHECK(cudaFuncSetAttribute(&gemm_wgmma_kernel<NT, WG, Epi>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, gemm_smem_optin()));
-      done = true;
+      done.fetch_or(bit, std::memory_order_acq_rel);
     }
   }
 };
