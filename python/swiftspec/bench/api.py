@@ -76,6 +76,9 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
     if out is not None and out.exists() and not out.is_dir():
         raise BenchConfigError(f"--out {out} exists and is not a folder")
     machine = mach.machine_info()
+    # The code this process runs is the checkout as it is now: a commit made while a long run goes
+    # on must not be recorded as the measured one.
+    commit = mach.commit_info()
     runner = Runner(settings, config_list, out, progress=progress, skip_unavailable=skip_unavailable, log=log)
     runner.load()
     if resume and out is None:
@@ -96,7 +99,7 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
     tok = runner.tokenizer
     doc = build_document(
         created=created, command=command if command is not None else mach.command_line(),
-        commit=mach.commit_info(), machine=machine, settings=settings_block, configs=runner.configs_block(),
+        commit=commit, machine=machine, settings=settings_block, configs=runner.configs_block(),
         rows=runner.rows, wall_time_s=time.perf_counter() - t0, load_average_end=mach.load_average(),
         interrupted=runner.interrupted, decode=(lambda ids: tok.decode(ids)) if tok is not None else None)
     try:
