@@ -153,6 +153,8 @@ if has cpu_lossless; then
   # LOSSLESS_RESUME_FROM: a folder of the repo holding an earlier machine's lossless_cpu_tp*.jsonl
   # (e.g. benchmarks/2026-11-29-lossless-cpu-x2host): its prompts are not checked again.
   if [ -n "${LOSSLESS_RESUME_FROM:-}" ]; then
+    ls "$LOSSLESS_RESUME_FROM"/lossless_cpu_tp*.jsonl > /dev/null 2>&1 \
+      || { log "LOSSLESS_RESUME_FROM=$LOSSLESS_RESUME_FROM holds no lossless_cpu_tp*.jsonl"; exit 1; }
     for f in "$LOSSLESS_RESUME_FROM"/lossless_cpu_tp*.jsonl; do
       [ -f "$LDIR/$(basename "$f")" ] || cp "$f" "$LDIR/"
     done

@@ -21,8 +21,8 @@ def teacher_forced_reference(model, prompt_ids, candidate, max_new_tokens: int,
     each row is bit-identical to the decode step's, so when every row's argmax (first maximum,
     as sampling.cpp) is the candidate's next token, and the candidate ended where decoding would
     (max_new_tokens reached, or its last token is one of `stop_token_ids`, the request's stop
-tokens), the candidate IS the target-only
-    output. Returns it then; None when any position disagrees (the caller decodes instead).
+    tokens), the candidate IS the target-only output. Returns it then; None when any position
+    disagrees (the caller decodes instead).
     Leaves the model's committed KV empty.
 
     model: a loaded target (swiftspec_core model, any TP degree); prompt_ids: the prompt's

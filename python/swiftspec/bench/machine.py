@@ -108,8 +108,9 @@ def _git(root: Path, *args: str, strip: bool = True) -> str | None:
 
 def commit_info(root: Path | None = None) -> dict:
     """``{"sha", "short", "branch", "dirty", "dirty_files"}`` of the work tree this package runs
-    from (or of ``root``, e.g. the checkout holding a script of ``tools/``). ``dirty`` counts modified tracked files (untracked files are ignored: they are other
-    people's work in progress more often than not); all None outside a git checkout. The
+    from (or of ``root``, e.g. the checkout holding a script of ``tools/``). ``dirty`` counts
+    modified tracked files (untracked files are ignored: they are other people's work in progress
+    more often than not); all None outside a git checkout. The
     environment variable SWIFTSPEC_COMMIT, if set, gives the sha instead (a copy on a GPU machine
     has no .git of its own; tools/gpu_e2e.sh sets it), the rest then None."""
     env_sha = os.environ.get("SWIFTSPEC_COMMIT") or None
