@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "common.h"
+#include "copy_bandwidth.h"
 #include "device_memory.h"
 #include "multigpu/peer_allreduce.h"
 #include "multigpu/rank_threads.h"
@@ -91,37 +92,6 @@ size_t model_bytes(const ModelConfig& c, const ModelOptions& o) {
   const size_t layer = 2 * (H * (nq + 2 * nkv) + H * nq + 2 * I * H + H * I);
   const size_t kv = 2 * 2 * size_t(c.num_layers) * nkv * (o.max_context + o.max_tree);
   return size_t(c.num_layers) * layer + 2 * 2 * size_t(c.vocab_size) * H + kv + (size_t(1) << 30);
-}
-
-double copy_bandwidth_tbs(int dev) {
-  SS_CUDA_CHECK(cudaSetDevice(dev));
-  cudaStream_t st;
-  SS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  const size_t bytes = size_t(2) << 30;
-  double bw = 0;
-  {
-    DeviceBuffer a(bytes), b(bytes);
-    SS_CUDA_CHECK(cudaMemsetAsync(a.get(), 1, bytes, st));
-    cudaEvent_t e0, e1;
-    SS_CUDA_CHECK(cudaEventCreate(&e0));
-    SS_CUDA_CHECK(cudaEventCreate(&e1));
-    std::vector<float> ms;
-    for (int i = 0; i < 13; ++i) {
-      SS_CUDA_CHECK(cudaEventRecord(e0, st));
-      SS_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, st));
-      SS_CUDA_CHECK(cudaEventRecord(e1, st));
-      SS_CUDA_CHECK(cudaEventSynchronize(e1));
-      float t = 0;
-      SS_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-      if (i >= 3) ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    bw = 2.0 * bytes / (ms[ms.size() / 2] * 1e-3) / 1e12;
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-  }
-  cudaStreamDestroy(st);
-  return bw;
 }
 
 struct Row {
