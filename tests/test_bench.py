@@ -157,16 +157,16 @@ def test_config_grammar_rejects(token):
 
 
 def test_config_sm_partition_option():
-    from swiftspec.bench.config import engine_key, sm_placement
+    from swiftspec.bench.config import engine_key, engine_placement
 
     c = parse_config("async:tree16:sm24", "cuda")
     assert (c.name, c.draft_sms, engine_key(c)) == ("async:tree16:sm24", 24, "cuda:sm24")
     assert engine_key(parse_config("async:tree16", "cuda")) == "cuda"
-    assert sm_placement(24) == {"draft": {"sm_partition": [0, 24]}, "target": {"sm_partition": [24, 0]}}
-    assert sm_placement(None) is None
+    assert engine_placement(24) == {"draft": {"sm_partition": [0, 24]}, "target": {"sm_partition": [24, 0]}}
+    assert engine_placement(None) is None
     h = parse_config("async:tree16:hp", "cuda")
     assert (h.name, h.target_priority, engine_key(h)) == ("async:tree16:hp", True, "cuda:hp")
-    assert sm_placement(None, True) == {"draft": {}, "target": {"stream_priority": -1000}}
+    assert engine_placement(None, True) == {"draft": {}, "target": {"stream_priority": -1000}}
     with pytest.raises(BenchConfigError, match="needs the cuda backend"):
         parse_config("async:tree16:hp", "cpu")
     with pytest.raises(BenchConfigError, match="needs the cuda backend"):
@@ -175,6 +175,19 @@ def test_config_sm_partition_option():
         parse_config("async:tree16:sm0@cuda")
     with pytest.raises(BenchConfigError, match="takes no shape or options"):
         parse_config("target:sm8@cuda")
+
+
+def test_config_draft_gpu_option():
+    from swiftspec.bench.config import engine_key, engine_placement
+
+    c = parse_config("async:tree16:dg1@cuda")
+    assert (c.name, c.draft_gpu, engine_key(c)) == ("async:tree16:dg1@cuda", 1, "cuda:dg1")
+    assert engine_placement(None, False, 1) == {"draft": {"devices": [1]}, "target": {"devices": [0]}}
+    assert parse_config("async:tree16:dg0:sm16", "cuda").name == "async:tree16:sm16:dg0"
+    with pytest.raises(BenchConfigError, match="dg1 puts the draft on a GPU; it needs the cuda backend"):
+        parse_config("async:tree16:dg1", "cpu")
+    with pytest.raises(BenchConfigError, match="option 'dg' given twice"):
+        parse_config("async:tree16:dg1:dg2@cuda")
 
 
 def test_config_list_adds_peers_and_drops_duplicates():

@@ -33,6 +33,14 @@ give each group an sm_partition, docs/green_contexts.md);
 first speculative output (exact on the batch-invariant CPU backend; one batched pass instead of
 --max-new-tokens decode steps), decoding only where a position disagrees; --reference both does both and stops
 if they ever differ (the check of that equivalence).
+--shard K/N checks every N-th prompt from the K-th of those not yet recorded in the --skip-done
+files, so N processes on disjoint cores share one run (each with its own --out); --merge
+FILE.jsonl ... then writes one report from their records (and earlier ones) without loading
+a model:
+
+  python tools/check_lossless.py --mode async --shard 0/2 --skip-done old.jsonl --out /tmp/s0 &
+  python tools/check_lossless.py --mode async --shard 1/2 --skip-done old.jsonl --out /tmp/s1 &
+  wait; python tools/check_lossless.py --mode async --merge old.jsonl /tmp/s0.jsonl /tmp/s1.jsonl --out all
 --target-tp N loads the target as a tensor-parallel model over N ranks (the reference is then
 target-only decoding with that same TP-N target: TP changes the reduction order); --placement
 puts the groups on cores ("auto": draft on core 0, target on the rest; or JSON, see
@@ -102,129 +110,104 @@ def target_logit_gap(model, prompt_ids, reference, speculative, position: int) -
     }
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mtbench", type=int, default=80, help="MT-Bench first turns to check (default 80)")
-    ap.add_argument("--humaneval", type=int, default=40, help="HumanEval problems to check (default 40)")
-    ap.add_argument("--limit", type=int, default=0, help="check only the first N prompts of the list (0: all)")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"name:budget:depth:branching,... ({DEFAULT_CONFIGS})")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--threads", type=int, default=0, help="CPU threads per model (0: all cores)")
-    ap.add_argument("--out", default=str(REPO / "benchmarks" / "lossless_greedy"), help="output path without suffix")
-    ap.add_argument("--resume", action="store_true", help="skip prompts already in <out>.jsonl")
-    ap.add_argument("--mode", default="serial",
-                    help="speculative mode(s) to check: serial, async, or a comma list (serial,async)")
-    ap.add_argument("--backend", choices=["cpu", "cuda"], default="cpu", help="backend of both models (default cpu)")
-    ap.add_argument("--target-tp", type=int, default=1, help="TP degree of the target group (default 1)")
-    ap.add_argument("--placement", default=None, help="'auto' or JSON placement of the draft and target groups")
-    ap.add_argument("--reference", choices=["decode", "prefill", "both"], default="decode",
-                    help="how the target-only reference is made: decode (target-only greedy decoding), prefill "
-                         "(confirm the first speculative output with one teacher-forced target pass; exact on "
-                         "batch-invariant backends, falls back to decoding where it disagrees), both (prefill "
-                         "and decode, and fail unless they agree)")
-    args = ap.parse_args(argv)
-    if args.reference != "decode" and args.backend != "cpu":
-        ap.error("--reference prefill/both needs the batch-invariant CPU backend")
-    modes = [m.strip() for m in args.mode.split(",") if m.strip()]
-    if not modes or any(m not in ("serial", "async") for m in modes) or len(set(modes)) != len(modes):
-        ap.error(f"--mode {args.mode!r}: give serial, async, or serial,async")
+def with_ext(out: Path, ext: str) -> Path:
+    """<out><ext>: appended, not replacing a suffix, so --out run.s0 writes run.s0.jsonl."""
+    return out.with_name(out.name + ext)
 
-    from swiftspec.bench.greedy_reference import teacher_forced_reference
-    from swiftspec.bench.machine import commit_label, machine_info
-    from swiftspec.fetch import ensure_checkpoint
-    from swiftspec.swiftspec_core import Engine, ModelOptions, load_model
-    from swiftspec.tokenizer import Tokenizer
 
-    configs = parse_configs(args.configs)
-    tdir = ensure_checkpoint(TARGET, args.dtype, progress=False)
-    ddir = ensure_checkpoint(DRAFT, args.dtype, progress=False)
-    tok = Tokenizer.from_checkpoint(tdir)
-    prompts = load_prompts(tok, args.mtbench, args.humaneval)
-    if args.limit:
-        prompts = prompts[: args.limit]
-    longest = max(len(p[3]) for p in prompts)
-    opts = ModelOptions()
-    opts.max_context = longest + args.max_new_tokens + 8
-    opts.max_tree = max(b for b, _, _ in configs.values()) + 2
-    opts.num_threads = args.threads
-    if args.placement or args.target_tp != 1:
-        from swiftspec.placement import load_models, normalize
+def parse_shard(text: str | None) -> tuple[int, int]:
+    """'K/N' -> (K, N) with 0 <= K < N; None -> (0, 1). Raises SystemExit naming the value."""
+    if text is None:
+        return 0, 1
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise SystemExit(f"--shard {text!r} must be K/N (e.g. 0/3)") from None
+    if n < 1 or not 0 <= k < n:
+        raise SystemExit(f"--shard {text!r}: need 0 <= K < N")
+    return k, n
 
-        placement = normalize(args.placement or {"target": {"tp": args.target_tp}}, target_tp=args.target_tp)
-        target_model, draft_model = load_models(tdir, ddir, placement, backend=args.backend,
-                                                max_context=opts.max_context, max_tree=opts.max_tree,
-                                                num_threads=args.threads)
-    else:
-        placement = None
-        target_model, draft_model = load_model(str(tdir), args.backend, opts), load_model(str(ddir), args.backend, opts)
-    engine = Engine(target_model, draft_model)
-    # (mode, config name) -> record key: the bare name when one mode is checked (as before).
-    checks = [(m, name, f"{m}:{name}" if len(modes) > 1 else name) for m in modes for name in configs]
 
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    progress_path = out.with_suffix(".jsonl")
+def select_prompts(prompts: list, skip: dict, shard_k: int, shard_n: int) -> list:
+    """The prompts (dataset, index, ...) of shard K of N: every N-th, from the K-th, of those
+    whose (dataset, index) is not in `skip`. The shard is taken over what the --skip-done files
+    lack, not over a run's own progress, so a resumed shard keeps its prompts and the N shards
+    differ in size by at most one."""
+    return [p for p in prompts if (p[0], p[1]) not in skip][shard_k::shard_n]
+
+
+def read_records(paths) -> dict:
+    """{(dataset, index): record} from progress files (<out>.jsonl), the first record of a prompt
+    winning. Raises SystemExit naming a file that is missing or not JSON lines."""
     done = {}
-    if args.resume and progress_path.exists():
-        for line in progress_path.read_text().splitlines():
-            rec = json.loads(line)
-            done[(rec["dataset"], rec["index"])] = rec
-    elif progress_path.exists():
-        progress_path.unlink()
+    for path in paths:
+        path = Path(path)
+        if not path.is_file():
+            raise SystemExit(f"records file {path} does not exist")
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            try:
+                rec = json.loads(line)
+                key = (rec["dataset"], rec["index"])
+            except (ValueError, KeyError, TypeError):
+                raise SystemExit(f"{path}:{n} is not a check_lossless record") from None
+            done.setdefault(key, rec)
+    return done
 
-    records = []
-    t_start = time.time()
-    for n, (dataset, index, pid, ids) in enumerate(prompts):
-        if (dataset, index) in done:
-            records.append(done[(dataset, index)])
-            continue
-        results = {}
-        for mode, name, key in checks:
-            budget, depth, branching = configs[name]
-            results[key] = engine.generate(ids, max_new_tokens=args.max_new_tokens, mode=mode, tree_budget=budget,
-                                           max_depth=depth, branching=branching)
-        ref_tokens, ref_finish, ref_how, decode_s = None, None, "decode", None
-        if args.reference in ("prefill", "both"):
-            first = next(iter(results.values()))
-            # No stop tokens in these requests: every output runs to --max-new-tokens.
-            ref_tokens = teacher_forced_reference(target_model, ids, first["tokens"], args.max_new_tokens)
-            if ref_tokens is not None:
-                ref_finish, ref_how = ("length" if len(ref_tokens) == args.max_new_tokens else "stop"), "prefill"
-        if ref_tokens is None or args.reference == "both":
-            ref = engine.generate(ids, max_new_tokens=args.max_new_tokens, mode="target")
-            decode_s = ref["stats"]["decode_time"]
-            if ref_tokens is not None and ref_tokens != ref["tokens"]:
-                raise SystemExit(f"{dataset}#{index}: the teacher-forced reference differs from target-only "
-                                 "decoding: the backend is not batch-invariant, use --reference decode")
-            ref_how = "prefill+decode (equal)" if ref_tokens is not None else "decode"
-            ref_tokens, ref_finish = ref["tokens"], ref["stats"]["finish_reason"]
-        rec = {"dataset": dataset, "index": index, "id": pid, "prompt_tokens": len(ids),
-               "reference_tokens": len(ref_tokens), "reference_finish": ref_finish, "reference_from": ref_how,
-               "target_only_decode_s": decode_s, "configs": {}}
-        for mode, name, key in checks:
-            res = results[key]
-            a, b = res["tokens"], ref_tokens
-            diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-            if diff is None and len(a) != len(b):
-                diff = min(len(a), len(b))
-            st = res["stats"]
-            rec["configs"][key] = {
-                "equal": a == b, "first_difference": diff, "new_tokens": len(a),
-                "acceptance_length": st["acceptance_length"], "verification_steps": st["verification_steps"],
-                "draft_steps": st["draft_steps"], "decode_s": st["decode_time"], "target_s": st["target_time"],
-                "draft_s": st["draft_time"],
-                "divergence": None if diff is None else target_logit_gap(target_model, ids, b, a, diff),
-            }
-        records.append(rec)
-        with progress_path.open("a") as f:
-            f.write(json.dumps(rec) + "\n")
-        status = " ".join(f"{k}={'ok' if v['equal'] else 'DIFF@' + str(v['first_difference'])}"
-                          f"({v['acceptance_length']:.2f})" for k, v in rec["configs"].items())
-        print(f"[{n + 1}/{len(prompts)}] {dataset}#{index}: {status}  ({time.time() - t_start:.0f}s)", flush=True)
+
+def check_one(engine, target_model, args, checks, configs, dataset, index, pid, ids) -> dict:
+    """One prompt: every (mode, config) speculative output against the target-only reference."""
+    from swiftspec.bench.greedy_reference import teacher_forced_reference
+
+    results = {}
+    for mode, name, key in checks:
+        budget, depth, branching = configs[name]
+        results[key] = engine.generate(ids, max_new_tokens=args.max_new_tokens, mode=mode, tree_budget=budget,
+                                       max_depth=depth, branching=branching)
+    ref_tokens, ref_finish, ref_how, decode_s = None, None, "decode", None
+    if args.reference in ("prefill", "both"):
+        first = next(iter(results.values()))
+        # No stop tokens in these requests: every output runs to --max-new-tokens.
+        ref_tokens = teacher_forced_reference(target_model, ids, first["tokens"], args.max_new_tokens)
+        if ref_tokens is not None:
+            ref_finish, ref_how = ("length" if len(ref_tokens) == args.max_new_tokens else "stop"), "prefill"
+    if ref_tokens is None or args.reference == "both":
+        ref = engine.generate(ids, max_new_tokens=args.max_new_tokens, mode="target")
+        decode_s = ref["stats"]["decode_time"]
+        if ref_tokens is not None and ref_tokens != ref["tokens"]:
+            raise SystemExit(f"{dataset}#{index}: the teacher-forced reference differs from target-only "
+                             "decoding: the backend is not batch-invariant, use --reference decode")
+        ref_how = "prefill+decode (equal)" if ref_tokens is not None else "decode"
+        ref_tokens, ref_finish = ref["tokens"], ref["stats"]["finish_reason"]
+    rec = {"dataset": dataset, "index": index, "id": pid, "prompt_tokens": len(ids),
+           "reference_tokens": len(ref_tokens), "reference_finish": ref_finish, "reference_from": ref_how,
+           "target_only_decode_s": decode_s, "configs": {}}
+    for mode, name, key in checks:
+        res = results[key]
+        a, b = res["tokens"], ref_tokens
+        diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if diff is None and len(a) != len(b):
+            diff = min(len(a), len(b))
+        st = res["stats"]
+        rec["configs"][key] = {
+            "equal": a == b, "first_difference": diff, "new_tokens": len(a),
+            "acceptance_length": st["acceptance_length"], "verification_steps": st["verification_steps"],
+            "draft_steps": st["draft_steps"], "decode_s": st["decode_time"], "target_s": st["target_time"],
+            "draft_s": st["draft_time"],
+            "divergence": None if diff is None else target_logit_gap(target_model, ids, b, a, diff),
+        }
+    return rec
+
+
+def write_report(out: Path, args, checks, configs, records: list, placement, wall_s: float) -> list:
+    """Writes <out>.json and <out>.md for `records`; returns the differing outputs."""
+    from swiftspec.bench.machine import commit_label, machine_info
 
     summary = {}
     for mode, name, key in checks:
+        missing = [f"{r['dataset']}#{r['index']}" for r in records if key not in r["configs"]]
+        if missing:
+            raise SystemExit(f"records of {', '.join(missing[:5])} have no result for {key!r}: were they made "
+                             f"with another --mode/--configs? (their keys: {sorted(records[0]['configs'])})")
         rows = [r["configs"][key] for r in records]
         summary[key] = {
             "mode": mode, "tree_budget": configs[name][0], "max_depth": configs[name][1],
@@ -245,10 +228,11 @@ def main(argv=None) -> int:
         "max_new_tokens": args.max_new_tokens, "prompts": {"mtbench_first_turns": sum(r["dataset"] == "mtbench" for r in records),
                                                            "humaneval": sum(r["dataset"] == "humaneval" for r in records)},
         "git_commit": commit_label(REPO), "machine": machine_info(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "wall_s": time.time() - t_start,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "wall_s": wall_s,
+        "merged_from": [str(p) for p in args.merge] if args.merge else None,
         "summary": summary, "records": records,
     }
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    with_ext(out, ".json").write_text(json.dumps(result, indent=1))
     lines = [
         f"# Greedy losslessness of {args.mode} speculative decoding"
         + (f" (target TP {args.target_tp})" if args.target_tp != 1 else ""),
@@ -257,7 +241,7 @@ def main(argv=None) -> int:
         f"{result['prompts']['mtbench_first_turns']} MT-Bench first turns + {result['prompts']['humaneval']} HumanEval "
         f"prompts (chat template). Target-only reference: {args.reference} (see the tool's help). "
         f"Commit {result['git_commit']}, {result['date']}. Produced by "
-        "`tools/check_lossless.py`.",
+        "`tools/check_lossless.py`" + (f" --merge of {len(args.merge)} record files." if args.merge else "."),
         "",
         "| config | tree_budget | max_depth | branching | identical to target-only | mean acceptance length |",
         "|---|---:|---:|---:|---:|---:|",
@@ -279,9 +263,114 @@ def main(argv=None) -> int:
                          f"{d.get('speculative_token', '-')} | {fmt(d.get('top2_gap'))} | "
                          f"{fmt(d.get('reference_minus_speculative'))} |")
         lines.append("")
-    out.with_suffix(".md").write_text("\n".join(lines))
+    with_ext(out, ".md").write_text("\n".join(lines))
     print("\n".join(lines))
-    return 1 if bad else 0
+    return bad
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mtbench", type=int, default=80, help="MT-Bench first turns to check (default 80)")
+    ap.add_argument("--humaneval", type=int, default=40, help="HumanEval problems to check (default 40)")
+    ap.add_argument("--limit", type=int, default=0, help="check only the first N prompts of the list (0: all)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"name:budget:depth:branching,... ({DEFAULT_CONFIGS})")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads per model (0: all cores)")
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "lossless_greedy"), help="output path without suffix")
+    ap.add_argument("--resume", action="store_true", help="skip prompts already in <out>.jsonl")
+    ap.add_argument("--shard", default=None, metavar="K/N",
+                    help="check only every N-th prompt, from the K-th, of those not in the --skip-done files")
+    ap.add_argument("--skip-done", nargs="+", default=[], metavar="JSONL",
+                    help="progress files of earlier runs: their prompts are not checked (nor reported) here")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSONL",
+                    help="write one report from these progress files (same --mode/--configs) and exit; "
+                         "loads no model")
+    ap.add_argument("--mode", default="serial",
+                    help="speculative mode(s) to check: serial, async, or a comma list (serial,async)")
+    ap.add_argument("--backend", choices=["cpu", "cuda"], default="cpu", help="backend of both models (default cpu)")
+    ap.add_argument("--target-tp", type=int, default=1, help="TP degree of the target group (default 1)")
+    ap.add_argument("--placement", default=None, help="'auto' or JSON placement of the draft and target groups")
+    ap.add_argument("--reference", choices=["decode", "prefill", "both"], default="decode",
+                    help="how the target-only reference is made: decode (target-only greedy decoding), prefill "
+                         "(confirm the first speculative output with one teacher-forced target pass; exact on "
+                         "batch-invariant backends, falls back to decoding where it disagrees), both (prefill "
+                         "and decode, and fail unless they agree)")
+    args = ap.parse_args(argv)
+    if args.reference != "decode" and args.backend != "cpu":
+        ap.error("--reference prefill/both needs the batch-invariant CPU backend")
+    modes = [m.strip() for m in args.mode.split(",") if m.strip()]
+    if not modes or any(m not in ("serial", "async") for m in modes) or len(set(modes)) != len(modes):
+        ap.error(f"--mode {args.mode!r}: give serial, async, or serial,async")
+    shard_k, shard_n = parse_shard(args.shard)
+    configs = parse_configs(args.configs)
+    # (mode, config name) -> record key: the bare name when one mode is checked (as before).
+    checks = [(m, name, f"{m}:{name}" if len(modes) > 1 else name) for m in modes for name in configs]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    if args.merge:
+        merged = read_records(args.merge)
+        order = {"mtbench": 0, "humaneval": 1}
+        records = [merged[k] for k in sorted(merged, key=lambda k: (order.get(k[0], 2), k[0], k[1]))]
+        if not records:
+            raise SystemExit("--merge: the files hold no records")
+        return 1 if write_report(out, args, checks, configs, records, None, 0.0) else 0
+
+    from swiftspec.fetch import ensure_checkpoint
+    from swiftspec.swiftspec_core import Engine, ModelOptions, load_model
+    from swiftspec.tokenizer import Tokenizer
+
+    skip = read_records(args.skip_done)
+    tdir = ensure_checkpoint(TARGET, args.dtype, progress=False)
+    ddir = ensure_checkpoint(DRAFT, args.dtype, progress=False)
+    tok = Tokenizer.from_checkpoint(tdir)
+    prompts = load_prompts(tok, args.mtbench, args.humaneval)
+    if args.limit:
+        prompts = prompts[: args.limit]
+    prompts = select_prompts(prompts, skip, shard_k, shard_n)
+    if not prompts:
+        print("nothing to check: every prompt is in the --skip-done files (or this shard is empty)")
+        return 0
+    longest = max(len(p[3]) for p in prompts)
+    opts = ModelOptions()
+    opts.max_context = longest + args.max_new_tokens + 8
+    opts.max_tree = max(b for b, _, _ in configs.values()) + 2
+    opts.num_threads = args.threads
+    if args.placement or args.target_tp != 1:
+        from swiftspec.placement import load_models, normalize
+
+        placement = normalize(args.placement or {"target": {"tp": args.target_tp}}, target_tp=args.target_tp)
+        target_model, draft_model = load_models(tdir, ddir, placement, backend=args.backend,
+                                                max_context=opts.max_context, max_tree=opts.max_tree,
+                                                num_threads=args.threads)
+    else:
+        placement = None
+        target_model, draft_model = load_model(str(tdir), args.backend, opts), load_model(str(ddir), args.backend, opts)
+    engine = Engine(target_model, draft_model)
+
+    progress_path = with_ext(out, ".jsonl")
+    done = {}
+    if args.resume and progress_path.exists():
+        done = read_records([progress_path])
+    elif progress_path.exists():
+        progress_path.unlink()
+
+    records = []
+    t_start = time.time()
+    for n, (dataset, index, pid, ids) in enumerate(prompts):
+        if (dataset, index) in done:
+            records.append(done[(dataset, index)])
+            continue
+        rec = check_one(engine, target_model, args, checks, configs, dataset, index, pid, ids)
+        records.append(rec)
+        with progress_path.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+        status = " ".join(f"{k}={'ok' if v['equal'] else 'DIFF@' + str(v['first_difference'])}"
+                          f"({v['acceptance_length']:.2f})" for k, v in rec["configs"].items())
+        print(f"[{n + 1}/{len(prompts)}] {dataset}#{index}: {status}  ({time.time() - t_start:.0f}s)", flush=True)
+
+    return 1 if write_report(out, args, checks, configs, records, placement, time.time() - t_start) else 0
 
 
 if __name__ == "__main__":

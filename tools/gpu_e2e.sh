@@ -23,12 +23,12 @@
 #   lossless  tools/check_lossless.py --backend cuda: target-only vs serial vs async greedy on
 #             LOSSLESS_MTBENCH (80) MT-Bench first turns + LOSSLESS_HUMANEVAL (40) HumanEval
 #             prompts, LOSSLESS_TOKENS (128) new tokens, configs LOSSLESS_CONFIGS (tree16:16:8:2)
-#   cpu_lossless  the same check on the CPU backend of this machine's cores (issues 3 and 4): two
-#             jobs side by side, each on half the cores: serial,async with target TP 1, and async
-#             with target TP 2 (draft TP 1, a quarter of its half); reference CPU_LOSSLESS_REFERENCE
-#             (prefill: one teacher-forced target pass, exact on the batch-invariant CPU backend;
-#             both: prefill and decode, failing if they differ); LOSSLESS_LIMIT (0: all) prompts;
-#             LOSSLESS_RESUME_FROM: a repo folder of earlier records to continue from
+#   cpu_lossless  the same check on the CPU backend of this machine's cores (issues 3 and 4), by
+#             tools/lossless_cpu_jobs.sh (its header: LOSSLESS_JOBS, LOSSLESS_CORES, LOSSLESS_RESUME_FROM,
+#             CPU_LOSSLESS_REFERENCE, ...); default two jobs on half the cores each: serial,async with
+#             target TP 1 and async with target TP 2; waits for them unless LOSSLESS_BG=1
+#   cpu_lossless_wait  wait for detached cpu_lossless shards (LOSSLESS_WAIT_S, default 540), merge
+#             their records into one report per TP degree, copy to $OUT/lossless_cpu/
 #   cpu_acceptance  tools/bench_acceptance.py on this machine's cores (issue 3): acceptance length
 #             and CPU tokens/s of the chain and tree budgets 8/16/32/64 vs target-only, ACC_PROMPTS
 #             (5) prompts per dataset, ACC_TOKENS (64) new tokens; run it alone (timings)
@@ -147,39 +147,14 @@ if has lossless; then
 fi
 
 if has cpu_lossless; then
-  # Resumable like the lossless stage; LOSSLESS_TIMEOUT_S cuts both jobs before the call's limit.
-  LDIR=${LOSSLESS_DIR:-/tmp/ss-lossless}
-  mkdir -p "$LDIR"
-  # LOSSLESS_RESUME_FROM: a folder of the repo holding an earlier machine's lossless_cpu_tp*.jsonl
-  # (e.g. benchmarks/2026-11-29-lossless-cpu-x2host): its prompts are not checked again.
-  if [ -n "${LOSSLESS_RESUME_FROM:-}" ]; then
-    ls "$LOSSLESS_RESUME_FROM"/lossless_cpu_tp*.jsonl > /dev/null 2>&1 \
-      || { log "LOSSLESS_RESUME_FROM=$LOSSLESS_RESUME_FROM holds no lossless_cpu_tp*.jsonl"; exit 1; }
-    for f in "$LOSSLESS_RESUME_FROM"/lossless_cpu_tp*.jsonl; do
-      [ -f "$LDIR/$(basename "$f")" ] || cp "$f" "$LDIR/"
-    done
-  fi
-  placement() {  # FIRST COUNT TP -> JSON over the allowed cores [FIRST, FIRST+COUNT): draft on a quarter, target TP ranks on the rest
-    python3 -c "import json,os,sys; f,n,tp=map(int,sys.argv[1:]); c=sorted(os.sched_getaffinity(0))[f:f+n]; d=max(1,n//4); \
-t=c[d:]; k=len(t)//tp; print(json.dumps({'draft':{'tp':1,'cores':c[:d]},'target':{'tp':tp,'cores':[t[i*k:(i+1)*k] for i in range(tp)]}}))" "$@"
-  }
-  cpu_lossless_job() {  # NAME MODE TP PLACEMENT
-    timeout "${LOSSLESS_TIMEOUT_S:-100000}" python3 tools/check_lossless.py --backend cpu --dtype bfloat16 \
-      --mode "$2" --target-tp "$3" --placement "$4" --reference "${CPU_LOSSLESS_REFERENCE:-prefill}" \
-      --configs "${LOSSLESS_CONFIGS:-tree16:16:8:2}" --max-new-tokens "${LOSSLESS_TOKENS:-128}" \
-      --mtbench "${LOSSLESS_MTBENCH:-80}" --humaneval "${LOSSLESS_HUMANEVAL:-40}" --limit "${LOSSLESS_LIMIT:-0}" \
-      --out "$LDIR/$1" --resume > "$OUT/$1.log" 2>&1
-    echo "exit $?" >> "$OUT/$1.log"
-    cp "$LDIR/$1".* "$OUT/" 2>/dev/null
-  }
-  HALF=$(( $(nproc) / 2 ))
-  P1=$(placement 0 "$HALF" 1); P2=$(placement "$HALF" "$HALF" 2)
-  echo "tp1: $P1"; echo "tp2: $P2"
-  cpu_lossless_job lossless_cpu_tp1 serial,async 1 "$P1" &
-  cpu_lossless_job lossless_cpu_tp2 async 2 "$P2" &
-  wait
-  tail -n 4 "$OUT"/lossless_cpu_tp*.log
-  log "cpu lossless done"
+  # tools/lossless_cpu_jobs.sh: shards on disjoint cores, detached, resumable (LOSSLESS_JOBS,
+  # LOSSLESS_CORES, LOSSLESS_RESUME_FROM, ... there). LOSSLESS_BG=1 returns once they are started;
+  # a later call's cpu_lossless_wait stage collects them.
+  bash tools/lossless_cpu_jobs.sh start || { log "cpu lossless start failed"; exit 1; }
+  log "cpu lossless shards started"
+fi
+if has cpu_lossless_wait || { has cpu_lossless && [ "${LOSSLESS_BG:-0}" != 1 ]; }; then
+  bash tools/lossless_cpu_jobs.sh wait; log "cpu lossless wait: exit $? (0 done and equal, 1 differs/failed, 2 running)"
 fi
 
 if has cpu_acceptance; then

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <new>
 #include <string>
 
 #include "swiftspec_cuda/cuda_model.h"
@@ -41,6 +42,35 @@ inline uint64_t current_device_bit() {
   SS_CUDA_CHECK(cudaGetDevice(&dev));
   return dev < 64 ? uint64_t(1) << dev : 0;
 }
+
+/// Makes `device` this thread's current device for the scope and restores the
+/// previous one after it. The current device is per host thread, and a model
+/// is called from whichever thread runs its worker group (the async engine's
+/// draft and target threads, Python's), so every entry point of a model that
+/// lives on a GPU other than 0 must set it. The constructor throws CudaError;
+/// the std::nothrow_t form (for destructors) ignores failures.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    SS_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) {
+      SS_CUDA_CHECK(cudaSetDevice(device));
+      restore_ = true;
+    }
+  }
+  DeviceScope(int device, std::nothrow_t) {
+    restore_ = cudaGetDevice(&previous_) == cudaSuccess && previous_ != device && cudaSetDevice(device) == cudaSuccess;
+  }
+  ~DeviceScope() {
+    if (restore_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool restore_ = false;
+};
 
 }  // namespace swiftspec::cuda
 

@@ -102,6 +102,17 @@ int bucket_nt(int n) {
 
 enum GemmKind { kQKV = 0, kO = 1, kGU = 2, kDown = 3, kLM = 4 };
 
+/// What every entry point of the model makes current: its GPU (the caller's
+/// thread may be on another one: a draft on GPU 1 and a target on GPU 0 run
+/// in their own worker threads) and, with an SM partition, its green context.
+struct ModelScope {
+  ModelScope(int device, const GreenContext* green) : device(device), green(green) {}
+  ModelScope(int device, const GreenContext* green, std::nothrow_t)
+      : device(device, std::nothrow), green(green, std::nothrow) {}
+  DeviceScope device;
+  GreenScope green;
+};
+
 }  // namespace
 
 class CudaModelImpl final : public CudaModel {
@@ -127,7 +138,7 @@ class CudaModelImpl final : public CudaModel {
       green_ = std::make_unique<GreenContext>(copt_.device, copt_.sm_first, copt_.sm_count);
       num_sms_ = green_->sm_count();
     }
-    GreenScope scope(green_.get());
+    ModelScope scope(copt_.device, green_.get());
     if (green_) stream_ = green_->create_stream(copt_.stream_priority);
     else SS_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, copt_.stream_priority));
     for (auto& e : desc_ev_) SS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -136,7 +147,7 @@ class CudaModelImpl final : public CudaModel {
   }
 
   ~CudaModelImpl() override {
-    GreenScope scope(green_.get(), std::nothrow);  // the stream and events belong to the green context
+    ModelScope scope(copt_.device, green_.get(), std::nothrow);  // the stream and events belong to the green context
     graphs_.clear();
     if (stream_) cudaStreamSynchronize(stream_);
     for (auto& e : desc_ev_)
@@ -147,7 +158,7 @@ class CudaModelImpl final : public CudaModel {
 
   // ---------------------------------------------------------------- loading
   void load_host(const WeightLookup& lookup, const WeightExists& exists) {
-    GreenScope scope(green_.get());
+    ModelScope scope(copt_.device, green_.get());
     const int H = cfg_.hidden_size, I = cfg_.intermediate_size, hd = cfg_.head_dim;
     const int nq = cfg_.num_heads * hd, nkv = cfg_.num_kv_heads * hd;
     const int64_t V = cfg_.vocab_size;
@@ -228,7 +239,7 @@ class CudaModelImpl final : public CudaModel {
   }
 
   void init_random(uint64_t seed) {
-    GreenScope scope(green_.get());
+    ModelScope scope(copt_.device, green_.get());
     const int H = cfg_.hidden_size, I = cfg_.intermediate_size, hd = cfg_.head_dim;
     const int nq = cfg_.num_heads * hd, nkv = cfg_.num_kv_heads * hd;
     uint64_t s = seed * 1000003ull + 17;
@@ -255,12 +266,12 @@ class CudaModelImpl final : public CudaModel {
   int committed_len() const override { return committed_; }
 
   void forward(const ForwardBatch& batch, std::vector<float>& logits) override {
-    GreenScope scope(green_.get());
+    ModelScope scope(copt_.device, green_.get());
     run(batch, true, &logits, nullptr);
   }
 
   void forward_argmax(const ForwardBatch& batch, std::vector<int32_t>& argmax) override {
-    GreenScope scope(green_.get());
+    ModelScope scope(copt_.device, green_.get());
     run(batch, false, nullptr, &argmax);
   }
 
@@ -271,7 +282,7 @@ class CudaModelImpl final : public CudaModel {
       throw InvalidArgument("commit_tree_slots: committing " + std::to_string(n) + " slots to " +
                             std::to_string(committed_) + " committed entries exceeds max_context " +
                             std::to_string(opt_.max_context));
-    GreenScope scope(green_.get());
+    ModelScope scope(copt_.device, green_.get());
     SS_CUDA_CHECK(cudaEventSynchronize(commit_ev_));
     int* h = commit_host_.as<int>();
     for (int i = 0; i < n; ++i) {
@@ -318,7 +329,7 @@ class CudaModelImpl final : public CudaModel {
     if (len < 0 || len > opt_.max_context)
       throw InvalidArgument("debug_fill_committed_random: len " + std::to_string(len) +
                             " is outside [0, max_context]");
-    GreenScope scope(green_.get());
+    ModelScope scope(copt_.device, green_.get());
     launch_kv_fill_random(kcache_.as<__nv_bfloat16>(), vcache_.as<__nv_bfloat16>(), cfg_.num_layers,
                           cfg_.num_kv_heads, slots_, cfg_.head_dim, len, seed, stream_);
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -343,7 +354,7 @@ class CudaModelImpl final : public CudaModel {
   double debug_replay_ms(int id, int iters) override {
     if (id < 0 || id >= static_cast<int>(prepared_.size())) throw InvalidArgument("debug_replay_ms: bad step id");
     const Prepared& p = prepared_[id];
-    GreenScope scope(green_.get());
+    ModelScope scope(copt_.device, green_.get());
     upload_desc(*p.desc, p.n_attend);
     for (int i = 0; i < 3; ++i) run_step(p.nt, p.mode, p.write_logits);
     std::vector<cudaEvent_t> ev(2 * iters);
@@ -362,7 +373,7 @@ class CudaModelImpl final : public CudaModel {
   }
 
   void debug_poison_buffers() override {
-    GreenScope scope(green_.get());
+    ModelScope scope(copt_.device, green_.get());
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
     for (auto* b : {&h32_, &h16_, &ssq_, &q_, &attn_, &act_, &logits_, &part_o_, &part_ml_})
       SS_CUDA_CHECK(cudaMemsetAsync(b->get(), 0xFF, b->bytes(), stream_));
@@ -377,7 +388,7 @@ class CudaModelImpl final : public CudaModel {
 
   void debug_read_activations(const std::string& which, int rows, std::vector<float>& out) override {
     if (rows < 1 || rows > kRows) throw InvalidArgument("debug_read_activations: rows must be 1..64");
-    GreenScope scope(green_.get());
+    ModelScope scope(copt_.device, green_.get());
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
     const int H = cfg_.hidden_size, nq = cfg_.num_heads * cfg_.head_dim, I = cfg_.intermediate_size;
     const DeviceBuffer* b = nullptr;
@@ -401,7 +412,7 @@ class CudaModelImpl final : public CudaModel {
   }
 
   void debug_read_weight(const std::string& which, int layer, std::vector<float>& out) override {
-    GreenScope scope(green_.get());
+    ModelScope scope(copt_.device, green_.get());
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
     const DeviceBuffer* b = nullptr;
     if (which == "embed") b = &embed_;
@@ -444,7 +455,7 @@ class CudaModelImpl final : public CudaModel {
   }
 
   std::vector<int> debug_probe_sm_ids(int ctas) override {
-    GreenScope scope(green_.get());
+    ModelScope scope(copt_.device, green_.get());
     return probe_sm_ids(stream_, ctas);
   }
 
@@ -465,7 +476,7 @@ class CudaModelImpl final : public CudaModel {
     if (layer < 0 || layer >= cfg_.num_layers)
       throw InvalidArgument("read_kv: layer " + std::to_string(layer) + " is outside [0, num_layers=" +
                             std::to_string(cfg_.num_layers) + ")");
-    GreenScope scope(green_.get());
+    ModelScope scope(copt_.device, green_.get());
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
     const int KVH = cfg_.num_kv_heads, hd = cfg_.head_dim;
     const size_t kv_layer = static_cast<size_t>(KVH) * slots_ * hd;

@@ -19,11 +19,13 @@ A configuration is written as one token (``--configs`` takes a comma-separated l
                                  both models share all SMs on their own streams.
              | "hp"           cuda: the target's stream at the highest priority (the block
                                  scheduler starts its waiting CTAs before the draft's)
+             | "dg" N         cuda: the draft group on GPU N (the target stays on GPU 0):
+                                 draft and target on GPUs of their own (placement devices)
     BACKEND := "cpu" | "cuda" (default: the run's --backend)
 
 Examples: ``target``, ``serial:chain``, ``serial:chain6``, ``serial:tree16``,
 ``serial:tree32:b4:d6``, ``async:tree64:tp2:dtp1@cuda``, ``async:tree16:sm16@cuda``,
-``async:tree16:hp@cuda``, ``hf:assisted``.
+``async:tree16:hp@cuda``, ``async:tree16:dg1@cuda``, ``hf:assisted``.
 
 ``target`` and ``hf:*`` take no shape or options (``hf:*`` runs PyTorch on the backend's device:
 ``cpu`` or ``cuda``). Speculative modes without a shape use ``tree16``.
@@ -74,6 +76,8 @@ class BenchConfig:
         draft_sms: SMs of the draft group's green-context partition on one GPU (the target
             gets the rest), or None: both models on all SMs.
         target_priority: the target's CUDA stream at the highest priority (``hp``).
+        draft_gpu: the GPU of the draft group (``dgN``; the target on GPU 0), or None: both on
+            GPU 0.
         shape: "chain", "tree" or None (for plots: acceptance length per tree budget).
     """
 
@@ -89,6 +93,7 @@ class BenchConfig:
     shape: str | None = None
     draft_sms: int | None = None
     target_priority: bool = False
+    draft_gpu: int | None = None
 
     @property
     def speculative(self) -> bool:
@@ -107,7 +112,7 @@ class BenchConfig:
 
 
 _SHAPE = re.compile(r"^(chain|tree)(\d*)$")
-_OPTION = re.compile(r"^(b|d|tp|dtp|sm)(\d+)$")
+_OPTION = re.compile(r"^(b|d|tp|dtp|sm|dg)(\d+)$")
 
 
 def _positive(token: str, what: str, text: str, limit: int | None = None) -> int:
@@ -171,6 +176,7 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
         branching, depth = DEFAULT_TREE_BRANCHING, DEFAULT_TREE_DEPTH
     target_tp, draft_tp = 1, 1
     draft_sms = None
+    draft_gpu = None
     target_priority = False
     seen: set[str] = set()
     for opt in rest:
@@ -185,7 +191,7 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
         m = _OPTION.match(opt)
         if not m:
             raise BenchConfigError(
-                f"configuration {raw!r}: bad part {opt!r} (expected chain[N], tree[N], bN, dN, tpN, dtpN, smN or hp)"
+                f"configuration {raw!r}: bad part {opt!r} (expected chain[N], tree[N], bN, dN, tpN, dtpN, smN, dgN or hp)"
             )
         key = m.group(1)
         if key in seen:
@@ -204,6 +210,11 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
                     f"configuration {raw!r}: sm{draft_sms} partitions a GPU's SMs (green contexts); it needs the "
                     f"cuda backend, not {backend!r} (add @cuda or run with --backend cuda)"
                 )
+        elif key == "dg":
+            draft_gpu = int(m.group(2))
+            if backend != "cuda":
+                raise BenchConfigError(f"configuration {raw!r}: dg{draft_gpu} puts the draft on a GPU; it needs the "
+                                       f"cuda backend, not {backend!r} (add @cuda or run with --backend cuda)")
         else:
             draft_tp = _positive(raw, "draft TP degree", m.group(2))
     if shape == "chain" and branching != 1:
@@ -225,19 +236,23 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
         name += f":dtp{draft_tp}"
     if draft_sms is not None:
         name += f":sm{draft_sms}"
+    if draft_gpu is not None:
+        name += f":dg{draft_gpu}"
     if target_priority:
         name += ":hp"
     name += suffix
     return BenchConfig(name=name, engine="swiftspec", mode=mode, backend=backend, tree_budget=n,
                        max_depth=depth, branching=branching, target_tp=target_tp, draft_tp=draft_tp,
-                       shape=shape, draft_sms=draft_sms, target_priority=target_priority)
+                       shape=shape, draft_sms=draft_sms, target_priority=target_priority,
+                       draft_gpu=draft_gpu)
 
 
 def engine_key(config: BenchConfig) -> str:
     """Which loaded engine runs ``config``: one per backend, plus one per draft SM partition
-    (``cuda:sm16``: draft in a green context on SMs [0, 16), target on the rest) and stream
-    priority (``cuda:hp``)."""
+    (``cuda:sm16``: draft in a green context on SMs [0, 16), target on the rest), draft GPU
+    (``cuda:dg1``) and stream priority (``cuda:hp``)."""
     return (config.backend + (f":sm{config.draft_sms}" if config.draft_sms is not None else "")
+            + (f":dg{config.draft_gpu}" if config.draft_gpu is not None else "")
             + (":hp" if config.target_priority else ""))
 
 
@@ -245,12 +260,17 @@ def engine_key(config: BenchConfig) -> str:
 HIGHEST_STREAM_PRIORITY = -1000
 
 
-def sm_placement(draft_sms: int | None, target_priority: bool = False) -> dict | None:
-    """The placement of ``smN`` (draft on logical SMs [0, N), target on [N, last]) and ``hp``
-    (the target's stream at the highest priority); None when neither is asked for."""
-    if draft_sms is None and not target_priority:
+def engine_placement(draft_sms: int | None, target_priority: bool = False,
+                     draft_gpu: int | None = None) -> dict | None:
+    """The placement (``swiftspec.placement``) of ``smN`` (draft on logical SMs [0, N), target
+    on [N, last]), ``hp`` (the target's stream at the highest priority) and ``dgN`` (the draft
+    on GPU N, the target on GPU 0); None when none is asked for."""
+    if draft_sms is None and not target_priority and draft_gpu is None:
         return None
     p: dict = {"draft": {}, "target": {}}
+    if draft_gpu is not None:
+        p["draft"]["devices"] = [draft_gpu]
+        p["target"]["devices"] = [0]
     if draft_sms is not None:
         p["draft"]["sm_partition"] = [0, draft_sms]
         p["target"]["sm_partition"] = [draft_sms, 0]

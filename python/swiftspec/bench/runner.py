@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from swiftspec.bench.config import BenchConfig, BenchConfigError, engine_key, find_baseline, sm_placement
+from swiftspec.bench.config import BenchConfig, BenchConfigError, engine_key, engine_placement, find_baseline
 from swiftspec.errors import SwiftspecError
 
 #: Tokens of a warm-up request (enough to run prefill, a few decode / verification steps).
@@ -152,7 +152,8 @@ class Runner:
         if s.draft is not None and needs_draft:
             self.draft_checkpoint = str(resolve_checkpoint(s.draft, dtype=s.dtype))
         max_tree = max([c.tree_budget + 2 for c in self.configs if c.tree_budget] + [64])
-        # One engine per backend, plus one per draft SM partition (green contexts on one GPU).
+        # One engine per backend, plus one per draft SM partition (green contexts on one GPU) and
+        # draft GPU.
         for key in sorted({engine_key(c) for c in self._swiftspec_configs()}):
             configs = [c for c in self._swiftspec_configs() if engine_key(c) == key]
             backend = configs[0].backend
@@ -164,7 +165,7 @@ class Runner:
             if not wanted:
                 continue
             with_draft = any(c.speculative for c in wanted)
-            placement = sm_placement(configs[0].draft_sms, configs[0].target_priority)
+            placement = engine_placement(configs[0].draft_sms, configs[0].target_priority, configs[0].draft_gpu)
             self.log(f"loading swiftspec {key}: target {self.target_checkpoint}"
                      + (f", draft {self.draft_checkpoint}" if with_draft else "")
                      + (f", placement {placement}" if placement else ""))

@@ -68,6 +68,8 @@ _CONFIG = {
         "draft_sms": {**_NINT, "description": "one-GPU disaggregation: SMs of the draft group's green-context "
                                               "partition [0, N), the target on the rest; null: both models on "
                                               "all SMs (plain streams)"},
+        "draft_gpu": {**_NINT, "description": "the draft group's GPU (dgN; the target on GPU 0); null: "
+                                              "both models on GPU 0"},
         "target_priority": {"type": "boolean", "description": "the target's CUDA stream at the highest "
                                                               "priority (hp)"},
         "shape": {"enum": ["chain", "tree", None]},
