@@ -97,6 +97,9 @@ def test_placement_errors_name_the_field(checkpoint_dir):
         Engine(ckpt, ckpt, placement={"draft": {"devices": [0]}})
     with pytest.raises(InvalidRequestError, match="placement.target.stream_priority applies to the cuda backend"):
         Engine(ckpt, ckpt, placement={"target": {"stream_priority": -5}})
+    # A tensor-parallel target on the cuda backend needs a CUDA build (this suite runs on CPU builds).
+    with pytest.raises(InvalidRequestError, match="tensor parallelism needs a build with the CUDA backend"):
+        Engine(ckpt, ckpt, backend="cuda", placement={"target": {"tp": 2}})
     from swiftspec.placement import normalize
 
     assert normalize(one_gpu)["target"]["sm_partition"] == [16, 0]

@@ -64,17 +64,17 @@ def test_cpu_smoke_run_real_pair(checkpoint_dir, tmp_path):
 
 def test_hf_peer_and_unavailable_config(checkpoint_dir, tmp_path):
     """The HF peers (target-only and assisted generation) on the small model, used as its own
-    draft, next to swiftspec; a TP-degree configuration the runtime cannot run is recorded as
+    draft, next to swiftspec; a draft TP degree the runtime cannot run is recorded as
     unavailable with --skip-unavailable."""
     small = str(checkpoint_dir(SMALL, "bfloat16"))
     out = tmp_path / "peer"
-    run_bench(datasets=["humaneval"], num_prompts=1, max_new_tokens=8, configs="target,serial:chain4,serial:tree8:tp2",
+    run_bench(datasets=["humaneval"], num_prompts=1, max_new_tokens=8, configs="target,serial:chain4,serial:tree8:dtp2",
               peers="hf", target=small, draft=small, warmup=0, threads=1, hf_threads=1, out_dir=out, progress=False,
               skip_unavailable=True, command="pytest tests/test_bench.py")
     doc = _load_and_check(out)
     status = {c["name"]: c for c in doc["configs"]}
-    assert status["serial:tree8:tp2"]["status"] == "unavailable"
-    assert "TP degree" in status["serial:tree8:tp2"]["error"]
+    assert status["serial:tree8:dtp2"]["status"] == "unavailable"
+    assert "TP degree" in status["serial:tree8:dtp2"]["error"]
     assert status["hf:assisted"]["baseline"] == "hf:target"
     assert status["hf:target"]["reference"] == "target"
     hf = {r["config"]: r for r in doc["requests"] if r["config"].startswith("hf:")}
@@ -89,8 +89,8 @@ def test_unavailable_config_fails_fast_without_skip(checkpoint_dir, tmp_path):
     small = str(checkpoint_dir(SMALL, "bfloat16"))
     from swiftspec.bench.runner import ConfigUnavailable
 
-    with pytest.raises(ConfigUnavailable, match="serial:tree8:tp2.*TP degree"):
-        run_bench(datasets=["humaneval"], num_prompts=1, max_new_tokens=4, configs="target,serial:tree8:tp2",
+    with pytest.raises(ConfigUnavailable, match="serial:tree8:dtp2.*TP degree"):
+        run_bench(datasets=["humaneval"], num_prompts=1, max_new_tokens=4, configs="target,serial:tree8:dtp2",
                   target=small, draft=small, out_dir=tmp_path / "x", progress=False)
 
 
@@ -175,6 +175,24 @@ def test_config_sm_partition_option():
         parse_config("async:tree16:sm0@cuda")
     with pytest.raises(BenchConfigError, match="takes no shape or options"):
         parse_config("target:sm8@cuda")
+    with pytest.raises(BenchConfigError, match="takes no shape or options"):
+        parse_config("target:tp2:sm8@cuda")
+
+
+def test_target_tp_option_and_its_baseline():
+    from swiftspec.bench.config import find_baseline
+
+    configs = parse_config_list("target,target:tp2,serial:tree16:tp2,serial:tree16,serial:tree16:tp4")
+    by = {c.name: c for c in configs}
+    assert by["target:tp2"].target_tp == 2 and by["target:tp2"].is_reference
+    assert find_baseline(by["serial:tree16:tp2"], configs).name == "target:tp2"
+    assert find_baseline(by["serial:tree16"], configs).name == "target"
+    assert find_baseline(by["serial:tree16:tp4"], configs).name == "target"  # no TP-4 target: the first one
+    assert find_baseline(by["target:tp2"], configs) is None
+    with pytest.raises(BenchConfigError, match="only tpN"):
+        parse_config("target:b2")
+    with pytest.raises(BenchConfigError, match="target TP degree"):
+        parse_config("target:tp0")
 
 
 def test_config_draft_gpu_option():

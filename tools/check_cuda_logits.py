@@ -8,6 +8,10 @@ tree-mode verification step. The CPU backend computes in fp32 over the same
 bf16 weights; the CUDA backend keeps bf16 activations with fp32 accumulation,
 so errors of ~1e-2 are expected; argmax disagreements only at near-ties.
 
+--devices 0,1 loads the CUDA model tensor-parallel over those GPUs (one rank per entry;
+swiftspec_cuda/tp_cuda_model.h), so the TP-N CUDA model is checked against the same CPU
+reference (a GPU may repeat: ranks sharing one GPU).
+
 Writes a JSON report (--json) and prints a table. Exit code 1 if any check fails.
 """
 
@@ -25,14 +29,20 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.linalg.norm(a - b, axis=-1) / np.maximum(np.linalg.norm(b, axis=-1), 1e-30)
 
 
-def check_model(name: str, ckpt, prompts: list[list[int]], tol: float) -> dict:
+def check_model(name: str, ckpt, prompts: list[list[int]], tol: float, devices: list[int]) -> dict:
     from swiftspec import swiftspec_core as core
+    from swiftspec.placement import load_models, normalize
 
     opts = core.ModelOptions()
     opts.max_context = 2048
     opts.max_tree = 128
     cpu = core.load_model(str(ckpt), "cpu", opts)
-    gpu = core.load_model(str(ckpt), "cuda", opts)
+    if len(devices) == 1 and devices[0] == 0:
+        gpu = core.load_model(str(ckpt), "cuda", opts)
+    else:
+        placement = normalize({"target": {"tp": len(devices), "devices": devices}, "draft": {"devices": [devices[0]]}})
+        gpu, _ = load_models(ckpt, None, placement, backend="cuda", max_context=opts.max_context,
+                             max_tree=opts.max_tree)
     rows = []
     ok = True
     for ids in prompts:
@@ -67,7 +77,7 @@ def check_model(name: str, ckpt, prompts: list[list[int]], tol: float) -> dict:
                            and row["tree_rel_err_max"] < tol)
         ok &= row["pass"]
         rows.append(row)
-    return {"model": name, "checkpoint": str(ckpt), "tolerance": tol, "rows": rows, "pass": ok}
+    return {"model": name, "checkpoint": str(ckpt), "tolerance": tol, "devices": devices, "rows": rows, "pass": ok}
 
 
 def main() -> int:
@@ -79,7 +89,12 @@ def main() -> int:
     ap.add_argument("--models", default="qwen2.5-coder-0.5b-instruct,qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--tol", type=float, default=3e-2, help="max relative L2 error of a logits row")
     ap.add_argument("--json", help="write the report here")
+    ap.add_argument("--devices", default="0", help="GPU of each TP rank of the CUDA model, comma-separated (default 0)")
     args = ap.parse_args()
+    try:
+        devices = [int(d) for d in args.devices.split(",")]
+    except ValueError:
+        ap.error(f"--devices {args.devices!r} must be comma-separated GPU ordinals")
     he, mt = load_humaneval(progress=False), load_mtbench(progress=False)
     report = []
     for name in args.models.split(","):
@@ -87,7 +102,7 @@ def main() -> int:
         tok = Tokenizer.from_checkpoint(ckpt)
         prompts = [tok.encode_chat(prompt_messages("humaneval", he[0])),
                    tok.encode_chat(prompt_messages("mtbench", mt[1]))]
-        report.append(check_model(name, ckpt, prompts, args.tol))
+        report.append(check_model(name, ckpt, prompts, args.tol, devices))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

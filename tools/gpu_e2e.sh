@@ -23,6 +23,10 @@
 #   lossless  tools/check_lossless.py --backend cuda: target-only vs serial vs async greedy on
 #             LOSSLESS_MTBENCH (80) MT-Bench first turns + LOSSLESS_HUMANEVAL (40) HumanEval
 #             prompts, LOSSLESS_TOKENS (128) new tokens, configs LOSSLESS_CONFIGS (tree16:16:8:2)
+#   multigpu  issue 7 end to end (>= 2 GPUs): TP-2 CUDA logits vs CPU; greedy async == target-only
+#             with the draft on GPU 1 and the target on GPU 0, then on GPUs 0+1 at TP 2
+#             (MG_MTBENCH/MG_HUMANEVAL prompts, default 10+10, MG_TOKENS 128); `swiftspec bench`
+#             of MG_CONFIGS (NUM_PROMPTS, NEW_TOKENS); MG_CORES pins them to cores (taskset)
 #   cpu_lossless  the same check on the CPU backend of this machine's cores (issues 3 and 4), by
 #             tools/lossless_cpu_jobs.sh (its header: LOSSLESS_JOBS, LOSSLESS_CORES, LOSSLESS_RESUME_FROM,
 #             CPU_LOSSLESS_REFERENCE, ...); default two jobs on half the cores each: serial,async with
@@ -144,6 +148,29 @@ if has lossless; then
     2>&1 | tee "$OUT/lossless.log" | tail -25
   cp "$LDIR"/lossless_gpu.* "$OUT/" 2>/dev/null
   log "lossless done"
+fi
+
+if has multigpu; then
+  # Issue 7 end to end, on a machine with >= 2 GPUs: the draft on GPU 1 and the target on GPU 0
+  # (TP 1), then the target tensor-parallel over GPUs 0 and 1 (TP 2, the draft on GPU 1 beside
+  # rank 1). MG_CORES (e.g. 28-31): run these on cores that cpu_lossless leaves free.
+  pin() { if [ -n "${MG_CORES:-}" ]; then taskset -c "$MG_CORES" "$@"; else "$@"; fi; }
+  pin python3 tools/check_cuda_logits.py --models qwen2.5-coder-1.5b-instruct --devices 0,1 \
+    --json "$OUT/logits_tp2.json" 2>&1 | tee "$OUT/logits_tp2.log" | tail -4
+  log "TP-2 logits checked"
+  for job in 'dg1:1:{"draft":{"devices":[1]},"target":{"devices":[0]}}' \
+             'tp2dg1:2:{"draft":{"devices":[1]},"target":{"tp":2,"devices":[0,1]}}'; do
+    IFS=: read -r name tp placement <<< "$job"
+    pin timeout "${MG_LOSSLESS_TIMEOUT_S:-240}" python3 tools/check_lossless.py --backend cuda --dtype bfloat16 \
+      --mode async --target-tp "$tp" --placement "$placement" --configs tree16:16:8:2 \
+      --max-new-tokens "${MG_TOKENS:-128}" --mtbench "${MG_MTBENCH:-10}" --humaneval "${MG_HUMANEVAL:-10}" \
+      --out "$OUT/lossless_gpu_$name" > "$OUT/lossless_gpu_$name.log" 2>&1
+    log "lossless $name: exit $? ($(grep -c ok "$OUT/lossless_gpu_$name.log") ok lines)"
+  done
+  pin swiftspec bench --backend cuda --datasets humaneval,mtbench --num-prompts "$NUM" --max-new-tokens "$NEW" \
+    --configs "${MG_CONFIGS:-target,async:tree16,async:tree16:dg1,target:tp2,serial:tree16:tp2,async:tree16:tp2:dg1}" \
+    --skip-unavailable --no-progress --out "$OUT/bench_multigpu" 2>&1 | tee "$OUT/bench_multigpu.log" | tail -30
+  log "multigpu bench done"
 fi
 
 if has cpu_lossless; then

@@ -11,6 +11,10 @@
 #include "swiftspec/checkpoint.h"
 #include "swiftspec/error.h"
 
+#ifdef SWIFTSPEC_WITH_CUDA
+#include "swiftspec_cuda/tp_cuda_model.h"
+#endif
+
 namespace swiftspec {
 namespace {
 
@@ -204,10 +208,22 @@ std::unique_ptr<Model> load_group_model(const std::string& dir, const GroupPlace
   opt.num_threads = g.resolved_threads(base.num_threads);
   opt.cpu_affinity = g.cores.empty() ? std::vector<int>{} : g.cores[0];
   if (backend != "cpu") {
-    if (g.tp != 1 || cpu::ShardedCheckpoint::is_sharded(dir))
-      throw InvalidArgument("backend '" + backend +
-                            "': tensor parallelism needs the NCCL communicator, which this build does not have yet; "
-                            "use tp 1 or the cpu backend");
+    if (g.tp != 1 || cpu::ShardedCheckpoint::is_sharded(dir)) {
+#ifdef SWIFTSPEC_WITH_CUDA
+      if (backend == "cuda") {
+        if (has_sm_partition(g.sm_first, g.sm_count) || g.stream_priority != 0)
+          throw InvalidArgument(where + ": sm_partition and stream_priority are not supported with tp > 1 on the "
+                                "cuda backend");
+        TpCudaOptions tpo;
+        for (int r = 0; r < g.tp; ++r) tpo.devices.push_back(rank_device(g, r));
+        ModelOptions o = base;
+        if (cpu::ShardedCheckpoint::is_sharded(dir)) return make_tp_cuda_model_from_shards(dir, o, tpo);
+        return make_tp_cuda_model(Checkpoint::open(dir), o, tpo);
+      }
+#endif
+      throw InvalidArgument("backend '" + backend + "': tensor parallelism needs a build with the CUDA backend "
+                            "(SWIFTSPEC_CUDA=ON); use tp 1 or the cpu backend");
+    }
     opt.device = rank_device(g, 0);
     opt.sm_first = g.sm_first;
     opt.sm_count = g.sm_count;

@@ -11,8 +11,9 @@ A configuration is written as one token (``--configs`` takes a comma-separated l
                                  (N defaults to 16)
     OPTION  := "b" N          branching: children added per expanded node (top-k of the draft)
              | "d" N          depth limit of the token tree
-             | "tp" N         TP degree of the target group (1 today; the runtime rejects others)
-             | "dtp" N        TP degree of the draft group (1 today)
+             | "tp" N         TP degree of the target group (cpu: ranks on the cores; cuda: GPUs
+                                 0..N-1, with ``dg``: the draft GPU may be one of them)
+             | "dtp" N        TP degree of the draft group (1 today: the runtime rejects others)
              | "sm" N         cuda, one GPU: the draft group runs in a green context on SMs [0, N),
                                  the target group on SMs [N, last] (placement sm_partition; N on
                                  the driver's granularity, a multiple of 8 on an H200). Without it
@@ -27,7 +28,7 @@ Examples: ``target``, ``serial:chain``, ``serial:chain6``, ``serial:tree16``,
 ``serial:tree32:b4:d6``, ``async:tree64:tp2:dtp1@cuda``, ``async:tree16:sm16@cuda``,
 ``async:tree16:hp@cuda``, ``async:tree16:dg1@cuda``, ``hf:assisted``.
 
-``target`` and ``hf:*`` take no shape or options (``hf:*`` runs PyTorch on the backend's device:
+``target`` takes no shape and only the option ``tpN``; ``hf:*`` take no shape or options (``hf:*`` runs PyTorch on the backend's device:
 ``cpu`` or ``cuda``). Speculative modes without a shape use ``tree16``.
 
 :func:`parse_config` raises :class:`BenchConfigError` (a :class:`swiftspec.SwiftspecError`)
@@ -159,9 +160,13 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
     rest = parts[1:]
     suffix = f"@{backend}" if explicit_backend else ""
     if mode == "target":
-        if rest:
-            raise BenchConfigError(f"configuration {raw!r}: target-only decoding takes no shape or options")
-        return BenchConfig(name="target" + suffix, engine="swiftspec", mode="target", backend=backend)
+        m = _OPTION.match(rest[0]) if len(rest) == 1 else None
+        if rest and not (m and m.group(1) == "tp"):
+            raise BenchConfigError(f"configuration {raw!r}: target-only decoding takes no shape or options "
+                                   "(only tpN, the target's TP degree)")
+        tp = _positive(raw, "target TP degree", m.group(2)) if rest else 1
+        return BenchConfig(name="target" + (f":tp{tp}" if tp != 1 else "") + suffix, engine="swiftspec",
+                           mode="target", backend=backend, target_tp=tp)
 
     shape, n = "tree", DEFAULT_TREE
     if rest and _SHAPE.match(rest[0]):
@@ -248,10 +253,11 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
 
 
 def engine_key(config: BenchConfig) -> str:
-    """Which loaded engine runs ``config``: one per backend, plus one per draft SM partition
-    (``cuda:sm16``: draft in a green context on SMs [0, 16), target on the rest), draft GPU
-    (``cuda:dg1``) and stream priority (``cuda:hp``)."""
-    return (config.backend + (f":sm{config.draft_sms}" if config.draft_sms is not None else "")
+    """Which loaded engine runs ``config``: one per backend, plus one per target TP degree
+    (``cuda:tp2``), draft SM partition (``cuda:sm16``: draft in a green context on SMs [0, 16),
+    target on the rest), draft GPU (``cuda:dg1``) and stream priority (``cuda:hp``)."""
+    return (config.backend + (f":tp{config.target_tp}" if config.target_tp != 1 else "")
+            + (f":sm{config.draft_sms}" if config.draft_sms is not None else "")
             + (f":dg{config.draft_gpu}" if config.draft_gpu is not None else "")
             + (":hp" if config.target_priority else ""))
 
@@ -260,17 +266,20 @@ def engine_key(config: BenchConfig) -> str:
 HIGHEST_STREAM_PRIORITY = -1000
 
 
-def engine_placement(draft_sms: int | None, target_priority: bool = False,
-                     draft_gpu: int | None = None) -> dict | None:
+def engine_placement(draft_sms: int | None = None, target_priority: bool = False,
+                     draft_gpu: int | None = None, target_tp: int = 1) -> dict | None:
     """The placement (``swiftspec.placement``) of ``smN`` (draft on logical SMs [0, N), target
-    on [N, last]), ``hp`` (the target's stream at the highest priority) and ``dgN`` (the draft
-    on GPU N, the target on GPU 0); None when none is asked for."""
-    if draft_sms is None and not target_priority and draft_gpu is None:
+    on [N, last]), ``hp`` (the target's stream at the highest priority), ``dgN`` (the draft
+    on GPU N, the target on GPUs 0..tp-1) and ``tpN`` (the target group's TP degree); None when
+    none is asked for."""
+    if draft_sms is None and not target_priority and draft_gpu is None and target_tp == 1:
         return None
     p: dict = {"draft": {}, "target": {}}
+    if target_tp != 1:
+        p["target"]["tp"] = target_tp
     if draft_gpu is not None:
         p["draft"]["devices"] = [draft_gpu]
-        p["target"]["devices"] = [0]
+        p["target"]["devices"] = list(range(target_tp))
     if draft_sms is not None:
         p["draft"]["sm_partition"] = [0, draft_sms]
         p["target"]["sm_partition"] = [draft_sms, 0]
@@ -281,12 +290,15 @@ def engine_placement(draft_sms: int | None, target_priority: bool = False,
 
 def find_baseline(config: BenchConfig, configs: list[BenchConfig]) -> BenchConfig | None:
     """The target-only configuration ``config`` is compared against (speedup, output check):
-    swiftspec ``target`` on the same backend for swiftspec configurations, ``hf:target`` for
-    HF peers; None if the run has none (or ``config`` is itself that baseline)."""
-    for c in configs:
-        if c.engine == config.engine and c.mode == "target" and c.backend == config.backend:
-            return None if c.name == config.name else c
-    return None
+    swiftspec ``target`` on the same backend for swiftspec configurations (the one with the
+    same target TP degree if the run has it: TP changes the reduction order, so outputs are
+    compared within one degree), ``hf:target`` for HF peers; None if the run has none or
+    ``config`` is itself target-only."""
+    if config.mode == "target":
+        return None
+    refs = [c for c in configs if c.engine == config.engine and c.mode == "target" and c.backend == config.backend]
+    same_tp = [c for c in refs if c.target_tp == config.target_tp]
+    return (same_tp or refs or [None])[0]
 
 
 def parse_config_list(text: str, default_backend: str = "cpu", peers: str | None = None) -> list[BenchConfig]:

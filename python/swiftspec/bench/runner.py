@@ -152,20 +152,20 @@ class Runner:
         if s.draft is not None and needs_draft:
             self.draft_checkpoint = str(resolve_checkpoint(s.draft, dtype=s.dtype))
         max_tree = max([c.tree_budget + 2 for c in self.configs if c.tree_budget] + [64])
-        # One engine per backend, plus one per draft SM partition (green contexts on one GPU) and
-        # draft GPU.
+        # One engine per backend, plus one per target TP degree, draft SM partition (green contexts
+        # on one GPU), draft GPU and target stream priority (engine_key).
         for key in sorted({engine_key(c) for c in self._swiftspec_configs()}):
             configs = [c for c in self._swiftspec_configs() if engine_key(c) == key]
             backend = configs[0].backend
-            for c in configs:  # TP degrees: the runtime has no tensor parallelism yet
-                if c.target_tp != 1 or (c.draft_tp or 1) != 1:
-                    self._mark_unavailable(c, f"TP degree target={c.target_tp} draft={c.draft_tp}: "
-                                              "this runtime supports TP degree 1 only")
+            for c in configs:  # the draft group runs at TP 1 (a draft TP group is not built)
+                if (c.draft_tp or 1) != 1:
+                    self._mark_unavailable(c, f"draft TP degree {c.draft_tp}: the draft group runs at TP 1 only")
             wanted = [c for c in configs if self.status[c.name][0] == "ok"]
             if not wanted:
                 continue
             with_draft = any(c.speculative for c in wanted)
-            placement = engine_placement(configs[0].draft_sms, configs[0].target_priority, configs[0].draft_gpu)
+            placement = engine_placement(configs[0].draft_sms, configs[0].target_priority, configs[0].draft_gpu,
+                                         configs[0].target_tp)
             self.log(f"loading swiftspec {key}: target {self.target_checkpoint}"
                      + (f", draft {self.draft_checkpoint}" if with_draft else "")
                      + (f", placement {placement}" if placement else ""))
