@@ -14,8 +14,8 @@
 #   LOSSLESS_JOBS  jobs, space-separated, each TP:MODES:SHARDS:CORES (target TP degree, check_lossless
 #                  --mode, number of shards, cores per shard); default "1:serial,async:1:H 2:async:1:H"
 #                  with H = half of LOSSLESS_CORES. Cores are handed out in order from the first allowed
-#                  one; each shard puts its draft on a quarter of its cores and its target TP ranks on
-#                  the rest (swiftspec.placement JSON).
+#                  one; each shard puts its draft on a quarter of its cores (at least 2 when it has 6 or
+#                  more) and its target TP ranks on the rest (swiftspec.placement JSON).
 #   LOSSLESS_CORES cores to use (default: all allowed ones)
 #   LOSSLESS_DIR   work folder (default /tmp/ss-lossless); LOSSLESS_RESUME_FROM: a folder holding
 #                  earlier lossless_cpu_tp<TP>.jsonl records, whose prompts are not checked again
@@ -38,7 +38,7 @@ HALF=$(( NCORES / 2 ))
 JOBS=${LOSSLESS_JOBS:-"1:serial,async:1:$HALF 2:async:1:$HALF"}
 
 placement() {  # TP CORE... -> JSON: the draft on a quarter of the cores, the target's TP ranks on the rest
-  python3 -c "import json,sys; tp=int(sys.argv[1]); c=[int(x) for x in sys.argv[2:]]; d=max(1,len(c)//4); t=c[d:]; \
+  python3 -c "import json,sys; tp=int(sys.argv[1]); c=[int(x) for x in sys.argv[2:]]; d=max(2 if len(c)>=6 else 1,len(c)//4); t=c[d:]; \
 k=len(t)//tp; assert k>=1, f'{len(c)} cores are too few for a draft and {tp} target ranks'; \
 print(json.dumps({'draft':{'tp':1,'cores':c[:d]},'target':{'tp':tp,'cores':[t[i*k:(i+1)*k] for i in range(tp)]}}))" "$@"
 }
