@@ -26,7 +26,8 @@
 #   multigpu  issue 7 end to end (>= 2 GPUs): TP-2 CUDA logits vs CPU; greedy async == target-only
 #             with the draft on GPU 1 and the target on GPU 0, then on GPUs 0+1 at TP 2
 #             (MG_MTBENCH/MG_HUMANEVAL prompts, default 10+10, MG_TOKENS 128); `swiftspec bench`
-#             of MG_CONFIGS (NUM_PROMPTS, NEW_TOKENS); MG_CORES pins them to cores (taskset)
+#             of MG_CONFIGS (NUM_PROMPTS, NEW_TOKENS); MG_CORES pins them to cores (taskset);
+#             MG_PARTS (logits,lossless,bench) picks the parts
 #   cpu_lossless  the same check on the CPU backend of this machine's cores (issues 3 and 4), by
 #             tools/lossless_cpu_jobs.sh (its header: LOSSLESS_JOBS, LOSSLESS_CORES, LOSSLESS_RESUME_FROM,
 #             CPU_LOSSLESS_REFERENCE, ...); default two jobs on half the cores each: serial,async with
@@ -154,11 +155,16 @@ if has multigpu; then
   # Issue 7 end to end, on a machine with >= 2 GPUs: the draft on GPU 1 and the target on GPU 0
   # (TP 1), then the target tensor-parallel over GPUs 0 and 1 (TP 2, the draft on GPU 1 beside
   # rank 1). MG_CORES (e.g. 28-31): run these on cores that cpu_lossless leaves free.
+  # MG_PARTS (logits,lossless,bench) picks parts; each runs under a timeout (a rank that fails
+  # leaves the other spinning in its GPU all-reduce: the timeout ends the process).
   pin() { if [ -n "${MG_CORES:-}" ]; then taskset -c "$MG_CORES" "$@"; else "$@"; fi; }
-  pin python3 tools/check_cuda_logits.py --models qwen2.5-coder-1.5b-instruct --devices 0,1 \
-    --json "$OUT/logits_tp2.json" 2>&1 | tee "$OUT/logits_tp2.log" | tail -4
-  log "TP-2 logits checked"
-  for job in 'dg1:1:{"draft":{"devices":[1]},"target":{"devices":[0]}}' \
+  part() { [[ ",${MG_PARTS:-logits,lossless,bench}," == *",$1,"* ]]; }
+  if part logits; then
+    pin timeout 240 python3 tools/check_cuda_logits.py --models qwen2.5-coder-1.5b-instruct --devices 0,1 \
+      --json "$OUT/logits_tp2.json" 2>&1 | tee "$OUT/logits_tp2.log" | tail -4
+    log "TP-2 logits checked"
+  fi
+  part lossless && for job in 'dg1:1:{"draft":{"devices":[1]},"target":{"devices":[0]}}' \
              'tp2dg1:2:{"draft":{"devices":[1]},"target":{"tp":2,"devices":[0,1]}}'; do
     IFS=: read -r name tp placement <<< "$job"
     pin timeout "${MG_LOSSLESS_TIMEOUT_S:-240}" python3 tools/check_lossless.py --backend cuda --dtype bfloat16 \
@@ -167,10 +173,13 @@ if has multigpu; then
       --out "$OUT/lossless_gpu_$name" > "$OUT/lossless_gpu_$name.log" 2>&1
     log "lossless $name: exit $? ($(grep -c ok "$OUT/lossless_gpu_$name.log") ok lines)"
   done
-  pin swiftspec bench --backend cuda --datasets humaneval,mtbench --num-prompts "$NUM" --max-new-tokens "$NEW" \
-    --configs "${MG_CONFIGS:-target,async:tree16,async:tree16:dg1,target:tp2,serial:tree16:tp2,async:tree16:tp2:dg1}" \
-    --skip-unavailable --no-progress --out "$OUT/bench_multigpu" 2>&1 | tee "$OUT/bench_multigpu.log" | tail -30
-  log "multigpu bench done"
+  if part bench; then
+    pin timeout "${MG_BENCH_TIMEOUT_S:-500}" swiftspec bench --backend cuda --datasets humaneval,mtbench \
+      --num-prompts "$NUM" --max-new-tokens "$NEW" \
+      --configs "${MG_CONFIGS:-target,async:tree16,async:tree16:dg1,target:tp2,serial:tree16:tp2,async:tree16:tp2:dg1}" \
+      --skip-unavailable --no-progress --out "$OUT/bench_multigpu" 2>&1 | tee "$OUT/bench_multigpu.log" | tail -30
+    log "multigpu bench done"
+  fi
 fi
 
 if has cpu_lossless; then
