@@ -5,8 +5,20 @@ For each reference model (bf16 checkpoint) and a few real chat prompts, runs
 the same prefill on both backends and compares the logits at every position
 (relative L2 error per position, top-1 agreement), then a decode step and a
 tree-mode verification step. The CPU backend computes in fp32 over the same
-bf16 weights; the CUDA backend keeps bf16 activations with fp32 accumulation,
-so errors of ~1e-2 are expected; argmax disagreements only at near-ties.
+bf16 weights; the CUDA backend keeps bf16 activations with fp32 accumulation.
+
+Pass criterion. bf16 activations put a floor under the error that no bound
+picked by hand describes well (the prefill maximum sits at a few positions of
+large activations), so the prefill is judged against the reference
+implementation in the same dtype, measured in the same run: Hugging Face
+transformers running the same checkpoint in bf16 (on the GPU when torch has
+CUDA, else on the CPU). On every prompt the CUDA logits must be at least as
+close to the fp32 reference as transformers' bf16 logits are: mean relative
+error <= transformers' mean, top-1 agreement >= transformers'; and the
+maximum must stay under --max-tol (1e-1, a guard against outright bugs). The
+decode step and the tree step (small batches) must stay under --tol (3e-2).
+Without transformers (--no-hf-floor) the prefill maximum must be under --tol,
+the bound used before the floor was measured.
 
 --devices 0,1 loads the CUDA model tensor-parallel over those GPUs (one rank per entry;
 swiftspec_cuda/tp_cuda_model.h), so the TP-N CUDA model is checked against the same CPU
@@ -29,7 +41,38 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.linalg.norm(a - b, axis=-1) / np.maximum(np.linalg.norm(b, axis=-1), 1e-30)
 
 
-def check_model(name: str, ckpt, prompts: list[list[int]], tol: float, devices: list[int]) -> dict:
+def hf_bf16_logits(ckpt, prompts: list[list[int]]) -> list[np.ndarray]:
+    """Logits [tokens, vocab] of Hugging Face transformers running `ckpt` in bf16 over each prompt
+    (the reference implementation in the CUDA backend's activation dtype), fp32 numpy."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError as exc:
+        raise SystemExit(f"the transformers bf16 floor needs torch and transformers ({exc}); "
+                         "install them or pass --no-hf-floor") from None
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.bfloat16).to(device).eval()
+    out = []
+    with torch.no_grad():
+        for ids in prompts:
+            out.append(model(torch.tensor([ids], device=device)).logits[0].float().cpu().numpy())
+    del model
+    return out
+
+
+def prefill_passes(row: dict, tol: float, max_tol: float) -> bool:
+    """The prefill criterion of the module docstring for one prompt's row: against the transformers
+    bf16 floor when the row has one (hf_bf16_rel_err_mean / hf_bf16_top1_agreement), else the
+    maximum under `tol`."""
+    if row.get("hf_bf16_rel_err_mean") is None:
+        return row["prefill_rel_err_max"] < tol
+    return (row["prefill_rel_err_max"] < max_tol and row["prefill_rel_err_mean"] <= row["hf_bf16_rel_err_mean"]
+            and row["prefill_top1_agreement"] >= row["hf_bf16_top1_agreement"])
+
+
+def check_model(name: str, ckpt, prompts: list[list[int]], tol: float, devices: list[int],
+                max_tol: float = 1e-1, hf_floor: bool = True) -> dict:
     from swiftspec import swiftspec_core as core
     from swiftspec.placement import load_models, normalize
 
@@ -43,9 +86,10 @@ def check_model(name: str, ckpt, prompts: list[list[int]], tol: float, devices: 
         placement = normalize({"target": {"tp": len(devices), "devices": devices}, "draft": {"devices": [devices[0]]}})
         gpu, _ = load_models(ckpt, None, placement, backend="cuda", max_context=opts.max_context,
                              max_tree=opts.max_tree)
+    floor = hf_bf16_logits(ckpt, prompts) if hf_floor else [None] * len(prompts)
     rows = []
     ok = True
-    for ids in prompts:
+    for ids, hf in zip(prompts, floor):
         cpu.truncate_committed(0)
         gpu.truncate_committed(0)
         t = time.perf_counter()
@@ -72,12 +116,17 @@ def check_model(name: str, ckpt, prompts: list[list[int]], tol: float, devices: 
             "decode_rel_err": float(rel_err(d_out, d_ref).max()),
             "tree_rel_err_max": float(rel_err(t_out, t_ref).max()),
             "cpu_prefill_s": cpu_s,
+            "hf_bf16_rel_err_max": None if hf is None else float(rel_err(hf, ref).max()),
+            "hf_bf16_rel_err_mean": None if hf is None else float(rel_err(hf, ref).mean()),
+            "hf_bf16_top1_agreement": None if hf is None else float((hf.argmax(1) == ref.argmax(1)).mean()),
         }
-        row["pass"] = bool(row["prefill_rel_err_max"] < tol and row["decode_rel_err"] < tol
+        row["pass"] = bool(prefill_passes(row, tol, max_tol) and row["decode_rel_err"] < tol
                            and row["tree_rel_err_max"] < tol)
         ok &= row["pass"]
         rows.append(row)
-    return {"model": name, "checkpoint": str(ckpt), "tolerance": tol, "devices": devices, "rows": rows, "pass": ok}
+    return {"model": name, "checkpoint": str(ckpt), "tolerance": tol, "max_tolerance": max_tol,
+            "criterion": "transformers bf16 floor" if hf_floor else "prefill max < tolerance",
+            "devices": devices, "rows": rows, "pass": ok}
 
 
 def main() -> int:
@@ -87,7 +136,11 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="qwen2.5-coder-0.5b-instruct,qwen2.5-coder-1.5b-instruct")
-    ap.add_argument("--tol", type=float, default=3e-2, help="max relative L2 error of a logits row")
+    ap.add_argument("--tol", type=float, default=3e-2,
+                    help="max relative L2 error of a decode / tree logits row (and of the prefill with --no-hf-floor)")
+    ap.add_argument("--max-tol", type=float, default=1e-1, help="guard on the prefill maximum (default 1e-1)")
+    ap.add_argument("--no-hf-floor", action="store_true",
+                    help="judge the prefill by --tol instead of the transformers bf16 floor")
     ap.add_argument("--json", help="write the report here")
     ap.add_argument("--devices", default="0", help="GPU of each TP rank of the CUDA model, comma-separated (default 0)")
     args = ap.parse_args()
@@ -102,16 +155,19 @@ def main() -> int:
         tok = Tokenizer.from_checkpoint(ckpt)
         prompts = [tok.encode_chat(prompt_messages("humaneval", he[0])),
                    tok.encode_chat(prompt_messages("mtbench", mt[1]))]
-        report.append(check_model(name, ckpt, prompts, args.tol, devices))
+        report.append(check_model(name, ckpt, prompts, args.tol, devices, args.max_tol, not args.no_hf_floor))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
-    print(f"{'model':32} {'tokens':>6} {'prefill max':>11} {'mean':>9} {'top1':>6} {'decode':>9} {'tree':>9} pass")
+    print(f"{'model':32} {'tokens':>6} {'prefill max':>11} {'mean':>9} {'top1':>6} {'decode':>9} {'tree':>9} "
+          f"{'hf16 max':>9} {'hf16 mean':>9} {'hf16 top1':>9} pass")
     for m in report:
         for r in m["rows"]:
+            hf = ("" if r["hf_bf16_rel_err_mean"] is None else
+                  f"{r['hf_bf16_rel_err_max']:9.2e} {r['hf_bf16_rel_err_mean']:9.2e} {r['hf_bf16_top1_agreement']:9.3f} ")
             print(f"{m['model']:32} {r['prompt_tokens']:6d} {r['prefill_rel_err_max']:11.2e} "
                   f"{r['prefill_rel_err_mean']:9.2e} {r['prefill_top1_agreement']:6.3f} {r['decode_rel_err']:9.2e} "
-                  f"{r['tree_rel_err_max']:9.2e} {r['pass']}")
+                  f"{r['tree_rel_err_max']:9.2e} {hf}{r['pass']}")
     return 0 if all(m["pass"] for m in report) else 1
 
 
