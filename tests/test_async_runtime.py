@@ -97,12 +97,23 @@ def test_placement_errors_name_the_field(checkpoint_dir):
         Engine(ckpt, ckpt, placement={"draft": {"devices": [0]}})
     with pytest.raises(InvalidRequestError, match="placement.target.stream_priority applies to the cuda backend"):
         Engine(ckpt, ckpt, placement={"target": {"stream_priority": -5}})
+    # The GEMM engine is a CUDA setting, named per group; its value is checked in form everywhere.
+    with pytest.raises(InvalidRequestError, match="placement.draft.gemm_engine applies to the cuda backend only"):
+        Engine(ckpt, ckpt, placement={"draft": {"gemm_engine": "mma"}})
+    with pytest.raises(InvalidRequestError, match='placement.target.gemm_engine must be "wgmma" or "mma", got "fast"'):
+        Engine(ckpt, ckpt, placement={"target": {"gemm_engine": "fast"}})
+    opts = core.ModelOptions()
+    opts.max_context, opts.max_tree, opts.gemm_engine = 64, 8, "mma"
+    with pytest.raises(InvalidRequestError, match=r"gemm_engine 'mma' \(ModelOptions.gemm_engine\) applies to the cuda"):
+        core.load_model(str(ckpt), "cpu", opts)
     # A tensor-parallel target on the cuda backend needs a CUDA build (this suite runs on CPU builds).
     with pytest.raises(InvalidRequestError, match="tensor parallelism needs a build with the CUDA backend"):
         Engine(ckpt, ckpt, backend="cuda", placement={"target": {"tp": 2}})
     from swiftspec.placement import normalize
 
     assert normalize(one_gpu)["target"]["sm_partition"] == [16, 0]
+    assert normalize({"draft": {"gemm_engine": "mma"}})["draft"]["gemm_engine"] == "mma"
+    assert "gemm_engine" not in normalize({"draft": {}})["draft"]
     opts = core.ModelOptions()
     opts.max_context, opts.max_tree, opts.sm_first, opts.sm_count = 64, 8, 0, 16
     with pytest.raises(InvalidRequestError, match=r"sm_partition \[0, 16\] \(ModelOptions.sm_first / sm_count\) "

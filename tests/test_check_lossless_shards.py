@@ -87,3 +87,28 @@ def test_merge_names_a_missing_or_broken_file(tmp_path):
     bad.write_text("{not json\n")
     proc, _ = run_merge(tmp_path, bad)
     assert proc.returncode != 0 and "bad.jsonl:1 is not a check_lossless record" in proc.stderr
+
+
+JOBS_SCRIPT = TOOL.parent / "lossless_cpu_jobs.sh"
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"LOSSLESS_JOBS": "1:async:x:2"}, "LOSSLESS_JOBS item '1:async:x:2' must be TP:MODES:SHARDS:CORES"),
+    ({"LOSSLESS_JOBS": "1:async:2:64"}, "LOSSLESS_JOBS needs more than the"),
+    ({"LOSSLESS_CORES": "100000"}, "LOSSLESS_CORES=100000 but only"),
+])
+def test_jobs_script_names_bad_settings(tmp_path, env, message):
+    import os
+
+    proc = subprocess.run(["bash", str(JOBS_SCRIPT), "status"], capture_output=True, text=True,
+                          env={**os.environ, "LOSSLESS_DIR": str(tmp_path), **env})
+    assert proc.returncode != 0 and message in proc.stdout + proc.stderr
+
+
+def test_jobs_script_resume_folder_without_records_is_refused(tmp_path):
+    import os
+
+    proc = subprocess.run(["bash", str(JOBS_SCRIPT), "start"], capture_output=True, text=True,
+                          env={**os.environ, "LOSSLESS_DIR": str(tmp_path / "w"), "LOSSLESS_JOBS": "1:async:1:1",
+                               "LOSSLESS_RESUME_FROM": str(tmp_path)})
+    assert proc.returncode != 0 and f"LOSSLESS_RESUME_FROM={tmp_path} holds no lossless_cpu_tp*.jsonl" in proc.stdout

@@ -110,7 +110,9 @@ void bind_runtime(nb::module_& m) {
       .def_rw("sm_count", &ModelOptions::sm_count,
               "SMs of the model's partition (0: up to the last SM; sm_first = sm_count = 0: whole GPU)")
       .def_rw("stream_priority", &ModelOptions::stream_priority,
-              "priority of the model's CUDA stream (lower is higher; clamped to the device's range)");
+              "priority of the model's CUDA stream (lower is higher; clamped to the device's range)")
+      .def_rw("gemm_engine", &ModelOptions::gemm_engine,
+              "GEMM engine of the model (cuda backend): '' (default, wgmma), 'wgmma' or 'mma'");
 
   nb::class_<Checkpoint>(m, "Checkpoint", "A converted checkpoint folder (memory-mapped safetensors).")
       .def_static("open", &Checkpoint::open, "dir"_a, nb::call_guard<nb::gil_scoped_release>(),

@@ -58,6 +58,8 @@ GroupPlacement parse_group(const json& j, const std::string& where) {
         g.devices = value.get<std::vector<int>>();
       } else if (key == "stream_priority") {
         g.stream_priority = value.get<int>();
+      } else if (key == "gemm_engine") {
+        g.gemm_engine = value.get<std::string>();
       } else if (key == "sm_partition") {
         const auto p = value.get<std::vector<int>>();
         if (p.size() != 2) throw InvalidArgument(where + ".sm_partition must be [first SM, SM count]");
@@ -65,7 +67,8 @@ GroupPlacement parse_group(const json& j, const std::string& where) {
         g.sm_count = p[1];
       } else {
         throw InvalidArgument(where + ": unknown field '" + key +
-                              "' (fields: tp, cores, threads_per_rank, devices, sm_partition, stream_priority)");
+                              "' (fields: tp, cores, threads_per_rank, devices, sm_partition, stream_priority, "
+                              "gemm_engine)");
       }
     } catch (const json::exception& e) {
       throw InvalidArgument(where + "." + key + " has the wrong type: " + e.what());
@@ -92,6 +95,7 @@ json group_json(const GroupPlacement& g) {
   if (!g.devices.empty()) j["devices"] = g.devices;
   if (has_sm_partition(g.sm_first, g.sm_count)) j["sm_partition"] = {g.sm_first, g.sm_count};
   if (g.stream_priority != 0) j["stream_priority"] = g.stream_priority;
+  if (!g.gemm_engine.empty()) j["gemm_engine"] = g.gemm_engine;
   return j;
 }
 
@@ -114,6 +118,8 @@ void validate_group(const GroupPlacement& g, const std::string& where) {
   if (!g.devices.empty() && static_cast<int>(g.devices.size()) != g.tp)
     throw InvalidArgument(where + ".devices lists " + str(g.devices.size()) + " GPUs for tp = " + str(g.tp));
   check_sm_partition_form(g.sm_first, g.sm_count, where + ".sm_partition");
+  if (!g.gemm_engine.empty() && g.gemm_engine != "wgmma" && g.gemm_engine != "mma")
+    throw InvalidArgument(where + ".gemm_engine must be \"wgmma\" or \"mma\", got \"" + g.gemm_engine + "\"");
 }
 
 // The GPU of rank r (devices, else r).
@@ -217,6 +223,7 @@ std::unique_ptr<Model> load_group_model(const std::string& dir, const GroupPlace
         TpCudaOptions tpo;
         for (int r = 0; r < g.tp; ++r) tpo.devices.push_back(rank_device(g, r));
         ModelOptions o = base;
+        o.gemm_engine = g.gemm_engine;
         if (cpu::ShardedCheckpoint::is_sharded(dir)) return make_tp_cuda_model_from_shards(dir, o, tpo);
         return make_tp_cuda_model(Checkpoint::open(dir), o, tpo);
       }
@@ -228,6 +235,7 @@ std::unique_ptr<Model> load_group_model(const std::string& dir, const GroupPlace
     opt.sm_first = g.sm_first;
     opt.sm_count = g.sm_count;
     opt.stream_priority = g.stream_priority;
+    opt.gemm_engine = g.gemm_engine;
     try {
       return load_model(Checkpoint::open(dir), backend, opt);
     } catch (const InvalidArgument& e) {
@@ -245,6 +253,7 @@ std::unique_ptr<Model> load_group_model(const std::string& dir, const GroupPlace
                           "'cores'");
   if (g.stream_priority != 0)
     throw InvalidArgument(where + ".stream_priority applies to the cuda backend only");
+  if (!g.gemm_engine.empty()) throw InvalidArgument(where + ".gemm_engine applies to the cuda backend only");
   TpCpuOptions tp;
   tp.tp = g.tp;
   tp.rank_cores = g.cores;

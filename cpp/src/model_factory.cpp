@@ -31,6 +31,9 @@ std::unique_ptr<Model> load_model(std::shared_ptr<const Checkpoint> checkpoint,
     if (options.stream_priority != 0)
       throw InvalidArgument("stream_priority " + std::to_string(options.stream_priority) +
                             " (ModelOptions.stream_priority) applies to the cuda backend only");
+    if (!options.gemm_engine.empty())
+      throw InvalidArgument("gemm_engine '" + options.gemm_engine +
+                            "' (ModelOptions.gemm_engine) applies to the cuda backend only");
     return make_cpu_model(std::move(checkpoint), options);
   }
 #ifdef SWIFTSPEC_WITH_CUDA

@@ -7,6 +7,13 @@
 
 namespace swiftspec {
 
+int gemm_engine_code(const std::string& name) {
+  if (name.empty()) return -1;
+  if (name == "mma") return 0;
+  if (name == "wgmma") return 1;
+  throw InvalidArgument("gemm_engine '" + name + "' is not an engine (wgmma, mma)");
+}
+
 std::unique_ptr<CudaModel> make_cuda_model_ex(std::shared_ptr<const Checkpoint> checkpoint,
                                               const ModelOptions& options,
                                               const CudaModelOptions& cuda_options) {
@@ -31,6 +38,7 @@ std::unique_ptr<Model> make_cuda_model(std::shared_ptr<const Checkpoint> checkpo
   cuda_options.sm_first = options.sm_first;
   cuda_options.sm_count = options.sm_count;
   cuda_options.stream_priority = options.stream_priority;
+  cuda_options.gemm_engine = gemm_engine_code(options.gemm_engine);
   return make_cuda_model_ex(std::move(checkpoint), options, cuda_options);
 }
 

@@ -507,6 +507,7 @@ class CudaModelImpl final : public CudaModel {
     if (cfg_.num_heads / cfg_.num_kv_heads > 16) bad("at most 16 query heads per KV head");
     if (cfg_.vocab_size <= 0 || cfg_.num_layers < 0) bad("vocab_size must be positive and num_layers >= 0");
     if (opt_.max_context <= 0 || opt_.max_tree <= 0) bad("max_context and max_tree must be positive");
+    if (copt_.gemm_engine < -1 || copt_.gemm_engine > 1) bad("gemm_engine must be -1 (default), 0 (mma) or 1 (wgmma)");
   }
 
   void allocate_state() {
@@ -764,7 +765,9 @@ class CudaModelImpl final : public CudaModel {
     const int k = kind * 16 + nt;
     auto it = plans_.find(k);
     if (it != plans_.end()) return it->second;
-    return plans_.emplace(k, plan_gemm<Epi>(N, K, nt, num_sms_)).first->second;
+    GemmPlanHint hint;
+    hint.engine = copt_.gemm_engine;  // per model, the same for every bucket (batch invariance)
+    return plans_.emplace(k, plan_gemm<Epi>(N, K, nt, num_sms_, hint)).first->second;
   }
 
   template <class Epi>

@@ -80,6 +80,14 @@ struct ModelOptions {
   /// cudaDeviceGetStreamPriorityRange; 0: default). A target at a higher
   /// priority than the draft gets free SMs first on a shared GPU.
   int stream_priority = 0;
+  /// CUDA backend: the engine of every skinny GEMM of the model: "" (default,
+  /// the wgmma engine), "wgmma", or "mma" (mma.sync: measured faster on
+  /// single-token decode steps, slower on trees; benchmarks/README.md, "CUDA
+  /// backend"). One engine per model, never per step, so the model stays
+  /// batch-invariant; a draft that mostly decodes single tokens can take "mma"
+  /// while the target that verifies trees keeps "wgmma". The cpu backend rejects
+  /// it (InvalidArgument), as does an unknown name.
+  std::string gemm_engine;
 };
 
 class Model {

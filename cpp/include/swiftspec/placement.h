@@ -26,10 +26,14 @@
 //                     higher, clamped to the device's range, e.g. [-5, 0] on an
 //                     H200; default 0). A target above the draft gets SMs first
 //                     when both have kernels waiting (no preemption, no partition).
+//   gemm_engine       CUDA backend: "wgmma" or "mma" for every GEMM of the
+//                     group's model (ModelOptions::gemm_engine; default: wgmma).
+//                     E.g. {"draft": {"gemm_engine": "mma"}}: mma.sync is the
+//                     faster engine for single-token decode steps.
 // Errors name the group and field: the placement checks the form and that the
 // two groups' partitions do not overlap on a shared GPU; loading a model checks
 // the bounds against the device, and the cpu backend rejects sm_partition,
-// devices and stream_priority (they are CUDA settings).
+// devices, stream_priority and gemm_engine (they are CUDA settings).
 #pragma once
 #include <memory>
 #include <string>
@@ -47,6 +51,7 @@ struct GroupPlacement {
   std::vector<int> devices;             ///< CUDA: [tp] GPU indices (or empty)
   int sm_first = 0, sm_count = 0;       ///< CUDA: SM partition (0 SMs: the whole GPU)
   int stream_priority = 0;              ///< CUDA: stream priority (lower is higher)
+  std::string gemm_engine;              ///< CUDA: "", "wgmma" or "mma" (ModelOptions::gemm_engine)
 
   /// Threads of each rank's CPU thread pool for a model whose unpinned
   /// default is `default_threads` (ModelOptions::num_threads semantics).

@@ -78,6 +78,10 @@ struct CudaModelOptions {
   /// models on one GPU, the block scheduler starts a higher-priority stream's
   /// pending CTAs first (it does not preempt running ones).
   int stream_priority = 0;
+  /// Engine of every skinny GEMM of the model (ModelOptions::gemm_engine):
+  /// -1 default (gemm_default_engine: wgmma unless SWIFTSPEC_GEMM_ENGINE=mma),
+  /// 0 mma.sync, 1 wgmma. Fixed per model: batch invariance.
+  int gemm_engine = -1;
   /// Tensor parallelism (issue 7): with a hook, this model is one rank of a
   /// tensor-parallel group; its ModelConfig is the rank's shard shape (heads,
   /// KV heads, intermediate size and vocabulary divided by the TP degree) and
@@ -141,6 +145,10 @@ class CudaModel : public Model {
   /// launched on this model's stream ran on (synchronizes the stream).
   virtual std::vector<int> debug_probe_sm_ids(int ctas) = 0;
 };
+
+/// CudaModelOptions::gemm_engine of a ModelOptions::gemm_engine name: "" -> -1
+/// (default), "mma" -> 0, "wgmma" -> 1. Throws InvalidArgument for another name.
+int gemm_engine_code(const std::string& name);
 
 /// Builds the CUDA model from a checkpoint (bf16 or f32 weights; converted
 /// to bf16 on the GPU) on ModelOptions::device, in the SM partition

@@ -171,6 +171,7 @@ class TpCudaModel final : public Model {
       o.device = devices_[r];
       CudaModelOptions co;
       co.device = devices_[r];
+      co.gemm_engine = gemm_engine_code(o.gemm_engine);
       co.row_parallel = hooks[r];
       const cpu::TpRankShard& s = shards[r];
       WeightLookup lookup = [&](const std::string& name, const std::vector<int64_t>& shape) {
