@@ -189,6 +189,10 @@ def test_target_tp_option_and_its_baseline():
     assert find_baseline(by["serial:tree16"], configs).name == "target"
     assert find_baseline(by["serial:tree16:tp4"], configs).name == "target"  # no TP-4 target: the first one
     assert find_baseline(by["target:tp2"], configs) is None
+    from swiftspec.bench.runner import reference_config
+
+    assert reference_config(by["serial:tree16:tp2"], configs).name == "target:tp2"
+    assert reference_config(by["serial:tree16:tp4"], configs) is None  # another TP degree: no output check
     with pytest.raises(BenchConfigError, match="only tpN"):
         parse_config("target:b2")
     with pytest.raises(BenchConfigError, match="target TP degree"):

@@ -34,14 +34,16 @@ def test_transformers_bf16_floor_on_a_real_prompt(checkpoint_dir, humaneval):
 
 
 def row(max_err, mean_err, top1, hf_mean=8e-3, hf_top1=0.99):
-    return {"prefill_rel_err_max": max_err, "prefill_rel_err_mean": mean_err, "prefill_top1_agreement": top1,
-            "hf_bf16_rel_err_mean": hf_mean, "hf_bf16_top1_agreement": hf_top1}
+    return {"prompt_tokens": 100, "prefill_rel_err_max": max_err, "prefill_rel_err_mean": mean_err,
+            "prefill_top1_agreement": top1, "hf_bf16_rel_err_mean": hf_mean, "hf_bf16_top1_agreement": hf_top1}
 
 
 @pytest.mark.parametrize("r,ok", [
     (row(4.2e-2, 5.5e-3, 1.0), True),      # the CUDA backend as measured: closer than transformers bf16
-    (row(4.2e-2, 9.0e-3, 1.0), False),     # mean error above the floor
-    (row(4.2e-2, 5.5e-3, 0.98), False),    # top-1 agreement below the floor
+    (row(4.2e-2, 9.0e-3, 1.0), True),      # mean error within 1.25x the floor
+    (row(4.2e-2, 1.1e-2, 1.0), False),     # mean error past 1.25x the floor
+    (row(4.2e-2, 5.5e-3, 0.98), True),     # top-1 one position (of 100) below the floor
+    (row(4.2e-2, 5.5e-3, 0.97), False),    # two positions below
     (row(1.5e-1, 5.5e-3, 1.0), False),     # maximum past the guard
     ({**row(4.2e-2, 5.5e-3, 1.0), "hf_bf16_rel_err_mean": None}, False),  # no floor: the fixed 3e-2 bound
     ({**row(2.0e-2, 5.5e-3, 1.0), "hf_bf16_rel_err_mean": None}, True),

@@ -49,7 +49,8 @@ def test_bad_shard_is_rejected_naming_it(text):
 def run_merge(tmp_path, *files):
     out = tmp_path / "merged"
     proc = subprocess.run([sys.executable, str(TOOL), "--mode", "async", "--configs", "tree16:16:8:2",
-                           "--merge", *map(str, files), "--out", str(out)], capture_output=True, text=True)
+                           "--dtype", "bfloat16", "--merge", *map(str, files), "--out", str(out)],
+                          capture_output=True, text=True)
     return proc, out
 
 
@@ -78,6 +79,14 @@ def test_merge_rejects_records_of_another_mode(tmp_path):
     rec["configs"] = {"serial:tree16": rec["configs"]["tree16"]}
     proc, _ = run_merge(tmp_path, write_jsonl(tmp_path / "a.jsonl", [rec]))
     assert proc.returncode != 0 and "no result for 'tree16'" in proc.stderr
+
+
+def test_merge_refuses_records_of_other_settings(tmp_path):
+    rec = record("mtbench", 0)
+    rec["settings"] = {"mode": "async", "configs": "tree16:16:8:2", "backend": "cpu", "dtype": "float32",
+                       "target_tp": 1, "max_new_tokens": 128}
+    proc, _ = run_merge(tmp_path, write_jsonl(tmp_path / "a.jsonl", [rec]))
+    assert proc.returncode != 0 and "mtbench#0 was checked with dtype='float32', this --merge says 'bfloat16'" in proc.stderr
 
 
 def test_merge_names_a_missing_or_broken_file(tmp_path):

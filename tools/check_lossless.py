@@ -154,6 +154,31 @@ def read_records(paths) -> dict:
     return done
 
 
+def run_settings(args) -> dict:
+    """What a record's outputs depend on besides its prompt; --merge refuses records whose
+    settings differ from its command line."""
+    return {"mode": args.mode, "configs": args.configs, "backend": args.backend, "dtype": args.dtype,
+            "target_tp": args.target_tp, "max_new_tokens": args.max_new_tokens}
+
+
+def check_settings(records: list, args) -> None:
+    """Raises SystemExit naming the first record made with other settings than `args`
+    (records written before settings were stored pass)."""
+    want = run_settings(args)
+    for rec in records:
+        got = rec.get("settings")
+        if got is None:
+            continue
+        for key, value in want.items():
+            if key == "configs":  # the same shapes may be spelt in another order
+                same = set(str(got.get(key)).split(",")) == set(str(value).split(","))
+            else:
+                same = got.get(key) == value
+            if not same:
+                raise SystemExit(f"{rec['dataset']}#{rec['index']} was checked with {key}={got.get(key)!r}, "
+                                 f"this --merge says {value!r}: merge records of one run's settings")
+
+
 def check_one(engine, target_model, args, checks, configs, dataset, index, pid, ids) -> dict:
     """One prompt: every (mode, config) speculative output against the target-only reference."""
     from swiftspec.bench.greedy_reference import teacher_forced_reference
@@ -178,7 +203,7 @@ def check_one(engine, target_model, args, checks, configs, dataset, index, pid, 
                              "decoding: the backend is not batch-invariant, use --reference decode")
         ref_how = "prefill+decode (equal)" if ref_tokens is not None else "decode"
         ref_tokens, ref_finish = ref["tokens"], ref["stats"]["finish_reason"]
-    rec = {"dataset": dataset, "index": index, "id": pid, "prompt_tokens": len(ids),
+    rec = {"dataset": dataset, "index": index, "id": pid, "settings": run_settings(args), "prompt_tokens": len(ids),
            "reference_tokens": len(ref_tokens), "reference_finish": ref_finish, "reference_from": ref_how,
            "target_only_decode_s": decode_s, "configs": {}}
     for mode, name, key in checks:
@@ -315,6 +340,7 @@ def main(argv=None) -> int:
         records = [merged[k] for k in sorted(merged, key=lambda k: (order.get(k[0], 2), k[0], k[1]))]
         if not records:
             raise SystemExit("--merge: the files hold no records")
+        check_settings(records, args)
         return 1 if write_report(out, args, checks, configs, records, None, 0.0) else 0
 
     from swiftspec.fetch import ensure_checkpoint

@@ -162,7 +162,7 @@ if has multigpu; then
   if part logits; then
     pin timeout 240 python3 tools/check_cuda_logits.py --models qwen2.5-coder-1.5b-instruct --devices 0,1 \
       --json "$OUT/logits_tp2.json" 2>&1 | tee "$OUT/logits_tp2.log" | tail -4
-    log "TP-2 logits checked"
+    log "TP-2 logits checked: exit ${PIPESTATUS[0]} (0 pass, 1 fail, 124 timeout)"
   fi
   part lossless && for job in 'dg1:1:{"draft":{"devices":[1]},"target":{"devices":[0]}}' \
              'tp2dg1:2:{"draft":{"devices":[1]},"target":{"tp":2,"devices":[0,1]}}'; do
@@ -171,7 +171,7 @@ if has multigpu; then
       --mode async --target-tp "$tp" --placement "$placement" --configs tree16:16:8:2 \
       --max-new-tokens "${MG_TOKENS:-128}" --mtbench "${MG_MTBENCH:-10}" --humaneval "${MG_HUMANEVAL:-10}" \
       --out "$OUT/lossless_gpu_$name" > "$OUT/lossless_gpu_$name.log" 2>&1
-    log "lossless $name: exit $? ($(grep -c ok "$OUT/lossless_gpu_$name.log") ok lines)"
+    log "lossless $name: exit $? ($(grep -c '=ok(' "$OUT/lossless_gpu_$name.log") prompts identical)"
   done
   if part bench; then
     pin timeout "${MG_BENCH_TIMEOUT_S:-500}" swiftspec bench --backend cuda --datasets humaneval,mtbench \

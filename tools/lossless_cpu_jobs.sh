@@ -8,12 +8,13 @@
 #   tools/lossless_cpu_jobs.sh wait     wait until they end (at most LOSSLESS_WAIT_S seconds), then
 #                                       merge what is recorded so far into $LDIR/merged/ and copy it
 #                                       and the shard logs to $OUT/lossless_cpu/
-#   tools/lossless_cpu_jobs.sh status   one line per shard: prompts recorded / assigned, alive or not
+#   tools/lossless_cpu_jobs.sh status   one line per shard: running or its exit status, prompts recorded
 #
 # env:
 #   LOSSLESS_JOBS  jobs, space-separated, each TP:MODES:SHARDS:CORES (target TP degree, check_lossless
 #                  --mode, number of shards, cores per shard); default "1:serial,async:1:H 2:async:1:H"
-#                  with H = half of LOSSLESS_CORES. Cores are handed out in order from the first allowed
+#                  with H = half of LOSSLESS_CORES; one job per TP degree (its shards share the
+#                  record names lossless_cpu_tp<TP>_s<K>of<N>). Cores are handed out in order from the first allowed
 #                  one; each shard puts its draft on a quarter of its cores (at least 2 when it has 6 or
 #                  more) and its target TP ranks on the rest (swiftspec.placement JSON).
 #   LOSSLESS_CORES cores to use (default: all allowed ones)
@@ -45,11 +46,14 @@ print(json.dumps({'draft':{'tp':1,'cores':c[:d]},'target':{'tp':tp,'cores':[t[i*
 
 # Every shard as "TP MODES K N FIRST COUNT", with cores handed out in order.
 shards() {
-  local next=0 tp modes n cores k
+  local next=0 tp modes n cores k seen=" "
   for job in $JOBS; do
     IFS=: read -r tp modes n cores <<< "$job"
     [[ "$tp" =~ ^[1-9][0-9]*$ && "$n" =~ ^[1-9][0-9]*$ && "$cores" =~ ^[1-9][0-9]*$ ]] \
       || { echo "LOSSLESS_JOBS item '$job' must be TP:MODES:SHARDS:CORES" >&2; return 1; }
+    [[ "$seen" != *" $tp "* ]] \
+      || { echo "LOSSLESS_JOBS has two jobs with target TP $tp: give each TP degree one job (its modes comma-separated)" >&2; return 1; }
+    seen+="$tp "
     for (( k = 0; k < n; k++ )); do
       (( next + cores <= NCORES )) || { echo "LOSSLESS_JOBS needs more than the $NCORES cores" >&2; return 1; }
       echo "$tp $modes $k $n $next $cores"; next=$(( next + cores ))
@@ -58,6 +62,7 @@ shards() {
 }
 SHARDS=$(shards) || exit 1
 name() { echo "lossless_cpu_tp$1_s$2of$3"; }  # TP K N -> the shard's --out name
+alive() { [ -f "$LDIR/$1.pid" ] && kill -0 "$(cat "$LDIR/$1.pid")" 2> /dev/null; }  # NAME
 
 if [ "$ACTION" = start ]; then
   if [ -n "${LOSSLESS_RESUME_FROM:-}" ]; then
@@ -69,15 +74,18 @@ if [ "$ACTION" = start ]; then
   fi
   while read -r tp modes k n first count; do
     nm=$(name "$tp" "$k" "$n")
+    if alive "$nm"; then echo "$nm is still running (pid $(cat "$LDIR/$nm.pid")): not started twice"; exit 1; fi
     P=$(placement "$tp" "${ALLOWED[@]:$first:$count}") || exit 1
     skip=(); [ -f "$LDIR/lossless_cpu_tp$tp.jsonl" ] && skip=(--skip-done "$LDIR/lossless_cpu_tp$tp.jsonl")
     echo "$nm: $P"
     rm -f "$LDIR/$nm.exit"
-    setsid nohup bash -c 'python3 tools/check_lossless.py "$@" > "'"$LDIR/$nm.log"'" 2>&1; echo $? > "'"$LDIR/$nm.exit"'"' _ \
-      --backend cpu --dtype bfloat16 --mode "$modes" --target-tp "$tp" --placement "$P" \
+    # The shard's log and exit files are the first two arguments (no path is pasted into the script).
+    setsid nohup bash -c 'log=$1 ex=$2; shift 2; python3 tools/check_lossless.py "$@" > "$log" 2>&1; echo $? > "$ex"' _ \
+      "$LDIR/$nm.log" "$LDIR/$nm.exit" --backend cpu --dtype bfloat16 --mode "$modes" --target-tp "$tp" --placement "$P" \
       --reference "${CPU_LOSSLESS_REFERENCE:-prefill}" --configs "$CONFIGS" --max-new-tokens "${LOSSLESS_TOKENS:-128}" \
       --mtbench "${LOSSLESS_MTBENCH:-80}" --humaneval "${LOSSLESS_HUMANEVAL:-40}" --limit "${LOSSLESS_LIMIT:-0}" \
       --shard "$k/$n" "${skip[@]}" --out "$LDIR/$nm" --resume > /dev/null 2>&1 < /dev/null &
+    echo $! > "$LDIR/$nm.pid"
   done <<< "$SHARDS"
   exit 0
 fi
@@ -89,7 +97,8 @@ status() {  # prints one line per shard; returns the number still running
     local rec=0; [ -f "$LDIR/$nm.jsonl" ] && rec=$(wc -l < "$LDIR/$nm.jsonl")
     local last; last=$(grep -E '^\[|nothing to check|Error|error' "$LDIR/$nm.log" 2>/dev/null | tail -1)
     if [ -f "$LDIR/$nm.exit" ]; then echo "$nm: exit $(cat "$LDIR/$nm.exit"), $rec records; $last"
-    else echo "$nm: running, $rec records; $last"; running=$(( running + 1 )); fi
+    elif alive "$nm"; then echo "$nm: running, $rec records; $last"; running=$(( running + 1 ))
+    else echo "$nm: not running and no exit status (never started, or killed), $rec records; $last"; fi
   done <<< "$SHARDS"
   return "$running"
 }
@@ -110,7 +119,10 @@ for tp in $(awk '{print $1}' <<< "$SHARDS" | sort -u); do
   modes=$(awk -v t="$tp" '$1 == t {print $2; exit}' <<< "$SHARDS")
   files=()
   [ -f "$LDIR/lossless_cpu_tp$tp.jsonl" ] && files+=("$LDIR/lossless_cpu_tp$tp.jsonl")
-  for f in "$LDIR"/lossless_cpu_tp"$tp"_s*of*.jsonl; do [ -s "$f" ] && files+=("$f"); done
+  # Only this run's shards (an earlier run with another shard count may have left records).
+  while read -r t m k n first count; do
+    f="$LDIR/$(name "$t" "$k" "$n").jsonl"; [ "$t" = "$tp" ] && [ -s "$f" ] && files+=("$f")
+  done <<< "$SHARDS"
   (( ${#files[@]} )) || continue
   cat "${files[@]}" > "$LDIR/merged/lossless_cpu_tp$tp.jsonl"
   python3 tools/check_lossless.py --mode "$modes" --target-tp "$tp" --configs "$CONFIGS" --dtype bfloat16 \
@@ -120,7 +132,9 @@ for tp in $(awk '{print $1}' <<< "$SHARDS" | sort -u); do
   grep -E '^\| ' "$LDIR/merged/lossless_cpu_tp$tp.md" 2>/dev/null
 done
 while read -r tp modes k n first count; do
-  nm=$(name "$tp" "$k" "$n"); [ -f "$LDIR/$nm.exit" ] && [ "$(cat "$LDIR/$nm.exit")" != 0 ] && rc=1
+  nm=$(name "$tp" "$k" "$n")
+  if [ -f "$LDIR/$nm.exit" ]; then [ "$(cat "$LDIR/$nm.exit")" != 0 ] && rc=1
+  elif ! alive "$nm"; then rc=1; fi  # killed or never started
 done <<< "$SHARDS"
 cp "$LDIR"/merged/* "$LDIR"/*.log "$OUT/lossless_cpu/" 2>/dev/null
 exit "$rc"

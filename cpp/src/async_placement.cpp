@@ -224,8 +224,12 @@ std::unique_ptr<Model> load_group_model(const std::string& dir, const GroupPlace
         for (int r = 0; r < g.tp; ++r) tpo.devices.push_back(rank_device(g, r));
         ModelOptions o = base;
         o.gemm_engine = g.gemm_engine;
-        if (cpu::ShardedCheckpoint::is_sharded(dir)) return make_tp_cuda_model_from_shards(dir, o, tpo);
-        return make_tp_cuda_model(Checkpoint::open(dir), o, tpo);
+        try {
+          if (cpu::ShardedCheckpoint::is_sharded(dir)) return make_tp_cuda_model_from_shards(dir, o, tpo);
+          return make_tp_cuda_model(Checkpoint::open(dir), o, tpo);
+        } catch (const InvalidArgument& e) {
+          throw InvalidArgument(where + ": " + e.what());  // name the group, as the TP-1 path does
+        }
       }
 #endif
       throw InvalidArgument("backend '" + backend + "': tensor parallelism needs a build with the CUDA backend "

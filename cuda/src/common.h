@@ -46,8 +46,9 @@ inline uint64_t current_device_bit() {
 /// Makes `device` this thread's current device for the scope and restores the
 /// previous one after it. The current device is per host thread, and a model
 /// is called from whichever thread runs its worker group (the async engine's
-/// draft and target threads, Python's), so every entry point of a model that
-/// lives on a GPU other than 0 must set it. The constructor throws CudaError;
+/// draft and target threads, Python's), so every entry point of a model sets
+/// it (a thread that last used GPU 1 may call a model on GPU 0). The
+/// constructor throws CudaError;
 /// the std::nothrow_t form (for destructors) ignores failures.
 class DeviceScope {
  public:

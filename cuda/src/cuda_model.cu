@@ -120,7 +120,7 @@ class CudaModelImpl final : public CudaModel {
   CudaModelImpl(const ModelConfig& cfg, const ModelOptions& opt, const CudaModelOptions& copt)
       : cfg_(cfg), opt_(opt), copt_(copt), pdl_(copt.use_pdl) {
     check_config();
-    SS_CUDA_CHECK(cudaSetDevice(copt_.device));
+    DeviceScope device_scope(copt_.device);  // the caller's thread gets its device back afterwards
     cudaDeviceProp prop;
     SS_CUDA_CHECK(cudaGetDeviceProperties(&prop, copt_.device));
     if (prop.major < 9)

@@ -10,8 +10,10 @@ Accepted forms (``Engine(..., placement=...)``):
 * ``"auto"``: the draft gets max(draft_tp, cores/4) cores, the target the rest;
 * a dict ``{"draft": {"tp": 1, "cores": [0]}, "target": {"tp": 2, "cores": [[1], [2]]}}``
   (fields per group: ``tp``, ``cores`` (one list per rank, or one flat list split evenly),
-  ``threads_per_rank``, ``devices`` and ``sm_partition`` for CUDA; see
-  ``cpp/include/swiftspec/placement.h``);
+  ``threads_per_rank``; for CUDA ``devices`` (the GPU of each rank: ``{"draft": {"devices": [1]},
+  "target": {"tp": 2, "devices": [0, 1]}}`` puts the draft on its own GPU and the target
+  tensor-parallel over two), ``sm_partition``, ``stream_priority`` and ``gemm_engine``
+  (``"wgmma"`` or ``"mma"``); see ``cpp/include/swiftspec/placement.h``);
 * the same as JSON text, or the path of a ``.json`` file holding it.
 
 On one GPU (``backend="cuda"``) the groups can get disjoint SM partitions, each run through a CUDA

@@ -80,7 +80,8 @@ struct ModelOptions {
   /// cudaDeviceGetStreamPriorityRange; 0: default). A target at a higher
   /// priority than the draft gets free SMs first on a shared GPU.
   int stream_priority = 0;
-  /// CUDA backend: the engine of every skinny GEMM of the model: "" (default,
+  /// CUDA backend: the engine of the model's skinny GEMMs (a tensor-parallel
+  /// model's row-parallel GEMMs keep the default): "" (default,
   /// the wgmma engine), "wgmma", or "mma" (mma.sync: measured faster on
   /// single-token decode steps, slower on trees; benchmarks/README.md, "CUDA
   /// backend"). One engine per model, never per step, so the model stays

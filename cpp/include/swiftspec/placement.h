@@ -26,8 +26,9 @@
 //                     higher, clamped to the device's range, e.g. [-5, 0] on an
 //                     H200; default 0). A target above the draft gets SMs first
 //                     when both have kernels waiting (no preemption, no partition).
-//   gemm_engine       CUDA backend: "wgmma" or "mma" for every GEMM of the
-//                     group's model (ModelOptions::gemm_engine; default: wgmma).
+//   gemm_engine       CUDA backend: "wgmma" or "mma" for the GEMMs of the
+//                     group's model (ModelOptions::gemm_engine; default: wgmma;
+//                     with tp > 1 the row-parallel ones keep the default).
 //                     E.g. {"draft": {"gemm_engine": "mma"}}: mma.sync is the
 //                     faster engine for single-token decode steps.
 // Errors name the group and field: the placement checks the form and that the

@@ -9,8 +9,7 @@
 // The split follows TpPlan (tensor_parallel.h): query heads, KV heads and FFN
 // rows by rank. The embedding, the RMSNorm weights and the LM head are
 // replicated, so every rank computes the same full-vocabulary logits and no
-// gather is needed (rank 0's are returned; the others only take the arg-max
-// on the GPU). The CUDA attention maps query head j of a rank to its KV head
+// gather is needed (rank 0's are returned; the other ranks skip the LM head). The CUDA attention maps query head j of a rank to its KV head
 // j / (q_heads / kv_heads), so the plan must need neither padding heads nor
 // replicated KV heads (e.g. 12 query / 2 KV heads at TP 2); other degrees are
 // rejected naming the counts.
@@ -19,7 +18,11 @@
 // others on parked threads of a WorkerGroup): the GPU all-reduce of one rank
 // waits for the other ranks on the GPU. Every rank validates the batch before
 // launching anything and sees the same batch, so a bad request throws on all
-// of them and leaves the model usable.
+// of them and leaves the model usable. A failure after some rank has launched
+// its step (a CUDA error) leaves the others waiting on the GPU: the peer
+// all-reduce gives up after about 10 s with a trap, which ends that GPU's
+// context, and an NCCL all-reduce waits for good. The model then refuses
+// every later call (InvalidArgument naming the first failure): reload it.
 #pragma once
 #include <memory>
 #include <string>
@@ -46,8 +49,10 @@ struct TpCudaOptions {
 };
 
 /// A TP model over devices.size() ranks, sharded at load time from a TP-1
-/// checkpoint. `options` sizes the KV cache (max_context, max_tree); its
-/// device / SM partition fields must be unset (ranks go on `tp.devices`).
+/// checkpoint. `options` sizes the KV cache (max_context, max_tree) and picks
+/// the GEMM engine (gemm_engine: the row-parallel GEMMs of the hook keep the
+/// default engine); its device is replaced by each rank's, and an SM
+/// partition or a stream priority is rejected (InvalidArgument).
 /// Throws InvalidArgument for fewer than 2 devices, an unsupported plan or a
 /// repeated GPU with another all-reduce than PeerTwoKernel, CheckpointError
 /// for a bad checkpoint, CudaError / NcclError for device failures (no peer

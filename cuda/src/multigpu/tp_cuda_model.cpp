@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <string>
 
 #include "backend/cpu/tp_weights.h"
@@ -186,7 +187,7 @@ class TpCudaModel final : public Model {
 
   ~TpCudaModel() override {
     group_.reset();  // stop the rank threads first
-    ranks_.clear();  // then the models (each frees on its own GPU), before the hooks' peer group
+    ranks_.clear();  // then the models, before the peer group their hooks point into
   }
 
   const ModelConfig& config() const override { return config_; }
@@ -195,19 +196,23 @@ class TpCudaModel final : public Model {
   int committed_len() const override { return ranks_[0]->committed_len(); }
 
   void forward(const ForwardBatch& batch, std::vector<float>& logits) override {
-    // Rank 0's logits are returned; the other ranks compute the same rows and
-    // copy only their arg-max (no full-vocabulary copy to the host).
-    group_->run([&](int r) {
+    // Rank 0's logits are returned; the other ranks run the same layers (and
+    // all-reduces) but skip the LM head: every rank would compute the same
+    // logits, and GPU time of ranks 1..N-1 may be shared with a draft.
+    ForwardBatch no_logits = batch;
+    no_logits.logits = LogitsMode::None;
+    run_ranks("forward", [&](int r) {
       if (r == 0) ranks_[0]->forward(batch, logits);
-      else ranks_[r]->forward_argmax(batch, scratch_[r]);
+      else ranks_[r]->forward_argmax(no_logits, scratch_[r]);
     });
   }
 
   void commit_tree_slots(const std::vector<int32_t>& slots) override {
-    group_->run([&](int r) { ranks_[r]->commit_tree_slots(slots); });
+    run_ranks("commit_tree_slots", [&](int r) { ranks_[r]->commit_tree_slots(slots); });
   }
 
   void truncate_committed(int len) override {
+    check_usable();
     for (auto& m : ranks_) m->truncate_committed(len);
   }
 
@@ -220,11 +225,39 @@ class TpCudaModel final : public Model {
   }
 
  private:
+  // fn(rank) on every rank at once. A failure that every rank raised before
+  // launching (validation: they all see the same request and state) leaves the
+  // model usable; any other failure may have left a rank's step half run and
+  // its peers waiting on the GPU, so the model refuses later calls.
+  void run_ranks(const char* what, const std::function<void(int)>& fn) {
+    check_usable();
+    const int before = ranks_[0]->committed_len();
+    try {
+      group_->run(fn);
+    } catch (const InvalidArgument&) {
+      for (auto& m : ranks_)
+        if (m->committed_len() != before) {
+          failure_ = std::string(what) + " failed on some ranks after others had run";
+          throw;
+        }
+      throw;  // raised by every rank before launching: the model is unchanged
+    } catch (const std::exception& e) {
+      failure_ = std::string(what) + ": " + e.what();
+      throw;
+    }
+  }
+  void check_usable() const {
+    if (!failure_.empty())
+      throw InvalidArgument("the tensor-parallel CUDA model is unusable after an earlier failure (" + failure_ +
+                            "): its ranks may have been left mid-step; load it again");
+  }
+
   // Every rank's KV heads put back in the model's layout [rows, num_kv_heads, head_dim].
   void gather_kv(int layer, const std::vector<int32_t>* slots, std::vector<float>& k, std::vector<float>& v) const {
     const int hd = config_.head_dim, nkv = config_.num_kv_heads, kpr = plan_.kv_heads_per_rank;
     std::vector<float> rk, rv;
     for (int r = 0; r < plan_.tp; ++r) {
+      if (r == 0) check_usable();
       if (slots) ranks_[r]->read_tree_kv(layer, *slots, rk, rv);
       else ranks_[r]->read_committed_kv(layer, rk, rv);
       const size_t rows = rk.size() / (size_t(kpr) * hd);
@@ -251,7 +284,8 @@ class TpCudaModel final : public Model {
   std::vector<std::unique_ptr<CudaCommunicator>> comms_;
 #endif
   std::vector<std::unique_ptr<CudaModel>> ranks_;
-  std::vector<std::vector<int32_t>> scratch_;  // the arg-max rows of ranks 1..N-1
+  std::vector<std::vector<int32_t>> scratch_;  // ranks 1..N-1: forward_argmax's (empty) output
+  std::string failure_;                         // set once a step failed part-way: the model is unusable
   std::unique_ptr<WorkerGroup> group_;
 };
 
@@ -265,6 +299,8 @@ void check_options(const ModelOptions& o, const TpCudaOptions& tp) {
       throw InvalidArgument("device " + str(d) + " does not exist (this machine has " + str(count) + " GPUs)");
   if (has_sm_partition(o.sm_first, o.sm_count))
     throw InvalidArgument("sm_partition is not supported with tensor parallelism on the CUDA backend");
+  if (o.stream_priority != 0)
+    throw InvalidArgument("stream_priority is not supported with tensor parallelism on the CUDA backend");
   if (o.max_context < 1 || o.max_tree < 1) throw InvalidArgument("max_context and max_tree must be >= 1");
 }
 

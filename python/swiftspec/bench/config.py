@@ -20,8 +20,9 @@ A configuration is written as one token (``--configs`` takes a comma-separated l
                                  both models share all SMs on their own streams.
              | "hp"           cuda: the target's stream at the highest priority (the block
                                  scheduler starts its waiting CTAs before the draft's)
-             | "dg" N         cuda: the draft group on GPU N (the target stays on GPU 0):
-                                 draft and target on GPUs of their own (placement devices)
+             | "dg" N         cuda: the draft group on GPU N, the target on GPU 0 (with tpM:
+                                 GPUs 0..M-1): draft and target on GPUs of their own
+                                 (placement devices)
     BACKEND := "cpu" | "cuda" (default: the run's --backend)
 
 Examples: ``target``, ``serial:chain``, ``serial:chain6``, ``serial:tree16``,
@@ -289,11 +290,11 @@ def engine_placement(draft_sms: int | None = None, target_priority: bool = False
 
 
 def find_baseline(config: BenchConfig, configs: list[BenchConfig]) -> BenchConfig | None:
-    """The target-only configuration ``config`` is compared against (speedup, output check):
-    swiftspec ``target`` on the same backend for swiftspec configurations (the one with the
-    same target TP degree if the run has it: TP changes the reduction order, so outputs are
-    compared within one degree), ``hf:target`` for HF peers; None if the run has none or
-    ``config`` is itself target-only."""
+    """The target-only configuration ``config``'s speedup is taken against: swiftspec ``target``
+    on the same backend for swiftspec configurations (the one with the same target TP degree if
+    the run has it, else the first), ``hf:target`` for HF peers; None if the run has none or
+    ``config`` is itself target-only. Outputs are checked only against a baseline of the same
+    TP degree (runner.reference_config): TP changes the reduction order."""
     if config.mode == "target":
         return None
     refs = [c for c in configs if c.engine == config.engine and c.mode == "target" and c.backend == config.backend]

@@ -372,11 +372,13 @@ class Runner:
 
 def reference_config(config: BenchConfig, configs: list[BenchConfig]) -> BenchConfig | None:
     """The configuration whose greedy outputs ``config``'s are checked against: its baseline
-    (speculation vs target-only), or for ``hf:target`` the swiftspec target-only run on the same
-    backend (two implementations of the same model)."""
+    (speculation vs target-only) when that runs the target at the same TP degree (another degree
+    sums in another order, so its outputs may differ at near-ties and are not a reference; the
+    speedup is still taken against it), or for ``hf:target`` the swiftspec target-only run on the
+    same backend (two implementations of the same model)."""
     base = find_baseline(config, configs)
     if base is not None:
-        return base
+        return base if base.target_tp == config.target_tp else None
     if config.engine == "hf" and config.mode == "target":
         for c in configs:
             if c.engine == "swiftspec" and c.mode == "target" and c.backend == config.backend:
