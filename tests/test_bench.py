@@ -162,11 +162,11 @@ def test_config_sm_partition_option():
     c = parse_config("async:tree16:sm24", "cuda")
     assert (c.name, c.draft_sms, engine_key(c)) == ("async:tree16:sm24", 24, "cuda:sm24")
     assert engine_key(parse_config("async:tree16", "cuda")) == "cuda"
-    assert engine_placement(24) == {"draft": {"sm_partition": [0, 24]}, "target": {"sm_partition": [24, 0]}}
-    assert engine_placement(None) is None
+    assert engine_placement(c) == {"draft": {"sm_partition": [0, 24]}, "target": {"sm_partition": [24, 0]}}
+    assert engine_placement(parse_config("async:tree16", "cuda")) is None
     h = parse_config("async:tree16:hp", "cuda")
     assert (h.name, h.target_priority, engine_key(h)) == ("async:tree16:hp", True, "cuda:hp")
-    assert engine_placement(None, True) == {"draft": {}, "target": {"stream_priority": -1000}}
+    assert engine_placement(h) == {"draft": {}, "target": {"stream_priority": -1000}}
     with pytest.raises(BenchConfigError, match="needs the cuda backend"):
         parse_config("async:tree16:hp", "cpu")
     with pytest.raises(BenchConfigError, match="needs the cuda backend"):
@@ -204,7 +204,13 @@ def test_config_draft_gpu_option():
 
     c = parse_config("async:tree16:dg1@cuda")
     assert (c.name, c.draft_gpu, engine_key(c)) == ("async:tree16:dg1@cuda", 1, "cuda:dg1")
-    assert engine_placement(None, False, 1) == {"draft": {"devices": [1]}, "target": {"devices": [0]}}
+    assert engine_placement(c) == {"draft": {"devices": [1]}, "target": {"devices": [0]}}
+    t = parse_config("async:tree16:tp2:dg1:dmma@cuda")
+    assert (t.name, engine_key(t)) == ("async:tree16:tp2:dg1:dmma@cuda", "cuda:tp2:dg1:dmma")
+    assert engine_placement(t) == {"draft": {"devices": [1], "gemm_engine": "mma"},
+                                   "target": {"tp": 2, "devices": [0, 1]}}
+    with pytest.raises(BenchConfigError, match="dmma picks a CUDA GEMM engine; it needs the cuda backend"):
+        parse_config("async:tree16:dmma", "cpu")
     assert parse_config("async:tree16:dg0:sm16", "cuda").name == "async:tree16:sm16:dg0"
     with pytest.raises(BenchConfigError, match="dg1 puts the draft on a GPU; it needs the cuda backend"):
         parse_config("async:tree16:dg1", "cpu")

@@ -20,6 +20,8 @@ A configuration is written as one token (``--configs`` takes a comma-separated l
                                  both models share all SMs on their own streams.
              | "hp"           cuda: the target's stream at the highest priority (the block
                                  scheduler starts its waiting CTAs before the draft's)
+             | "dmma"         cuda: the draft's GEMMs on the mma.sync engine (placement
+                                 gemm_engine; the target keeps wgmma)
              | "dg" N         cuda: the draft group on GPU N, the target on GPU 0 (with tpM:
                                  GPUs 0..M-1): draft and target on GPUs of their own
                                  (placement devices)
@@ -27,7 +29,7 @@ A configuration is written as one token (``--configs`` takes a comma-separated l
 
 Examples: ``target``, ``serial:chain``, ``serial:chain6``, ``serial:tree16``,
 ``serial:tree32:b4:d6``, ``async:tree64:tp2:dtp1@cuda``, ``async:tree16:sm16@cuda``,
-``async:tree16:hp@cuda``, ``async:tree16:dg1@cuda``, ``hf:assisted``.
+``async:tree16:hp@cuda``, ``async:tree16:dg1@cuda``, ``async:tree16:dmma@cuda``, ``hf:assisted``.
 
 ``target`` takes no shape and only the option ``tpN``; ``hf:*`` take no shape or options (``hf:*`` runs PyTorch on the backend's device:
 ``cpu`` or ``cuda``). Speculative modes without a shape use ``tree16``.
@@ -80,6 +82,7 @@ class BenchConfig:
         target_priority: the target's CUDA stream at the highest priority (``hp``).
         draft_gpu: the GPU of the draft group (``dgN``; the target on GPU 0), or None: both on
             GPU 0.
+        draft_engine: the GEMM engine of the draft (``dmma``: "mma"), or None: the default.
         shape: "chain", "tree" or None (for plots: acceptance length per tree budget).
     """
 
@@ -96,6 +99,7 @@ class BenchConfig:
     draft_sms: int | None = None
     target_priority: bool = False
     draft_gpu: int | None = None
+    draft_engine: str | None = None
 
     @property
     def speculative(self) -> bool:
@@ -183,9 +187,18 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
     target_tp, draft_tp = 1, 1
     draft_sms = None
     draft_gpu = None
+    draft_engine = None
     target_priority = False
     seen: set[str] = set()
     for opt in rest:
+        if opt == "dmma":
+            if draft_engine is not None:
+                raise BenchConfigError(f"configuration {raw!r}: option 'dmma' given twice")
+            if backend != "cuda":
+                raise BenchConfigError(f"configuration {raw!r}: dmma picks a CUDA GEMM engine; it needs the cuda "
+                                       f"backend, not {backend!r}")
+            draft_engine = "mma"
+            continue
         if opt == "hp":
             if target_priority:
                 raise BenchConfigError(f"configuration {raw!r}: option 'hp' given twice")
@@ -197,7 +210,7 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
         m = _OPTION.match(opt)
         if not m:
             raise BenchConfigError(
-                f"configuration {raw!r}: bad part {opt!r} (expected chain[N], tree[N], bN, dN, tpN, dtpN, smN, dgN or hp)"
+                f"configuration {raw!r}: bad part {opt!r} (expected chain[N], tree[N], bN, dN, tpN, dtpN, smN, dgN, dmma or hp)"
             )
         key = m.group(1)
         if key in seen:
@@ -244,22 +257,26 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
         name += f":sm{draft_sms}"
     if draft_gpu is not None:
         name += f":dg{draft_gpu}"
+    if draft_engine is not None:
+        name += ":dmma"
     if target_priority:
         name += ":hp"
     name += suffix
     return BenchConfig(name=name, engine="swiftspec", mode=mode, backend=backend, tree_budget=n,
                        max_depth=depth, branching=branching, target_tp=target_tp, draft_tp=draft_tp,
                        shape=shape, draft_sms=draft_sms, target_priority=target_priority,
-                       draft_gpu=draft_gpu)
+                       draft_gpu=draft_gpu, draft_engine=draft_engine)
 
 
 def engine_key(config: BenchConfig) -> str:
     """Which loaded engine runs ``config``: one per backend, plus one per target TP degree
     (``cuda:tp2``), draft SM partition (``cuda:sm16``: draft in a green context on SMs [0, 16),
-    target on the rest), draft GPU (``cuda:dg1``) and stream priority (``cuda:hp``)."""
+    target on the rest), draft GPU (``cuda:dg1``), draft GEMM engine (``cuda:dmma``) and stream
+    priority (``cuda:hp``)."""
     return (config.backend + (f":tp{config.target_tp}" if config.target_tp != 1 else "")
             + (f":sm{config.draft_sms}" if config.draft_sms is not None else "")
             + (f":dg{config.draft_gpu}" if config.draft_gpu is not None else "")
+            + (":dmma" if config.draft_engine is not None else "")
             + (":hp" if config.target_priority else ""))
 
 
@@ -267,15 +284,19 @@ def engine_key(config: BenchConfig) -> str:
 HIGHEST_STREAM_PRIORITY = -1000
 
 
-def engine_placement(draft_sms: int | None = None, target_priority: bool = False,
-                     draft_gpu: int | None = None, target_tp: int = 1) -> dict | None:
-    """The placement (``swiftspec.placement``) of ``smN`` (draft on logical SMs [0, N), target
-    on [N, last]), ``hp`` (the target's stream at the highest priority), ``dgN`` (the draft
-    on GPU N, the target on GPUs 0..tp-1) and ``tpN`` (the target group's TP degree); None when
-    none is asked for."""
-    if draft_sms is None and not target_priority and draft_gpu is None and target_tp == 1:
+def engine_placement(config: BenchConfig) -> dict | None:
+    """The placement (``swiftspec.placement``) of ``config``'s ``smN`` (draft on logical SMs
+    [0, N), target on [N, last]), ``hp`` (the target's stream at the highest priority), ``dgN``
+    (the draft on GPU N, the target on GPUs 0..tp-1), ``dmma`` (the draft's GEMM engine) and
+    ``tpN`` (the target group's TP degree); None when none is asked for."""
+    draft_sms, target_priority, draft_gpu = config.draft_sms, config.target_priority, config.draft_gpu
+    target_tp = config.target_tp
+    if (draft_sms is None and not target_priority and draft_gpu is None and target_tp == 1
+            and config.draft_engine is None):
         return None
     p: dict = {"draft": {}, "target": {}}
+    if config.draft_engine is not None:
+        p["draft"]["gemm_engine"] = config.draft_engine
     if target_tp != 1:
         p["target"]["tp"] = target_tp
     if draft_gpu is not None:

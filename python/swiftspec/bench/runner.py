@@ -164,8 +164,7 @@ class Runner:
             if not wanted:
                 continue
             with_draft = any(c.speculative for c in wanted)
-            placement = engine_placement(configs[0].draft_sms, configs[0].target_priority, configs[0].draft_gpu,
-                                         configs[0].target_tp)
+            placement = engine_placement(configs[0])
             self.log(f"loading swiftspec {key}: target {self.target_checkpoint}"
                      + (f", draft {self.draft_checkpoint}" if with_draft else "")
                      + (f", placement {placement}" if placement else ""))

@@ -70,6 +70,7 @@ _CONFIG = {
                                               "all SMs (plain streams)"},
         "draft_gpu": {**_NINT, "description": "the draft group's GPU (dgN; the target on GPU 0); null: "
                                               "both models on GPU 0"},
+        "draft_engine": {**_NSTR, "description": "the draft's GEMM engine (dmma: mma); null: the default"},
         "target_priority": {"type": "boolean", "description": "the target's CUDA stream at the highest "
                                                               "priority (hp)"},
         "shape": {"enum": ["chain", "tree", None]},
