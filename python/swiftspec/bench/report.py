@@ -157,7 +157,7 @@ def markdown(document: dict, plots: list[str] | None = None) -> str:
         f"# swiftspec bench — {document['created']}",
         "",
         f"- command: `{document['command']}`",
-        f"- commit (the checkout when the run started): `{c['sha']}`" + (" (dirty: " + ", ".join(c["dirty_files"][:8]) + ")" if c.get("dirty") else ""),
+        f"- commit (the checkout when the run started): `{c['sha'] or 'unknown (not a git checkout)'}`" + (" (dirty: " + ", ".join(c["dirty_files"][:8]) + ")" if c.get("dirty") else ""),
         f"- machine: {m['hostname']}, {cpu['model']}, {cpu['usable_cpus']} usable CPUs, "
         f"{m['memory_gib']} GiB RAM, GPUs: {gpus}; load average at start {m['load_average_start']}, "
         f"at end {document['load_average_end']}",

@@ -133,7 +133,9 @@ class Runner:
         if not self.skip_unavailable:
             raise ConfigUnavailable(
                 f"configuration {config.name} is not available: {reason} "
-                "(drop it from --configs, or pass --skip-unavailable to record it as unavailable)"
+                + ("(drop --peers hf, install the peers with pip install '.[test]', "
+                   if config.engine == "hf" else "(drop it from --configs, ")
+                + "or pass --skip-unavailable to record it as unavailable)"
             )
         self.log(f"{config.name}: unavailable: {reason}")
         self.status[config.name] = ("unavailable", reason)
