@@ -241,3 +241,19 @@ def test_cpp_example_reports_bad_checkpoint(tmp_path):
     proc = subprocess.run([str(binary("swiftspec-decode")), "--checkpoint", str(tmp_path / "missing"),
                            "--tokens", "1,2"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "missing" in proc.stderr
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--tree-budget", "0", "hi"], "--tree-budget must be >= 1, got 0"),
+    (["--max-new-tokens", "-5", "hi"], "--max-new-tokens must be >= 1, got -5"),
+    (["--top-p", "2", "hi"], "--top-p must be in (0, 1], got 2.0"),
+    (["--temperature", "nan", "hi"], "--temperature must be a finite number >= 0, got nan"),
+    (["--max-new-tokens", "5000", "hi"], "--max-new-tokens 5000 does not fit in --max-context 4096"),
+    (["   "], "the prompt is empty"),
+])
+def test_cli_generate_names_the_flag_before_loading(tmp_path, extra, message):
+    """Bad generate options fail at once (a missing --target is never opened) naming the flag."""
+    proc = subprocess.run([sys.executable, "-m", "swiftspec.cli", "generate", "--target",
+                           str(tmp_path / "never-loaded"), *extra], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+    assert "never-loaded" not in proc.stderr

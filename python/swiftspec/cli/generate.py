@@ -17,7 +17,9 @@ def add_parser(sub) -> None:
     p.add_argument("prompt", nargs="?", help="the prompt (read from stdin when omitted or '-')")
     p.add_argument("--target", help="target model: checkpoint folder, GGUF file, HF folder or reference name")
     p.add_argument("--draft", help="draft model (same kinds); enables speculative decoding")
-    p.add_argument("--no-draft", action="store_true", help="target-only decoding with the reference target")
+    p.add_argument("--no-draft", action="store_true",
+                   help="target-only decoding with the reference target (a --target without --draft is "
+                        "target-only already)")
     p.add_argument("--raw", action="store_true", help="send the prompt as raw text, without the chat template")
     p.add_argument("--system", help="a system message for the chat template")
     p.add_argument("--max-new-tokens", type=int, default=256)
@@ -34,23 +36,50 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
                    help="weight dtype when converting a GGUF/HF model")
     p.add_argument("--threads", type=int, default=0, help="CPU threads per model (0: all cores)")
+    p.add_argument("--max-context", type=int, default=4096,
+                   help="tokens of KV cache per model: prompt + new tokens must fit (default 4096)")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, ids, timing) instead of text")
     p.set_defaults(run=run)
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """Range checks named by their flags, before any model is loaded. Raises InvalidRequestError.
+    (The engine checks the same again, and what depends on the models: the context, the tree KV.)"""
+    from swiftspec.errors import InvalidRequestError
+
+    at_least = {"--max-new-tokens": (args.max_new_tokens, 1), "--tree-budget": (args.tree_budget, 1),
+                "--max-depth": (args.max_depth, 1), "--branching": (args.branching, 1),
+                "--top-k": (args.top_k, 0), "--threads": (args.threads, 0), "--max-context": (args.max_context, 1)}
+    for flag, (value, low) in at_least.items():
+        if value < low:
+            raise InvalidRequestError(f"{flag} must be >= {low}, got {value}")
+    if not args.temperature >= 0.0 or args.temperature == float("inf"):
+        raise InvalidRequestError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if not 0.0 < args.top_p <= 1.0:
+        raise InvalidRequestError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.max_new_tokens >= args.max_context:
+        raise InvalidRequestError(f"--max-new-tokens {args.max_new_tokens} does not fit in --max-context "
+                                  f"{args.max_context} (the prompt needs room too): raise --max-context")
+
+
 def run(args: argparse.Namespace) -> int:
     from swiftspec.engine import Engine
+    from swiftspec.errors import InvalidRequestError
     from swiftspec.fetch import DEFAULT_PAIR
 
+    check_options(args)
     prompt = args.prompt
     if prompt is None or prompt == "-":
         prompt = sys.stdin.read()
+    if not prompt.strip():
+        raise InvalidRequestError("the prompt is empty: give it as an argument or on stdin")
     target = args.target or DEFAULT_PAIR["target"]
     draft = args.draft
     if draft is None and args.target is None and not args.no_draft:
         draft = DEFAULT_PAIR["draft"]
     print(f"[swiftspec] loading target {target}" + (f" and draft {draft}" if draft else ""), file=sys.stderr)
-    engine = Engine(target, draft, backend=args.backend, dtype=args.dtype, num_threads=args.threads)
+    engine = Engine(target, draft, backend=args.backend, dtype=args.dtype, num_threads=args.threads,
+                    max_context=args.max_context)
     if args.raw:
         request = prompt
     else:
@@ -90,10 +119,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         print()
         s = result.stats
+        speculative = s.get("draft_steps", 0) > 0  # a draft proposed tokens
         print(
             f"[swiftspec] {len(result.token_ids)} tokens, finish={result.finish_reason}, "
-            f"TTFT {result.ttft_s * 1000:.0f} ms, {result.tokens_per_s:.2f} tok/s, "
-            f"acceptance length {s.get('acceptance_length', 0):.2f}",
+            f"TTFT {result.ttft_s * 1000:.0f} ms, {result.tokens_per_s:.2f} tok/s"
+            + (f", acceptance length {s.get('acceptance_length', 0):.2f}" if speculative else ""),
             file=sys.stderr,
         )
     return 0
