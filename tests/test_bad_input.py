@@ -257,3 +257,11 @@ def test_cli_generate_names_the_flag_before_loading(tmp_path, extra, message):
                            str(tmp_path / "never-loaded"), *extra], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
     assert "never-loaded" not in proc.stderr
+
+
+def test_cpp_example_help():
+    from swiftspec.paths import binary
+
+    proc = subprocess.run([str(binary("swiftspec-decode")), "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "usage: swiftspec-decode --checkpoint DIR" in proc.stdout
+    assert "--mode target|serial|async" in proc.stdout

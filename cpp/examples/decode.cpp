@@ -20,11 +20,13 @@
 
 namespace {
 
+const char* const kUsage =
+    "usage: swiftspec-decode --checkpoint DIR --tokens ID,ID,... [--max-new-tokens N]\n"
+    "       [--draft DIR] [--mode target|serial|async] [--temperature T] [--top-k K] [--top-p P]\n"
+    "       [--seed S] [--threads N] [--backend cpu|cuda]\n";
+
 [[noreturn]] void usage_error(const std::string& msg) {
-  std::cerr << "swiftspec-decode: " << msg << "\n"
-            << "usage: swiftspec-decode --checkpoint DIR --tokens ID,ID,... [--max-new-tokens N]\n"
-               "       [--draft DIR] [--mode target|serial] [--temperature T] [--top-k K] [--top-p P]\n"
-               "       [--seed S] [--threads N] [--backend cpu|cuda]\n";
+  std::cerr << "swiftspec-decode: " << msg << "\n" << kUsage;
   std::exit(2);
 }
 
@@ -55,6 +57,10 @@ int main(int argc, char** argv) {
   int threads = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::cout << "Decodes from token ids with a swiftspec checkpoint (the C++ embedding example).\n" << kUsage;
+      return 0;
+    }
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) usage_error(a + " needs a value");
       return argv[++i];
