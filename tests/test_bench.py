@@ -94,6 +94,13 @@ def test_unavailable_config_fails_fast_without_skip(checkpoint_dir, tmp_path):
                   target=small, draft=small, out_dir=tmp_path / "x", progress=False)
 
 
+def test_earlier_results_are_not_replaced_without_resume(tmp_path):
+    (tmp_path / "bench.json").write_text("{}")
+    with pytest.raises(BenchConfigError, match=r"holds the results of an earlier run \(bench.json\): pass --resume"):
+        run_bench(datasets=["humaneval"], num_prompts=1, max_new_tokens=4, configs="target",
+                  target="never-loaded", out_dir=tmp_path, progress=False)
+
+
 def test_resume_keeps_measured_requests_and_measures_the_rest(checkpoint_dir, tmp_path):
     """An interrupted run (requests.jsonl cut after its first request, with a half-written line
     after it) resumed into the same folder keeps the measured request as it was and measures only

@@ -75,6 +75,11 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
     out = Path(out_dir) if out_dir is not None else None
     if out is not None and out.exists() and not out.is_dir():
         raise BenchConfigError(f"--out {out} exists and is not a folder")
+    if out is not None and not resume:
+        earlier = [n for n in ("bench.json", "requests.jsonl") if (out / n).exists()]
+        if earlier:  # never replace measured results silently
+            raise BenchConfigError(f"--out {out} holds the results of an earlier run ({', '.join(earlier)}): pass "
+                                   "--resume to continue it, or give another folder")
     machine = mach.machine_info()
     # The code this process runs is the checkout as it is now: a commit made while a long run goes
     # on must not be recorded as the measured one.
