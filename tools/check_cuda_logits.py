@@ -26,6 +26,9 @@ the bound used before the floor was measured.
 swiftspec_cuda/tp_cuda_model.h), so the TP-N CUDA model is checked against the same CPU
 reference (a GPU may repeat: ranks sharing one GPU).
 
+--floor-only measures that floor alone (transformers bf16 against the CPU backend, no CUDA
+model), e.g. on a machine without a GPU.
+
 Writes a JSON report (--json) and prints a table. Exit code 1 if any check fails.
 """
 
@@ -133,6 +136,24 @@ def check_model(name: str, ckpt, prompts: list[list[int]], tol: float, devices: 
             "devices": devices, "rows": rows, "pass": ok}
 
 
+def floor_model(name: str, ckpt, prompts: list[list[int]]) -> dict:
+    """--floor-only: transformers bf16 logits against the CPU backend (fp32 arithmetic) per prompt."""
+    from swiftspec import swiftspec_core as core
+
+    opts = core.ModelOptions()
+    opts.max_context, opts.max_tree = 2048, 8
+    cpu = core.load_model(str(ckpt), "cpu", opts)
+    rows = []
+    for ids, hf in zip(prompts, hf_bf16_logits(ckpt, prompts)):
+        cpu.truncate_committed(0)
+        ref = np.asarray(cpu.forward(ids, logits="all"))
+        err = rel_err(hf, ref)
+        rows.append({"prompt_tokens": len(ids), "hf_bf16_rel_err_max": float(err.max()),
+                     "hf_bf16_rel_err_max_position": int(err.argmax()), "hf_bf16_rel_err_mean": float(err.mean()),
+                     "hf_bf16_top1_agreement": float((hf.argmax(1) == ref.argmax(1)).mean())})
+    return {"model": name, "checkpoint": str(ckpt), "floor_only": True, "rows": rows}
+
+
 def main() -> int:
     from swiftspec.datasets import load_humaneval, load_mtbench, prompt_messages
     from swiftspec.fetch import ensure_checkpoint
@@ -147,7 +168,11 @@ def main() -> int:
                     help="judge the prefill by --tol instead of the transformers bf16 floor")
     ap.add_argument("--json", help="write the report here")
     ap.add_argument("--devices", default="0", help="GPU of each TP rank of the CUDA model, comma-separated (default 0)")
+    ap.add_argument("--floor-only", action="store_true",
+                    help="measure only the transformers bf16 floor against the CPU backend (no GPU needed)")
     args = ap.parse_args()
+    if args.floor_only and args.no_hf_floor:
+        ap.error("--floor-only and --no-hf-floor contradict each other")
     try:
         devices = [int(d) for d in args.devices.split(",")]
     except ValueError:
@@ -159,10 +184,21 @@ def main() -> int:
         tok = Tokenizer.from_checkpoint(ckpt)
         prompts = [tok.encode_chat(prompt_messages("humaneval", he[0])),
                    tok.encode_chat(prompt_messages("mtbench", mt[1]))]
-        report.append(check_model(name, ckpt, prompts, args.tol, devices, args.max_tol, not args.no_hf_floor))
+        if args.floor_only:
+            report.append(floor_model(name, ckpt, prompts))
+        else:
+            report.append(check_model(name, ckpt, prompts, args.tol, devices, args.max_tol, not args.no_hf_floor))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
+    if args.floor_only:
+        print(f"{'model':32} {'tokens':>6} {'hf16 max':>9} {'at':>4} {'hf16 mean':>9} {'hf16 top1':>9}")
+        for m in report:
+            for r in m["rows"]:
+                print(f"{m['model']:32} {r['prompt_tokens']:6d} {r['hf_bf16_rel_err_max']:9.2e} "
+                      f"{r['hf_bf16_rel_err_max_position']:4d} {r['hf_bf16_rel_err_mean']:9.2e} "
+                      f"{r['hf_bf16_top1_agreement']:9.3f}")
+        return 0
     print(f"{'model':32} {'tokens':>6} {'prefill max':>11} {'mean':>9} {'top1':>6} {'decode':>9} {'tree':>9} "
           f"{'hf16 max':>9} {'hf16 mean':>9} {'hf16 top1':>9} pass")
     for m in report:
