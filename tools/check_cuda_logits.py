@@ -66,6 +66,18 @@ def hf_bf16_logits(ckpt, prompts: list[list[int]]) -> list[np.ndarray]:
     return out
 
 
+def floor_stats(hf: np.ndarray | None, ref: np.ndarray) -> dict:
+    """The floor's fields of a row: transformers bf16 logits `hf` against the fp32 reference `ref`
+    (all None without a floor)."""
+    if hf is None:
+        return {"hf_bf16_rel_err_max": None, "hf_bf16_rel_err_max_position": None, "hf_bf16_rel_err_mean": None,
+                "hf_bf16_top1_agreement": None}
+    err = rel_err(hf, ref)
+    return {"hf_bf16_rel_err_max": float(err.max()), "hf_bf16_rel_err_max_position": int(err.argmax()),
+            "hf_bf16_rel_err_mean": float(err.mean()),
+            "hf_bf16_top1_agreement": float((hf.argmax(1) == ref.argmax(1)).mean())}
+
+
 def prefill_passes(row: dict, tol: float, max_tol: float) -> bool:
     """The prefill criterion of the module docstring for one prompt's row: against the transformers
     bf16 floor when the row has one (hf_bf16_rel_err_mean / hf_bf16_top1_agreement), else the
@@ -123,9 +135,7 @@ def check_model(name: str, ckpt, prompts: list[list[int]], tol: float, devices: 
             "decode_rel_err": float(rel_err(d_out, d_ref).max()),
             "tree_rel_err_max": float(rel_err(t_out, t_ref).max()),
             "cpu_prefill_s": cpu_s,
-            "hf_bf16_rel_err_max": None if hf is None else float(rel_err(hf, ref).max()),
-            "hf_bf16_rel_err_mean": None if hf is None else float(rel_err(hf, ref).mean()),
-            "hf_bf16_top1_agreement": None if hf is None else float((hf.argmax(1) == ref.argmax(1)).mean()),
+            **floor_stats(hf, ref),
         }
         row["pass"] = bool(prefill_passes(row, tol, max_tol) and row["decode_rel_err"] < tol
                            and row["tree_rel_err_max"] < tol)
@@ -147,10 +157,7 @@ def floor_model(name: str, ckpt, prompts: list[list[int]]) -> dict:
     for ids, hf in zip(prompts, hf_bf16_logits(ckpt, prompts)):
         cpu.truncate_committed(0)
         ref = np.asarray(cpu.forward(ids, logits="all"))
-        err = rel_err(hf, ref)
-        rows.append({"prompt_tokens": len(ids), "hf_bf16_rel_err_max": float(err.max()),
-                     "hf_bf16_rel_err_max_position": int(err.argmax()), "hf_bf16_rel_err_mean": float(err.mean()),
-                     "hf_bf16_top1_agreement": float((hf.argmax(1) == ref.argmax(1)).mean())})
+        rows.append({"prompt_tokens": len(ids), **floor_stats(hf, ref)})
     return {"model": name, "checkpoint": str(ckpt), "floor_only": True, "rows": rows}
 
 

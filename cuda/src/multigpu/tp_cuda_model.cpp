@@ -117,7 +117,7 @@ class TpCudaModel final : public Model {
   TpCudaModel(const ModelConfig& config, const TpPlan& plan, std::vector<cpu::TpRankShard> shards,
               const ModelOptions& options, const TpCudaOptions& tp)
       : config_(config), options_(options), plan_(plan), devices_(tp.devices) {
-    check_plan(config_, plan_);
+    // The factories below have checked the plan (check_plan) before cutting the shards.
     const int n = plan_.tp;
     rank_config_ = config_;
     rank_config_.num_heads = plan_.q_heads_per_rank;
