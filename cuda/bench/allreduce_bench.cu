@@ -38,6 +38,8 @@
 #include "common.h"
 #include "copy_bandwidth.h"
 #include "device_memory.h"
+#include "graph_cache.h"
+#include "json_number.h"
 #include "kernels/gemm_skinny.h"
 #include "kernels/kernels.h"
 #include "multigpu/epi_allreduce.h"
@@ -56,24 +58,6 @@ using namespace swiftspec;
 using namespace swiftspec::cuda;
 
 namespace {
-
-std::string num(double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.6g", v);
-  return b;
-}
-
-template <class F>
-cudaGraphExec_t capture(cudaStream_t st, F&& record) {
-  SS_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
-  record();
-  cudaGraph_t g = nullptr;
-  SS_CUDA_CHECK(cudaStreamEndCapture(st, &g));
-  cudaGraphExec_t ex = nullptr;
-  SS_CUDA_CHECK(cudaGraphInstantiateWithFlags(&ex, g, 0));
-  cudaGraphDestroy(g);
-  return ex;
-}
 
 /// Every rank replays its graph `iters` times (after 3 warm-up replays);
 /// returns the median over replays of max over ranks of the replay time
@@ -201,7 +185,7 @@ std::vector<P2pRow> bench_p2p(const std::vector<int>& devs, const std::vector<cu
     if (nccl_comms) {
       run_ranks(pair, [&](int r) {
         ncclComm_t c = static_cast<ncclComm_t>(nccl_comms[r]);
-        g[r] = capture(pst[r], [&] {
+        g[r] = capture_graph(pst[r], [&](cudaStream_t) {
           for (int i = 0; i < kTrips; ++i) {
             const auto ok = [](ncclResult_t e, const char* what) {
               if (e != ncclSuccess) throw NcclError(std::string(what) + ": " + ncclGetErrorString(e));
@@ -224,7 +208,7 @@ std::vector<P2pRow> bench_p2p(const std::vector<int>& devs, const std::vector<cu
       run_ranks(pair, [&](int r) {
         const int o = 1 - r;
         uint32_t* myf = flags[r].as<uint32_t>();
-        g[r] = capture(pst[r], [&] {
+        g[r] = capture_graph(pst[r], [&](cudaStream_t) {
           pingpong_kernel<<<1, 256, 0, pst[r]>>>(msg[r].as<uint4>(), inbox[o].as<uint4>(), flags[o].as<uint32_t>(), myf,
                                                   myf + 1, bytes / 16, r, kTrips);
           SS_CUDA_CHECK(cudaGetLastError());
@@ -344,7 +328,7 @@ int main(int argc, char** argv) {
 #if defined(SWIFTSPEC_HAVE_NCCL)
           if (have_nccl) {
             run_ranks(devs, [&](int r) {
-              g[r] = capture(st[r], [&] {
+              g[r] = capture_graph(st[r], [&](cudaStream_t) {
                 for (int i = 0; i < kOps; ++i) comms[r]->all_reduce_sum_bf16(buf[r].get(), cnt);
               });
             });
@@ -354,7 +338,7 @@ int main(int argc, char** argv) {
 #endif
           if (peers) {
             run_ranks(devs, [&](int r) {
-              g[r] = capture(st[r], [&] {
+              g[r] = capture_graph(st[r], [&](cudaStream_t) {
                 for (int i = 0; i < kOps; ++i)
                   peers->all_reduce_bf16(r, buf[r].as<__nv_bfloat16>(), buf[r].as<__nv_bfloat16>(), cnt, st[r], 0);
               });
@@ -363,7 +347,7 @@ int main(int argc, char** argv) {
             destroy_graphs(devs, g);
             for (int k = 0; k < 3; ++k) {
               run_ranks(devs, [&](int r) {
-                g[r] = capture(st[r], [&] {
+                g[r] = capture_graph(st[r], [&](cudaStream_t) {
                   for (int i = 0; i < kOps; ++i)
                     peers->all_reduce_bf16(r, buf[r].as<__nv_bfloat16>(), buf[r].as<__nv_bfloat16>(), cnt, st[r], 0,
                                            false, kSweepCtas[k]);
@@ -467,7 +451,7 @@ int main(int argc, char** argv) {
               EpiPeerStore::Params es;
               if (variant == 4) es.ch = peers->channel(r, 1);
               es.N = N;
-              g[r] = capture(st[r], [&] {
+              g[r] = capture_graph(st[r], [&](cudaStream_t) {
                 for (int i = 0; i < copies; ++i) {
                   if (variant == 4) {
                     launch_gemm<EpiPeerStore>(c, wm[i], xm, a, es, false, st[r]);

@@ -41,6 +41,7 @@
 #include "kernels/kernels.h"
 #include "swiftspec_cuda/cuda_model.h"
 #include "tma_map.h"
+#include "json_number.h"
 
 using namespace swiftspec;
 using namespace swiftspec::cuda;
@@ -53,12 +54,6 @@ void json_kv(const std::string& key, const std::string& raw) {
   g_json += std::string(g_first ? "" : ",\n") + "  \"" + key + "\": " + raw;
   g_first = false;
 }
-std::string num(double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.6g", v);
-  return b;
-}
-
 double median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];

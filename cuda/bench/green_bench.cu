@@ -31,6 +31,7 @@
 #include "common.h"
 #include "green_context.h"
 #include "swiftspec_cuda/cuda_model.h"
+#include "json_number.h"
 
 using namespace swiftspec;
 using namespace swiftspec::cuda;
@@ -90,12 +91,6 @@ std::string ints(const std::vector<int>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
   return s + "]";
-}
-
-std::string num(double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.6g", v);
-  return b;
 }
 
 struct Pair {

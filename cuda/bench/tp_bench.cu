@@ -37,17 +37,12 @@
 #include "multigpu/row_parallel_impl.h"
 #include "step_desc.h"
 #include "swiftspec_cuda/cuda_model.h"
+#include "json_number.h"
 
 using namespace swiftspec;
 using namespace swiftspec::cuda;
 
 namespace {
-
-std::string num(double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.6g", v);
-  return b;
-}
 
 ModelConfig shape_config(const std::string& which) {
   ModelConfig c;

@@ -4,9 +4,7 @@
 
 namespace swiftspec::cuda {
 
-void GraphCache::ensure(int key, cudaStream_t stream,
-                        const std::function<void(cudaStream_t)>& record) {
-  if (graphs_.count(key)) return;
+cudaGraphExec_t capture_graph(cudaStream_t stream, const std::function<void(cudaStream_t)>& record) {
   SS_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
   try {
     record(stream);
@@ -23,7 +21,13 @@ void GraphCache::ensure(int key, cudaStream_t stream,
   const cudaError_t err = cudaGraphInstantiateWithFlags(&exec, graph, 0);
   cudaGraphDestroy(graph);
   if (err != cudaSuccess) throw_cuda_error(err, "cudaGraphInstantiateWithFlags", __FILE__, __LINE__);
-  graphs_[key] = exec;
+  return exec;
+}
+
+void GraphCache::ensure(int key, cudaStream_t stream,
+                        const std::function<void(cudaStream_t)>& record) {
+  if (graphs_.count(key)) return;
+  graphs_[key] = capture_graph(stream, record);
 }
 
 void GraphCache::launch(int key, cudaStream_t stream,

@@ -8,6 +8,13 @@
 
 namespace swiftspec::cuda {
 
+/// Captures record(stream) into an executable graph (relaxed mode: other
+/// threads, e.g. the other ranks of a group, keep calling the runtime
+/// meanwhile). Throws CudaError; a failed capture leaves the stream out of
+/// capture mode and no graph behind. The caller owns the result
+/// (cudaGraphExecDestroy).
+cudaGraphExec_t capture_graph(cudaStream_t stream, const std::function<void(cudaStream_t)>& record);
+
 class GraphCache {
  public:
   GraphCache() = default;

@@ -36,6 +36,7 @@
 
 #include "common.h"
 #include "device_memory.h"
+#include "graph_cache.h"
 #include "kernels/gemm_skinny.h"
 #include "multigpu/epi_allreduce.h"
 #include "multigpu/peer_allreduce.h"
@@ -173,20 +174,6 @@ std::vector<T> download(const void* src, size_t n, cudaStream_t st) {
   SS_CUDA_CHECK(cudaMemcpyAsync(v.data(), src, sizeof(T) * n, cudaMemcpyDeviceToHost, st));
   SS_CUDA_CHECK(cudaStreamSynchronize(st));
   return v;
-}
-
-/// Captures record(stream) into an executable graph (relaxed mode: other
-/// ranks' threads keep calling the runtime meanwhile).
-template <class F>
-cudaGraphExec_t capture(cudaStream_t st, F&& record) {
-  SS_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
-  record();
-  cudaGraph_t g = nullptr;
-  SS_CUDA_CHECK(cudaStreamEndCapture(st, &g));
-  cudaGraphExec_t ex = nullptr;
-  SS_CUDA_CHECK(cudaGraphInstantiateWithFlags(&ex, g, 0));
-  cudaGraphDestroy(g);
-  return ex;
 }
 
 /// Per-rank streams of a group (created on each rank's device).
@@ -332,7 +319,7 @@ void check_peer_allreduce(const std::vector<int>& devs, const std::vector<size_t
       outb[r].allocate(2 * cnt);
     }
     run_ranks(devs, [&](int r) {
-      g[r] = capture(streams.s[r], [&] {
+      g[r] = capture_graph(streams.s[r], [&](cudaStream_t) {
         group.all_reduce_bf16(r, inb[r].as<__nv_bfloat16>(), outb[r].as<__nv_bfloat16>(), cnt, streams.s[r]);
       });
     });
@@ -485,7 +472,7 @@ void check_row_parallel(const std::vector<int>& devs, const char* name, int N, i
         e.ldo = N;
         SS_CUDA_CHECK(cudaMemsetAsync(rk[r].out32.get(), 0xFF, sizeof(float) * R * N, st));
         launch_gemm_allreduce(plans[r], wm, xm, a, e, false, st);
-        cudaGraphExec_t g = capture(st, [&] { launch_gemm_allreduce(plans[r], wm, xm, a, e, false, st); });
+        cudaGraphExec_t g = capture_graph(st, [&](cudaStream_t) { launch_gemm_allreduce(plans[r], wm, xm, a, e, false, st); });
         SS_CUDA_CHECK(cudaMemsetAsync(rk[r].out32.get(), 0xFF, sizeof(float) * R * N, st));
         SS_CUDA_CHECK(cudaGraphLaunch(g, st));
         raw[r] = download<uint32_t>(rk[r].out32.get(), static_cast<size_t>(R) * N, st);
