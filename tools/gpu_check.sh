@@ -13,7 +13,8 @@
 #      build.log check.log check.json bench.log bench.json peer.log peer.json summary.json
 # Usage (repo root): tools/gpu_check.sh        env: OUT (default /tmp/swiftspec-gpu),
 #   SKIP_PEER=1, SKIP_GEMM_BENCH=1, BUILD_DIR (default build/gpu), JOBS (default nproc),
-#   BENCH_ARGS (extra swiftspec-cuda-bench flags, e.g. "--sweep --mma-models"),
+#   BENCH_ARGS (extra swiftspec-cuda-bench flags, e.g. "--sweep --mma-models" or "--megakernel-only"),
+#   CHECK_ARGS (extra swiftspec-cuda-check flags, e.g. "--megakernel-only"),
 #   BUDGET_S (default 560: seconds the whole script may take; waits are cut to fit)
 # nlohmann-json headers: a carried .whl/nlohmann_json-*.whl, an installed
 # nlohmann_json Python package, or SWIFTSPEC_JSON_INCLUDE_DIR.
@@ -77,7 +78,7 @@ BIN=$BUILD_DIR/cuda
 # ---- 3. checks ------------------------------------------------------------------
 if [ -x "$BIN/swiftspec-cuda-check" ]; then
   log "checks"
-  timeout 150 "$BIN/swiftspec-cuda-check" --json "$OUT/check.json" > "$OUT/check.log" 2>&1
+  timeout 150 "$BIN/swiftspec-cuda-check" --json "$OUT/check.json" ${CHECK_ARGS:-} > "$OUT/check.log" 2>&1
   log "checks exit $? ($(grep -c ' PASS' "$OUT/check.log") pass, $(grep -c ' FAIL' "$OUT/check.log") fail)"
   grep ' FAIL' "$OUT/check.log" | head -20
 fi

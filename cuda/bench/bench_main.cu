@@ -11,7 +11,8 @@
 //    CUDA graph replays timed with events (median), with and without
 //    programmatic dependent launch; plus the host-synchronous forward_argmax()
 //    wall time; for the Llama-3-8B, Qwen2.5-1.5B and Qwen2.5-0.5B shapes;
-//  * tree verification of 32 and 64 nodes at the 8B shape (all rows' arg-max).
+//  * tree verification of 32 and 64 nodes at the 8B shape (all rows' arg-max);
+//  * the same decode step as the decode megakernel (CudaModelOptions::megakernel).
 // Physical limit of a step = weight bytes read per step / copy bandwidth.
 //  * --sweep: every wgmma-engine choice (warpgroups, depth, resident
 //    activations) per GEMM shape; --mma-models: each model step also with the
@@ -19,7 +20,10 @@
 //    releasing their dependents at entry (SWIFTSPEC_GEMM_PDL_EARLY=1).
 //  * --profile SHAPE [--profile-tree N]: one greedy decode step of SHAPE (then
 //    a tree of N nodes, graph replayed 4 times) and nothing else, for ncu.
+//  * --megakernel-only: no GEMMs; per shape the layered decode step (PDL) and
+//    the megakernel step only.
 // Usage: swiftspec-cuda-bench [--json PATH] [--quick] [--no-gemm] [--sweep] [--mma-models] [--pdl-early]
+//        [--megakernel-only]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -42,6 +46,7 @@
 #include "swiftspec_cuda/cuda_model.h"
 #include "tma_map.h"
 #include "json_number.h"
+#include "model_shapes.h"
 
 using namespace swiftspec;
 using namespace swiftspec::cuda;
@@ -219,29 +224,6 @@ std::vector<GemmRow> bench_gemms(cudaStream_t st, int num_sms, bool sweep) {
   return rows;
 }
 
-ModelConfig shape_config(const std::string& which) {
-  ModelConfig c;
-  if (which == "llama3-8b") {
-    c.architecture = "llama";
-    c.vocab_size = 128256; c.hidden_size = 4096; c.intermediate_size = 14336; c.num_layers = 32;
-    c.num_heads = 32; c.num_kv_heads = 8; c.head_dim = 128; c.rope_theta = 500000.0;
-    c.rope_scaling.enabled = true; c.rope_scaling.factor = 8.0; c.rope_scaling.low_freq_factor = 1.0;
-    c.rope_scaling.high_freq_factor = 4.0; c.rope_scaling.original_max_position_embeddings = 8192;
-    c.rms_norm_eps = 1e-5f;
-  } else if (which == "qwen2.5-1.5b") {
-    c.architecture = "qwen2";
-    c.vocab_size = 151936; c.hidden_size = 1536; c.intermediate_size = 8960; c.num_layers = 28;
-    c.num_heads = 12; c.num_kv_heads = 2; c.head_dim = 128; c.rope_theta = 1000000.0;
-    c.attention_bias = true; c.tie_word_embeddings = true;
-  } else {
-    c.architecture = "qwen2";
-    c.vocab_size = 151936; c.hidden_size = 896; c.intermediate_size = 4864; c.num_layers = 24;
-    c.num_heads = 14; c.num_kv_heads = 2; c.head_dim = 64; c.rope_theta = 1000000.0;
-    c.attention_bias = true; c.tie_word_embeddings = true;
-  }
-  return c;
-}
-
 ForwardBatch decode_batch(int pos) {
   ForwardBatch b;
   b.tokens = {1234};
@@ -265,10 +247,11 @@ struct ModelRow {
   double weight_gb, limit_ms, decode_ms, decode_nopdl_ms, host_ms, tree32_ms, tree64_ms;
   double mma_decode_ms, mma_tree32_ms, mma_tree64_ms;  ///< GEMM engine Mma (with PDL), if asked
   double early_decode_ms, early_tree32_ms, early_tree64_ms;  ///< GEMMs release dependents at entry
+  double mk_decode_ms, mk_host_ms;  ///< the decode megakernel (CudaModelOptions::megakernel)
 };
 
 ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quick, bool with_mma,
-                     bool with_pdl_early) {
+                     bool with_pdl_early, bool megakernel_only) {
   ModelRow r{};
   r.shape = which;
   const ModelConfig cfg = shape_config(which);
@@ -276,7 +259,7 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
   opt.max_context = 1024;
   opt.max_tree = 128;
   const int iters = quick ? 50 : 200;
-  for (int pdl = 1; pdl >= 0; --pdl) {
+  for (int pdl = 1; pdl >= (megakernel_only ? 1 : 0); --pdl) {
     CudaModelOptions co;
     co.use_pdl = pdl != 0;
     auto m = make_cuda_model_random(cfg, opt, co, 42);
@@ -287,6 +270,8 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
       r.decode_ms = ms;
       r.weight_gb = m->weight_bytes_per_step() / 1e9;
       r.limit_ms = m->weight_bytes_per_step() / (bw_tbs * 1e12) * 1e3;
+    }
+    if (pdl && !megakernel_only) {
       // host-synchronous greedy step (descriptor upload + graph + arg-max copy)
       std::vector<float> wall;
       std::vector<int32_t> am;
@@ -305,7 +290,7 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
         r.tree32_ms = m->debug_replay_ms(t32, iters);
         r.tree64_ms = m->debug_replay_ms(t64, iters);
       }
-    } else {
+    } else if (!pdl) {
       r.decode_nopdl_ms = ms;
     }
     std::printf("model %-13s pdl=%d decode %.4f ms\n", which.c_str(), pdl, ms);
@@ -327,6 +312,27 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
     std::printf("model %-13s %s pdl=1 decode %.4f ms tree32 %.4f tree64 %.4f\n", which.c_str(), label, dec, t32, t64);
     std::fflush(stdout);
   };
+  {
+    // The decode megakernel: graph replay (device time) and the host-synchronous step.
+    CudaModelOptions co;
+    co.megakernel = true;
+    auto m = make_cuda_model_random(cfg, opt, co, 42);
+    m->debug_fill_committed_random(ctx, 43);
+    r.mk_decode_ms = m->debug_replay_ms(m->debug_prepare(decode_batch(ctx), false), iters);
+    std::vector<float> wall;
+    std::vector<int32_t> am;
+    for (int i = 0; i < (quick ? 20 : 60); ++i) {
+      m->truncate_committed(ctx);
+      const auto t0 = std::chrono::steady_clock::now();
+      m->forward_argmax(decode_batch(ctx), am);
+      const auto t1 = std::chrono::steady_clock::now();
+      wall.push_back(std::chrono::duration<float, std::milli>(t1 - t0).count());
+    }
+    r.mk_host_ms = median(wall);
+    std::printf("model %-13s megakernel decode %.4f ms (host-synchronous %.4f ms) [%s]\n", which.c_str(),
+                r.mk_decode_ms, r.mk_host_ms, m->debug_gemm_plans().c_str());
+    std::fflush(stdout);
+  }
   if (with_mma) variant("SWIFTSPEC_GEMM_ENGINE", "mma", "engine=mma", r.mma_decode_ms, r.mma_tree32_ms, r.mma_tree64_ms);
   if (with_pdl_early)
     variant("SWIFTSPEC_GEMM_PDL_EARLY", "1", "gemm-pdl-early", r.early_decode_ms, r.early_tree32_ms, r.early_tree64_ms);
@@ -337,7 +343,7 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
 
 int main(int argc, char** argv) {
   std::string json_path;
-  bool quick = false, gemms = true, sweep = false, models_mma = false, models_pdl_early = false;
+  bool quick = false, gemms = true, sweep = false, models_mma = false, models_pdl_early = false, mk_only = false;
   std::string profile;
   int profile_tree = 0;
   for (int i = 1; i < argc; ++i) {
@@ -348,6 +354,10 @@ int main(int argc, char** argv) {
     if (a == "--sweep") sweep = true;
     if (a == "--mma-models") models_mma = true;
     if (a == "--pdl-early") models_pdl_early = true;
+    if (a == "--megakernel-only") {
+      mk_only = true;
+      gemms = false;
+    }
     if (a == "--profile" && i + 1 < argc) profile = argv[++i];
     if (a == "--profile-tree" && i + 1 < argc) profile_tree = std::atoi(argv[++i]);
   }
@@ -399,7 +409,7 @@ int main(int argc, char** argv) {
     }
     const int ctx = 512;
     std::vector<ModelRow> models;
-    for (const char* w : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"}) models.push_back(bench_model(w, bw, ctx, quick, models_mma, models_pdl_early));
+    for (const char* w : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"}) models.push_back(bench_model(w, bw, ctx, quick, models_mma, models_pdl_early, mk_only));
     std::string arr = "[";
     for (size_t i = 0; i < models.size(); ++i) {
       const auto& m = models[i];
@@ -411,17 +421,20 @@ int main(int argc, char** argv) {
              (m.mma_decode_ms > 0 ? ", \"mma_engine_decode_ms\": " + num(m.mma_decode_ms) : "") +
              (m.mma_tree32_ms > 0 ? ", \"mma_engine_tree32_ms\": " + num(m.mma_tree32_ms) +
                                         ", \"mma_engine_tree64_ms\": " + num(m.mma_tree64_ms) : "") +
+             ", \"megakernel_decode_ms\": " + num(m.mk_decode_ms) + ", \"megakernel_host_sync_ms\": " + num(m.mk_host_ms) +
+             ", \"megakernel_frac_of_limit\": " + num(m.limit_ms / m.mk_decode_ms) +
              (m.early_decode_ms > 0 ? ", \"gemm_pdl_early_decode_ms\": " + num(m.early_decode_ms) : "") +
              (m.early_tree32_ms > 0 ? ", \"gemm_pdl_early_tree32_ms\": " + num(m.early_tree32_ms) +
                                           ", \"gemm_pdl_early_tree64_ms\": " + num(m.early_tree64_ms) : "") + "}";
     }
     json_kv("models", arr + "\n  ]");
-    std::printf("\n%-14s %9s %9s %10s %10s %10s %8s %9s %9s\n", "shape", "weightsGB", "limit_ms", "decode_ms",
-                "nopdl_ms", "host_ms", "%limit", "tree32x", "tree64x");
+    std::printf("\n%-14s %9s %9s %10s %10s %10s %8s %9s %9s %9s %8s\n", "shape", "weightsGB", "limit_ms", "decode_ms",
+                "nopdl_ms", "host_ms", "%limit", "tree32x", "tree64x", "mk_ms", "mk%lim");
     for (const auto& m : models)
-      std::printf("%-14s %9.3f %9.4f %10.4f %10.4f %10.4f %7.1f%% %9.3f %9.3f\n", m.shape.c_str(), m.weight_gb,
-                  m.limit_ms, m.decode_ms, m.decode_nopdl_ms, m.host_ms, 100.0 * m.limit_ms / m.decode_ms,
-                  m.tree32_ms / m.decode_ms, m.tree64_ms / m.decode_ms);
+      std::printf("%-14s %9.3f %9.4f %10.4f %10.4f %10.4f %7.1f%% %9.3f %9.3f %9.4f %7.1f%%\n", m.shape.c_str(),
+                  m.weight_gb, m.limit_ms, m.decode_ms, m.decode_nopdl_ms, m.host_ms, 100.0 * m.limit_ms / m.decode_ms,
+                  m.tree32_ms / m.decode_ms, m.tree64_ms / m.decode_ms, m.mk_decode_ms,
+                  100.0 * m.limit_ms / m.mk_decode_ms);
     cudaStreamDestroy(st);
   } catch (const std::exception& e) {
     std::printf("bench aborted: %s\n", e.what());

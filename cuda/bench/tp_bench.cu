@@ -38,34 +38,12 @@
 #include "step_desc.h"
 #include "swiftspec_cuda/cuda_model.h"
 #include "json_number.h"
+#include "model_shapes.h"
 
 using namespace swiftspec;
 using namespace swiftspec::cuda;
 
 namespace {
-
-ModelConfig shape_config(const std::string& which) {
-  ModelConfig c;
-  c.architecture = "llama";
-  c.vocab_size = 128256;
-  c.head_dim = 128;
-  c.num_kv_heads = 8;
-  c.rope_theta = 500000.0;
-  c.rope_scaling.enabled = true;
-  c.rope_scaling.factor = 8.0;
-  c.rope_scaling.low_freq_factor = 1.0;
-  c.rope_scaling.high_freq_factor = 4.0;
-  c.rope_scaling.original_max_position_embeddings = 8192;
-  c.rms_norm_eps = 1e-5f;
-  if (which == "llama3-8b") {
-    c.hidden_size = 4096; c.intermediate_size = 14336; c.num_layers = 32; c.num_heads = 32;
-  } else if (which == "llama3-70b") {
-    c.hidden_size = 8192; c.intermediate_size = 28672; c.num_layers = 80; c.num_heads = 64;
-  } else {
-    throw InvalidArgument("unknown shape '" + which + "' (llama3-8b, llama3-70b)");
-  }
-  return c;
-}
 
 /// The rank's shard shape (TpPlan's split without padding: every count here
 /// divides by tp = 1, 2, 4, 8).

@@ -14,6 +14,7 @@
 #include "device_memory.h"
 #include "graph_cache.h"
 #include "green_context.h"
+#include "kernels/decode_megakernel.h"
 #include "kernels/epilogues.h"
 #include "kernels/gemm_skinny.h"
 #include "kernels/kernels.h"
@@ -144,6 +145,7 @@ class CudaModelImpl final : public CudaModel {
     for (auto& e : desc_ev_) SS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     SS_CUDA_CHECK(cudaEventCreateWithFlags(&commit_ev_, cudaEventDisableTiming));
     allocate_state();
+    if (copt_.megakernel) setup_megakernel();
   }
 
   ~CudaModelImpl() override {
@@ -347,6 +349,7 @@ class CudaModelImpl final : public CudaModel {
     p.nt = bucket_nt(n);
     p.mode = batch.logits;
     p.write_logits = write_logits && batch.logits != LogitsMode::None;
+    p.megakernel = mk_ && n == 1;
     prepared_.push_back(std::move(p));
     return static_cast<int>(prepared_.size()) - 1;
   }
@@ -356,12 +359,16 @@ class CudaModelImpl final : public CudaModel {
     const Prepared& p = prepared_[id];
     ModelScope scope(copt_.device, green_.get());
     upload_desc(*p.desc, p.n_attend);
-    for (int i = 0; i < 3; ++i) run_step(p.nt, p.mode, p.write_logits);
+    auto step = [&] {
+      if (p.megakernel) run_megakernel_step(p.mode, p.write_logits);
+      else run_step(p.nt, p.mode, p.write_logits);
+    };
+    for (int i = 0; i < 3; ++i) step();
     std::vector<cudaEvent_t> ev(2 * iters);
     for (auto& e : ev) SS_CUDA_CHECK(cudaEventCreate(&e));
     for (int i = 0; i < iters; ++i) {
       SS_CUDA_CHECK(cudaEventRecord(ev[2 * i], stream_));
-      run_step(p.nt, p.mode, p.write_logits);
+      step();
       SS_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], stream_));
     }
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -375,8 +382,8 @@ class CudaModelImpl final : public CudaModel {
   void debug_poison_buffers() override {
     ModelScope scope(copt_.device, green_.get());
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    for (auto* b : {&h32_, &h16_, &ssq_, &q_, &attn_, &act_, &logits_, &part_o_, &part_ml_})
-      SS_CUDA_CHECK(cudaMemsetAsync(b->get(), 0xFF, b->bytes(), stream_));
+    for (auto* b : {&h32_, &h16_, &ssq_, &q_, &attn_, &act_, &logits_, &part_o_, &part_ml_, &mk_part_o_, &mk_part_ml_})
+      if (b->bytes() > 0) SS_CUDA_CHECK(cudaMemsetAsync(b->get(), 0xFF, b->bytes(), stream_));
     const size_t row = sizeof(__nv_bfloat16) * static_cast<size_t>(cfg_.head_dim);
     const size_t pitch = row * slots_;
     const size_t height = static_cast<size_t>(cfg_.num_layers) * cfg_.num_kv_heads;
@@ -451,6 +458,10 @@ class CudaModelImpl final : public CudaModel {
              " S=" + std::to_string(c.S) + " BR=" + std::to_string(c.BR) + " grid=" + std::to_string(c.grid_x) +
              "x" + std::to_string(c.S) + " ctas=" + std::to_string(c.grid_x * c.S) + "\n";
     }
+    if (mk_)
+      out += "megakernel ctas=" + std::to_string(mk_plan_.ctas) + " slots=" + std::to_string(mk_plan_.num_slots) +
+             "x" + std::to_string(mk_plan_.slot_bytes) + " smem=" + std::to_string(mk_plan_.smem_bytes) +
+             " max_splits=" + std::to_string(mk_plan_.max_splits) + (mk_cooperative_ ? " cooperative" : " plain") + "\n";
     return out;
   }
 
@@ -469,6 +480,7 @@ class CudaModelImpl final : public CudaModel {
     int nt = 1;
     LogitsMode mode = LogitsMode::Last;
     bool write_logits = true;
+    bool megakernel = false;  ///< a single-token step of a model with the megakernel
   };
 
   /// K/V of cache indices `idx` of `layer` as fp32 [idx.size(), kv_heads, head_dim].
@@ -508,6 +520,8 @@ class CudaModelImpl final : public CudaModel {
     if (cfg_.vocab_size <= 0 || cfg_.num_layers < 0) bad("vocab_size must be positive and num_layers >= 0");
     if (opt_.max_context <= 0 || opt_.max_tree <= 0) bad("max_context and max_tree must be positive");
     if (copt_.gemm_engine < -1 || copt_.gemm_engine > 1) bad("gemm_engine must be -1 (default), 0 (mma) or 1 (wgmma)");
+    if (copt_.megakernel && copt_.row_parallel)
+      throw InvalidArgument("decode megakernel: not available with tensor parallelism (row_parallel)");
   }
 
   void allocate_state() {
@@ -555,6 +569,49 @@ class CudaModelImpl final : public CudaModel {
     keys_host_.allocate(sizeof(unsigned long long) * kRows);
     commit_host_.allocate(sizeof(int) * opt_.max_tree);
     SS_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+  /// The decode megakernel's plan, layer table and scratch (CudaModelOptions::megakernel).
+  void setup_megakernel() {
+    MegaShape ms;
+    ms.hidden = cfg_.hidden_size;
+    ms.intermediate = cfg_.intermediate_size;
+    ms.num_heads = cfg_.num_heads;
+    ms.num_kv_heads = cfg_.num_kv_heads;
+    ms.head_dim = cfg_.head_dim;
+    ms.vocab = cfg_.vocab_size;
+    ms.vocab_rows = vocab_rows_;
+    ms.num_layers = cfg_.num_layers;
+    ms.slots = slots_;
+    ms.max_context = opt_.max_context;
+    ms.neox = cfg_.rope_style == RopeStyle::NeoX ? 1 : 0;
+    ms.eps = cfg_.rms_norm_eps;
+    int max_smem = 0;
+    SS_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, copt_.device));
+    mk_shape_ = ms;
+    mk_plan_ = plan_decode_megakernel(ms, num_sms_, max_smem);
+    configure_decode_megakernel(mk_plan_);
+    const size_t kv_layer = static_cast<size_t>(cfg_.num_kv_heads) * slots_ * cfg_.head_dim;
+    std::vector<MegaLayer> table(cfg_.num_layers);
+    for (int l = 0; l < cfg_.num_layers; ++l) {
+      const Layer& L = layers_[l];
+      table[l].qkv = L.qkv.as<__nv_bfloat16>();
+      table[l].qkv_bias = L.qkv_bias ? L.qkv_bias.as<float>() : nullptr;
+      table[l].o = L.o.as<__nv_bfloat16>();
+      table[l].gu = L.gu.as<__nv_bfloat16>();
+      table[l].down = L.down.as<__nv_bfloat16>();
+      table[l].kcache = kcache_.as<__nv_bfloat16>() + kv_layer * l;
+      table[l].vcache = vcache_.as<__nv_bfloat16>() + kv_layer * l;
+    }
+    mk_layers_.allocate(sizeof(MegaLayer) * table.size());
+    SS_CUDA_CHECK(cudaMemcpyAsync(mk_layers_.get(), table.data(), mk_layers_.bytes(), cudaMemcpyHostToDevice, stream_));
+    const size_t parts = static_cast<size_t>(cfg_.num_heads) * mk_plan_.max_splits;
+    mk_part_o_.allocate(sizeof(float) * parts * cfg_.head_dim);
+    mk_part_ml_.allocate(sizeof(float2) * parts);
+    mk_sync_.allocate(sizeof(unsigned) * decode_megakernel_sync_words(ms));
+    SS_CUDA_CHECK(cudaMemsetAsync(mk_sync_.get(), 0, mk_sync_.bytes(), stream_));
+    SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    mk_ = true;
   }
 
   // Uploads go through stream_ (and wait for it): a plain cudaMemcpy from
@@ -711,7 +768,8 @@ class CudaModelImpl final : public CudaModel {
       if (b.logits == LogitsMode::Last && last_piece) mode = LogitsMode::Last;
       const int na = fill_desc(d, b, begin, cnt);
       upload_desc(d, na);
-      run_step(bucket_nt(cnt), mode, want_logits && mode != LogitsMode::None);
+      if (mk_ && cnt == 1) run_megakernel_step(mode, want_logits && mode != LogitsMode::None);
+      else run_step(bucket_nt(cnt), mode, want_logits && mode != LogitsMode::None);
       if (!b.is_tree()) committed_ += cnt;
       if (mode == LogitsMode::None) continue;
       const int rows = mode == LogitsMode::All ? cnt : 1;
@@ -747,6 +805,47 @@ class CudaModelImpl final : public CudaModel {
       graphs_.clear();
       graphs_.launch(key, stream_, rec);
     }
+  }
+
+  /// One single-token step as the decode megakernel (its own graph per
+  /// logits mode). Falls back to a plain (non-cooperative) launch if the
+  /// driver refuses to capture a cooperative kernel.
+  void run_megakernel_step(LogitsMode mode, bool write_logits) {
+    const int key = 1000 + static_cast<int>(mode) * 2 + (write_logits ? 1 : 0);
+    auto rec = [&](cudaStream_t s) { record_megakernel_step(s, mode, write_logits); };
+    if (!copt_.use_graphs) {
+      rec(stream_);
+      return;
+    }
+    try {
+      graphs_.launch(key, stream_, rec);
+    } catch (const CudaError&) {
+      if (!mk_cooperative_) throw;
+      mk_cooperative_ = false;
+      graphs_.launch(key, stream_, rec);
+    }
+  }
+
+  void record_megakernel_step(cudaStream_t s, LogitsMode mode, bool write_logits) {
+    MegaParams p;
+    p.s = mk_shape_;
+    p.plan = mk_plan_;
+    p.layers = mk_layers_.as<MegaLayer>();
+    p.embed = embed_.as<__nv_bfloat16>();
+    p.lm = lm_.as<__nv_bfloat16>();
+    p.inv_freq = inv_freq_.as<float>();
+    p.desc = desc_.as<StepDesc>();
+    p.h32 = h32_.as<float>();
+    p.q = q_.as<__nv_bfloat16>();
+    p.attn = attn_.as<__nv_bfloat16>();
+    p.act = act_.as<__nv_bfloat16>();
+    p.part_o = mk_part_o_.as<float>();
+    p.part_ml = mk_part_ml_.as<float2>();
+    p.logits = write_logits ? logits_.as<float>() : nullptr;
+    p.keys = keys_.as<unsigned long long>();
+    p.sync = mk_sync_.as<unsigned>();
+    p.lm_head = mode == LogitsMode::None ? 0 : 1;
+    launch_decode_megakernel(p, mk_cooperative_, s);
   }
 
   const int* desc_field(size_t offset) const {
@@ -916,6 +1015,13 @@ class CudaModelImpl final : public CudaModel {
   PinnedBuffer logits_host_, keys_host_, commit_host_;
   cudaEvent_t commit_ev_ = nullptr;
   std::unique_ptr<StepDesc> scratch_desc_ = std::make_unique<StepDesc>();
+
+  // Decode megakernel (CudaModelOptions::megakernel)
+  bool mk_ = false;
+  bool mk_cooperative_ = true;
+  MegaShape mk_shape_;
+  MegaPlan mk_plan_;
+  DeviceBuffer mk_layers_, mk_part_o_, mk_part_ml_, mk_sync_;
 
   GraphCache graphs_;
   std::map<std::tuple<const void*, int, int, int>, CUtensorMap> maps_;

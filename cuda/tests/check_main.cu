@@ -13,7 +13,10 @@
 //     and K/V bit-identical to decoding the same path alone, batch-of-64 rows
 //     bit-identical to batch-of-1, commit_tree_slots copying K/V exactly.
 // Relative error = ||out - ref||_F / ||ref||_F, limit 1e-2 (bf16).
-// Usage: swiftspec-cuda-check [--json PATH]. Exit status 1 if any check fails.
+//  3. The decode megakernel: single-token steps vs the fp32 reference and vs
+//     the layered path (tiny models, 30..200 steps; the benchmark shapes).
+// Usage: swiftspec-cuda-check [--json PATH] [--megakernel-only]. Exit status 1 if
+// any check fails.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +33,7 @@
 #include "kernels/gemm_skinny.h"
 #include "kernels/kernels.h"
 #include "reference_model.h"
+#include "model_shapes.h"
 #include "swiftspec_cuda/cuda_model.h"
 #include "tma_map.h"
 
@@ -344,9 +348,9 @@ int argmax_of(const float* v, int n) {
   return best;
 }
 
-void check_model(const std::string& tag, const ModelConfig& cfg, uint64_t seed) {
-  Rng rng(seed);
-  TinyWeights tw = make_weights(cfg, rng);
+/// A CUDA model of the tiny weights `tw` (checkpoint names, bf16).
+std::unique_ptr<CudaModel> tiny_model(const ModelConfig& cfg, TinyWeights& tw, const ModelOptions& opt,
+                                      const CudaModelOptions& copt) {
   WeightLookup lookup = [&tw](const std::string& name, const std::vector<int64_t>& shp) {
     auto it = tw.bf.find(name);
     if (it == tw.bf.end()) throw CheckpointError("test checkpoint: missing " + name);
@@ -358,11 +362,17 @@ void check_model(const std::string& tag, const ModelConfig& cfg, uint64_t seed) 
     return h;
   };
   WeightExists exists = [&tw](const std::string& name) { return tw.bf.count(name) > 0; };
+  return make_cuda_model_from_host(cfg, lookup, exists, opt, copt);
+}
+
+void check_model(const std::string& tag, const ModelConfig& cfg, uint64_t seed) {
+  Rng rng(seed);
+  TinyWeights tw = make_weights(cfg, rng);
   ModelOptions opt;
   opt.max_context = 320;
   opt.max_tree = 128;
   CudaModelOptions copt;
-  auto m = make_cuda_model_from_host(cfg, lookup, exists, opt, copt);
+  auto m = tiny_model(cfg, tw, opt, copt);
   cuda_check::RefModel ref(cfg, tw.f);
   cuda_check::RefState st = ref.empty_state();
   const int V = cfg.vocab_size;
@@ -502,6 +512,150 @@ void check_model(const std::string& tag, const ModelConfig& cfg, uint64_t seed) 
   }
   std::snprintf(name, sizeof name, "model[%s] token id >= vocab -> InvalidArgument", tag.c_str());
   record(name, threw ? 0 : 1, 0, threw);
+}
+
+// ---------------------------------------------------------------------------
+// 3. The decode megakernel (CudaModelOptions::megakernel)
+// ---------------------------------------------------------------------------
+/// Single-token steps of a megakernel model against the fp32 CPU reference
+/// and against the layered path of the same weights (a second model), over
+/// a 70-token prompt and `steps` decode steps (attention over 1..5 key
+/// splits); bitwise repeatability; GPU arg-max; a tree-mode single-node step;
+/// a step without logits; K/V written into the cache.
+void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t seed, int steps) {
+  Rng rng(seed);
+  TinyWeights tw = make_weights(cfg, rng);
+  ModelOptions opt;
+  opt.max_context = 320;
+  opt.max_tree = 128;
+  CudaModelOptions mko;
+  mko.megakernel = true;
+  auto mk = tiny_model(cfg, tw, opt, mko);
+  auto lay = tiny_model(cfg, tw, opt, CudaModelOptions{});
+  std::printf("megakernel[%s] plan: %s", tag.c_str(), mk->debug_gemm_plans().c_str());
+  cuda_check::RefModel ref(cfg, tw.f);
+  cuda_check::RefState st = ref.empty_state();
+  const int V = cfg.vocab_size;
+  char name[200], det[200];
+
+  std::vector<int> prompt(70);
+  for (auto& t : prompt) t = rng.below(V);
+  std::vector<float> a, b;
+  mk->forward(append_batch(prompt, 0, LogitsMode::Last), a);
+  lay->forward(append_batch(prompt, 0, LogitsMode::Last), b);
+  for (int i = 0; i < 70; ++i) ref.step(st, prompt[i], i);
+  int C = 70;
+  double worst_ref = 0, worst_lay = 0;
+  size_t bad = 0;
+  int argmax_diff = 0;
+  for (int i = 0; i < steps; ++i, ++C) {
+    const int tok = rng.below(V);
+    if (i % 16 == 0) mk->debug_poison_buffers();
+    mk->forward(append_batch({tok}, C, LogitsMode::Last), a);
+    lay->forward(append_batch({tok}, C, LogitsMode::Last), b);
+    const std::vector<float> r = ref.step(st, tok, C);
+    size_t nb = 0;
+    worst_ref = std::max(worst_ref, rel_err(a, r, &nb));
+    bad += nb;
+    worst_lay = std::max(worst_lay, rel_err(a, b, &nb));
+    if (argmax_of(a.data(), V) != argmax_of(r.data(), V)) ++argmax_diff;
+  }
+  std::snprintf(name, sizeof name, "megakernel[%s] %d decode steps (pos 70..%d) vs fp32 reference", tag.c_str(), steps, C - 1);
+  std::snprintf(det, sizeof det, "(worst step; nonfinite=%zu; argmax differs at %d steps)", bad, argmax_diff);
+  record(name, worst_ref, 1e-2, worst_ref < 1e-2 && bad == 0, det);
+  std::snprintf(name, sizeof name, "megakernel[%s] %d decode steps vs the layered path", tag.c_str(), steps);
+  record(name, worst_lay, 1e-2, worst_lay < 1e-2);
+
+  // K/V of the decoded positions (last layer) vs the layered model's
+  {
+    std::vector<float> k1, v1, k2, v2;
+    mk->read_committed_kv(cfg.num_layers - 1, k1, v1);
+    lay->read_committed_kv(cfg.num_layers - 1, k2, v2);
+    size_t nb = 0;
+    const double e = std::max(rel_err(k1, k2, &nb), rel_err(v1, v2, &nb));
+    std::snprintf(name, sizeof name, "megakernel[%s] K/V written to the cache vs the layered path", tag.c_str());
+    record(name, e, 1e-2, e < 1e-2 && nb == 0 && k1.size() == k2.size());
+  }
+  // repeatable bitwise; GPU arg-max of the same step
+  {
+    const int tok = rng.below(V);
+    std::vector<float> a2;
+    mk->forward(append_batch({tok}, C, LogitsMode::Last), a);
+    mk->truncate_committed(C);
+    mk->forward(append_batch({tok}, C, LogitsMode::Last), a2);
+    const bool same = a.size() == a2.size() && std::memcmp(a.data(), a2.data(), sizeof(float) * a.size()) == 0;
+    std::snprintf(name, sizeof name, "megakernel[%s] the same step twice is bitwise equal", tag.c_str());
+    record(name, same ? 0 : 1, 0, same);
+    mk->truncate_committed(C);
+    std::vector<int32_t> am;
+    mk->forward_argmax(append_batch({tok}, C, LogitsMode::Last), am);
+    const int want = argmax_of(a.data(), V);
+    std::snprintf(name, sizeof name, "megakernel[%s] GPU argmax == argmax(logits)", tag.c_str());
+    std::snprintf(det, sizeof det, "(gpu %d, host %d)", am.empty() ? -1 : am[0], want);
+    record(name, am.size() == 1 && am[0] == want ? 0 : 1, 0, am.size() == 1 && am[0] == want, det);
+    mk->truncate_committed(C);
+    lay->truncate_committed(C);
+  }
+  // a tree-mode step of one node (its K/V in a tree slot, attending the
+  // committed prefix and itself), then a 3-node tree (layered path) under it
+  {
+    const int tok = rng.below(V);
+    ForwardBatch t1 = ForwardBatch::tree({tok}, {-1}, C);
+    t1.logits = LogitsMode::All;
+    mk->debug_poison_buffers();
+    mk->forward(t1, a);
+    cuda_check::RefState s2 = st;
+    const std::vector<float> r = ref.step(s2, tok, C);
+    size_t nb = 0;
+    const double e = rel_err(a, r, &nb);
+    std::snprintf(name, sizeof name, "megakernel[%s] tree step of 1 node vs fp32 reference", tag.c_str());
+    record(name, e, 1e-2, e < 1e-2 && nb == 0);
+  }
+  // a step without logits (LogitsMode::None) still writes its K/V
+  {
+    const int t0 = rng.below(V), t1 = rng.below(V);
+    std::vector<float> none;
+    mk->forward(append_batch({t0}, C, LogitsMode::None), none);
+    ref.step(st, t0, C);
+    ++C;
+    mk->forward(append_batch({t1}, C, LogitsMode::Last), a);
+    const std::vector<float> r = ref.step(st, t1, C);
+    size_t nb = 0;
+    const double e = rel_err(a, r, &nb);
+    std::snprintf(name, sizeof name, "megakernel[%s] step without logits, then decode, vs fp32 reference", tag.c_str());
+    record(name, e, 1e-2, e < 1e-2 && nb == 0 && none.empty());
+    ++C;
+  }
+}
+
+/// A megakernel decode step of a benchmark shape (random weights, 512
+/// random committed K/V) against the layered path of the same weights.
+void check_megakernel_shape(const std::string& shape) {
+  const ModelConfig cfg = shape_config(shape);
+  ModelOptions opt;
+  opt.max_context = 1024;
+  opt.max_tree = 128;
+  CudaModelOptions mko;
+  mko.megakernel = true;
+  std::vector<float> a, b;
+  {
+    auto mk = make_cuda_model_random(cfg, opt, mko, 42);
+    mk->debug_fill_committed_random(512, 43);
+    std::printf("megakernel[%s] plan: %s", shape.c_str(), mk->debug_gemm_plans().c_str());
+    mk->forward(append_batch({1234}, 512, LogitsMode::Last), a);
+  }
+  {
+    auto lay = make_cuda_model_random(cfg, opt, CudaModelOptions{}, 42);
+    lay->debug_fill_committed_random(512, 43);
+    lay->forward(append_batch({1234}, 512, LogitsMode::Last), b);
+  }
+  size_t nb = 0;
+  const double e = rel_err(a, b, &nb);
+  const int am = argmax_of(a.data(), cfg.vocab_size), bm = argmax_of(b.data(), cfg.vocab_size);
+  char name[200], det[200];
+  std::snprintf(name, sizeof name, "megakernel[%s shape] decode at 512 vs the layered path", shape.c_str());
+  std::snprintf(det, sizeof det, "(argmax %d vs %d, nonfinite=%zu)", am, bm, nb);
+  record(name, e, 1e-2, e < 1e-2 && nb == 0, det);
 }
 
 /// Locates a model mismatch: a model of `cfg`, decoding tokens one by one
@@ -669,10 +823,11 @@ void write_json(const std::string& path) {
 
 int main(int argc, char** argv) {
   std::string json;
-  bool diag_only = false;
+  bool diag_only = false, megakernel_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--json" && i + 1 < argc) json = argv[++i];
     if (std::string(argv[i]) == "--diag-only") diag_only = true;
+    if (std::string(argv[i]) == "--megakernel-only") megakernel_only = true;
   }
   if (diag_only) {
     try {
@@ -692,6 +847,7 @@ int main(int argc, char** argv) {
     SS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     Rng rng(20261129);
     const int sms = prop.multiProcessorCount;
+    if (!megakernel_only) {
     check_gemm(512, 256, {1, 8, 64}, rng, sms, st);
     check_gemm(1008, 256, {1, 40}, rng, sms, st);
     check_gemm(256, 512, {1, 64}, rng, sms, st);
@@ -748,6 +904,16 @@ int main(int argc, char** argv) {
     check_model("llama-like", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 1);
     check_model("qwen2-like", tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false), 2);
     check_model("gqa7", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 3);
+    }
+    check_megakernel("llama-like", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 4, 200);
+    check_megakernel("qwen2-like", tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false), 5, 60);
+    check_megakernel("gqa7", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 6, 60);
+    {
+      ModelConfig g16 = tiny_config("llama", 512, 1024, 16, 1, 64, 1000, false, false, RopeStyle::NeoX, false);
+      g16.num_layers = 3;
+      check_megakernel("gqa16 L=3", g16, 7, 30);
+    }
+    for (const char* sh : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"}) check_megakernel_shape(sh);
     cudaStreamDestroy(st);
   } catch (const std::exception& e) {
     std::printf("CHECK %-58s err=nan limit=0 FAIL exception: %s\n", "(aborted)", e.what());

@@ -82,6 +82,17 @@ struct CudaModelOptions {
   /// -1 default (gemm_default_engine: wgmma unless SWIFTSPEC_GEMM_ENGINE=mma),
   /// 0 mma.sync, 1 wgmma. Fixed per model: batch invariance.
   int gemm_engine = -1;
+  /// Single-token steps run as one persistent kernel (the decode megakernel,
+  /// cuda/src/kernels/decode_megakernel.h): weights stream into shared memory
+  /// ahead of the arithmetic, the layers' dependencies are global counters
+  /// instead of kernel boundaries. Steps of 2+ tokens keep the layered path.
+  /// Its reduction order differs from the layered path's, so with it a decode
+  /// step is not bitwise equal to a row of a tree step (model.h's exactness
+  /// contract is relaxed to bf16 rounding): meant for draft models and
+  /// target-only decoding. The constructor throws InvalidArgument (message
+  /// starting "decode megakernel") for a shape it cannot run, or together
+  /// with row_parallel (tensor parallelism).
+  bool megakernel = false;
   /// Tensor parallelism (issue 7): with a hook, this model is one rank of a
   /// tensor-parallel group; its ModelConfig is the rank's shard shape (heads,
   /// KV heads, intermediate size and vocabulary divided by the TP degree) and

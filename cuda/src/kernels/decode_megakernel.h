@@ -1,0 +1,122 @@
+// The decode megakernel: one single-token step of the whole model (all
+// layers, the LM head and the arg-max) as ONE persistent kernel, one CTA per
+// SM (SwiftSpec ASPLOS'26 §5: latency-optimized kernels; the "megakernel"
+// design of persistent LLM decoders, e.g. Hazy Research 2025, Mirage MPK).
+//
+// Why: at batch 1 a layer of a 0.5B model reads 30 MB of weights, 7 µs of
+// HBM time, but five dependent kernels cost ~8 µs each in launch, ramp-up and
+// drain (docs/cuda_notes.md). Here the weights do not wait for the
+// activations: every CTA streams ITS rows of every matrix of the step, in
+// step order, into a ring of shared-memory slots with TMA bulk copies, as far
+// ahead as the ring holds (~200 KB per SM, ~26 MB over the GPU: most of a
+// 0.5B layer). Only the arithmetic waits, on global counters that the
+// producing CTAs release (acquire/release at GPU scope) instead of kernel
+// boundaries.
+//
+// Work split, per layer (G = CTAs):
+//   QKV    rows in 16-row tiles (RoPE pairs, weight_layout.h) over the CTAs;
+//          each CTA computes 1/rms of the residual itself (RMSNorm folded
+//          into the weights), adds the bias, applies RoPE, writes q and K/V
+//   attn   (kv head, key split) units; the last unit of a kv head (ticket)
+//          merges the splits of its query heads and writes the output
+//   O      single rows; adds into the fp32 residual stream (owner-computes)
+//   gate/up 16-row tiles (gate and up rows interleaved); SwiGLU
+//   down   single rows; residual add
+// then the LM head (16-row tiles of the vocabulary; logits optional; a
+// deterministic arg-max through atomicMax of (value, index) keys).
+//
+// Numerics: bf16 weights and GEMM inputs, fp32 accumulation and residual, as
+// the layered path; but the reduction order differs, so a single-token step
+// of the megakernel is NOT bitwise equal to a row of a multi-token step of
+// the layered path (the exactness contract of model.h holds only with the
+// megakernel off). The megakernel itself is deterministic (no floating-point
+// atomics).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "step_desc.h"
+
+namespace swiftspec::cuda {
+
+/// Device pointers of one decoder layer, in the layouts of weight_layout.h.
+struct MegaLayer {
+  const __nv_bfloat16* qkv = nullptr;   ///< [nq + 2 nkv][hidden], rows permuted, input norm folded
+  const float* qkv_bias = nullptr;      ///< [nq + 2 nkv] (permuted) or null
+  const __nv_bfloat16* o = nullptr;     ///< [hidden][nq]
+  const __nv_bfloat16* gu = nullptr;    ///< [2 intermediate][hidden], interleaved by 8, norm folded
+  const __nv_bfloat16* down = nullptr;  ///< [hidden][intermediate]
+  __nv_bfloat16* kcache = nullptr;      ///< this layer: [kv_heads][slots][head_dim]
+  __nv_bfloat16* vcache = nullptr;
+};
+
+/// Model shape as the megakernel needs it.
+struct MegaShape {
+  int hidden = 0, intermediate = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  int vocab = 0, vocab_rows = 0;  ///< vocab_rows: vocabulary padded to 16 (LM head rows)
+  int num_layers = 0;
+  int slots = 0, max_context = 0;  ///< KV cache slots per kv head; tree slots start at max_context
+  int neox = 1;                    ///< RoPE pairing (1: NeoX halves, 0: interleaved)
+  float eps = 1e-6f;               ///< RMSNorm epsilon
+};
+
+/// Launch plan: grid, shared-memory carve-up. Made once per model.
+struct MegaPlan {
+  int ctas = 0;        ///< CTAs (= SMs of the model's partition), one per SM
+  int slot_bytes = 0;  ///< one weight chunk (whole rows) per ring slot
+  int num_slots = 0;   ///< ring depth (>= 2)
+  int x_bytes = 0;     ///< GEMM input vector (bf16, the longest K)
+  int ybuf_rows = 0;   ///< per-CTA output rows of a QKV or gate/up op (fp32)
+  int red_floats = 0;  ///< per-chunk partial sums
+  int misc_bytes = 0;  ///< ybuf + red, or the attention scratch (aliased)
+  size_t smem_bytes = 0;
+  int max_splits = 0;  ///< key splits per kv head (partial buffers are sized for it)
+};
+
+/// Plans the megakernel of `s` on `num_sms` SMs with `max_smem` bytes of
+/// opt-in shared memory per CTA. Throws InvalidArgument (message starting
+/// "decode megakernel") when the shape does not fit: a weight row longer
+/// than 96 KB, head_dim not 64 or 128, more than 16 query heads per kv head,
+/// no layer, or fewer than two ring slots.
+MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem);
+
+/// 32-bit words of the synchronization area (counters per layer and op, one
+/// ticket per kv head, one completion counter). Zero it once at allocation:
+/// every launch leaves it zeroed again.
+size_t decode_megakernel_sync_words(const MegaShape& s);
+
+struct MegaParams {
+  MegaShape s;
+  MegaPlan plan;
+  const MegaLayer* layers = nullptr;  ///< device array [num_layers]
+  const __nv_bfloat16* embed = nullptr;  ///< [vocab][hidden]
+  const __nv_bfloat16* lm = nullptr;     ///< [vocab_rows][hidden], final norm folded
+  const float* inv_freq = nullptr;       ///< [head_dim / 2] RoPE inverse frequencies
+  const StepDesc* desc = nullptr;        ///< n = 1: tokens[0], positions[0], kv_index[0], prefix_len[0], attend list
+  float* h32 = nullptr;                  ///< [hidden] fp32 residual stream (scratch)
+  __nv_bfloat16* q = nullptr;            ///< [num_heads * head_dim] RoPE'd query (scratch)
+  __nv_bfloat16* attn = nullptr;         ///< [num_heads * head_dim] attention output (scratch)
+  __nv_bfloat16* act = nullptr;          ///< [intermediate] SwiGLU output (scratch)
+  float* part_o = nullptr;               ///< [num_heads][max_splits][head_dim] (scratch)
+  float2* part_ml = nullptr;             ///< [num_heads][max_splits] (max, sum) (scratch)
+  float* logits = nullptr;               ///< [vocab] fp32, or null (arg-max only)
+  unsigned long long* keys = nullptr;    ///< [1] arg-max key of the step (argmax_key_index)
+  unsigned* sync = nullptr;              ///< decode_megakernel_sync_words(s) words, zero
+  int lm_head = 1;                       ///< 0: stop after the last layer (no logits, no arg-max)
+};
+
+/// Sets the kernel's shared-memory size on the current device and checks
+/// that one CTA fits on an SM (CudaError otherwise). Call before the first
+/// launch on each device (outside graph capture).
+void configure_decode_megakernel(const MegaPlan& plan);
+
+/// Launches one step (desc->n must be 1) on `stream`; `cooperative`: as a
+/// cooperative launch (the driver guarantees that all CTAs are co-resident,
+/// which the CTAs' waits on each other need when another kernel shares the
+/// SMs). Graph-capturable. Throws CudaError on a launch failure. A CTA that
+/// waits more than ~10 s for another traps (a bug, never a hang).
+void launch_decode_megakernel(const MegaParams& p, bool cooperative, cudaStream_t stream);
+
+}  // namespace swiftspec::cuda
