@@ -21,9 +21,10 @@
 //  * --profile SHAPE [--profile-tree N]: one greedy decode step of SHAPE (then
 //    a tree of N nodes, graph replayed 4 times) and nothing else, for ncu.
 //  * --megakernel-only: no GEMMs; per shape the layered decode step (PDL) and
-//    the megakernel step only.
+//    the megakernel step only. --megakernel-trace: also one traced megakernel
+//    step per shape, its critical path per op kind.
 // Usage: swiftspec-cuda-bench [--json PATH] [--quick] [--no-gemm] [--sweep] [--mma-models] [--pdl-early]
-//        [--megakernel-only]
+//        [--megakernel-only] [--megakernel-trace]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -248,10 +249,64 @@ struct ModelRow {
   double mma_decode_ms, mma_tree32_ms, mma_tree64_ms;  ///< GEMM engine Mma (with PDL), if asked
   double early_decode_ms, early_tree32_ms, early_tree64_ms;  ///< GEMMs release dependents at entry
   double mk_decode_ms, mk_host_ms;  ///< the decode megakernel (CudaModelOptions::megakernel)
+  std::string mk_trace_json;        ///< per-op critical path (--megakernel-trace)
 };
 
+/// The megakernel's critical path per op kind, from one traced step
+/// (CudaModelOptions::megakernel_trace): mean over layers >= 1 of the time
+/// from the previous op's last end to this op's last end ("segment"), of
+/// which the time until the last CTA woke up ("wake").
+std::string megakernel_trace_summary(const std::string& which, const ModelConfig& cfg) {
+  ModelOptions opt;
+  opt.max_context = 1024;
+  opt.max_tree = 128;
+  CudaModelOptions co;
+  co.megakernel = true;
+  co.megakernel_trace = true;
+  auto m = make_cuda_model_random(cfg, opt, co, 42);
+  m->debug_fill_committed_random(512, 43);
+  std::vector<int32_t> am;
+  for (int i = 0; i < 5; ++i) {
+    m->truncate_committed(512);
+    m->forward_argmax(decode_batch(512), am);
+  }
+  std::vector<unsigned long long> t;
+  const int G = m->debug_megakernel_trace(t);
+  const int L = cfg.num_layers, ops = 6;
+  auto stamp = [&](int slot, int cta, int which) { return static_cast<double>(t[(static_cast<size_t>(slot) * G + cta) * 2 + which]); };
+  auto end_max = [&](int slot) { double v = 0; for (int c = 0; c < G; ++c) v = std::max(v, stamp(slot, c, 1)); return v; };
+  auto start_max = [&](int slot) { double v = 0; for (int c = 0; c < G; ++c) v = std::max(v, stamp(slot, c, 0)); return v; };
+  static const char* names[] = {"qkv", "attn_units", "split_merge", "o_proj", "gate_up", "down"};
+  double seg[6] = {0}, wake[6] = {0};
+  for (int l = 1; l < L; ++l)
+    for (int o = 0; o < ops; ++o) {
+      const int slot = l * ops + o;
+      const double prev = end_max(slot - 1);
+      seg[o] += (end_max(slot) - prev) / (L - 1);
+      wake[o] += (start_max(slot) - prev) / (L - 1);
+    }
+  double t0 = 1e300;
+  for (int c = 0; c < G; ++c) t0 = std::min(t0, stamp(0, c, 0));
+  const double lm = end_max(L * ops) - end_max(L * ops - 1);
+  const double total = end_max(L * ops) - t0;
+  std::string json = "{";
+  std::printf("megakernel trace %-13s total %.1f us, LM head %.1f us; per layer (us, segment / wake):", which.c_str(),
+              total / 1e3, lm / 1e3);
+  double layer = 0;
+  for (int o = 0; o < ops; ++o) {
+    std::printf(" %s %.2f/%.2f", names[o], seg[o] / 1e3, wake[o] / 1e3);
+    json += std::string(o ? ", " : "") + "\"" + names[o] + "_us\": " + num(seg[o] / 1e3) + ", \"" + names[o] +
+            "_wake_us\": " + num(wake[o] / 1e3);
+    layer += seg[o];
+  }
+  std::printf(" | layer %.2f\n", layer / 1e3);
+  std::fflush(stdout);
+  return json + ", \"layer_us\": " + num(layer / 1e3) + ", \"lm_head_us\": " + num(lm / 1e3) +
+         ", \"total_us\": " + num(total / 1e3) + "}";
+}
+
 ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quick, bool with_mma,
-                     bool with_pdl_early, bool megakernel_only) {
+                     bool with_pdl_early, bool megakernel_only, bool mk_trace) {
   ModelRow r{};
   r.shape = which;
   const ModelConfig cfg = shape_config(which);
@@ -333,6 +388,7 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
                 r.mk_decode_ms, r.mk_host_ms, m->debug_gemm_plans().c_str());
     std::fflush(stdout);
   }
+  if (mk_trace) r.mk_trace_json = megakernel_trace_summary(which, cfg);
   if (with_mma) variant("SWIFTSPEC_GEMM_ENGINE", "mma", "engine=mma", r.mma_decode_ms, r.mma_tree32_ms, r.mma_tree64_ms);
   if (with_pdl_early)
     variant("SWIFTSPEC_GEMM_PDL_EARLY", "1", "gemm-pdl-early", r.early_decode_ms, r.early_tree32_ms, r.early_tree64_ms);
@@ -344,6 +400,7 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
 int main(int argc, char** argv) {
   std::string json_path;
   bool quick = false, gemms = true, sweep = false, models_mma = false, models_pdl_early = false, mk_only = false;
+  bool mk_trace = false;
   std::string profile;
   int profile_tree = 0;
   for (int i = 1; i < argc; ++i) {
@@ -354,6 +411,7 @@ int main(int argc, char** argv) {
     if (a == "--sweep") sweep = true;
     if (a == "--mma-models") models_mma = true;
     if (a == "--pdl-early") models_pdl_early = true;
+    if (a == "--megakernel-trace") mk_trace = true;
     if (a == "--megakernel-only") {
       mk_only = true;
       gemms = false;
@@ -409,7 +467,7 @@ int main(int argc, char** argv) {
     }
     const int ctx = 512;
     std::vector<ModelRow> models;
-    for (const char* w : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"}) models.push_back(bench_model(w, bw, ctx, quick, models_mma, models_pdl_early, mk_only));
+    for (const char* w : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"}) models.push_back(bench_model(w, bw, ctx, quick, models_mma, models_pdl_early, mk_only, mk_trace));
     std::string arr = "[";
     for (size_t i = 0; i < models.size(); ++i) {
       const auto& m = models[i];
@@ -423,6 +481,7 @@ int main(int argc, char** argv) {
                                         ", \"mma_engine_tree64_ms\": " + num(m.mma_tree64_ms) : "") +
              ", \"megakernel_decode_ms\": " + num(m.mk_decode_ms) + ", \"megakernel_host_sync_ms\": " + num(m.mk_host_ms) +
              ", \"megakernel_frac_of_limit\": " + num(m.limit_ms / m.mk_decode_ms) +
+             (m.mk_trace_json.empty() ? "" : ", \"megakernel_trace\": " + m.mk_trace_json) +
              (m.early_decode_ms > 0 ? ", \"gemm_pdl_early_decode_ms\": " + num(m.early_decode_ms) : "") +
              (m.early_tree32_ms > 0 ? ", \"gemm_pdl_early_tree32_ms\": " + num(m.early_tree32_ms) +
                                           ", \"gemm_pdl_early_tree64_ms\": " + num(m.early_tree64_ms) : "") + "}";

@@ -238,6 +238,7 @@ class CudaModelImpl final : public CudaModel {
                             static_cast<int>(V), H, nullptr, gamma.as<float>(), stream_);
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
     scratch_.release();
+    upload_megakernel_layers();
   }
 
   void init_random(uint64_t seed) {
@@ -259,6 +260,7 @@ class CudaModelImpl final : public CudaModel {
     fill(lm_, static_cast<size_t>(vocab_rows_) * H, H);
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
     scratch_.release();
+    upload_megakernel_layers();
   }
 
   // ---------------------------------------------------------------- Model
@@ -439,6 +441,15 @@ class CudaModelImpl final : public CudaModel {
     for (size_t i = 0; i < tmp.size(); ++i) out[i] = bf16_bits_to_float(tmp[i]);
   }
 
+  int debug_megakernel_trace(std::vector<unsigned long long>& stamps) override {
+    if (!mk_trace_) throw InvalidArgument("debug_megakernel_trace: the model was made without megakernel_trace");
+    ModelScope scope(copt_.device, green_.get());
+    SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    stamps.resize(mk_trace_.bytes() / sizeof(unsigned long long));
+    SS_CUDA_CHECK(cudaMemcpy(stamps.data(), mk_trace_.get(), mk_trace_.bytes(), cudaMemcpyDeviceToHost));
+    return mk_plan_.ctas;
+  }
+
   size_t weight_bytes_per_step() const override {
     size_t b = 0;
     for (const Layer& L : layers_) b += L.qkv.bytes() + L.qkv_bias.bytes() + L.o.bytes() + L.gu.bytes() + L.down.bytes();
@@ -591,6 +602,24 @@ class CudaModelImpl final : public CudaModel {
     mk_shape_ = ms;
     mk_plan_ = plan_decode_megakernel(ms, num_sms_, max_smem);
     configure_decode_megakernel(mk_plan_);
+    mk_layers_.allocate(sizeof(MegaLayer) * cfg_.num_layers);
+    const size_t parts = static_cast<size_t>(cfg_.num_heads) * mk_plan_.max_splits;
+    mk_part_o_.allocate(sizeof(float) * parts * cfg_.head_dim);
+    mk_part_ml_.allocate(sizeof(float2) * parts);
+    mk_sync_.allocate(sizeof(unsigned) * decode_megakernel_sync_words(ms));
+    SS_CUDA_CHECK(cudaMemsetAsync(mk_sync_.get(), 0, mk_sync_.bytes(), stream_));
+    if (copt_.megakernel_trace) {
+      mk_trace_.allocate(sizeof(unsigned long long) * (6 * static_cast<size_t>(cfg_.num_layers) + 1) * mk_plan_.ctas * 2);
+      SS_CUDA_CHECK(cudaMemsetAsync(mk_trace_.get(), 0, mk_trace_.bytes(), stream_));
+    }
+    SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    mk_ = true;
+  }
+
+  /// The megakernel's table of layer pointers: after loading, since loading
+  /// may replace buffers (the q/k/v bias).
+  void upload_megakernel_layers() {
+    if (!mk_) return;
     const size_t kv_layer = static_cast<size_t>(cfg_.num_kv_heads) * slots_ * cfg_.head_dim;
     std::vector<MegaLayer> table(cfg_.num_layers);
     for (int l = 0; l < cfg_.num_layers; ++l) {
@@ -603,15 +632,8 @@ class CudaModelImpl final : public CudaModel {
       table[l].kcache = kcache_.as<__nv_bfloat16>() + kv_layer * l;
       table[l].vcache = vcache_.as<__nv_bfloat16>() + kv_layer * l;
     }
-    mk_layers_.allocate(sizeof(MegaLayer) * table.size());
     SS_CUDA_CHECK(cudaMemcpyAsync(mk_layers_.get(), table.data(), mk_layers_.bytes(), cudaMemcpyHostToDevice, stream_));
-    const size_t parts = static_cast<size_t>(cfg_.num_heads) * mk_plan_.max_splits;
-    mk_part_o_.allocate(sizeof(float) * parts * cfg_.head_dim);
-    mk_part_ml_.allocate(sizeof(float2) * parts);
-    mk_sync_.allocate(sizeof(unsigned) * decode_megakernel_sync_words(ms));
-    SS_CUDA_CHECK(cudaMemsetAsync(mk_sync_.get(), 0, mk_sync_.bytes(), stream_));
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    mk_ = true;
   }
 
   // Uploads go through stream_ (and wait for it): a plain cudaMemcpy from
@@ -845,6 +867,7 @@ class CudaModelImpl final : public CudaModel {
     p.keys = keys_.as<unsigned long long>();
     p.sync = mk_sync_.as<unsigned>();
     p.lm_head = mode == LogitsMode::None ? 0 : 1;
+    p.trace = mk_trace_ ? mk_trace_.as<unsigned long long>() : nullptr;
     launch_decode_megakernel(p, mk_cooperative_, s);
   }
 
@@ -1021,7 +1044,7 @@ class CudaModelImpl final : public CudaModel {
   bool mk_cooperative_ = true;
   MegaShape mk_shape_;
   MegaPlan mk_plan_;
-  DeviceBuffer mk_layers_, mk_part_o_, mk_part_ml_, mk_sync_;
+  DeviceBuffer mk_layers_, mk_part_o_, mk_part_ml_, mk_sync_, mk_trace_;
 
   GraphCache graphs_;
   std::map<std::tuple<const void*, int, int, int>, CUtensorMap> maps_;

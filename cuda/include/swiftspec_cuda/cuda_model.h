@@ -93,6 +93,9 @@ struct CudaModelOptions {
   /// starting "decode megakernel") for a shape it cannot run, or together
   /// with row_parallel (tensor parallelism).
   bool megakernel = false;
+  /// Benchmark: the megakernel stamps each op's start and end per CTA (read
+  /// with CudaModel::debug_megakernel_trace). Costs a few stores per op.
+  bool megakernel_trace = false;
   /// Tensor parallelism (issue 7): with a hook, this model is one rank of a
   /// tensor-parallel group; its ModelConfig is the rank's shard shape (heads,
   /// KV heads, intermediate size and vocabulary divided by the TP degree) and
@@ -141,6 +144,12 @@ class CudaModel : public Model {
   /// (rows permuted, RMSNorm weight folded; see weight_layout.h): "embed", "lm"
   /// (vocab rows padded to 16), or per layer "qkv", "o", "gate_up", "down".
   virtual void debug_read_weight(const std::string& which, int layer, std::vector<float>& out) = 0;
+
+  /// Benchmark hook: the global-timer stamps (ns) of the last megakernel step,
+  /// [(6 * num_layers + 1) * ctas * 2] (decode_megakernel.h, MegaParams::trace),
+  /// and the number of CTAs. Throws InvalidArgument unless the model was made
+  /// with megakernel_trace.
+  virtual int debug_megakernel_trace(std::vector<unsigned long long>& stamps) = 0;
 
   /// Bytes of weights one decode step reads (all layers, final norm, LM head;
   /// the embedding counts one row).

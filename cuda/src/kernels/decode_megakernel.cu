@@ -16,12 +16,13 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-/// Counters per layer, in step order.
-enum Counter { kCtrQKV = 0, kCtrAttn = 1, kCtrO = 2, kCtrGateUp = 3, kCtrDown = 4, kCtrPerLayer = 5 };
+/// Counters per layer, in step order (also the trace's op slots; the LM head
+/// is slot kCtrPerLayer * num_layers).
+enum Counter { kCtrQKV = 0, kCtrAttn = 1, kCtrMerge = 2, kCtrO = 3, kCtrGateUp = 4, kCtrDown = 5, kCtrPerLayer = 6 };
 /// Weight streams per layer (the attention has none).
 enum StreamKind { kStreamQKV = 0, kStreamO = 1, kStreamGateUp = 2, kStreamDown = 3, kStreamsPerLayer = 4 };
-/// Keys per attention unit (kv head, split): 8 warps x 4 keys in flight x 2 rounds.
-constexpr int kKeysPerSplit = 64;
+/// Keys per attention unit (kv head, split): 8 warps x 4 keys in flight.
+constexpr int kKeysPerSplit = 32;
 /// Shared memory the plan reserves besides slots, x and misc: reduction
 /// scratch (16 floats, 8 keys, 4 ints) and alignment slack.
 constexpr int kSmallBytes = 256;
@@ -64,6 +65,16 @@ __device__ __forceinline__ void wait_counter(const unsigned* ctr, unsigned targe
 __device__ __forceinline__ void signal_counter(unsigned* ctr) {
   __syncthreads();
   if (threadIdx.x == 0) red_release_gpu_add(ctr, 1u);
+}
+
+/// Trace (MegaParams::trace): thread 0 stamps the global timer (ns) at the
+/// start (after its wait) or the end (before its release) of op `slot`.
+__device__ __forceinline__ void trace_mark(const MegaParams& p, int slot, int which) {
+  if (p.trace != nullptr && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    p.trace[(static_cast<size_t>(slot) * p.plan.ctas + blockIdx.x) * 2 + which] = t;
+  }
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -110,7 +121,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 /// This CTA's rows [row0, row1) of one weight matrix (K columns).
 struct Stream {
   const __nv_bfloat16* w;
-  int K, row0, row1;
+  int K, row0, row1, pad;
 };
 
 /// Stream `idx` = 4 * layer + StreamKind, or 4 * num_layers for the LM head.
@@ -154,9 +165,10 @@ struct Producer {
   uint64_t policy = 0;
 };
 
-__device__ void produce_one(const MegaParams& p, Producer& pr, unsigned char* slots, uint64_t* bars, int cta) {
+__device__ void produce_one(const MegaParams& p, Producer& pr, const Stream* table, unsigned char* slots,
+                            uint64_t* bars) {
   while (pr.idx <= pr.last_idx) {
-    const Stream st = stream_of(p, pr.idx, cta);
+    const Stream st = table[pr.idx];
     if (pr.row < st.row0) pr.row = st.row0;
     if (pr.row < st.row1) {
       const int rows = min(rows_per_chunk(p.plan, st.K), st.row1 - pr.row);
@@ -213,6 +225,7 @@ __device__ __forceinline__ float chunk_row(const float* red, int t, int R) {
 struct Ring {
   unsigned char* slots;
   uint64_t* bars;
+  const Stream* table;  ///< this CTA's streams (shared memory)
   uint32_t seq = 0;
 };
 
@@ -221,7 +234,7 @@ struct Ring {
 /// `on_chunk` (all threads), frees the slot and refills it.
 template <class F>
 __device__ __forceinline__ void consume_stream(const MegaParams& p, const Stream& st, Ring& ring, Producer& pr,
-                                               const __nv_bfloat16* x, float* red, int cta, F&& on_chunk) {
+                                               const __nv_bfloat16* x, float* red, F&& on_chunk) {
   const int rpc = rows_per_chunk(p.plan, st.K);
   const int V = st.K / 8;
   for (int row = st.row0; row < st.row1;) {
@@ -233,7 +246,7 @@ __device__ __forceinline__ void consume_stream(const MegaParams& p, const Stream
                reinterpret_cast<const uint4*>(x), R, V, red);
     on_chunk(row, R);
     __syncthreads();  // slot, red and on_chunk's shared outputs are free again
-    if (threadIdx.x == 0) produce_one(p, pr, ring.slots, ring.bars, cta);
+    if (threadIdx.x == 0) produce_one(p, pr, ring.table, ring.slots, ring.bars);
     ++ring.seq;
     row += R;
   }
@@ -296,14 +309,23 @@ __device__ __forceinline__ void load_row(const __nv_bfloat16* base, int lane, fl
   }
 }
 
-/// Attention of the step's token for layer `l`: units (kv head, key split)
-/// over the CTAs. In a unit the 8 warps share the keys (each key's K/V is
-/// loaded once for all query heads of the kv head); the warps' online-softmax
-/// states merge in shared memory into the unit's partial; the unit that
-/// finishes last for its kv head (a ticket) merges the splits, writes the
-/// output and releases the attention counter.
+/// Key splits per kv head for the step (the same in every CTA).
+__device__ __forceinline__ int attention_splits(const MegaParams& p, int n_keys) {
+  const int S = (n_keys + kKeysPerSplit - 1) / kKeysPerSplit;
+  return max(1, min(S, min(p.plan.max_splits, max(1, p.plan.ctas / p.s.num_kv_heads))));
+}
+__device__ __forceinline__ int attention_keys(const StepDesc* d) {
+  return d->prefix_len[0] + (d->attend_off[1] - d->attend_off[0]);
+}
+
+/// Attention units of layer `l`: (kv head, key split) over the CTAs. In a
+/// unit the 8 warps share the keys (each key's K/V is loaded once for all
+/// query heads of the kv head, 4 keys in flight per warp); the warps'
+/// online-softmax states merge in shared memory into the unit's partial
+/// (max, sum, unnormalized output) per query head, written to part_ml /
+/// part_o. merge_splits() combines the splits.
 template <int HD>
-__device__ void attention(const MegaParams& p, int l, int cta, float* scratch, int* small_i) {
+__device__ void attention_units(const MegaParams& p, int l, int cta, float* scratch) {
   constexpr int EPL = HD / 32;
   const MegaShape& s = p.s;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -311,14 +333,12 @@ __device__ void attention(const MegaParams& p, int l, int cta, float* scratch, i
   const int hmax = min(group, 8);
   const int MS = p.plan.max_splits;
   const StepDesc* d = p.desc;
-  const int prefix = d->prefix_len[0], a0 = d->attend_off[0], a1 = d->attend_off[1];
-  const int n_keys = prefix + (a1 - a0);
-  int S = (n_keys + kKeysPerSplit - 1) / kKeysPerSplit;
-  S = max(1, min(S, min(MS, max(1, G / KVH))));
+  const int prefix = d->prefix_len[0], a0 = d->attend_off[0];
+  const int n_keys = attention_keys(d);
+  const int S = attention_splits(p, n_keys);
   const int per = (n_keys + S - 1) / S;
   const MegaLayer& L = p.layers[l];
   const float qscale = rsqrtf(static_cast<float>(HD)) * 1.4426950408889634f;  // softmax in base 2
-  unsigned* tickets = p.sync + s.num_layers * kCtrPerLayer;
 
   for (int u = cta; u < KVH * S; u += G) {
     const int kvh = u / S, split = u - kvh * S;
@@ -403,44 +423,45 @@ __device__ void attention(const MegaParams& p, int l, int cta, float* scratch, i
       }
       __syncthreads();
     }
-    // Ticket: the last of the kv head's S units merges them.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) small_i[0] = atomicAdd(&tickets[kvh], 1u) == static_cast<unsigned>(S - 1);
-    __syncthreads();
-    if (small_i[0]) {
-      __threadfence();
-      float* inv = scratch;          // [16]
-      float* wgt = scratch + 16;     // [group][S]: exp2(m_split - M)
-      for (int gl = warp; gl < group; gl += kWarps) {
-        const float2* ml = p.part_ml + static_cast<size_t>(kvh * group + gl) * MS;
-        float M = -INFINITY;
-        for (int sp = lane; sp < S; sp += 32) M = fmaxf(M, __ldcg(ml + sp).x);
-        M = warp_max(M);
-        float sum = 0.f;
-        for (int sp = lane; sp < S; sp += 32) {
-          const float2 v = __ldcg(ml + sp);
-          const float f = v.x == -INFINITY ? 0.f : exp2f(v.x - M);
-          wgt[gl * S + sp] = f;
-          sum = fmaf(v.y, f, sum);
-        }
-        sum = warp_sum(sum);
-        if (lane == 0) inv[gl] = 1.0f / sum;
-      }
-      __syncthreads();
-      for (int e = threadIdx.x; e < group * HD; e += kThreads) {
-        const int gl = e / HD, dd = e - gl * HD;
-        const int head = kvh * group + gl;
-        const float* po = p.part_o + static_cast<size_t>(head) * MS * HD + dd;
-        float o = 0.f;
-#pragma unroll 4
-        for (int sp = 0; sp < S; ++sp) o = fmaf(__ldcg(po + static_cast<size_t>(sp) * HD), wgt[gl * S + sp], o);
-        p.attn[static_cast<size_t>(head) * HD + dd] = __float2bfloat16_rn(o * inv[gl]);
-      }
-      if (threadIdx.x == 0) tickets[kvh] = 0u;
-      signal_counter(&p.sync[l * kCtrPerLayer + kCtrAttn]);
+  }
+}
+
+/// Merges the key splits of every query head into the attention output
+/// (bf16): this CTA's elements [c * nq / G, (c + 1) * nq / G); a warp per
+/// element, a lane per split, (max, sum, output) combined by shuffles.
+__device__ void merge_splits(const MegaParams& p, int cta) {
+  const MegaShape& s = p.s;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int HD = s.head_dim, nq = s.num_heads * HD, G = p.plan.ctas, MS = p.plan.max_splits;
+  const int S = attention_splits(p, attention_keys(p.desc));
+  const int e0 = static_cast<int>(static_cast<long long>(cta) * nq / G);
+  const int e1 = static_cast<int>(static_cast<long long>(cta + 1) * nq / G);
+  for (int e = e0 + warp; e < e1; e += kWarps) {
+    const int head = e / HD, dd = e - head * HD;
+    float m = -INFINITY, l = 0.f, o = 0.f;
+    for (int sp = lane; sp < S; sp += 32) {
+      const float2 ml = __ldcg(p.part_ml + static_cast<size_t>(head) * MS + sp);
+      const float po = __ldcg(p.part_o + (static_cast<size_t>(head) * MS + sp) * HD + dd);
+      if (ml.x == -INFINITY) continue;  // a split without keys
+      const float mn = fmaxf(m, ml.x);
+      const float fa = exp2f(m - mn), fb = exp2f(ml.x - mn);
+      l = l * fa + ml.y * fb;
+      o = o * fa + po * fb;
+      m = mn;
     }
-    __syncthreads();  // scratch and small_i are reused by the next unit
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, m, off);
+      const float l2 = __shfl_xor_sync(0xffffffffu, l, off);
+      const float o2 = __shfl_xor_sync(0xffffffffu, o, off);
+      const float mn = fmaxf(m, m2);
+      const float fa = m == -INFINITY ? 0.f : exp2f(m - mn);
+      const float fb = m2 == -INFINITY ? 0.f : exp2f(m2 - mn);
+      l = l * fa + l2 * fb;
+      o = o * fa + o2 * fb;
+      m = mn;
+    }
+    if (lane == 0) p.attn[e] = __float2bfloat16_rn(o / l);
   }
 }
 
@@ -455,42 +476,46 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
   float* misc = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(x) + pl.x_bytes);
   float* ybuf = misc;
   float* red = misc + pl.ybuf_rows;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(misc) + pl.misc_bytes);
-  float* small = reinterpret_cast<float*>(bars + pl.num_slots);                             // [16]
-  unsigned long long* small_key = reinterpret_cast<unsigned long long*>(small + 16);       // [8]
-  int* small_i = reinterpret_cast<int*>(small_key + 8);                                    // [4]
+  Stream* table = reinterpret_cast<Stream*>(reinterpret_cast<unsigned char*>(misc) + pl.misc_bytes);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(table) + pl.table_bytes);
+  float* small = reinterpret_cast<float*>(bars + pl.num_slots);                        // [16]
+  unsigned long long* small_key = reinterpret_cast<unsigned long long*>(small + 16);  // [8]
 
   const int tid = threadIdx.x, cta = blockIdx.x, G = pl.ctas;
   const int L = s.num_layers, H = s.hidden, I = s.intermediate;
   const int nq = s.num_heads * s.head_dim;
+  const int nstreams = kStreamsPerLayer * L + 1;
   unsigned* ctr = p.sync;
   const int token = p.desc->tokens[0];
 
+  for (int i = tid; i < nstreams; i += kThreads) table[i] = stream_of(p, i, cta);
   Producer pr;
-  pr.last_idx = kStreamsPerLayer * L - (p.lm_head ? 0 : 1);
+  pr.last_idx = nstreams - 1 - (p.lm_head ? 0 : 1);
   if (tid == 0) {
     for (int i = 0; i < pl.num_slots; ++i) mbar_init(&bars[i], 1);
     fence_mbar_init();
     if (cta == 0) *p.keys = 0ull;  // published to the LM head by CTA 0's first release
   }
   __syncthreads();
-  Ring ring{slots, bars, 0};
+  Ring ring{slots, bars, table, 0};
   if (tid == 0) {
     pr.policy = l2_policy_evict_first();  // weights are read once per step
-    for (int i = 0; i < pl.num_slots; ++i) produce_one(p, pr, slots, bars, cta);
+    for (int i = 0; i < pl.num_slots; ++i) produce_one(p, pr, table, slots, bars);
   }
 
   float rinv = 0.f;
   for (int l = 0; l < L; ++l) {
     const MegaLayer& Ly = p.layers[l];
     unsigned* c = ctr + l * kCtrPerLayer;
+    const int slot0 = l * kCtrPerLayer;
     // ---- QKV (+ bias, RoPE, K/V into the cache) --------------------------------
     {
-      const Stream st = stream_of(p, kStreamsPerLayer * l + kStreamQKV, cta);
+      const Stream st = table[kStreamsPerLayer * l + kStreamQKV];
       if (st.row1 > st.row0) {
         if (l > 0) wait_counter(c - kCtrPerLayer + kCtrDown, G);
+        trace_mark(p, slot0 + kCtrQKV, 0);
         rinv = load_normed_input(p, l == 0, token, x, small);
-        consume_stream(p, st, ring, pr, x, red, cta, [&](int row, int R) {
+        consume_stream(p, st, ring, pr, x, red, [&](int row, int R) {
           for (int t = tid; t < R; t += kThreads) ybuf[row - st.row0 + t] = chunk_row(red, t, R);
         });
         EpiQKV::Params e;
@@ -510,37 +535,53 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           const int tl = i / 8, r = i - tl * 8;
           EpiQKV::apply(e, nullptr, true, st.row0 / 16 + tl, r, 0, ybuf[tl * 16 + r], ybuf[tl * 16 + 8 + r], rinv, 1);
         }
+      } else {
+        trace_mark(p, slot0 + kCtrQKV, 0);
       }
+      trace_mark(p, slot0 + kCtrQKV, 1);
       signal_counter(c + kCtrQKV);
     }
-    // ---- attention --------------------------------------------------------------
+    // ---- attention: units, then the merge of the key splits ------------------------
     wait_counter(c + kCtrQKV, G);
-    if (s.head_dim == 64) attention<64>(p, l, cta, misc, small_i);
-    else attention<128>(p, l, cta, misc, small_i);
+    trace_mark(p, slot0 + kCtrAttn, 0);
+    if (s.head_dim == 64) attention_units<64>(p, l, cta, misc);
+    else attention_units<128>(p, l, cta, misc);
+    trace_mark(p, slot0 + kCtrAttn, 1);
+    signal_counter(c + kCtrAttn);
+    wait_counter(c + kCtrAttn, G);
+    trace_mark(p, slot0 + kCtrMerge, 0);
+    merge_splits(p, cta);
+    trace_mark(p, slot0 + kCtrMerge, 1);
+    signal_counter(c + kCtrMerge);
     // ---- O projection + residual ---------------------------------------------------
     {
-      const Stream st = stream_of(p, kStreamsPerLayer * l + kStreamO, cta);
+      const Stream st = table[kStreamsPerLayer * l + kStreamO];
       if (st.row1 > st.row0) {
-        wait_counter(c + kCtrAttn, s.num_kv_heads);
+        wait_counter(c + kCtrMerge, G);
+        trace_mark(p, slot0 + kCtrO, 0);
         load_input(p.attn, nq, x);
         const __nv_bfloat16* emb = p.embed + static_cast<size_t>(token) * H;
-        consume_stream(p, st, ring, pr, x, red, cta, [&](int row, int R) {
+        consume_stream(p, st, ring, pr, x, red, [&](int row, int R) {
           for (int t = tid; t < R; t += kThreads) {
             const int r = row + t;
             const float base_v = l == 0 ? __bfloat162float(emb[r]) : __ldcg(p.h32 + r);
             p.h32[r] = base_v + chunk_row(red, t, R);
           }
         });
+      } else {
+        trace_mark(p, slot0 + kCtrO, 0);
       }
+      trace_mark(p, slot0 + kCtrO, 1);
       signal_counter(c + kCtrO);
     }
     // ---- gate/up + SwiGLU ----------------------------------------------------------
     {
-      const Stream st = stream_of(p, kStreamsPerLayer * l + kStreamGateUp, cta);
+      const Stream st = table[kStreamsPerLayer * l + kStreamGateUp];
       if (st.row1 > st.row0) {
         wait_counter(c + kCtrO, G);
+        trace_mark(p, slot0 + kCtrGateUp, 0);
         rinv = load_normed_input(p, false, token, x, small);
-        consume_stream(p, st, ring, pr, x, red, cta, [&](int row, int R) {
+        consume_stream(p, st, ring, pr, x, red, [&](int row, int R) {
           for (int t = tid; t < R; t += kThreads) ybuf[row - st.row0 + t] = chunk_row(red, t, R);
         });
         EpiSwiGLU::Params e;
@@ -551,33 +592,41 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           const int tl = i / 8, r = i - tl * 8;
           EpiSwiGLU::apply(e, nullptr, true, st.row0 / 16 + tl, r, 0, ybuf[tl * 16 + r], ybuf[tl * 16 + 8 + r], rinv, 1);
         }
+      } else {
+        trace_mark(p, slot0 + kCtrGateUp, 0);
       }
+      trace_mark(p, slot0 + kCtrGateUp, 1);
       signal_counter(c + kCtrGateUp);
     }
     // ---- down projection + residual ---------------------------------------------------
     {
-      const Stream st = stream_of(p, kStreamsPerLayer * l + kStreamDown, cta);
+      const Stream st = table[kStreamsPerLayer * l + kStreamDown];
       if (st.row1 > st.row0) {
         wait_counter(c + kCtrGateUp, G);
+        trace_mark(p, slot0 + kCtrDown, 0);
         load_input(p.act, I, x);
-        consume_stream(p, st, ring, pr, x, red, cta, [&](int row, int R) {
+        consume_stream(p, st, ring, pr, x, red, [&](int row, int R) {
           for (int t = tid; t < R; t += kThreads) {
             const int r = row + t;
             p.h32[r] = __ldcg(p.h32 + r) + chunk_row(red, t, R);
           }
         });
+      } else {
+        trace_mark(p, slot0 + kCtrDown, 0);
       }
+      trace_mark(p, slot0 + kCtrDown, 1);
       signal_counter(c + kCtrDown);
     }
   }
   // ---- final norm + LM head + arg-max -------------------------------------------------
   if (p.lm_head) {
-    const Stream st = stream_of(p, kStreamsPerLayer * L, cta);
+    const Stream st = table[kStreamsPerLayer * L];
     unsigned long long best = 0ull;
     if (st.row1 > st.row0) {
       wait_counter(ctr + (L - 1) * kCtrPerLayer + kCtrDown, G);
+      trace_mark(p, L * kCtrPerLayer, 0);
       rinv = load_normed_input(p, false, token, x, small);
-      consume_stream(p, st, ring, pr, x, red, cta, [&](int row, int R) {
+      consume_stream(p, st, ring, pr, x, red, [&](int row, int R) {
         for (int t = tid; t < R; t += kThreads) {
           const int r = row + t;
           if (r < s.vocab) {
@@ -588,6 +637,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           }
         }
       });
+    } else {
+      trace_mark(p, L * kCtrPerLayer, 0);
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -600,14 +651,15 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       for (int w = 1; w < kWarps; ++w) best = small_key[w] > best ? small_key[w] : best;
       if (best != 0ull) atomicMax(p.keys, best);
     }
+    trace_mark(p, L * kCtrPerLayer, 1);
   }
   // ---- the last CTA to finish re-zeroes the counters for the next launch --------------
   __syncthreads();
   if (tid == 0) {
-    unsigned* done = p.sync + L * kCtrPerLayer + s.num_kv_heads;
+    unsigned* done = p.sync + L * kCtrPerLayer;
     if (atomicAdd(done, 1u) == static_cast<unsigned>(G - 1)) {
       __threadfence();
-      for (int i = 0; i < L * kCtrPerLayer + s.num_kv_heads; ++i) p.sync[i] = 0u;
+      for (int i = 0; i < L * kCtrPerLayer; ++i) p.sync[i] = 0u;
       *done = 0u;
     }
   }
@@ -620,7 +672,7 @@ size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
 size_t decode_megakernel_sync_words(const MegaShape& s) {
-  return static_cast<size_t>(s.num_layers) * kCtrPerLayer + s.num_kv_heads + 1;
+  return static_cast<size_t>(s.num_layers) * kCtrPerLayer + 1;
 }
 
 MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem) {
@@ -644,11 +696,11 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem) {
   pl.ybuf_rows = 16 * std::max((tiles_qkv + num_sms - 1) / num_sms, (tiles_gu + num_sms - 1) / num_sms);
   pl.red_floats = std::max(pl.slot_bytes / (2 * kmin), 16);
   pl.max_splits = std::max(1, num_sms / s.num_kv_heads);
-  const size_t attn_floats = std::max(static_cast<size_t>(kWarps) * std::min(group, 8) * (s.head_dim + 2),
-                                      16 + static_cast<size_t>(group) * pl.max_splits);
+  const size_t attn_floats = static_cast<size_t>(kWarps) * std::min(group, 8) * (s.head_dim + 2);
   pl.misc_bytes = static_cast<int>(
       align_up(std::max(4 * static_cast<size_t>(pl.ybuf_rows + pl.red_floats), 4 * attn_floats), 128));
-  const long long fixed = kAlignSlack + pl.x_bytes + pl.misc_bytes + kSmallBytes;
+  pl.table_bytes = static_cast<int>(align_up(sizeof(Stream) * (kStreamsPerLayer * static_cast<size_t>(s.num_layers) + 1), 128));
+  const long long fixed = kAlignSlack + pl.x_bytes + pl.misc_bytes + pl.table_bytes + kSmallBytes;
   long long ns = (static_cast<long long>(max_smem) - fixed) / (pl.slot_bytes + 8);
   ns = std::min<long long>(ns, 16);
   if (ns < 2)

@@ -17,8 +17,8 @@
 //   QKV    rows in 16-row tiles (RoPE pairs, weight_layout.h) over the CTAs;
 //          each CTA computes 1/rms of the residual itself (RMSNorm folded
 //          into the weights), adds the bias, applies RoPE, writes q and K/V
-//   attn   (kv head, key split) units; the last unit of a kv head (ticket)
-//          merges the splits of its query heads and writes the output
+//   attn   (kv head, key split) units write partial softmax states; then
+//          every CTA merges the splits of a slice of the output elements
 //   O      single rows; adds into the fp32 residual stream (owner-computes)
 //   gate/up 16-row tiles (gate and up rows interleaved); SwiGLU
 //   down   single rows; residual add
@@ -71,6 +71,7 @@ struct MegaPlan {
   int ybuf_rows = 0;   ///< per-CTA output rows of a QKV or gate/up op (fp32)
   int red_floats = 0;  ///< per-chunk partial sums
   int misc_bytes = 0;  ///< ybuf + red, or the attention scratch (aliased)
+  int table_bytes = 0; ///< the CTA's weight streams (rows of each matrix)
   size_t smem_bytes = 0;
   int max_splits = 0;  ///< key splits per kv head (partial buffers are sized for it)
 };
@@ -83,7 +84,7 @@ struct MegaPlan {
 MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem);
 
 /// 32-bit words of the synchronization area (counters per layer and op, one
-/// ticket per kv head, one completion counter). Zero it once at allocation:
+/// completion counter). Zero it once at allocation:
 /// every launch leaves it zeroed again.
 size_t decode_megakernel_sync_words(const MegaShape& s);
 
@@ -105,6 +106,10 @@ struct MegaParams {
   unsigned long long* keys = nullptr;    ///< [1] arg-max key of the step (argmax_key_index)
   unsigned* sync = nullptr;              ///< decode_megakernel_sync_words(s) words, zero
   int lm_head = 1;                       ///< 0: stop after the last layer (no logits, no arg-max)
+  /// Null, or [(6 * num_layers + 1) * ctas * 2] global-timer stamps (ns):
+  /// per op slot (per layer: QKV, attention units, split merge, O, gate/up,
+  /// down; then the LM head) and CTA, its start (after its wait) and end.
+  unsigned long long* trace = nullptr;
 };
 
 /// Sets the kernel's shared-memory size on the current device and checks
