@@ -39,14 +39,16 @@ __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
 __device__ __forceinline__ void red_release_gpu_add(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
-/// 1-D TMA bulk copy global -> shared (bytes % 16 == 0, both 16-byte aligned).
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
-                                          uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-          smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
-      : "memory");
+/// 16-byte asynchronous copy global -> shared (L2-only, with a cache policy).
+__device__ __forceinline__ void cp_async_16_hint(void* dst, const void* src, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src),
+               "l"(policy)
+               : "memory");
+}
+/// The mbarrier receives this thread's arrival once all its earlier
+/// cp.async copies have landed (the barrier counts one arrival per thread).
+__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
 
 /// Thread 0 waits until *ctr >= target (acquire at GPU scope), then the CTA
@@ -163,9 +165,12 @@ __device__ __forceinline__ int rows_per_chunk(const MegaPlan& pl, int K) {
   return r >= 16 ? r / 16 * 16 : max(1, r);
 }
 
-/// The ring's producer (thread 0 only): chunk `seq` goes to slot seq % slots.
-/// Weights do not depend on activations, so the producer runs as far ahead
-/// of the arithmetic as the ring allows, across matrices and layers.
+/// The ring's producer (every thread, in lockstep): chunk `seq` goes to slot
+/// seq % slots. Weights do not depend on activations, so the producer runs as
+/// far ahead of the arithmetic as the ring allows, across matrices and
+/// layers. The 256 threads copy a chunk in 16-byte pieces (cp.async; a TMA
+/// bulk copy per row measured slower: one thread issues them one by one) and
+/// each arrives on the slot's mbarrier when its pieces have landed.
 struct Producer {
   int idx = 0, row = -1, last_idx = 0;
   uint32_t seq = 0;
@@ -175,18 +180,19 @@ struct Producer {
 __device__ void produce_one(const MegaParams& p, Producer& pr, const Stream* table, unsigned char* slots,
                             uint64_t* bars) {
   while (pr.idx <= pr.last_idx) {
-    const Stream st = table[pr.idx];
+    const Stream& st = table[pr.idx];
     if (pr.row < st.row0) pr.row = st.row0;
     if (pr.row < st.row1) {
       const int rows = min(rows_per_chunk(p.plan, st.K), st.row1 - pr.row);
-      const uint32_t row_bytes = static_cast<uint32_t>(st.K) * 2u;
+      const int V = st.K / 8, pitch = row_pitch(st.K);
       const int slot = static_cast<int>(pr.seq % static_cast<uint32_t>(p.plan.num_slots));
       unsigned char* dst = slots + static_cast<size_t>(slot) * p.plan.slot_bytes;
-      const __nv_bfloat16* src = st.w + static_cast<size_t>(pr.row) * st.K;
-      mbar_arrive_expect_tx(&bars[slot], row_bytes * rows);
-      for (int r = 0; r < rows; ++r)
-        bulk_load(dst + static_cast<size_t>(r) * row_pitch(st.K), src + static_cast<size_t>(r) * st.K, row_bytes,
-                  &bars[slot], pr.policy);
+      const uint4* src = reinterpret_cast<const uint4*>(st.w + static_cast<size_t>(pr.row) * st.K);
+      for (int u = threadIdx.x; u < rows * V; u += kThreads) {
+        const int r = u / V, c = u - r * V;
+        cp_async_16_hint(dst + static_cast<size_t>(r) * pitch + c * 16, src + u, pr.policy);
+      }
+      cp_async_arrive(&bars[slot]);
       pr.row += rows;
       ++pr.seq;
       return;
@@ -310,7 +316,7 @@ __device__ __forceinline__ void consume_stream(const MegaParams& p, const Stream
     gemv_chunk(ring.slots + static_cast<size_t>(slot) * p.plan.slot_bytes, st.K, x, R, red);
     on_chunk(row, R);
     __syncthreads();  // slot, red and on_chunk's shared outputs are free again
-    if (threadIdx.x == 0) produce_one(p, pr, ring.table, ring.slots, ring.bars);
+    produce_one(p, pr, ring.table, ring.slots, ring.bars);
     ++ring.seq;
     row += R;
   }
@@ -556,16 +562,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
   Producer pr;
   pr.last_idx = nstreams - 1 - (p.lm_head ? 0 : 1);
   if (tid == 0) {
-    for (int i = 0; i < pl.num_slots; ++i) mbar_init(&bars[i], 1);
+    for (int i = 0; i < pl.num_slots; ++i) mbar_init(&bars[i], kThreads);
     fence_mbar_init();
     if (cta == 0) *p.keys = 0ull;  // published to the LM head by CTA 0's first release
   }
   __syncthreads();
   Ring ring{slots, bars, table, 0};
-  if (tid == 0) {
-    pr.policy = l2_policy_evict_first();  // weights are read once per step
-    for (int i = 0; i < pl.num_slots; ++i) produce_one(p, pr, table, slots, bars);
-  }
+  pr.policy = l2_policy_evict_first();  // weights are read once per step
+  for (int i = 0; i < pl.num_slots; ++i) produce_one(p, pr, table, slots, bars);
 
   float rinv = 0.f;
   for (int l = 0; l < L; ++l) {
@@ -754,14 +758,10 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem) {
   if (2 * kmax > 96 * 1024) bad("a weight row of " + std::to_string(2 * kmax) + " bytes exceeds 96 KB");
   MegaPlan pl;
   pl.ctas = num_sms;
-  // A slot: at least 32 KB and two rows of the longest K (fewer chunks, so
-  // fewer per-chunk barriers, on the long down-projection rows), and a whole
-  // 16-row tile of the hidden size when that fits in 64 KB (the tensor-core
-  // GEMV for QKV, gate/up and the LM head).
-  const size_t prow_max = 2 * static_cast<size_t>(kmax) + 16, prow_h = 2 * static_cast<size_t>(s.hidden) + 16;
-  size_t slot = std::max<size_t>(32768, 2 * prow_max);
-  if (16 * prow_h <= 65536) slot = std::max(slot, 16 * prow_h);
-  pl.slot_bytes = static_cast<int>(align_up(slot, 128));
+  // A slot: 32 KB, or one (padded) row of the longest K. (Two long rows per
+  // slot, or 16-row tiles of 1.5B's hidden size, measured slower: fewer slots.)
+  const size_t prow_max = 2 * static_cast<size_t>(kmax) + 16;
+  pl.slot_bytes = static_cast<int>(align_up(std::max<size_t>(32768, prow_max), 128));
   pl.x_bytes = static_cast<int>(align_up(2 * static_cast<size_t>(kmax), 128));
   const int tiles_qkv = (nq + 2 * nkv) / 16, tiles_gu = 2 * s.intermediate / 16;
   pl.ybuf_rows = 16 * std::max((tiles_qkv + num_sms - 1) / num_sms, (tiles_gu + num_sms - 1) / num_sms);
