@@ -39,16 +39,14 @@ __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
 __device__ __forceinline__ void red_release_gpu_add(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
-/// 16-byte asynchronous copy global -> shared (L2-only, with a cache policy).
-__device__ __forceinline__ void cp_async_16_hint(void* dst, const void* src, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src),
-               "l"(policy)
-               : "memory");
-}
-/// The mbarrier receives this thread's arrival once all its earlier
-/// cp.async copies have landed (the barrier counts one arrival per thread).
-__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+/// 1-D TMA bulk copy global -> shared (bytes % 16 == 0, both 16-byte aligned).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
+                                          uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
+      : "memory");
 }
 
 /// Thread 0 waits until *ctr >= target (acquire at GPU scope), then the CTA
@@ -154,23 +152,13 @@ __device__ Stream stream_of(const MegaParams& p, int idx, int cta) {
   return st;
 }
 
-/// Bytes between rows in a slot: 16 more than a row, so that the 8 rows an
-/// ldmatrix reads fall into distinct bank groups (rows are multiples of 128
-/// bytes).
-__device__ __forceinline__ int row_pitch(int K) { return 2 * K + 16; }
-/// Rows per chunk: as many as a slot holds, in whole 16-row tiles when a
-/// slot holds one (the tensor-core GEMV).
 __device__ __forceinline__ int rows_per_chunk(const MegaPlan& pl, int K) {
-  const int r = pl.slot_bytes / row_pitch(K);
-  return r >= 16 ? r / 16 * 16 : max(1, r);
+  return max(1, pl.slot_bytes / (2 * K));
 }
 
-/// The ring's producer (every thread, in lockstep): chunk `seq` goes to slot
-/// seq % slots. Weights do not depend on activations, so the producer runs as
-/// far ahead of the arithmetic as the ring allows, across matrices and
-/// layers. The 256 threads copy a chunk in 16-byte pieces (cp.async; a TMA
-/// bulk copy per row measured slower: one thread issues them one by one) and
-/// each arrives on the slot's mbarrier when its pieces have landed.
+/// The ring's producer (thread 0 only): chunk `seq` goes to slot seq % slots.
+/// Weights do not depend on activations, so the producer runs as far ahead
+/// of the arithmetic as the ring allows, across matrices and layers.
 struct Producer {
   int idx = 0, row = -1, last_idx = 0;
   uint32_t seq = 0;
@@ -180,19 +168,15 @@ struct Producer {
 __device__ void produce_one(const MegaParams& p, Producer& pr, const Stream* table, unsigned char* slots,
                             uint64_t* bars) {
   while (pr.idx <= pr.last_idx) {
-    const Stream& st = table[pr.idx];
+    const Stream st = table[pr.idx];
     if (pr.row < st.row0) pr.row = st.row0;
     if (pr.row < st.row1) {
       const int rows = min(rows_per_chunk(p.plan, st.K), st.row1 - pr.row);
-      const int V = st.K / 8, pitch = row_pitch(st.K);
+      const uint32_t bytes = static_cast<uint32_t>(rows) * st.K * 2u;
       const int slot = static_cast<int>(pr.seq % static_cast<uint32_t>(p.plan.num_slots));
-      unsigned char* dst = slots + static_cast<size_t>(slot) * p.plan.slot_bytes;
-      const uint4* src = reinterpret_cast<const uint4*>(st.w + static_cast<size_t>(pr.row) * st.K);
-      for (int u = threadIdx.x; u < rows * V; u += kThreads) {
-        const int r = u / V, c = u - r * V;
-        cp_async_16_hint(dst + static_cast<size_t>(r) * pitch + c * 16, src + u, pr.policy);
-      }
-      cp_async_arrive(&bars[slot]);
+      mbar_arrive_expect_tx(&bars[slot], bytes);
+      bulk_load(slots + static_cast<size_t>(slot) * p.plan.slot_bytes, st.w + static_cast<size_t>(pr.row) * st.K,
+                bytes, &bars[slot], pr.policy);
       pr.row += rows;
       ++pr.seq;
       return;
@@ -203,31 +187,20 @@ __device__ void produce_one(const MegaParams& p, Producer& pr, const Stream* tab
 }
 
 // ---------------------------------------------------------------- GEMV of one chunk
-/// Rows a warp group shares (CUDA-core path): chunks of >= 8 rows give each
-/// warp whole rows; shorter chunks split each row's K over kWarps / group warps.
+/// Rows a warp group shares: chunks of >= 8 rows give each warp whole rows;
+/// shorter chunks split each row's K over kWarps / group warps.
 __device__ __forceinline__ int row_groups(int R) { return R >= 8 ? 8 : R >= 4 ? 4 : R >= 2 ? 2 : 1; }
-/// The tensor-core path takes chunks of whole 16-row tiles and K % 16 == 0.
-__device__ __forceinline__ bool use_mma(int R, int K) { return R % 16 == 0 && K % 16 == 0; }
-/// Partials per row that a chunk of R rows leaves in `red` (both paths).
-__device__ __forceinline__ int partials_per_row(int R, int K) {
-  if (use_mma(R, K)) {
-    const int T = R / 16;
-    return T >= kWarps ? 1 : kWarps / T;
-  }
-  return kWarps / row_groups(R);
-}
 
-/// CUDA-core GEMV of a chunk (any R): warps over rows (or over K for short
-/// chunks), 8 bf16 per lane per step, fp32 FMA.
-__device__ __forceinline__ void gemv_chunk_fma(const unsigned char* slot, int pitch, const uint4* x, int R, int V,
-                                               float* red) {
+/// red[r * wpr + sub] = partial dot products of rows r < R of the chunk
+/// (bf16 [R][K] in shared memory) with x (bf16 [K], shared). Ends with a barrier.
+__device__ __forceinline__ void gemv_chunk(const uint4* w, const uint4* x, int R, int V, float* red) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int groups = row_groups(R);
   const int wpr = kWarps / groups;
   const int rg = warp / wpr, sub = warp - rg * wpr;
   const int step = wpr * 32;
   for (int r = rg; r < R; r += groups) {
-    const uint4* wr = reinterpret_cast<const uint4*>(slot + static_cast<size_t>(r) * pitch);
+    const uint4* wr = w + static_cast<size_t>(r) * V;
     float a0 = 0.f, a1 = 0.f;
     int v = sub * 32 + lane;
     for (; v + step < V; v += 2 * step) {
@@ -238,56 +211,11 @@ __device__ __forceinline__ void gemv_chunk_fma(const unsigned char* slot, int pi
     const float a = warp_sum(a0 + a1);
     if (lane == 0) red[r * wpr + sub] = a;
   }
-}
-
-/// Tensor-core GEMV of a chunk of whole 16-row tiles: mma.sync m16n8k16 with
-/// the weight tile as A (ldmatrix from the padded rows) and x in every
-/// column of B; warps over tiles, and over K when there are fewer than 8
-/// tiles; fp32 accumulation.
-__device__ __forceinline__ void gemv_chunk_mma(const unsigned char* slot, int pitch, const uint32_t* xw, int R,
-                                               int K, float* red) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int T = R / 16, ksteps = K / 16;
-  const int wpt = partials_per_row(R, K);  // warps per tile
-  const int tiles_in_parallel = kWarps / wpt;
-  const int kp = warp % wpt;
-  const int row_in_tile = (lane & 7) + ((lane >> 3) & 1) * 8;
-  for (int tile = warp / wpt; tile < T; tile += tiles_in_parallel) {
-    const uint32_t a_base = smem_u32(slot + static_cast<size_t>(tile * 16 + row_in_tile) * pitch) + (lane >> 4) * 16;
-    float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
-    int ks = kp;
-    for (; ks + wpt < ksteps; ks += 2 * wpt) {
-      uint32_t a[4], b[4];
-      ldmatrix_x4(a, a_base + ks * 32);
-      ldmatrix_x4(b, a_base + (ks + wpt) * 32);
-      mma_bf16_16816(d0, a, xw[ks * 8 + (lane & 3)], xw[ks * 8 + 4 + (lane & 3)]);
-      mma_bf16_16816(d1, b, xw[(ks + wpt) * 8 + (lane & 3)], xw[(ks + wpt) * 8 + 4 + (lane & 3)]);
-    }
-    if (ks < ksteps) {
-      uint32_t a[4];
-      ldmatrix_x4(a, a_base + ks * 32);
-      mma_bf16_16816(d0, a, xw[ks * 8 + (lane & 3)], xw[ks * 8 + 4 + (lane & 3)]);
-    }
-    // Column 0 of D: lanes 4q hold rows q (d[0]) and q + 8 (d[2]).
-    if ((lane & 3) == 0) {
-      const int r = tile * 16 + (lane >> 2);
-      red[r * wpt + kp] = d0[0] + d1[0];
-      red[(r + 8) * wpt + kp] = d0[2] + d1[2];
-    }
-  }
-}
-
-/// red[r * partials_per_row(R, K) + k] = partial dot products of rows r < R of
-/// the chunk with x. Ends with a barrier.
-__device__ __forceinline__ void gemv_chunk(const unsigned char* slot, int K, const __nv_bfloat16* x, int R,
-                                           float* red) {
-  if (use_mma(R, K)) gemv_chunk_mma(slot, row_pitch(K), reinterpret_cast<const uint32_t*>(x), R, K, red);
-  else gemv_chunk_fma(slot, row_pitch(K), reinterpret_cast<const uint4*>(x), R, K / 8, red);
   __syncthreads();
 }
 /// Row t's dot product from gemv_chunk's partials (fixed order).
-__device__ __forceinline__ float chunk_row(const float* red, int t, int R, int K) {
-  const int wpr = partials_per_row(R, K);
+__device__ __forceinline__ float chunk_row(const float* red, int t, int R) {
+  const int wpr = kWarps / row_groups(R);
   float s = 0.f;
   for (int k = 0; k < wpr; ++k) s += red[t * wpr + k];
   return s;
@@ -308,15 +236,17 @@ template <class F>
 __device__ __forceinline__ void consume_stream(const MegaParams& p, const Stream& st, Ring& ring, Producer& pr,
                                                const __nv_bfloat16* x, float* red, F&& on_chunk) {
   const int rpc = rows_per_chunk(p.plan, st.K);
+  const int V = st.K / 8;
   for (int row = st.row0; row < st.row1;) {
     const int R = min(rpc, st.row1 - row);
     const uint32_t ns = static_cast<uint32_t>(p.plan.num_slots);
     const int slot = static_cast<int>(ring.seq % ns);
     mbar_wait(&ring.bars[slot], (ring.seq / ns) & 1u);
-    gemv_chunk(ring.slots + static_cast<size_t>(slot) * p.plan.slot_bytes, st.K, x, R, red);
+    gemv_chunk(reinterpret_cast<const uint4*>(ring.slots + static_cast<size_t>(slot) * p.plan.slot_bytes),
+               reinterpret_cast<const uint4*>(x), R, V, red);
     on_chunk(row, R);
     __syncthreads();  // slot, red and on_chunk's shared outputs are free again
-    produce_one(p, pr, ring.table, ring.slots, ring.bars);
+    if (threadIdx.x == 0) produce_one(p, pr, ring.table, ring.slots, ring.bars);
     ++ring.seq;
     row += R;
   }
@@ -562,14 +492,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
   Producer pr;
   pr.last_idx = nstreams - 1 - (p.lm_head ? 0 : 1);
   if (tid == 0) {
-    for (int i = 0; i < pl.num_slots; ++i) mbar_init(&bars[i], kThreads);
+    for (int i = 0; i < pl.num_slots; ++i) mbar_init(&bars[i], 1);
     fence_mbar_init();
     if (cta == 0) *p.keys = 0ull;  // published to the LM head by CTA 0's first release
   }
   __syncthreads();
   Ring ring{slots, bars, table, 0};
-  pr.policy = l2_policy_evict_first();  // weights are read once per step
-  for (int i = 0; i < pl.num_slots; ++i) produce_one(p, pr, table, slots, bars);
+  if (tid == 0) {
+    pr.policy = l2_policy_evict_first();  // weights are read once per step
+    for (int i = 0; i < pl.num_slots; ++i) produce_one(p, pr, table, slots, bars);
+  }
 
   float rinv = 0.f;
   for (int l = 0; l < L; ++l) {
@@ -584,7 +516,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         trace_mark(p, slot0 + kCtrQKV, 0);
         rinv = load_normed_input(p, l == 0, token, x, small);
         consume_stream(p, st, ring, pr, x, red, [&](int row, int R) {
-          for (int t = tid; t < R; t += kThreads) ybuf[row - st.row0 + t] = chunk_row(red, t, R, st.K);
+          for (int t = tid; t < R; t += kThreads) ybuf[row - st.row0 + t] = chunk_row(red, t, R);
         });
         EpiQKV::Params e;
         e.bias = Ly.qkv_bias;
@@ -633,7 +565,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           for (int t = tid; t < R; t += kThreads) {
             const int r = row + t;
             const float base_v = l == 0 ? __bfloat162float(emb[r]) : __ldcg(p.h32 + r);
-            p.h32[r] = base_v + chunk_row(red, t, R, st.K);
+            p.h32[r] = base_v + chunk_row(red, t, R);
           }
         });
       } else {
@@ -650,7 +582,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         trace_mark(p, slot0 + kCtrGateUp, 0);
         rinv = load_normed_input(p, false, token, x, small);
         consume_stream(p, st, ring, pr, x, red, [&](int row, int R) {
-          for (int t = tid; t < R; t += kThreads) ybuf[row - st.row0 + t] = chunk_row(red, t, R, st.K);
+          for (int t = tid; t < R; t += kThreads) ybuf[row - st.row0 + t] = chunk_row(red, t, R);
         });
         EpiSwiGLU::Params e;
         e.act = p.act;
@@ -676,7 +608,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         consume_stream(p, st, ring, pr, x, red, [&](int row, int R) {
           for (int t = tid; t < R; t += kThreads) {
             const int r = row + t;
-            p.h32[r] = __ldcg(p.h32 + r) + chunk_row(red, t, R, st.K);
+            p.h32[r] = __ldcg(p.h32 + r) + chunk_row(red, t, R);
           }
         });
       } else {
@@ -698,7 +630,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         for (int t = tid; t < R; t += kThreads) {
           const int r = row + t;
           if (r < s.vocab) {
-            const float v = chunk_row(red, t, R, st.K) * rinv;
+            const float v = chunk_row(red, t, R) * rinv;
             if (p.logits) p.logits[r] = v;
             const unsigned long long k = argmax_key(v, r);
             best = k > best ? k : best;
@@ -758,16 +690,11 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem) {
   if (2 * kmax > 96 * 1024) bad("a weight row of " + std::to_string(2 * kmax) + " bytes exceeds 96 KB");
   MegaPlan pl;
   pl.ctas = num_sms;
-  // A slot: 32 KB, or one (padded) row of the longest K. (Two long rows per
-  // slot, or 16-row tiles of 1.5B's hidden size, measured slower: fewer slots.)
-  const size_t prow_max = 2 * static_cast<size_t>(kmax) + 16;
-  pl.slot_bytes = static_cast<int>(align_up(std::max<size_t>(32768, prow_max), 128));
+  pl.slot_bytes = static_cast<int>(std::max<size_t>(32768, align_up(2 * static_cast<size_t>(kmax), 128)));
   pl.x_bytes = static_cast<int>(align_up(2 * static_cast<size_t>(kmax), 128));
   const int tiles_qkv = (nq + 2 * nkv) / 16, tiles_gu = 2 * s.intermediate / 16;
   pl.ybuf_rows = 16 * std::max((tiles_qkv + num_sms - 1) / num_sms, (tiles_gu + num_sms - 1) / num_sms);
-  // partials: R rows x partials_per_row(R) <= max(R, 16) for the CUDA-core
-  // path, <= R * 8 / (R / 16) = 128 for the tensor-core path.
-  pl.red_floats = std::max(pl.slot_bytes / (2 * kmin + 16), 128);
+  pl.red_floats = std::max(pl.slot_bytes / (2 * kmin), 16);
   pl.max_splits = std::max(1, num_sms / s.num_kv_heads);
   const size_t attn_floats = static_cast<size_t>(kWarps) * std::min(group, 8) * (s.head_dim + 2);
   pl.misc_bytes = static_cast<int>(
