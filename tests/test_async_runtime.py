@@ -106,6 +106,16 @@ def test_placement_errors_name_the_field(checkpoint_dir):
     opts.max_context, opts.max_tree, opts.gemm_engine = 64, 8, "mma"
     with pytest.raises(InvalidRequestError, match=r"gemm_engine 'mma' \(ModelOptions.gemm_engine\) applies to the cuda"):
         core.load_model(str(ckpt), "cpu", opts)
+    # The decode megakernel is a CUDA setting too: a JSON boolean per group, refused on the cpu backend.
+    with pytest.raises(InvalidRequestError, match="placement.draft.megakernel applies to the cuda backend only"):
+        Engine(ckpt, ckpt, placement={"draft": {"megakernel": True}})
+    with pytest.raises(InvalidRequestError, match="placement.draft.megakernel must be true or false"):
+        Engine(ckpt, ckpt, placement={"draft": {"megakernel": "yes"}})
+    opts = core.ModelOptions()
+    assert opts.megakernel is False
+    opts.max_context, opts.max_tree, opts.megakernel = 64, 8, True
+    with pytest.raises(InvalidRequestError, match=r"megakernel \(ModelOptions.megakernel\) applies to the cuda"):
+        core.load_model(str(ckpt), "cpu", opts)
     # A tensor-parallel target on the cuda backend needs a CUDA build (this suite runs on CPU builds).
     with pytest.raises(InvalidRequestError, match="tensor parallelism needs a build with the CUDA backend"):
         Engine(ckpt, ckpt, backend="cuda", placement={"target": {"tp": 2}})
@@ -114,6 +124,10 @@ def test_placement_errors_name_the_field(checkpoint_dir):
     assert normalize(one_gpu)["target"]["sm_partition"] == [16, 0]
     assert normalize({"draft": {"gemm_engine": "mma"}})["draft"]["gemm_engine"] == "mma"
     assert "gemm_engine" not in normalize({"draft": {}})["draft"]
+    assert normalize({"draft": {"megakernel": True}})["draft"]["megakernel"] is True
+    assert "megakernel" not in normalize({"draft": {"megakernel": False}})["draft"]
+    with pytest.raises(InvalidRequestError, match="placement.target.megakernel must be true or false"):
+        normalize({"target": {"megakernel": 1}})
     opts = core.ModelOptions()
     opts.max_context, opts.max_tree, opts.sm_first, opts.sm_count = 64, 8, 0, 16
     with pytest.raises(InvalidRequestError, match=r"sm_partition \[0, 16\] \(ModelOptions.sm_first / sm_count\) "

@@ -112,7 +112,11 @@ void bind_runtime(nb::module_& m) {
       .def_rw("stream_priority", &ModelOptions::stream_priority,
               "priority of the model's CUDA stream (lower is higher; clamped to the device's range)")
       .def_rw("gemm_engine", &ModelOptions::gemm_engine,
-              "GEMM engine of the model (cuda backend): '' (default, wgmma), 'wgmma' or 'mma'");
+              "GEMM engine of the model (cuda backend): '' (default, wgmma), 'wgmma' or 'mma'")
+      .def_rw("megakernel", &ModelOptions::megakernel,
+              "single-token steps as one persistent kernel (cuda backend, tp 1; default False); a decode step "
+              "is then not bitwise equal to a row of a tree step: meant for draft models and target-only "
+              "decoding (greedy speculative output can differ from target-only at near-ties)");
 
   nb::class_<Checkpoint>(m, "Checkpoint", "A converted checkpoint folder (memory-mapped safetensors).")
       .def_static("open", &Checkpoint::open, "dir"_a, nb::call_guard<nb::gil_scoped_release>(),

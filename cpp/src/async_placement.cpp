@@ -60,6 +60,9 @@ GroupPlacement parse_group(const json& j, const std::string& where) {
         g.stream_priority = value.get<int>();
       } else if (key == "gemm_engine") {
         g.gemm_engine = value.get<std::string>();
+      } else if (key == "megakernel") {
+        if (!value.is_boolean()) throw InvalidArgument(where + ".megakernel must be true or false");
+        g.megakernel = value.get<bool>();
       } else if (key == "sm_partition") {
         const auto p = value.get<std::vector<int>>();
         if (p.size() != 2) throw InvalidArgument(where + ".sm_partition must be [first SM, SM count]");
@@ -68,7 +71,7 @@ GroupPlacement parse_group(const json& j, const std::string& where) {
       } else {
         throw InvalidArgument(where + ": unknown field '" + key +
                               "' (fields: tp, cores, threads_per_rank, devices, sm_partition, stream_priority, "
-                              "gemm_engine)");
+                              "gemm_engine, megakernel)");
       }
     } catch (const json::exception& e) {
       throw InvalidArgument(where + "." + key + " has the wrong type: " + e.what());
@@ -96,6 +99,7 @@ json group_json(const GroupPlacement& g) {
   if (has_sm_partition(g.sm_first, g.sm_count)) j["sm_partition"] = {g.sm_first, g.sm_count};
   if (g.stream_priority != 0) j["stream_priority"] = g.stream_priority;
   if (!g.gemm_engine.empty()) j["gemm_engine"] = g.gemm_engine;
+  if (g.megakernel) j["megakernel"] = true;
   return j;
 }
 
@@ -224,6 +228,7 @@ std::unique_ptr<Model> load_group_model(const std::string& dir, const GroupPlace
         for (int r = 0; r < g.tp; ++r) tpo.devices.push_back(rank_device(g, r));
         ModelOptions o = base;
         o.gemm_engine = g.gemm_engine;
+        o.megakernel = g.megakernel;
         try {
           if (cpu::ShardedCheckpoint::is_sharded(dir)) return make_tp_cuda_model_from_shards(dir, o, tpo);
           return make_tp_cuda_model(Checkpoint::open(dir), o, tpo);
@@ -240,6 +245,7 @@ std::unique_ptr<Model> load_group_model(const std::string& dir, const GroupPlace
     opt.sm_count = g.sm_count;
     opt.stream_priority = g.stream_priority;
     opt.gemm_engine = g.gemm_engine;
+    opt.megakernel = g.megakernel;
     try {
       return load_model(Checkpoint::open(dir), backend, opt);
     } catch (const InvalidArgument& e) {
@@ -258,6 +264,7 @@ std::unique_ptr<Model> load_group_model(const std::string& dir, const GroupPlace
   if (g.stream_priority != 0)
     throw InvalidArgument(where + ".stream_priority applies to the cuda backend only");
   if (!g.gemm_engine.empty()) throw InvalidArgument(where + ".gemm_engine applies to the cuda backend only");
+  if (g.megakernel) throw InvalidArgument(where + ".megakernel applies to the cuda backend only");
   TpCpuOptions tp;
   tp.tp = g.tp;
   tp.rank_cores = g.cores;

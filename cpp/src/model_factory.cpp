@@ -34,6 +34,8 @@ std::unique_ptr<Model> load_model(std::shared_ptr<const Checkpoint> checkpoint,
     if (!options.gemm_engine.empty())
       throw InvalidArgument("gemm_engine '" + options.gemm_engine +
                             "' (ModelOptions.gemm_engine) applies to the cuda backend only");
+    if (options.megakernel)
+      throw InvalidArgument("megakernel (ModelOptions.megakernel) applies to the cuda backend only");
     return make_cpu_model(std::move(checkpoint), options);
   }
 #ifdef SWIFTSPEC_WITH_CUDA

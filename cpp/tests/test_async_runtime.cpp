@@ -337,6 +337,14 @@ SWIFTSPEC_TEST(async_placement_sm_partition) {
   CHECK_EQ(pr.target.stream_priority, -5);
   CHECK_EQ(pr.draft.stream_priority, 0);
   CHECK(Placement::from_json(pr.to_json()).target.stream_priority == -5);
+  // Decode megakernel (CUDA): a JSON boolean, round-tripped; anything else names the field.
+  Placement mk = Placement::from_json(R"({"draft": {"megakernel": true}})");
+  CHECK(mk.draft.megakernel);
+  CHECK(!mk.target.megakernel);
+  CHECK(Placement::from_json(mk.to_json()).draft.megakernel);
+  CHECK(mk.to_json().find("\"megakernel\":true") != std::string::npos);
+  CHECK(placement_fails_with(R"({"draft": {"megakernel": "yes"}})", "placement.draft.megakernel must be true or false"));
+  CHECK(placement_fails_with(R"({"target": {"megakernel": 1}})", "placement.target.megakernel must be true or false"));
 
   // Resolution against a device (what the CUDA backend does with the driver's split).
   std::vector<int> bounds;

@@ -39,6 +39,7 @@ std::unique_ptr<Model> make_cuda_model(std::shared_ptr<const Checkpoint> checkpo
   cuda_options.sm_count = options.sm_count;
   cuda_options.stream_priority = options.stream_priority;
   cuda_options.gemm_engine = gemm_engine_code(options.gemm_engine);
+  cuda_options.megakernel = options.megakernel;
   return make_cuda_model_ex(std::move(checkpoint), options, cuda_options);
 }
 

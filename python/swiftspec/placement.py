@@ -12,8 +12,9 @@ Accepted forms (``Engine(..., placement=...)``):
   (fields per group: ``tp``, ``cores`` (one list per rank, or one flat list split evenly),
   ``threads_per_rank``; for CUDA ``devices`` (the GPU of each rank: ``{"draft": {"devices": [1]},
   "target": {"tp": 2, "devices": [0, 1]}}`` puts the draft on its own GPU and the target
-  tensor-parallel over two), ``sm_partition``, ``stream_priority`` and ``gemm_engine``
-  (``"wgmma"`` or ``"mma"``); see ``cpp/include/swiftspec/placement.h``);
+  tensor-parallel over two), ``sm_partition``, ``stream_priority``, ``gemm_engine``
+  (``"wgmma"`` or ``"mma"``) and ``megakernel`` (``true``: single-token steps as one persistent
+  kernel; tp 1; meant for the draft); see ``cpp/include/swiftspec/placement.h``);
 * the same as JSON text, or the path of a ``.json`` file holding it.
 
 On one GPU (``backend="cuda"``) the groups can get disjoint SM partitions, each run through a CUDA

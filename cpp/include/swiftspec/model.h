@@ -89,6 +89,16 @@ struct ModelOptions {
   /// while the target that verifies trees keeps "wgmma". The cpu backend rejects
   /// it (InvalidArgument), as does an unknown name.
   std::string gemm_engine;
+  /// CUDA backend: single-token steps run as one persistent kernel (the
+  /// decode megakernel; CudaModelOptions::megakernel); steps of 2+ tokens keep
+  /// the layered path. Its reduction order differs from multi-token steps', so
+  /// with it a decode step is not bitwise equal to a row of a tree step (the
+  /// exactness contract above is relaxed to bf16 rounding): meant for draft
+  /// models and target-only decoding. On a target, greedy speculative output
+  /// can then differ from target-only decoding at near-ties. Default false.
+  /// The cpu backend rejects it (InvalidArgument), as does tensor parallelism
+  /// (tp > 1) and a model shape the megakernel cannot run.
+  bool megakernel = false;
 };
 
 class Model {

@@ -31,10 +31,16 @@
 //                     with tp > 1 the row-parallel ones keep the default).
 //                     E.g. {"draft": {"gemm_engine": "mma"}}: mma.sync is the
 //                     faster engine for single-token decode steps.
+//   megakernel        CUDA backend, tp 1: true runs the group's single-token
+//                     steps as one persistent kernel (ModelOptions::megakernel;
+//                     default false). A decode step is then not bitwise equal
+//                     to a row of a tree step: meant for the draft (on the
+//                     target, greedy output can differ from target-only at
+//                     near-ties). E.g. {"draft": {"megakernel": true}}.
 // Errors name the group and field: the placement checks the form and that the
 // two groups' partitions do not overlap on a shared GPU; loading a model checks
 // the bounds against the device, and the cpu backend rejects sm_partition,
-// devices, stream_priority and gemm_engine (they are CUDA settings).
+// devices, stream_priority, gemm_engine and megakernel (they are CUDA settings).
 #pragma once
 #include <memory>
 #include <string>
@@ -53,6 +59,7 @@ struct GroupPlacement {
   int sm_first = 0, sm_count = 0;       ///< CUDA: SM partition (0 SMs: the whole GPU)
   int stream_priority = 0;              ///< CUDA: stream priority (lower is higher)
   std::string gemm_engine;              ///< CUDA: "", "wgmma" or "mma" (ModelOptions::gemm_engine)
+  bool megakernel = false;              ///< CUDA: decode megakernel (ModelOptions::megakernel)
 
   /// Threads of each rank's CPU thread pool for a model whose unpinned
   /// default is `default_threads` (ModelOptions::num_threads semantics).
