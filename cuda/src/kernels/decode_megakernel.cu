@@ -203,23 +203,38 @@ __device__ __forceinline__ void gemv_chunk(const uint4* w, const uint4* x, int R
   const int groups = row_groups(R);
   const int wpr = kWarps / groups;
   if (wpr == 1) {
-    // Whole rows per warp (rows warp, warp + 8, ...), four at a time: x is
-    // loaded once for the four, and their FMA chains and shuffle reductions
-    // interleave (a chunk's compute is on the critical path of the step).
+    // Whole rows per warp (rows warp, warp + 8, ...), up to four at a time,
+    // two FMA chains per row: x is loaded once for the rows, and their chains
+    // and shuffle reductions interleave (a chunk's compute is on the critical
+    // path of the step).
     for (int r0 = warp; r0 < R; r0 += 4 * kWarps) {
       const int nr = min(4, (R - r0 + kWarps - 1) / kWarps);
       const uint4* w0 = w + static_cast<size_t>(r0) * V;
-      float acc[4] = {0.f, 0.f, 0.f, 0.f};
-      for (int v = lane; v < V; v += 32) {
-        const uint4 xv = x[v];
+      float a0[4] = {0.f, 0.f, 0.f, 0.f}, a1[4] = {0.f, 0.f, 0.f, 0.f};
+      int v = lane;
+      for (; v + 32 < V; v += 64) {
+        const uint4 x0 = x[v], x1 = x[v + 32];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          if (k < nr) {
+            a0[k] = dot8(w0[static_cast<size_t>(k) * kWarps * V + v], x0, a0[k]);
+            a1[k] = dot8(w0[static_cast<size_t>(k) * kWarps * V + v + 32], x1, a1[k]);
+          }
+        }
+      }
+      if (v < V) {
+        const uint4 x0 = x[v];
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-          if (k < nr) acc[k] = dot8(w0[static_cast<size_t>(k) * kWarps * V + v], xv, acc[k]);
+          if (k < nr) a0[k] = dot8(w0[static_cast<size_t>(k) * kWarps * V + v], x0, a0[k]);
       }
 #pragma unroll
-      for (int k = 0; k < 4; ++k) acc[k] = warp_sum(acc[k]);
-      if (lane == 0)
-        for (int k = 0; k < nr; ++k) red[r0 + k * kWarps] = acc[k];
+      for (int k = 0; k < 4; ++k) {
+        if (k < nr) {
+          const float a = warp_sum(a0[k] + a1[k]);
+          if (lane == 0) red[r0 + k * kWarps] = a;
+        }
+      }
     }
     __syncthreads();
     return;
@@ -396,26 +411,42 @@ __device__ void attention_units(const MegaParams& p, const StepDesc* ds, int l, 
             const int idx = key_index(d, jj, prefix, a0, s.max_context);
             load_row<EPL>(kc + static_cast<size_t>(idx) * HD, lane, kv[b]);
             load_row<EPL>(vc + static_cast<size_t>(idx) * HD, lane, vv[b]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) kv[b][e] = vv[b][e] = 0.f;
           }
         }
+        // All scores of the batch first (independent reductions), then one
+        // online-softmax update per head for the batch's keys.
+        const int nb = min(4, (k1 - j + kWarps - 1) / kWarps);
+        float sc[4][8];
 #pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          if (j + b * kWarps >= k1) break;
+        for (int b = 0; b < 4; ++b)
 #pragma unroll
           for (int h = 0; h < 8; ++h) {
-            if (h >= hp) break;
-            float sc = 0.f;
+            float t = 0.f;
 #pragma unroll
-            for (int e = 0; e < EPL; ++e) sc = fmaf(q[h][e], kv[b][e], sc);
-            sc = warp_sum(sc);
-            const float mn = fmaxf(m[h], sc);
-            const float corr = exp2f(m[h] - mn);  // 0 when m was -inf
-            const float pr = exp2f(sc - mn);
-            lsum[h] = lsum[h] * corr + pr;
-#pragma unroll
-            for (int e = 0; e < EPL; ++e) acc[h][e] = fmaf(pr, vv[b][e], acc[h][e] * corr);
-            m[h] = mn;
+            for (int e = 0; e < EPL; ++e) t = fmaf(q[h][e], kv[b][e], t);
+            sc[b][h] = (b < nb && h < hp) ? warp_sum(t) : -INFINITY;
           }
+#pragma unroll
+        for (int h = 0; h < 8; ++h) {
+          if (h >= hp) break;
+          float mn = m[h];
+#pragma unroll
+          for (int b = 0; b < 4; ++b) mn = fmaxf(mn, sc[b][h]);
+          const float corr = exp2f(m[h] - mn);  // 0 when m was -inf
+          lsum[h] *= corr;
+#pragma unroll
+          for (int e = 0; e < EPL; ++e) acc[h][e] *= corr;
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            const float pr = exp2f(sc[b][h] - mn);  // 0 for the batch's missing keys (-inf)
+            lsum[h] += pr;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) acc[h][e] = fmaf(pr, b < nb ? vv[b][e] : 0.f, acc[h][e]);
+          }
+          m[h] = mn;
         }
       }
       trace_mark(p, l * kMegaTraceSlotsPerLayer + kTraceAttnInner, 0);
