@@ -272,36 +272,23 @@ std::string megakernel_trace_summary(const std::string& which, const ModelConfig
   }
   std::vector<unsigned long long> t;
   const int G = m->debug_megakernel_trace(t);
-  const int L = cfg.num_layers, ops = 6, slots = 7;  // decode_megakernel.h, kMegaTraceSlotsPerLayer
+  const int L = cfg.num_layers, ops = 6;
   auto stamp = [&](int slot, int cta, int which) { return static_cast<double>(t[(static_cast<size_t>(slot) * G + cta) * 2 + which]); };
   auto end_max = [&](int slot) { double v = 0; for (int c = 0; c < G; ++c) v = std::max(v, stamp(slot, c, 1)); return v; };
   auto start_max = [&](int slot) { double v = 0; for (int c = 0; c < G; ++c) v = std::max(v, stamp(slot, c, 0)); return v; };
   static const char* names[] = {"qkv", "attn_units", "split_merge", "o_proj", "gate_up", "down"};
   double seg[6] = {0}, wake[6] = {0};
-  // Attention units' inner stamps (CTAs with a unit: the inner stamps are
-  // later than the units' start): key loop done, partials written.
-  double keys_done = 0, parts_done = 0;
-  for (int l = 1; l < L; ++l) {
+  for (int l = 1; l < L; ++l)
     for (int o = 0; o < ops; ++o) {
-      const int slot = l * slots + o;
-      const int prev_slot = o == 0 ? (l - 1) * slots + ops - 1 : slot - 1;
-      const double prev = end_max(prev_slot);
+      const int slot = l * ops + o;
+      const double prev = end_max(slot - 1);
       seg[o] += (end_max(slot) - prev) / (L - 1);
       wake[o] += (start_max(slot) - prev) / (L - 1);
     }
-    const double units_start = end_max(l * slots + 0);
-    double k = 0, pw = 0;
-    for (int c = 0; c < G; ++c) {
-      if (stamp(l * slots + 6, c, 0) > units_start) k = std::max(k, stamp(l * slots + 6, c, 0) - units_start);
-      if (stamp(l * slots + 6, c, 1) > units_start) pw = std::max(pw, stamp(l * slots + 6, c, 1) - units_start);
-    }
-    keys_done += k / (L - 1);
-    parts_done += pw / (L - 1);
-  }
   double t0 = 1e300;
   for (int c = 0; c < G; ++c) t0 = std::min(t0, stamp(0, c, 0));
-  const double lm = end_max(L * slots) - end_max((L - 1) * slots + ops - 1);
-  const double total = end_max(L * slots) - t0;
+  const double lm = end_max(L * ops) - end_max(L * ops - 1);
+  const double total = end_max(L * ops) - t0;
   std::string json = "{";
   std::printf("megakernel trace %-13s total %.1f us, LM head %.1f us; per layer (us, segment / wake):", which.c_str(),
               total / 1e3, lm / 1e3);
@@ -312,11 +299,9 @@ std::string megakernel_trace_summary(const std::string& which, const ModelConfig
             "_wake_us\": " + num(wake[o] / 1e3);
     layer += seg[o];
   }
-  std::printf(" | layer %.2f | attention units after the QKV release: keys done %.2f, partials written %.2f\n",
-              layer / 1e3, keys_done / 1e3, parts_done / 1e3);
+  std::printf(" | layer %.2f\n", layer / 1e3);
   std::fflush(stdout);
   return json + ", \"layer_us\": " + num(layer / 1e3) + ", \"lm_head_us\": " + num(lm / 1e3) +
-         ", \"attn_keys_done_us\": " + num(keys_done / 1e3) + ", \"attn_partials_written_us\": " + num(parts_done / 1e3) +
          ", \"total_us\": " + num(total / 1e3) + "}";
 }
 

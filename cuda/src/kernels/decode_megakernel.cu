@@ -19,18 +19,13 @@ constexpr int kWarps = kThreads / 32;
 /// Counters per layer, in step order (also the trace's op slots; the LM head
 /// is slot kCtrPerLayer * num_layers).
 enum Counter { kCtrQKV = 0, kCtrAttn = 1, kCtrMerge = 2, kCtrO = 3, kCtrGateUp = 4, kCtrDown = 5, kCtrPerLayer = 6 };
-/// Trace slot of the attention units' inner stamps (after the key loop, after
-/// the partials are written).
-constexpr int kTraceAttnInner = kCtrPerLayer;
-static_assert(kMegaTraceSlotsPerLayer == kCtrPerLayer + 1, "trace layout");
 /// Weight streams per layer (the attention has none).
 enum StreamKind { kStreamQKV = 0, kStreamO = 1, kStreamGateUp = 2, kStreamDown = 3, kStreamsPerLayer = 4 };
 /// Keys per attention unit (kv head, split): 8 warps x 4 keys in flight.
 constexpr int kKeysPerSplit = 32;
-/// Shared memory the plan reserves besides slots, x, misc and the stream
-/// table: reduction scratch (16 floats, 8 keys), the step descriptor's
-/// header, and alignment slack.
-constexpr int kSmallBytes = 128 + ((kStepDescHeaderBytes + 127) / 128) * 128;
+/// Shared memory the plan reserves besides slots, x and misc: reduction
+/// scratch (16 floats, 8 keys, 4 ints) and alignment slack.
+constexpr int kSmallBytes = 256;
 constexpr int kAlignSlack = 128;
 
 // ---------------------------------------------------------------- primitives
@@ -202,43 +197,6 @@ __device__ __forceinline__ void gemv_chunk(const uint4* w, const uint4* x, int R
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int groups = row_groups(R);
   const int wpr = kWarps / groups;
-  if (wpr == 1) {
-    // Whole rows per warp (rows warp, warp + 8, ...), up to four at a time,
-    // two FMA chains per row: x is loaded once for the rows, and their chains
-    // and shuffle reductions interleave (a chunk's compute is on the critical
-    // path of the step).
-    for (int r0 = warp; r0 < R; r0 += 4 * kWarps) {
-      const int nr = min(4, (R - r0 + kWarps - 1) / kWarps);
-      const uint4* w0 = w + static_cast<size_t>(r0) * V;
-      float a0[4] = {0.f, 0.f, 0.f, 0.f}, a1[4] = {0.f, 0.f, 0.f, 0.f};
-      int v = lane;
-      for (; v + 32 < V; v += 64) {
-        const uint4 x0 = x[v], x1 = x[v + 32];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          if (k < nr) {
-            a0[k] = dot8(w0[static_cast<size_t>(k) * kWarps * V + v], x0, a0[k]);
-            a1[k] = dot8(w0[static_cast<size_t>(k) * kWarps * V + v + 32], x1, a1[k]);
-          }
-        }
-      }
-      if (v < V) {
-        const uint4 x0 = x[v];
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-          if (k < nr) a0[k] = dot8(w0[static_cast<size_t>(k) * kWarps * V + v], x0, a0[k]);
-      }
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        if (k < nr) {
-          const float a = warp_sum(a0[k] + a1[k]);
-          if (lane == 0) red[r0 + k * kWarps] = a;
-        }
-      }
-    }
-    __syncthreads();
-    return;
-  }
   const int rg = warp / wpr, sub = warp - rg * wpr;
   const int step = wpr * 32;
   for (int r = rg; r < R; r += groups) {
@@ -367,16 +325,16 @@ __device__ __forceinline__ int attention_keys(const StepDesc* d) {
 /// (max, sum, unnormalized output) per query head, written to part_ml /
 /// part_o. merge_splits() combines the splits.
 template <int HD>
-__device__ void attention_units(const MegaParams& p, const StepDesc* ds, int l, int cta, float* scratch) {
+__device__ void attention_units(const MegaParams& p, int l, int cta, float* scratch) {
   constexpr int EPL = HD / 32;
   const MegaShape& s = p.s;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int G = p.plan.ctas, KVH = s.num_kv_heads, group = s.num_heads / KVH;
   const int hmax = min(group, 8);
   const int MS = p.plan.max_splits;
-  const StepDesc* d = p.desc;  // the attend list (global); the header from `ds` (shared)
-  const int prefix = ds->prefix_len[0], a0 = ds->attend_off[0];
-  const int n_keys = attention_keys(ds);
+  const StepDesc* d = p.desc;
+  const int prefix = d->prefix_len[0], a0 = d->attend_off[0];
+  const int n_keys = attention_keys(d);
   const int S = attention_splits(p, n_keys);
   const int per = (n_keys + S - 1) / S;
   const MegaLayer& L = p.layers[l];
@@ -411,45 +369,28 @@ __device__ void attention_units(const MegaParams& p, const StepDesc* ds, int l, 
             const int idx = key_index(d, jj, prefix, a0, s.max_context);
             load_row<EPL>(kc + static_cast<size_t>(idx) * HD, lane, kv[b]);
             load_row<EPL>(vc + static_cast<size_t>(idx) * HD, lane, vv[b]);
-          } else {
-#pragma unroll
-            for (int e = 0; e < EPL; ++e) kv[b][e] = vv[b][e] = 0.f;
           }
         }
-        // All scores of the batch first (independent reductions), then one
-        // online-softmax update per head for the batch's keys.
-        const int nb = min(4, (k1 - j + kWarps - 1) / kWarps);
-        float sc[4][8];
 #pragma unroll
-        for (int b = 0; b < 4; ++b)
+        for (int b = 0; b < 4; ++b) {
+          if (j + b * kWarps >= k1) break;
 #pragma unroll
           for (int h = 0; h < 8; ++h) {
-            float t = 0.f;
+            if (h >= hp) break;
+            float sc = 0.f;
 #pragma unroll
-            for (int e = 0; e < EPL; ++e) t = fmaf(q[h][e], kv[b][e], t);
-            sc[b][h] = (b < nb && h < hp) ? warp_sum(t) : -INFINITY;
+            for (int e = 0; e < EPL; ++e) sc = fmaf(q[h][e], kv[b][e], sc);
+            sc = warp_sum(sc);
+            const float mn = fmaxf(m[h], sc);
+            const float corr = exp2f(m[h] - mn);  // 0 when m was -inf
+            const float pr = exp2f(sc - mn);
+            lsum[h] = lsum[h] * corr + pr;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) acc[h][e] = fmaf(pr, vv[b][e], acc[h][e] * corr);
+            m[h] = mn;
           }
-#pragma unroll
-        for (int h = 0; h < 8; ++h) {
-          if (h >= hp) break;
-          float mn = m[h];
-#pragma unroll
-          for (int b = 0; b < 4; ++b) mn = fmaxf(mn, sc[b][h]);
-          const float corr = exp2f(m[h] - mn);  // 0 when m was -inf
-          lsum[h] *= corr;
-#pragma unroll
-          for (int e = 0; e < EPL; ++e) acc[h][e] *= corr;
-#pragma unroll
-          for (int b = 0; b < 4; ++b) {
-            const float pr = exp2f(sc[b][h] - mn);  // 0 for the batch's missing keys (-inf)
-            lsum[h] += pr;
-#pragma unroll
-            for (int e = 0; e < EPL; ++e) acc[h][e] = fmaf(pr, b < nb ? vv[b][e] : 0.f, acc[h][e]);
-          }
-          m[h] = mn;
         }
       }
-      trace_mark(p, l * kMegaTraceSlotsPerLayer + kTraceAttnInner, 0);
       // Merge the 8 warps' states per head: scratch[(warp * hmax + h) * (HD + 2)].
 #pragma unroll
       for (int h = 0; h < 8; ++h) {
@@ -481,7 +422,6 @@ __device__ void attention_units(const MegaParams& p, const StepDesc* ds, int l, 
         if (dd == 0) p.part_ml[idx] = make_float2(M, ls);
       }
       __syncthreads();
-      trace_mark(p, l * kMegaTraceSlotsPerLayer + kTraceAttnInner, 1);
     }
   }
 }
@@ -489,11 +429,11 @@ __device__ void attention_units(const MegaParams& p, const StepDesc* ds, int l, 
 /// Merges the key splits of every query head into the attention output
 /// (bf16): this CTA's elements [c * nq / G, (c + 1) * nq / G); a warp per
 /// element, a lane per split, (max, sum, output) combined by shuffles.
-__device__ void merge_splits(const MegaParams& p, const StepDesc* ds, int cta) {
+__device__ void merge_splits(const MegaParams& p, int cta) {
   const MegaShape& s = p.s;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int HD = s.head_dim, nq = s.num_heads * HD, G = p.plan.ctas, MS = p.plan.max_splits;
-  const int S = attention_splits(p, attention_keys(ds));
+  const int S = attention_splits(p, attention_keys(p.desc));
   const int e0 = static_cast<int>(static_cast<long long>(cta) * nq / G);
   const int e1 = static_cast<int>(static_cast<long long>(cta + 1) * nq / G);
   for (int e = e0 + warp; e < e1; e += kWarps) {
@@ -534,25 +474,21 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
   unsigned char* slots = base;
   __nv_bfloat16* x = reinterpret_cast<__nv_bfloat16*>(base + static_cast<size_t>(pl.num_slots) * pl.slot_bytes);
   float* misc = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(x) + pl.x_bytes);
-  float* ybuf = misc;                    // [ybuf_rows] QKV / gate-up outputs of the CTA
-  float* aux = misc + pl.ybuf_rows;      // [ybuf_rows] QKV bias, or O / down residual rows
-  float* red = aux + pl.ybuf_rows;
+  float* ybuf = misc;
+  float* red = misc + pl.ybuf_rows;
   Stream* table = reinterpret_cast<Stream*>(reinterpret_cast<unsigned char*>(misc) + pl.misc_bytes);
   uint64_t* bars = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(table) + pl.table_bytes);
   float* small = reinterpret_cast<float*>(bars + pl.num_slots);                        // [16]
   unsigned long long* small_key = reinterpret_cast<unsigned long long*>(small + 16);  // [8]
-  // The step descriptor's header (kStepDescHeaderBytes; not the attend list,
-  // which stays in global memory) in shared memory: read by every op.
-  StepDesc* desc_s = reinterpret_cast<StepDesc*>(small_key + 8);
 
   const int tid = threadIdx.x, cta = blockIdx.x, G = pl.ctas;
   const int L = s.num_layers, H = s.hidden, I = s.intermediate;
   const int nq = s.num_heads * s.head_dim;
   const int nstreams = kStreamsPerLayer * L + 1;
   unsigned* ctr = p.sync;
+  const int token = p.desc->tokens[0];
+
   for (int i = tid; i < nstreams; i += kThreads) table[i] = stream_of(p, i, cta);
-  for (int i = tid; i < kStepDescHeaderBytes / 4; i += kThreads)
-    reinterpret_cast<int*>(desc_s)[i] = reinterpret_cast<const int*>(p.desc)[i];
   Producer pr;
   pr.last_idx = nstreams - 1 - (p.lm_head ? 0 : 1);
   if (tid == 0) {
@@ -562,7 +498,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
   }
   __syncthreads();
   Ring ring{slots, bars, table, 0};
-  const int token = desc_s->tokens[0];
   if (tid == 0) {
     pr.policy = l2_policy_evict_first();  // weights are read once per step
     for (int i = 0; i < pl.num_slots; ++i) produce_one(p, pr, table, slots, bars);
@@ -572,27 +507,23 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
   for (int l = 0; l < L; ++l) {
     const MegaLayer& Ly = p.layers[l];
     unsigned* c = ctr + l * kCtrPerLayer;
-    const int slot0 = l * kMegaTraceSlotsPerLayer;
+    const int slot0 = l * kCtrPerLayer;
     // ---- QKV (+ bias, RoPE, K/V into the cache) --------------------------------
     {
       const Stream st = table[kStreamsPerLayer * l + kStreamQKV];
       if (st.row1 > st.row0) {
         if (l > 0) wait_counter(c - kCtrPerLayer + kCtrDown, G);
         trace_mark(p, slot0 + kCtrQKV, 0);
-        for (int i = tid; i < st.row1 - st.row0; i += kThreads)  // published by load_normed_input's barriers
-          aux[i] = Ly.qkv_bias ? __ldg(Ly.qkv_bias + st.row0 + i) : 0.f;
         rinv = load_normed_input(p, l == 0, token, x, small);
         consume_stream(p, st, ring, pr, x, red, [&](int row, int R) {
           for (int t = tid; t < R; t += kThreads) ybuf[row - st.row0 + t] = chunk_row(red, t, R);
         });
-        // The epilogue's arithmetic, y * rinv + bias, then RoPE, with the bias
-        // from shared memory (EpiQKV gets rinv = 1 and no bias).
         EpiQKV::Params e;
-        e.bias = nullptr;
+        e.bias = Ly.qkv_bias;
         e.q = p.q;
         e.kcache = Ly.kcache;
         e.vcache = Ly.vcache;
-        e.desc = desc_s;
+        e.desc = p.desc;
         e.inv_freq = p.inv_freq;
         e.num_heads = s.num_heads;
         e.num_kv_heads = s.num_kv_heads;
@@ -602,9 +533,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         const int pairs = (st.row1 - st.row0) / 2;
         for (int i = tid; i < pairs; i += kThreads) {
           const int tl = i / 8, r = i - tl * 8;
-          const int lo = tl * 16 + r, hi = lo + 8;
-          EpiQKV::apply(e, nullptr, true, st.row0 / 16 + tl, r, 0, ybuf[lo] * rinv + aux[lo],
-                        ybuf[hi] * rinv + aux[hi], 1.0f, 1);
+          EpiQKV::apply(e, nullptr, true, st.row0 / 16 + tl, r, 0, ybuf[tl * 16 + r], ybuf[tl * 16 + 8 + r], rinv, 1);
         }
       } else {
         trace_mark(p, slot0 + kCtrQKV, 0);
@@ -615,13 +544,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
     // ---- attention: units, then the merge of the key splits ------------------------
     wait_counter(c + kCtrQKV, G);
     trace_mark(p, slot0 + kCtrAttn, 0);
-    if (s.head_dim == 64) attention_units<64>(p, desc_s, l, cta, misc);
-    else attention_units<128>(p, desc_s, l, cta, misc);
+    if (s.head_dim == 64) attention_units<64>(p, l, cta, misc);
+    else attention_units<128>(p, l, cta, misc);
     trace_mark(p, slot0 + kCtrAttn, 1);
     signal_counter(c + kCtrAttn);
     wait_counter(c + kCtrAttn, G);
     trace_mark(p, slot0 + kCtrMerge, 0);
-    merge_splits(p, desc_s, cta);
+    merge_splits(p, cta);
     trace_mark(p, slot0 + kCtrMerge, 1);
     signal_counter(c + kCtrMerge);
     // ---- O projection + residual ---------------------------------------------------
@@ -630,12 +559,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       if (st.row1 > st.row0) {
         wait_counter(c + kCtrMerge, G);
         trace_mark(p, slot0 + kCtrO, 0);
-        const __nv_bfloat16* emb = p.embed + static_cast<size_t>(token) * H;
-        for (int i = tid; i < st.row1 - st.row0; i += kThreads)  // the residual rows, published by load_input
-          aux[i] = l == 0 ? __bfloat162float(emb[st.row0 + i]) : __ldcg(p.h32 + st.row0 + i);
         load_input(p.attn, nq, x);
+        const __nv_bfloat16* emb = p.embed + static_cast<size_t>(token) * H;
         consume_stream(p, st, ring, pr, x, red, [&](int row, int R) {
-          for (int t = tid; t < R; t += kThreads) p.h32[row + t] = aux[row - st.row0 + t] + chunk_row(red, t, R);
+          for (int t = tid; t < R; t += kThreads) {
+            const int r = row + t;
+            const float base_v = l == 0 ? __bfloat162float(emb[r]) : __ldcg(p.h32 + r);
+            p.h32[r] = base_v + chunk_row(red, t, R);
+          }
         });
       } else {
         trace_mark(p, slot0 + kCtrO, 0);
@@ -673,10 +604,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       if (st.row1 > st.row0) {
         wait_counter(c + kCtrGateUp, G);
         trace_mark(p, slot0 + kCtrDown, 0);
-        for (int i = tid; i < st.row1 - st.row0; i += kThreads) aux[i] = __ldcg(p.h32 + st.row0 + i);
         load_input(p.act, I, x);
         consume_stream(p, st, ring, pr, x, red, [&](int row, int R) {
-          for (int t = tid; t < R; t += kThreads) p.h32[row + t] = aux[row - st.row0 + t] + chunk_row(red, t, R);
+          for (int t = tid; t < R; t += kThreads) {
+            const int r = row + t;
+            p.h32[r] = __ldcg(p.h32 + r) + chunk_row(red, t, R);
+          }
         });
       } else {
         trace_mark(p, slot0 + kCtrDown, 0);
@@ -691,7 +624,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
     unsigned long long best = 0ull;
     if (st.row1 > st.row0) {
       wait_counter(ctr + (L - 1) * kCtrPerLayer + kCtrDown, G);
-      trace_mark(p, L * kMegaTraceSlotsPerLayer, 0);
+      trace_mark(p, L * kCtrPerLayer, 0);
       rinv = load_normed_input(p, false, token, x, small);
       consume_stream(p, st, ring, pr, x, red, [&](int row, int R) {
         for (int t = tid; t < R; t += kThreads) {
@@ -705,7 +638,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         }
       });
     } else {
-      trace_mark(p, L * kMegaTraceSlotsPerLayer, 0);
+      trace_mark(p, L * kCtrPerLayer, 0);
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -718,7 +651,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       for (int w = 1; w < kWarps; ++w) best = small_key[w] > best ? small_key[w] : best;
       if (best != 0ull) atomicMax(p.keys, best);
     }
-    trace_mark(p, L * kMegaTraceSlotsPerLayer, 1);
+    trace_mark(p, L * kCtrPerLayer, 1);
   }
   // ---- the last CTA to finish re-zeroes the counters for the next launch --------------
   __syncthreads();
@@ -760,13 +693,12 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem) {
   pl.slot_bytes = static_cast<int>(std::max<size_t>(32768, align_up(2 * static_cast<size_t>(kmax), 128)));
   pl.x_bytes = static_cast<int>(align_up(2 * static_cast<size_t>(kmax), 128));
   const int tiles_qkv = (nq + 2 * nkv) / 16, tiles_gu = 2 * s.intermediate / 16;
-  pl.ybuf_rows = std::max(16 * std::max((tiles_qkv + num_sms - 1) / num_sms, (tiles_gu + num_sms - 1) / num_sms),
-                          (s.hidden + num_sms - 1) / num_sms);  // also the O / down rows (aux)
+  pl.ybuf_rows = 16 * std::max((tiles_qkv + num_sms - 1) / num_sms, (tiles_gu + num_sms - 1) / num_sms);
   pl.red_floats = std::max(pl.slot_bytes / (2 * kmin), 16);
   pl.max_splits = std::max(1, num_sms / s.num_kv_heads);
   const size_t attn_floats = static_cast<size_t>(kWarps) * std::min(group, 8) * (s.head_dim + 2);
   pl.misc_bytes = static_cast<int>(
-      align_up(std::max(4 * static_cast<size_t>(2 * pl.ybuf_rows + pl.red_floats), 4 * attn_floats), 128));
+      align_up(std::max(4 * static_cast<size_t>(pl.ybuf_rows + pl.red_floats), 4 * attn_floats), 128));
   pl.table_bytes = static_cast<int>(align_up(sizeof(Stream) * (kStreamsPerLayer * static_cast<size_t>(s.num_layers) + 1), 128));
   const long long fixed = kAlignSlack + pl.x_bytes + pl.misc_bytes + pl.table_bytes + kSmallBytes;
   long long ns = (static_cast<long long>(max_smem) - fixed) / (pl.slot_bytes + 8);

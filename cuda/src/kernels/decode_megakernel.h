@@ -41,11 +41,6 @@
 
 namespace swiftspec::cuda {
 
-/// Trace slots per layer (MegaParams::trace): QKV, attention units, split
-/// merge, O, gate/up, down, and the attention units' inner stamps (after the
-/// key loop, after the partials are written).
-constexpr int kMegaTraceSlotsPerLayer = 7;
-
 /// Device pointers of one decoder layer, in the layouts of weight_layout.h.
 struct MegaLayer {
   const __nv_bfloat16* qkv = nullptr;   ///< [nq + 2 nkv][hidden], rows permuted, input norm folded
@@ -111,10 +106,9 @@ struct MegaParams {
   unsigned long long* keys = nullptr;    ///< [1] arg-max key of the step (argmax_key_index)
   unsigned* sync = nullptr;              ///< decode_megakernel_sync_words(s) words, zero
   int lm_head = 1;                       ///< 0: stop after the last layer (no logits, no arg-max)
-  /// Null, or [(kMegaTraceSlotsPerLayer * num_layers + 1) * ctas * 2]
-  /// global-timer stamps (ns): per slot (per layer: QKV, attention units,
-  /// split merge, O, gate/up, down, attention inner; then the LM head) and
-  /// CTA, its start (after its wait) and end.
+  /// Null, or [(6 * num_layers + 1) * ctas * 2] global-timer stamps (ns):
+  /// per op slot (per layer: QKV, attention units, split merge, O, gate/up,
+  /// down; then the LM head) and CTA, its start (after its wait) and end.
   unsigned long long* trace = nullptr;
 };
 
