@@ -180,9 +180,9 @@ def test_config_sm_partition_option():
         parse_config("async:tree16:sm16", "cpu")
     with pytest.raises(BenchConfigError, match="smN"):
         parse_config("async:tree16:sm0@cuda")
-    with pytest.raises(BenchConfigError, match="takes no shape or options"):
+    with pytest.raises(BenchConfigError, match="takes no shape and only the options"):
         parse_config("target:sm8@cuda")
-    with pytest.raises(BenchConfigError, match="takes no shape or options"):
+    with pytest.raises(BenchConfigError, match="takes no shape and only the options"):
         parse_config("target:tp2:sm8@cuda")
 
 
@@ -200,7 +200,7 @@ def test_target_tp_option_and_its_baseline():
 
     assert reference_config(by["serial:tree16:tp2"], configs).name == "target:tp2"
     assert reference_config(by["serial:tree16:tp4"], configs) is None  # another TP degree: no output check
-    with pytest.raises(BenchConfigError, match="only tpN"):
+    with pytest.raises(BenchConfigError, match="only the options tpN"):
         parse_config("target:b2")
     with pytest.raises(BenchConfigError, match="target TP degree"):
         parse_config("target:tp0")
@@ -294,3 +294,36 @@ def test_commit_info_of_a_checkout_and_from_the_environment(tmp_path, monkeypatc
     assert commit_info(tmp_path)["sha"] is None and commit_info(tmp_path)["dirty"] is None  # no checkout
     monkeypatch.setenv("SWIFTSPEC_COMMIT", "0123456789abcdef")
     assert commit_info(repo)["short"] == "0123456789" and commit_info(repo)["dirty"] is None
+
+
+def test_config_megakernel_options():
+    """``dmk`` / ``mk``: the draft's / target's decode megakernel (CUDA), their placement, engine
+    key and output reference (target:mk is checked against the plain target)."""
+    from swiftspec.bench.config import engine_key, engine_placement, find_baseline
+    from swiftspec.bench.runner import reference_config
+
+    d = parse_config("async:tree16:dmk@cuda")
+    assert (d.name, d.draft_megakernel, engine_key(d)) == ("async:tree16:dmk@cuda", True, "cuda:dmk")
+    assert engine_placement(d) == {"draft": {"megakernel": True}, "target": {}}
+    t = parse_config("target:mk", "cuda")
+    assert (t.name, t.target_megakernel, engine_key(t)) == ("target:mk", True, "cuda:mk")
+    assert engine_placement(t) == {"draft": {}, "target": {"megakernel": True}}
+    assert parse_config("target:tp2:mk", "cuda").name == "target:tp2:mk"
+    assert parse_config("target:mk:tp2", "cuda").name == "target:tp2:mk"
+    plain = parse_config("target", "cuda")
+    configs = [t, plain, d]
+    assert find_baseline(d, configs) == plain  # speculation is compared with the exact target
+    assert reference_config(t, configs) == plain
+    assert reference_config(plain, configs) is None
+    with pytest.raises(BenchConfigError, match="mk runs the CUDA decode megakernel; it needs the cuda backend"):
+        parse_config("target:mk", "cpu")
+    with pytest.raises(BenchConfigError, match="dmk runs the CUDA decode megakernel; it needs the cuda backend"):
+        parse_config("async:tree16:dmk", "cpu")
+    with pytest.raises(BenchConfigError, match="mk applies to target-only decoding"):
+        parse_config("async:tree16:mk", "cuda")
+    with pytest.raises(BenchConfigError, match="option 'dmk' given twice"):
+        parse_config("async:tree16:dmk:dmk", "cuda")
+    with pytest.raises(BenchConfigError, match="got 'mk'"):
+        parse_config("target:mk:mk", "cuda")
+    with pytest.raises(BenchConfigError, match="got 'tree16'"):
+        parse_config("target:tree16", "cuda")

@@ -22,6 +22,11 @@ A configuration is written as one token (``--configs`` takes a comma-separated l
                                  scheduler starts its waiting CTAs before the draft's)
              | "dmma"         cuda: the draft's GEMMs on the mma.sync engine (placement
                                  gemm_engine; the target keeps wgmma)
+             | "dmk"          cuda: the draft's single-token steps as the decode megakernel
+                                 (placement megakernel)
+             | "mk"           cuda, target-only decoding: the target's single-token steps as the
+                                 decode megakernel; its greedy outputs are checked against plain
+                                 ``target`` (same TP degree) when the run has it
              | "dg" N         cuda: the draft group on GPU N, the target on GPU 0 (with tpM:
                                  GPUs 0..M-1): draft and target on GPUs of their own
                                  (placement devices)
@@ -29,9 +34,10 @@ A configuration is written as one token (``--configs`` takes a comma-separated l
 
 Examples: ``target``, ``serial:chain``, ``serial:chain6``, ``serial:tree16``,
 ``serial:tree32:b4:d6``, ``async:tree64:tp2:dtp1@cuda``, ``async:tree16:sm16@cuda``,
-``async:tree16:hp@cuda``, ``async:tree16:dg1@cuda``, ``async:tree16:dmma@cuda``, ``hf:assisted``.
+``async:tree16:hp@cuda``, ``async:tree16:dg1@cuda``, ``async:tree16:dmma@cuda``,
+``async:tree16:dmk@cuda``, ``target:mk@cuda``, ``hf:assisted``.
 
-``target`` takes no shape and only the option ``tpN``; ``hf:*`` take no shape or options (``hf:*`` runs PyTorch on the backend's device:
+``target`` takes no shape and only the options ``tpN`` and ``mk``; ``hf:*`` take no shape or options (``hf:*`` runs PyTorch on the backend's device:
 ``cpu`` or ``cuda``). Speculative modes without a shape use ``tree16``.
 
 :func:`parse_config` raises :class:`BenchConfigError` (a :class:`swiftspec.SwiftspecError`)
@@ -83,6 +89,8 @@ class BenchConfig:
         draft_gpu: the GPU of the draft group (``dgN``; the target on GPU 0), or None: both on
             GPU 0.
         draft_engine: the GEMM engine of the draft (``dmma``: "mma"), or None: the default.
+        draft_megakernel: the draft's single-token steps as the decode megakernel (``dmk``).
+        target_megakernel: target-only decoding with the decode megakernel (``mk``).
         shape: "chain", "tree" or None (for plots: acceptance length per tree budget).
     """
 
@@ -100,6 +108,8 @@ class BenchConfig:
     target_priority: bool = False
     draft_gpu: int | None = None
     draft_engine: str | None = None
+    draft_megakernel: bool = False
+    target_megakernel: bool = False
 
     @property
     def speculative(self) -> bool:
@@ -165,13 +175,23 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
     rest = parts[1:]
     suffix = f"@{backend}" if explicit_backend else ""
     if mode == "target":
-        m = _OPTION.match(rest[0]) if len(rest) == 1 else None
-        if rest and not (m and m.group(1) == "tp"):
-            raise BenchConfigError(f"configuration {raw!r}: target-only decoding takes no shape or options "
-                                   "(only tpN, the target's TP degree)")
-        tp = _positive(raw, "target TP degree", m.group(2)) if rest else 1
-        return BenchConfig(name="target" + (f":tp{tp}" if tp != 1 else "") + suffix, engine="swiftspec",
-                           mode="target", backend=backend, target_tp=tp)
+        tp, megakernel = 1, False
+        for opt in rest:
+            m = _OPTION.match(opt)
+            if m and m.group(1) == "tp" and tp == 1:
+                tp = _positive(raw, "target TP degree", m.group(2))
+            elif opt == "mk" and not megakernel:
+                if backend != "cuda":
+                    raise BenchConfigError(f"configuration {raw!r}: mk runs the CUDA decode megakernel; it needs "
+                                           f"the cuda backend, not {backend!r}")
+                megakernel = True
+            else:
+                raise BenchConfigError(f"configuration {raw!r}: target-only decoding takes no shape and only the "
+                                       "options tpN (the target's TP degree) and mk (the decode megakernel), "
+                                       f"each once; got {opt!r}")
+        return BenchConfig(name="target" + (f":tp{tp}" if tp != 1 else "") + (":mk" if megakernel else "") + suffix,
+                           engine="swiftspec", mode="target", backend=backend, target_tp=tp,
+                           target_megakernel=megakernel)
 
     shape, n = "tree", DEFAULT_TREE
     if rest and _SHAPE.match(rest[0]):
@@ -188,9 +208,21 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
     draft_sms = None
     draft_gpu = None
     draft_engine = None
+    draft_megakernel = False
     target_priority = False
     seen: set[str] = set()
     for opt in rest:
+        if opt == "dmk":
+            if draft_megakernel:
+                raise BenchConfigError(f"configuration {raw!r}: option 'dmk' given twice")
+            if backend != "cuda":
+                raise BenchConfigError(f"configuration {raw!r}: dmk runs the CUDA decode megakernel; it needs the "
+                                       f"cuda backend, not {backend!r}")
+            draft_megakernel = True
+            continue
+        if opt == "mk":
+            raise BenchConfigError(f"configuration {raw!r}: mk applies to target-only decoding (target:mk); "
+                                   "the draft's is dmk")
         if opt == "dmma":
             if draft_engine is not None:
                 raise BenchConfigError(f"configuration {raw!r}: option 'dmma' given twice")
@@ -210,7 +242,8 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
         m = _OPTION.match(opt)
         if not m:
             raise BenchConfigError(
-                f"configuration {raw!r}: bad part {opt!r} (expected chain[N], tree[N], bN, dN, tpN, dtpN, smN, dgN, dmma or hp)"
+                f"configuration {raw!r}: bad part {opt!r} (expected chain[N], tree[N], bN, dN, tpN, dtpN, smN, dgN, dmma, "
+                "dmk or hp)"
             )
         key = m.group(1)
         if key in seen:
@@ -259,24 +292,28 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
         name += f":dg{draft_gpu}"
     if draft_engine is not None:
         name += ":dmma"
+    if draft_megakernel:
+        name += ":dmk"
     if target_priority:
         name += ":hp"
     name += suffix
     return BenchConfig(name=name, engine="swiftspec", mode=mode, backend=backend, tree_budget=n,
                        max_depth=depth, branching=branching, target_tp=target_tp, draft_tp=draft_tp,
                        shape=shape, draft_sms=draft_sms, target_priority=target_priority,
-                       draft_gpu=draft_gpu, draft_engine=draft_engine)
+                       draft_gpu=draft_gpu, draft_engine=draft_engine, draft_megakernel=draft_megakernel)
 
 
 def engine_key(config: BenchConfig) -> str:
     """Which loaded engine runs ``config``: one per backend, plus one per target TP degree
     (``cuda:tp2``), draft SM partition (``cuda:sm16``: draft in a green context on SMs [0, 16),
-    target on the rest), draft GPU (``cuda:dg1``), draft GEMM engine (``cuda:dmma``) and stream
-    priority (``cuda:hp``)."""
+    target on the rest), draft GPU (``cuda:dg1``), draft GEMM engine (``cuda:dmma``), decode
+    megakernels (``cuda:dmk``, ``cuda:mk``) and stream priority (``cuda:hp``)."""
     return (config.backend + (f":tp{config.target_tp}" if config.target_tp != 1 else "")
             + (f":sm{config.draft_sms}" if config.draft_sms is not None else "")
             + (f":dg{config.draft_gpu}" if config.draft_gpu is not None else "")
             + (":dmma" if config.draft_engine is not None else "")
+            + (":dmk" if config.draft_megakernel else "")
+            + (":mk" if config.target_megakernel else "")
             + (":hp" if config.target_priority else ""))
 
 
@@ -287,16 +324,21 @@ HIGHEST_STREAM_PRIORITY = -1000
 def engine_placement(config: BenchConfig) -> dict | None:
     """The placement (``swiftspec.placement``) of ``config``'s ``smN`` (draft on logical SMs
     [0, N), target on [N, last]), ``hp`` (the target's stream at the highest priority), ``dgN``
-    (the draft on GPU N, the target on GPUs 0..tp-1), ``dmma`` (the draft's GEMM engine) and
-    ``tpN`` (the target group's TP degree); None when none is asked for."""
+    (the draft on GPU N, the target on GPUs 0..tp-1), ``dmma`` (the draft's GEMM engine),
+    ``dmk`` / ``mk`` (the draft's / target's decode megakernel) and ``tpN`` (the target group's
+    TP degree); None when none is asked for."""
     draft_sms, target_priority, draft_gpu = config.draft_sms, config.target_priority, config.draft_gpu
     target_tp = config.target_tp
     if (draft_sms is None and not target_priority and draft_gpu is None and target_tp == 1
-            and config.draft_engine is None):
+            and config.draft_engine is None and not config.draft_megakernel and not config.target_megakernel):
         return None
     p: dict = {"draft": {}, "target": {}}
     if config.draft_engine is not None:
         p["draft"]["gemm_engine"] = config.draft_engine
+    if config.draft_megakernel:
+        p["draft"]["megakernel"] = True
+    if config.target_megakernel:
+        p["target"]["megakernel"] = True
     if target_tp != 1:
         p["target"]["tp"] = target_tp
     if draft_gpu is not None:
@@ -319,6 +361,7 @@ def find_baseline(config: BenchConfig, configs: list[BenchConfig]) -> BenchConfi
     if config.mode == "target":
         return None
     refs = [c for c in configs if c.engine == config.engine and c.mode == "target" and c.backend == config.backend]
+    refs.sort(key=lambda c: c.target_megakernel)  # the exact (layered) target first
     same_tp = [c for c in refs if c.target_tp == config.target_tp]
     return (same_tp or refs or [None])[0]
 

@@ -376,10 +376,16 @@ def reference_config(config: BenchConfig, configs: list[BenchConfig]) -> BenchCo
     (speculation vs target-only) when that runs the target at the same TP degree (another degree
     sums in another order, so its outputs may differ at near-ties and are not a reference; the
     speedup is still taken against it), or for ``hf:target`` the swiftspec target-only run on the
-    same backend (two implementations of the same model)."""
+    same backend (two implementations of the same model), or for ``target:mk`` the plain target
+    (the decode megakernel sums in another order than the layered path)."""
     base = find_baseline(config, configs)
     if base is not None:
         return base if base.target_tp == config.target_tp else None
+    if config.mode == "target" and config.target_megakernel:  # megakernel vs the layered target
+        for c in configs:
+            if (c.engine == "swiftspec" and c.mode == "target" and not c.target_megakernel
+                    and c.backend == config.backend and c.target_tp == config.target_tp):
+                return c
     if config.engine == "hf" and config.mode == "target":
         for c in configs:
             if c.engine == "swiftspec" and c.mode == "target" and c.backend == config.backend:

@@ -71,6 +71,10 @@ _CONFIG = {
         "draft_gpu": {**_NINT, "description": "the draft group's GPU (dgN; the target on GPU 0); null: "
                                               "both models on GPU 0"},
         "draft_engine": {**_NSTR, "description": "the draft's GEMM engine (dmma: mma); null: the default"},
+        "draft_megakernel": {"type": "boolean", "description": "the draft's single-token steps as the CUDA "
+                                                               "decode megakernel (dmk)"},
+        "target_megakernel": {"type": "boolean", "description": "target-only decoding with the CUDA decode "
+                                                                "megakernel (mk)"},
         "target_priority": {"type": "boolean", "description": "the target's CUDA stream at the highest "
                                                               "priority (hp)"},
         "shape": {"enum": ["chain", "tree", None]},
