@@ -121,3 +121,34 @@ def test_jobs_script_resume_folder_without_records_is_refused(tmp_path):
                           env={**os.environ, "LOSSLESS_DIR": str(tmp_path / "w"), "LOSSLESS_JOBS": "1:async:1:1",
                                "LOSSLESS_RESUME_FROM": str(tmp_path)})
     assert proc.returncode != 0 and f"LOSSLESS_RESUME_FROM={tmp_path} holds no lossless_cpu_tp*.jsonl" in proc.stdout
+
+
+def test_merge_reports_the_megakernel_mode(tmp_path):
+    """--mode megakernel (target-only decoding with the CUDA decode megakernel, key
+    target:megakernel) is reported with its divergences and their top-2 logit gaps."""
+    gap = {"top1": 5, "top2": 9, "top2_gap": 0.0625, "reference_token": 5, "speculative_token": 9,
+           "reference_minus_speculative": 0.0625}
+    recs = []
+    for i, equal in enumerate([True, False]):
+        r = record("mtbench", i)
+        cfg = r["configs"].pop("tree16")
+        cfg.update(equal=equal, first_difference=None if equal else 3, divergence=None if equal else gap,
+                   acceptance_length=1.0)
+        r["configs"]["target:megakernel"] = cfg
+        recs.append(r)
+    out = tmp_path / "mk"
+    proc = subprocess.run([sys.executable, str(TOOL), "--mode", "megakernel", "--backend", "cuda", "--dtype",
+                           "bfloat16", "--merge", str(write_jsonl(tmp_path / "mk.jsonl", recs)), "--out", str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stderr  # one output differs
+    report = json.loads(out.with_suffix(".json").read_text())
+    s = report["summary"]["target:megakernel"]
+    assert (s["mode"], s["equal"], s["total"], s["tree_budget"]) == ("megakernel", 1, 2, None)
+    assert s["divergences"][0]["position"] == 3
+    assert "0.0625" in out.with_suffix(".md").read_text()
+
+
+def test_megakernel_mode_needs_the_cuda_backend():
+    proc = subprocess.run([sys.executable, str(TOOL), "--mode", "megakernel", "--merge", "x.jsonl"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "--mode megakernel runs the CUDA decode megakernel" in proc.stderr

@@ -27,7 +27,10 @@ resumes where it stopped (--resume). Exit status 1 if any output differs.
 
 --mode async checks parallel tree generation (draft and target groups running concurrently);
 --mode serial,async checks both against one target-only reference per prompt (config keys are
-then mode:name); --backend cuda runs both models on the GPU (CUDA builds; a --placement may
+then mode:name); --mode megakernel (cuda) checks target-only decoding with the decode megakernel
+(a second target model, ModelOptions.megakernel) against the layered target (key
+target:megakernel; the megakernel sums in another order, so divergences are expected only at
+near-ties: their top-2 gaps tell); --backend cuda runs both models on the GPU (CUDA builds; a --placement may
 give each group an sm_partition, docs/green_contexts.md);
 --reference prefill makes the target-only reference from one teacher-forced target pass over the
 first speculative output (exact on the batch-invariant CPU backend; one batched pass instead of
@@ -179,12 +182,16 @@ def check_settings(records: list, args) -> None:
                                  f"this --merge says {value!r}: merge records of one run's settings")
 
 
-def check_one(engine, target_model, args, checks, configs, dataset, index, pid, ids) -> dict:
-    """One prompt: every (mode, config) speculative output against the target-only reference."""
+def check_one(engine, target_model, args, checks, configs, dataset, index, pid, ids, mk_engine=None) -> dict:
+    """One prompt: every (mode, config) speculative output against the target-only reference
+    (mode "megakernel": target-only decoding by `mk_engine`, the target with the decode megakernel)."""
     from swiftspec.bench.greedy_reference import teacher_forced_reference
 
     results = {}
     for mode, name, key in checks:
+        if mode == "megakernel":
+            results[key] = mk_engine.generate(ids, max_new_tokens=args.max_new_tokens, mode="target")
+            continue
         budget, depth, branching = configs[name]
         results[key] = engine.generate(ids, max_new_tokens=args.max_new_tokens, mode=mode, tree_budget=budget,
                                        max_depth=depth, branching=branching)
@@ -215,9 +222,9 @@ def check_one(engine, target_model, args, checks, configs, dataset, index, pid, 
         st = res["stats"]
         rec["configs"][key] = {
             "equal": a == b, "first_difference": diff, "new_tokens": len(a),
-            "acceptance_length": st["acceptance_length"], "verification_steps": st["verification_steps"],
-            "draft_steps": st["draft_steps"], "decode_s": st["decode_time"], "target_s": st["target_time"],
-            "draft_s": st["draft_time"],
+            "acceptance_length": st.get("acceptance_length", 1.0), "verification_steps": st.get("verification_steps"),
+            "draft_steps": st.get("draft_steps"), "decode_s": st["decode_time"], "target_s": st.get("target_time"),
+            "draft_s": st.get("draft_time"),
             "divergence": None if diff is None else target_logit_gap(target_model, ids, b, a, diff),
         }
     return rec
@@ -235,8 +242,8 @@ def write_report(out: Path, args, checks, configs, records: list, placement, wal
                              f"with another --mode/--configs? (their keys: {sorted(records[0]['configs'])})")
         rows = [r["configs"][key] for r in records]
         summary[key] = {
-            "mode": mode, "tree_budget": configs[name][0], "max_depth": configs[name][1],
-            "branching": configs[name][2],
+            "mode": mode, "tree_budget": configs[name][0] if name else None,
+            "max_depth": configs[name][1] if name else None, "branching": configs[name][2] if name else None,
             "equal": sum(r["equal"] for r in rows), "total": len(rows),
             "mean_acceptance_length": sum(r["acceptance_length"] for r in rows) / max(len(rows), 1),
             "differing": [f"{rec['dataset']}#{rec['index']}@{rec['configs'][key]['first_difference']}"
@@ -312,7 +319,8 @@ def main(argv=None) -> int:
                     help="write one report from these progress files (same --mode/--configs) and exit; "
                          "loads no model")
     ap.add_argument("--mode", default="serial",
-                    help="speculative mode(s) to check: serial, async, or a comma list (serial,async)")
+                    help="mode(s) to check: serial, async, megakernel (target-only with the CUDA decode "
+                         "megakernel), or a comma list (serial,async)")
     ap.add_argument("--backend", choices=["cpu", "cuda"], default="cpu", help="backend of both models (default cpu)")
     ap.add_argument("--target-tp", type=int, default=1, help="TP degree of the target group (default 1)")
     ap.add_argument("--placement", default=None, help="'auto' or JSON placement of the draft and target groups")
@@ -325,12 +333,17 @@ def main(argv=None) -> int:
     if args.reference != "decode" and args.backend != "cpu":
         ap.error("--reference prefill/both needs the batch-invariant CPU backend")
     modes = [m.strip() for m in args.mode.split(",") if m.strip()]
-    if not modes or any(m not in ("serial", "async") for m in modes) or len(set(modes)) != len(modes):
-        ap.error(f"--mode {args.mode!r}: give serial, async, or serial,async")
+    if not modes or any(m not in ("serial", "async", "megakernel") for m in modes) or len(set(modes)) != len(modes):
+        ap.error(f"--mode {args.mode!r}: give serial, async, megakernel, or a comma list of them")
+    if "megakernel" in modes and args.backend != "cuda":
+        ap.error("--mode megakernel runs the CUDA decode megakernel: it needs --backend cuda")
     shard_k, shard_n = parse_shard(args.shard)
     configs = parse_configs(args.configs)
     # (mode, config name) -> record key: the bare name when one mode is checked (as before).
-    checks = [(m, name, f"{m}:{name}" if len(modes) > 1 else name) for m in modes for name in configs]
+    spec_modes = [m for m in modes if m != "megakernel"]
+    checks = [(m, name, f"{m}:{name}" if len(modes) > 1 else name) for m in spec_modes for name in configs]
+    if "megakernel" in modes:  # target-only decoding by a second target made with the megakernel
+        checks.append(("megakernel", None, "target:megakernel"))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -374,6 +387,12 @@ def main(argv=None) -> int:
         placement = None
         target_model, draft_model = load_model(str(tdir), args.backend, opts), load_model(str(ddir), args.backend, opts)
     engine = Engine(target_model, draft_model)
+    mk_engine = None
+    if "megakernel" in modes:
+        mk_opts = ModelOptions()
+        mk_opts.max_context, mk_opts.max_tree, mk_opts.num_threads = opts.max_context, opts.max_tree, args.threads
+        mk_opts.megakernel = True
+        mk_engine = Engine(load_model(str(tdir), args.backend, mk_opts), None)
 
     progress_path = with_ext(out, ".jsonl")
     done = {}
@@ -388,7 +407,7 @@ def main(argv=None) -> int:
         if (dataset, index) in done:
             records.append(done[(dataset, index)])
             continue
-        rec = check_one(engine, target_model, args, checks, configs, dataset, index, pid, ids)
+        rec = check_one(engine, target_model, args, checks, configs, dataset, index, pid, ids, mk_engine)
         records.append(rec)
         with progress_path.open("a") as f:
             f.write(json.dumps(rec) + "\n")

@@ -658,6 +658,35 @@ void check_megakernel_shape(const std::string& shape) {
   record(name, e, 1e-2, e < 1e-2 && nb == 0, det);
 }
 
+/// Two megakernel models with different shared-memory plans in one process
+/// (a 0.5B draft, then a 1.5B target, as the async engine makes them): the
+/// first must still run after the second is made.
+void check_megakernel_two_plans() {
+  ModelOptions opt;
+  opt.max_context = 1024;
+  opt.max_tree = 128;
+  CudaModelOptions mko;
+  mko.megakernel = true;
+  auto small = make_cuda_model_random(shape_config("qwen2.5-0.5b"), opt, mko, 42);
+  auto large = make_cuda_model_random(shape_config("qwen2.5-1.5b"), opt, mko, 43);
+  bool ok = true;
+  std::string why;
+  try {
+    std::vector<int32_t> a, b;
+    small->forward_argmax(append_batch({1234}, 0, LogitsMode::Last), a);
+    large->forward_argmax(append_batch({1234}, 0, LogitsMode::Last), b);
+    ok = a.size() == 1 && b.size() == 1;
+  } catch (const std::exception& e) {
+    ok = false;
+    why = e.what();
+  }
+  char det[200];
+  std::snprintf(det, sizeof det, "(%s; plans: %s / %s)", why.empty() ? "ran" : why.substr(0, 80).c_str(),
+                small->debug_gemm_plans().substr(small->debug_gemm_plans().find("megakernel")).substr(0, 40).c_str(),
+                large->debug_gemm_plans().substr(large->debug_gemm_plans().find("megakernel")).substr(0, 40).c_str());
+  record("megakernel: two models with different plans in one process both run", ok ? 0 : 1, 0, ok, det);
+}
+
 /// Locates a model mismatch: a model of `cfg`, decoding tokens one by one
 /// from position 0, comparing the last layer's q / attention / SwiGLU output,
 /// the final residual and the logits with the reference at every step.
@@ -914,6 +943,7 @@ int main(int argc, char** argv) {
       check_megakernel("gqa16 L=3", g16, 7, 30);
     }
     for (const char* sh : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"}) check_megakernel_shape(sh);
+    check_megakernel_two_plans();
     cudaStreamDestroy(st);
   } catch (const std::exception& e) {
     std::printf("CHECK %-58s err=nan limit=0 FAIL exception: %s\n", "(aborted)", e.what());

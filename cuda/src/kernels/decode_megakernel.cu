@@ -4,6 +4,8 @@
 // step order) and the ring that prefetches them; the per-chunk GEMV; the
 // prologues (input vector, RMSNorm); attention; the kernel; the plan.
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "common.h"
@@ -712,8 +714,22 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem) {
 }
 
 void configure_decode_megakernel(const MegaPlan& plan) {
-  SS_CUDA_CHECK(cudaFuncSetAttribute(decode_megakernel_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(plan.smem_bytes)));
+  // The attribute is per function and device, shared by every model of the
+  // process: it only ever grows, so that a model with a smaller plan made
+  // later (a 1.5B target after a 0.5B draft) does not break an earlier one.
+  static std::mutex mu;
+  static std::map<int, size_t> granted;  // device -> bytes set
+  int dev = 0;
+  SS_CUDA_CHECK(cudaGetDevice(&dev));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    size_t& g = granted[dev];
+    if (plan.smem_bytes > g) {
+      SS_CUDA_CHECK(cudaFuncSetAttribute(decode_megakernel_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(plan.smem_bytes)));
+      g = plan.smem_bytes;
+    }
+  }
   int blocks = 0;
   SS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_megakernel_kernel, kThreads,
                                                               plan.smem_bytes));
