@@ -243,6 +243,21 @@ ForwardBatch tree_batch(int n, int ctx, uint64_t seed) {
   return ForwardBatch::tree(tokens, parents, ctx);
 }
 
+/// Median wall time (ms) of `n` host-synchronous greedy decode steps at position `ctx`
+/// (descriptor upload + graph + arg-max copy), each from committed length ctx.
+double host_sync_decode_ms(CudaModel& m, int ctx, int n) {
+  std::vector<float> wall;
+  std::vector<int32_t> am;
+  for (int i = 0; i < n; ++i) {
+    m.truncate_committed(ctx);
+    const auto t0 = std::chrono::steady_clock::now();
+    m.forward_argmax(decode_batch(ctx), am);
+    const auto t1 = std::chrono::steady_clock::now();
+    wall.push_back(std::chrono::duration<float, std::milli>(t1 - t0).count());
+  }
+  return median(wall);
+}
+
 struct ModelRow {
   std::string shape;
   double weight_gb, limit_ms, decode_ms, decode_nopdl_ms, host_ms, tree32_ms, tree64_ms;
@@ -327,17 +342,7 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
       r.limit_ms = m->weight_bytes_per_step() / (bw_tbs * 1e12) * 1e3;
     }
     if (pdl && !megakernel_only) {
-      // host-synchronous greedy step (descriptor upload + graph + arg-max copy)
-      std::vector<float> wall;
-      std::vector<int32_t> am;
-      for (int i = 0; i < (quick ? 20 : 60); ++i) {
-        m->truncate_committed(ctx);
-        const auto t0 = std::chrono::steady_clock::now();
-        m->forward_argmax(decode_batch(ctx), am);
-        const auto t1 = std::chrono::steady_clock::now();
-        wall.push_back(std::chrono::duration<float, std::milli>(t1 - t0).count());
-      }
-      r.host_ms = median(wall);
+      r.host_ms = host_sync_decode_ms(*m, ctx, quick ? 20 : 60);
       m->truncate_committed(ctx);
       if (which == "llama3-8b") {
         const int t32 = m->debug_prepare(tree_batch(32, ctx, 5), false);
@@ -374,16 +379,7 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
     auto m = make_cuda_model_random(cfg, opt, co, 42);
     m->debug_fill_committed_random(ctx, 43);
     r.mk_decode_ms = m->debug_replay_ms(m->debug_prepare(decode_batch(ctx), false), iters);
-    std::vector<float> wall;
-    std::vector<int32_t> am;
-    for (int i = 0; i < (quick ? 20 : 60); ++i) {
-      m->truncate_committed(ctx);
-      const auto t0 = std::chrono::steady_clock::now();
-      m->forward_argmax(decode_batch(ctx), am);
-      const auto t1 = std::chrono::steady_clock::now();
-      wall.push_back(std::chrono::duration<float, std::milli>(t1 - t0).count());
-    }
-    r.mk_host_ms = median(wall);
+    r.mk_host_ms = host_sync_decode_ms(*m, ctx, quick ? 20 : 60);
     std::printf("model %-13s megakernel decode %.4f ms (host-synchronous %.4f ms) [%s]\n", which.c_str(),
                 r.mk_decode_ms, r.mk_host_ms, m->debug_gemm_plans().c_str());
     std::fflush(stdout);
