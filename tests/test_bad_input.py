@@ -250,6 +250,9 @@ def test_cpp_example_reports_bad_checkpoint(tmp_path):
     (["--temperature", "nan", "hi"], "--temperature must be a finite number >= 0, got nan"),
     (["--max-new-tokens", "5000", "hi"], "--max-new-tokens 5000 does not fit in --max-context 4096"),
     (["   "], "the prompt is empty"),
+    (["--placement", '{"target": {"megakernel": "yes"}}', "hi"], "--placement: placement.target.megakernel must be true or false"),
+    (["--placement", "{not json", "hi"], "--placement:"),
+    (["--placement", "no-such-file.json", "hi"], "--placement: placement 'no-such-file.json' is neither 'auto'"),
 ])
 def test_cli_generate_names_the_flag_before_loading(tmp_path, extra, message):
     """Bad generate options fail at once (a missing --target is never opened) naming the flag."""

@@ -38,6 +38,10 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=0, help="CPU threads per model (0: all cores)")
     p.add_argument("--max-context", type=int, default=4096,
                    help="tokens of KV cache per model: prompt + new tokens must fit (default 4096)")
+    p.add_argument("--placement", metavar="JSON|FILE|auto",
+                   help="where the draft and target groups run and with which options (swiftspec.placement): "
+                        "JSON text, a .json file or 'auto'; e.g. '{\"target\": {\"megakernel\": true}}' "
+                        "(cuda: target-only decoding with the decode megakernel)")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, ids, timing) instead of text")
     p.set_defaults(run=run)
 
@@ -60,6 +64,14 @@ def check_options(args: argparse.Namespace) -> None:
     if args.max_new_tokens >= args.max_context:
         raise InvalidRequestError(f"--max-new-tokens {args.max_new_tokens} does not fit in --max-context "
                                   f"{args.max_context} (the prompt needs room too): raise --max-context")
+    if args.placement is not None:
+        from swiftspec.errors import SwiftspecError
+        from swiftspec.placement import normalize
+
+        try:
+            args.placement = normalize(args.placement)
+        except (SwiftspecError, ValueError) as exc:  # what depends on the backend is checked at load
+            raise InvalidRequestError(f"--placement: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         draft = DEFAULT_PAIR["draft"]
     print(f"[swiftspec] loading target {target}" + (f" and draft {draft}" if draft else ""), file=sys.stderr)
     engine = Engine(target, draft, backend=args.backend, dtype=args.dtype, num_threads=args.threads,
-                    max_context=args.max_context)
+                    max_context=args.max_context, placement=args.placement)
     if args.raw:
         request = prompt
     else:
