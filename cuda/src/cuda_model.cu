@@ -139,6 +139,9 @@ class CudaModelImpl final : public CudaModel {
       green_ = std::make_unique<GreenContext>(copt_.device, copt_.sm_first, copt_.sm_count);
       num_sms_ = green_->sm_count();
     }
+    // The megakernel's plan first: a shape it cannot run is refused before any
+    // stream, event or buffer exists (nothing to leak).
+    if (copt_.megakernel) plan_megakernel();
     ModelScope scope(copt_.device, green_.get());
     if (green_) stream_ = green_->create_stream(copt_.stream_priority);
     else SS_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, copt_.stream_priority));
@@ -472,7 +475,7 @@ class CudaModelImpl final : public CudaModel {
     if (mk_)
       out += "megakernel ctas=" + std::to_string(mk_plan_.ctas) + " slots=" + std::to_string(mk_plan_.num_slots) +
              "x" + std::to_string(mk_plan_.slot_bytes) + " smem=" + std::to_string(mk_plan_.smem_bytes) +
-             " max_splits=" + std::to_string(mk_plan_.max_splits) + (mk_cooperative_ ? " cooperative" : " plain") + "\n";
+             " max_splits=" + std::to_string(mk_plan_.max_splits) + " cooperative\n";
     return out;
   }
 
@@ -582,8 +585,9 @@ class CudaModelImpl final : public CudaModel {
     SS_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
-  /// The decode megakernel's plan, layer table and scratch (CudaModelOptions::megakernel).
-  void setup_megakernel() {
+  /// The decode megakernel's shape and plan (CudaModelOptions::megakernel);
+  /// throws InvalidArgument for a shape it cannot run.
+  void plan_megakernel() {
     MegaShape ms;
     ms.hidden = cfg_.hidden_size;
     ms.intermediate = cfg_.intermediate_size;
@@ -591,9 +595,9 @@ class CudaModelImpl final : public CudaModel {
     ms.num_kv_heads = cfg_.num_kv_heads;
     ms.head_dim = cfg_.head_dim;
     ms.vocab = cfg_.vocab_size;
-    ms.vocab_rows = vocab_rows_;
+    ms.vocab_rows = (cfg_.vocab_size + 15) / 16 * 16;
     ms.num_layers = cfg_.num_layers;
-    ms.slots = slots_;
+    ms.slots = opt_.max_context + opt_.max_tree;
     ms.max_context = opt_.max_context;
     ms.neox = cfg_.rope_style == RopeStyle::NeoX ? 1 : 0;
     ms.eps = cfg_.rms_norm_eps;
@@ -601,6 +605,10 @@ class CudaModelImpl final : public CudaModel {
     SS_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, copt_.device));
     mk_shape_ = ms;
     mk_plan_ = plan_decode_megakernel(ms, num_sms_, max_smem);
+  }
+
+  /// The decode megakernel's kernel attribute and scratch buffers (after plan_megakernel()).
+  void setup_megakernel() {
     configure_decode_megakernel(mk_plan_);
     mk_layers_.allocate(sizeof(MegaLayer) * cfg_.num_layers);
     const size_t parts = static_cast<size_t>(cfg_.num_heads) * mk_plan_.max_splits;
@@ -830,22 +838,14 @@ class CudaModelImpl final : public CudaModel {
   }
 
   /// One single-token step as the decode megakernel (its own graph per
-  /// logits mode). Falls back to a plain (non-cooperative) launch if the
-  /// driver refuses to capture a cooperative kernel.
+  /// logits mode). Always a cooperative launch: its CTAs wait on each other, so
+  /// they must all be resident (a plain launch could deadlock beside another
+  /// megakernel on the same SMs); there is deliberately no fallback.
   void run_megakernel_step(LogitsMode mode, bool write_logits) {
     const int key = 1000 + static_cast<int>(mode) * 2 + (write_logits ? 1 : 0);
     auto rec = [&](cudaStream_t s) { record_megakernel_step(s, mode, write_logits); };
-    if (!copt_.use_graphs) {
-      rec(stream_);
-      return;
-    }
-    try {
-      graphs_.launch(key, stream_, rec);
-    } catch (const CudaError&) {
-      if (!mk_cooperative_) throw;
-      mk_cooperative_ = false;
-      graphs_.launch(key, stream_, rec);
-    }
+    if (!copt_.use_graphs) rec(stream_);
+    else graphs_.launch(key, stream_, rec);
   }
 
   void record_megakernel_step(cudaStream_t s, LogitsMode mode, bool write_logits) {
@@ -868,7 +868,7 @@ class CudaModelImpl final : public CudaModel {
     p.sync = mk_sync_.as<unsigned>();
     p.lm_head = mode == LogitsMode::None ? 0 : 1;
     p.trace = mk_trace_ ? mk_trace_.as<unsigned long long>() : nullptr;
-    launch_decode_megakernel(p, mk_cooperative_, s);
+    launch_decode_megakernel(p, true, s);
   }
 
   const int* desc_field(size_t offset) const {
@@ -1041,7 +1041,6 @@ class CudaModelImpl final : public CudaModel {
 
   // Decode megakernel (CudaModelOptions::megakernel)
   bool mk_ = false;
-  bool mk_cooperative_ = true;
   MegaShape mk_shape_;
   MegaPlan mk_plan_;
   DeviceBuffer mk_layers_, mk_part_o_, mk_part_ml_, mk_sync_, mk_trace_;

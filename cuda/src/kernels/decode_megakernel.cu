@@ -659,6 +659,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
   __syncthreads();
   if (tid == 0) {
     unsigned* done = p.sync + L * kCtrPerLayer;
+    // The CTA's last release (a counter no one may wait on any more) must land
+    // before its completion count, or the reset below could be overtaken by it
+    // and the next launch would start from a stale counter.
+    __threadfence();
     if (atomicAdd(done, 1u) == static_cast<unsigned>(G - 1)) {
       __threadfence();
       for (int i = 0; i < L * kCtrPerLayer; ++i) p.sync[i] = 0u;
@@ -707,7 +711,7 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem) {
   ns = std::min<long long>(ns, 16);
   if (ns < 2)
     bad("the ring needs two slots of " + std::to_string(pl.slot_bytes) + " bytes; " + std::to_string(max_smem) +
-        " bytes of shared memory leave " + std::to_string(ns));
+        " bytes of shared memory leave room for " + std::to_string(std::max<long long>(ns, 0)));
   pl.num_slots = static_cast<int>(ns);
   pl.smem_bytes = static_cast<size_t>(fixed) + static_cast<size_t>(ns) * (pl.slot_bytes + 8);
   return pl;
