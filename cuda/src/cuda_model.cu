@@ -614,7 +614,7 @@ class CudaModelImpl final : public CudaModel {
     const size_t parts = static_cast<size_t>(cfg_.num_heads) * mk_plan_.max_splits;
     mk_part_o_.allocate(sizeof(float) * parts * cfg_.head_dim);
     mk_part_ml_.allocate(sizeof(float2) * parts);
-    mk_sync_.allocate(sizeof(unsigned) * decode_megakernel_sync_words(ms));
+    mk_sync_.allocate(sizeof(unsigned) * decode_megakernel_sync_words(mk_shape_));
     SS_CUDA_CHECK(cudaMemsetAsync(mk_sync_.get(), 0, mk_sync_.bytes(), stream_));
     if (copt_.megakernel_trace) {
       mk_trace_.allocate(sizeof(unsigned long long) * (6 * static_cast<size_t>(cfg_.num_layers) + 1) * mk_plan_.ctas * 2);
