@@ -15,6 +15,7 @@
 #   SKIP_PEER=1, SKIP_GEMM_BENCH=1, BUILD_DIR (default build/gpu), JOBS (default nproc),
 #   BENCH_ARGS (extra swiftspec-cuda-bench flags, e.g. "--sweep --mma-models" or "--megakernel-only"),
 #   CHECK_ARGS (extra swiftspec-cuda-check flags, e.g. "--megakernel-only"),
+#   NCU_MEGAKERNEL (a shape: also an Nsight Compute profile of one megakernel step, as CSV),
 #   BUDGET_S (default 560: seconds the whole script may take; waits are cut to fit)
 # nlohmann-json headers: a carried .whl/nlohmann_json-*.whl, an installed
 # nlohmann_json Python package, or SWIFTSPEC_JSON_INCLUDE_DIR.
@@ -81,6 +82,19 @@ if [ -x "$BIN/swiftspec-cuda-check" ]; then
   timeout 150 "$BIN/swiftspec-cuda-check" --json "$OUT/check.json" ${CHECK_ARGS:-} > "$OUT/check.log" 2>&1
   log "checks exit $? ($(grep -c ' PASS' "$OUT/check.log") pass, $(grep -c ' FAIL' "$OUT/check.log") fail)"
   grep ' FAIL' "$OUT/check.log" | head -20
+fi
+
+# ---- 3b. optional: Nsight Compute profile of one decode-megakernel step ------------
+# NCU_MEGAKERNEL=<shape> (e.g. qwen2.5-0.5b): the full section set with source
+# counters (built with -lineinfo), as CSV: details (throughput, stalls, occupancy) and
+# per-source-line samples, to find what the trace (--megakernel-trace) only locates.
+if [ -n "${NCU_MEGAKERNEL:-}" ] && [ -x "$BIN/swiftspec-cuda-bench" ]; then
+  log "ncu profile of the decode megakernel ($NCU_MEGAKERNEL)"
+  timeout 240 ncu --set full --import-source yes --kernel-name regex:decode_megakernel -c 1 -f -o /tmp/ncu_mk \
+    "$BIN/swiftspec-cuda-bench" --profile "$NCU_MEGAKERNEL" --profile-megakernel > "$OUT/ncu_mk.log" 2>&1
+  ncu -i /tmp/ncu_mk.ncu-rep --page details --csv > "$OUT/ncu_mk_details.csv" 2>> "$OUT/ncu_mk.log"
+  ncu -i /tmp/ncu_mk.ncu-rep --page source --csv --print-source cuda,sass > "$OUT/ncu_mk_source.csv" 2>> "$OUT/ncu_mk.log"
+  log "ncu done ($(wc -l < "$OUT/ncu_mk_source.csv") source rows)"
 fi
 
 # ---- 4. our benchmark (after the peers finished compiling) ------------------------

@@ -18,7 +18,8 @@
 //    activations) per GEMM shape; --mma-models: each model step also with the
 //    mma.sync engine (SWIFTSPEC_GEMM_ENGINE=mma); --pdl-early: also with GEMMs
 //    releasing their dependents at entry (SWIFTSPEC_GEMM_PDL_EARLY=1).
-//  * --profile SHAPE [--profile-tree N]: one greedy decode step of SHAPE (then
+//  * --profile SHAPE [--profile-tree N] [--profile-megakernel]: one greedy decode
+//    step of SHAPE (as the decode megakernel with --profile-megakernel; then
 //    a tree of N nodes, graph replayed 4 times) and nothing else, for ncu.
 //  * --megakernel-only: no GEMMs; per shape the layered decode step (PDL) and
 //    the megakernel step only. --megakernel-trace: also one traced megakernel
@@ -399,6 +400,7 @@ int main(int argc, char** argv) {
   bool mk_trace = false;
   std::string profile;
   int profile_tree = 0;
+  bool profile_megakernel = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
@@ -414,6 +416,7 @@ int main(int argc, char** argv) {
     }
     if (a == "--profile" && i + 1 < argc) profile = argv[++i];
     if (a == "--profile-tree" && i + 1 < argc) profile_tree = std::atoi(argv[++i]);
+    if (a == "--profile-megakernel") profile_megakernel = true;
   }
   if (!profile.empty()) {
     // One greedy decode step of SHAPE (for a kernel profiler such as ncu).
@@ -421,11 +424,14 @@ int main(int argc, char** argv) {
       ModelOptions opt;
       opt.max_context = 1024;
       opt.max_tree = 128;
-      auto m = make_cuda_model_random(shape_config(profile), opt, CudaModelOptions{}, 42);
+      CudaModelOptions pco;
+      pco.megakernel = profile_megakernel;
+      auto m = make_cuda_model_random(shape_config(profile), opt, pco, 42);
       m->debug_fill_committed_random(512, 43);
       std::vector<int32_t> am;
       m->forward_argmax(decode_batch(512), am);
-      std::printf("profile %s: one decode step, argmax %d\n", profile.c_str(), am.empty() ? -1 : am[0]);
+      std::printf("profile %s: one decode step%s, argmax %d\n", profile.c_str(),
+                  profile_megakernel ? " (decode megakernel)" : "", am.empty() ? -1 : am[0]);
       if (profile_tree > 0) {
         // Then 4 replays (3 warm-up + 1) of the graph of a tree of N nodes.
         m->truncate_committed(512);
