@@ -868,7 +868,7 @@ class CudaModelImpl final : public CudaModel {
     p.sync = mk_sync_.as<unsigned>();
     p.lm_head = mode == LogitsMode::None ? 0 : 1;
     p.trace = mk_trace_ ? mk_trace_.as<unsigned long long>() : nullptr;
-    launch_decode_megakernel(p, true, s);
+    launch_decode_megakernel(p, s);
   }
 
   const int* desc_field(size_t offset) const {

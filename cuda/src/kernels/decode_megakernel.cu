@@ -742,7 +742,7 @@ void configure_decode_megakernel(const MegaPlan& plan) {
                     " bytes of shared memory does not fit on an SM");
 }
 
-void launch_decode_megakernel(const MegaParams& p, bool cooperative, cudaStream_t stream) {
+void launch_decode_megakernel(const MegaParams& p, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(p.plan.ctas);
   cfg.blockDim = dim3(kThreads);
@@ -752,7 +752,7 @@ void launch_decode_megakernel(const MegaParams& p, bool cooperative, cudaStream_
   attr[0].id = cudaLaunchAttributeCooperative;  // all CTAs co-resident: they wait on each other
   attr[0].val.cooperative = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = cooperative ? 1 : 0;
+  cfg.numAttrs = 1;
   SS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_megakernel_kernel, p));
 }
 

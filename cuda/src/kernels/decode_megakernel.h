@@ -117,11 +117,11 @@ struct MegaParams {
 /// launch on each device (outside graph capture).
 void configure_decode_megakernel(const MegaPlan& plan);
 
-/// Launches one step (desc->n must be 1) on `stream`; `cooperative`: as a
-/// cooperative launch (the driver guarantees that all CTAs are co-resident,
-/// which the CTAs' waits on each other need when another kernel shares the
-/// SMs). Graph-capturable. Throws CudaError on a launch failure. A CTA that
-/// waits more than ~10 s for another traps (a bug, never a hang).
-void launch_decode_megakernel(const MegaParams& p, bool cooperative, cudaStream_t stream);
+/// Launches one step (desc->n must be 1) on `stream` as a cooperative launch:
+/// the driver guarantees that all CTAs are co-resident, which their waits on
+/// each other need (a plain launch beside another kernel on the same SMs could
+/// deadlock). Graph-capturable. Throws CudaError on a launch failure. A CTA
+/// that waits more than ~10 s for another traps (a bug, never a hang).
+void launch_decode_megakernel(const MegaParams& p, cudaStream_t stream);
 
 }  // namespace swiftspec::cuda
