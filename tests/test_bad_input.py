@@ -253,6 +253,10 @@ def test_cpp_example_reports_bad_checkpoint(tmp_path):
     (["--placement", '{"target": {"megakernel": "yes"}}', "hi"], "--placement: placement.target.megakernel must be true or false"),
     (["--placement", "{not json", "hi"], "--placement:"),
     (["--placement", "no-such-file.json", "hi"], "--placement: placement 'no-such-file.json' is neither 'auto'"),
+    (["--placement", '{"target": {"megakernel": true}}', "hi"],
+     "--placement: placement.target.megakernel applies to the cuda backend only (add --backend cuda"),
+    (["--placement", '{"draft": {"sm_partition": [0, 16]}, "target": {"devices": [0]}}', "hi"],
+     "--placement: placement.draft.sm_partition, placement.target.devices applies to the cuda backend only"),
 ])
 def test_cli_generate_names_the_flag_before_loading(tmp_path, extra, message):
     """Bad generate options fail at once (a missing --target is never opened) naming the flag."""
@@ -268,3 +272,16 @@ def test_cpp_example_help():
     proc = subprocess.run([str(binary("swiftspec-decode")), "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "usage: swiftspec-decode --checkpoint DIR" in proc.stdout
     assert "--mode target|serial|async" in proc.stdout
+
+
+def test_cli_generate_cpu_placement_and_an_ignored_draft_group(checkpoint_dir):
+    """--placement on the cpu backend places the target on the cores it names; a draft group
+    placed without a draft model is reported, not silently dropped."""
+    target = checkpoint_dir("qwen2.5-coder-0.5b-instruct", "bfloat16")
+    proc = subprocess.run([sys.executable, "-m", "swiftspec.cli", "generate", "--target", str(target),
+                           "--max-new-tokens", "2", "--json", "--placement",
+                           '{"target": {"cores": [[0]]}, "draft": {"cores": [[0]]}}', "Say hi"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "--placement: the draft group is ignored: no draft model is loaded" in proc.stderr
+    assert len(json.loads(proc.stdout)["token_ids"]) == 2

@@ -70,6 +70,23 @@ def normalize(placement, *, target_tp: int | None = None, draft_tp: int | None =
     return out
 
 
+#: Group fields that only the cuda backend understands (the runtime rejects them on the cpu).
+CUDA_ONLY_FIELDS = ("devices", "sm_partition", "stream_priority", "gemm_engine", "megakernel")
+
+
+def cuda_only_fields(placement: dict) -> list[str]:
+    """The CUDA-only settings a normalized placement asks for, as ``placement.<group>.<field>``
+    (empty when none): what a cpu-backend run has to refuse."""
+    return [f"placement.{group}.{field}" for group in ("draft", "target")
+            for field in CUDA_ONLY_FIELDS if field in placement.get(group, {})]
+
+
+def is_default_group(group: dict) -> bool:
+    """True when a normalized group places nothing (TP 1, no cores, no threads, no CUDA field)."""
+    return (group.get("tp", 1) == 1 and not group.get("cores") and not group.get("threads_per_rank")
+            and not any(field in group for field in CUDA_ONLY_FIELDS))
+
+
 def load_models(target_dir, draft_dir, placement: dict, *, backend: str = "cpu", max_context: int = 4096,
                 max_tree: int = 256, num_threads: int = 0):
     """Loads the target (and draft, unless ``draft_dir`` is None) where ``placement`` says.

@@ -28,11 +28,13 @@ def add_parser(sub) -> None:
         description="Run prompt sets through decode configurations (target-only, serial and async "
         "speculation, tree budgets, backends) and peers; report TTFT, TPOT, tokens/s, acceptance length, "
         "speedups and output checks as JSON, Markdown and PNG plots.",
-        epilog="Configuration grammar: MODE[:chain[N]|:tree[N]][:bN][:dN][:tpN][:dtpN][:smN][:dgN][:dmma][:hp]"
-        "[@cpu|@cuda], MODE = target (options: tpN only)|serial|async, or hf:target|hf:assisted "
+        epilog="Configuration grammar: MODE[:chain[N]|:tree[N]][:bN][:dN][:tpN][:dtpN][:smN][:dgN][:dmma][:dmk][:hp]"
+        "[@cpu|@cuda], MODE = target (options: tpN, mk)|serial|async, or hf:target|hf:assisted "
         "(--peers hf adds both). cuda only: smN (draft on N SMs of one GPU), dgN (draft on GPU N), dmma (draft "
-        "GEMMs on mma.sync), hp (target stream priority). Examples: target, serial:chain, serial:chain6, "
-        "serial:tree16, serial:tree32:b4:d6, async:tree64@cuda, target:tp2, async:tree16:tp2:dg1@cuda. "
+        "GEMMs on mma.sync), dmk (the draft's single-token steps as the decode megakernel), mk (target-only "
+        "decoding with the decode megakernel; its outputs are checked against plain target), hp (target "
+        "stream priority). Examples: target, serial:chain, serial:chain6, serial:tree16, serial:tree32:b4:d6, "
+        "async:tree64@cuda, target:tp2, async:tree16:tp2:dg1@cuda, target:mk@cuda, async:tree16:dmk@cuda. "
         "Full grammar: python/swiftspec/bench/config.py.",
     )
     # Values are taken as strings and checked in run(), so a bad value gives one line and exit 2.

@@ -40,8 +40,10 @@ def add_parser(sub) -> None:
                    help="tokens of KV cache per model: prompt + new tokens must fit (default 4096)")
     p.add_argument("--placement", metavar="JSON|FILE|auto",
                    help="where the draft and target groups run and with which options (swiftspec.placement): "
-                        "JSON text, a .json file or 'auto'; e.g. '{\"target\": {\"megakernel\": true}}' "
-                        "(cuda: target-only decoding with the decode megakernel)")
+                        "JSON text, a JSON file or 'auto'. Per group: tp, cores (one list per rank), "
+                        "threads_per_rank; cuda only: devices, sm_partition, stream_priority, gemm_engine, "
+                        "megakernel. E.g. cpu '{\"target\": {\"cores\": [[0, 1]]}}', cuda "
+                        "'{\"target\": {\"megakernel\": true}}' (target-only decoding with the decode megakernel)")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, ids, timing) instead of text")
     p.set_defaults(run=run)
 
@@ -68,10 +70,17 @@ def check_options(args: argparse.Namespace) -> None:
         from swiftspec.errors import SwiftspecError
         from swiftspec.placement import normalize
 
+        from swiftspec.placement import cuda_only_fields
+
         try:
             args.placement = normalize(args.placement)
-        except (SwiftspecError, ValueError) as exc:  # what depends on the backend is checked at load
+        except (SwiftspecError, ValueError) as exc:  # cores and devices are checked again at load
             raise InvalidRequestError(f"--placement: {exc}") from None
+        cuda_only = cuda_only_fields(args.placement)
+        if args.backend != "cuda" and cuda_only:
+            raise InvalidRequestError(f"--placement: {', '.join(cuda_only)} applies to the cuda backend only "
+                                      f"(add --backend cuda; on the {args.backend} backend place groups with "
+                                      "'cores' and 'threads_per_rank')")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,6 +98,11 @@ def run(args: argparse.Namespace) -> int:
     draft = args.draft
     if draft is None and args.target is None and not args.no_draft:
         draft = DEFAULT_PAIR["draft"]
+    if args.placement is not None and draft is None:
+        from swiftspec.placement import is_default_group
+
+        if not is_default_group(args.placement["draft"]):
+            print("[swiftspec] --placement: the draft group is ignored: no draft model is loaded", file=sys.stderr)
     print(f"[swiftspec] loading target {target}" + (f" and draft {draft}" if draft else ""), file=sys.stderr)
     engine = Engine(target, draft, backend=args.backend, dtype=args.dtype, num_threads=args.threads,
                     max_context=args.max_context, placement=args.placement)
