@@ -127,6 +127,13 @@ class BenchConfig:
         return d
 
 
+#: Flag options of speculative configurations that need the cuda backend, and what each does.
+_CUDA_FLAGS = {
+    "dmma": "picks a CUDA GEMM engine",
+    "dmk": "runs the CUDA decode megakernel",
+    "hp": "sets a CUDA stream priority",
+}
+
 _SHAPE = re.compile(r"^(chain|tree)(\d*)$")
 _OPTION = re.compile(r"^(b|d|tp|dtp|sm|dg)(\d+)$")
 
@@ -207,38 +214,20 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
     target_tp, draft_tp = 1, 1
     draft_sms = None
     draft_gpu = None
-    draft_engine = None
-    draft_megakernel = False
-    target_priority = False
+    flags: set[str] = set()
     seen: set[str] = set()
     for opt in rest:
-        if opt == "dmk":
-            if draft_megakernel:
-                raise BenchConfigError(f"configuration {raw!r}: option 'dmk' given twice")
+        if opt in _CUDA_FLAGS:
+            if opt in flags:
+                raise BenchConfigError(f"configuration {raw!r}: option {opt!r} given twice")
             if backend != "cuda":
-                raise BenchConfigError(f"configuration {raw!r}: dmk runs the CUDA decode megakernel; it needs the "
-                                       f"cuda backend, not {backend!r}")
-            draft_megakernel = True
+                raise BenchConfigError(f"configuration {raw!r}: {opt} {_CUDA_FLAGS[opt]}; it needs the cuda "
+                                       f"backend, not {backend!r}")
+            flags.add(opt)
             continue
         if opt == "mk":
             raise BenchConfigError(f"configuration {raw!r}: mk applies to target-only decoding (target:mk); "
                                    "the draft's is dmk")
-        if opt == "dmma":
-            if draft_engine is not None:
-                raise BenchConfigError(f"configuration {raw!r}: option 'dmma' given twice")
-            if backend != "cuda":
-                raise BenchConfigError(f"configuration {raw!r}: dmma picks a CUDA GEMM engine; it needs the cuda "
-                                       f"backend, not {backend!r}")
-            draft_engine = "mma"
-            continue
-        if opt == "hp":
-            if target_priority:
-                raise BenchConfigError(f"configuration {raw!r}: option 'hp' given twice")
-            if backend != "cuda":
-                raise BenchConfigError(f"configuration {raw!r}: hp sets a CUDA stream priority; it needs the cuda "
-                                       f"backend, not {backend!r}")
-            target_priority = True
-            continue
         m = _OPTION.match(opt)
         if not m:
             raise BenchConfigError(
@@ -269,6 +258,9 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
                                        f"cuda backend, not {backend!r} (add @cuda or run with --backend cuda)")
         else:
             draft_tp = _positive(raw, "draft TP degree", m.group(2))
+    draft_engine = "mma" if "dmma" in flags else None
+    draft_megakernel = "dmk" in flags
+    target_priority = "hp" in flags
     if shape == "chain" and branching != 1:
         raise BenchConfigError(f"configuration {raw!r}: a chain has branching 1; use tree{n}:b{branching}")
 
