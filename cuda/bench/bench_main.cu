@@ -23,9 +23,10 @@
 //    a tree of N nodes, graph replayed 4 times) and nothing else, for ncu.
 //  * --megakernel-only: no GEMMs; per shape the layered decode step (PDL) and
 //    the megakernel step only. --megakernel-trace: also one traced megakernel
-//    step per shape, its critical path per op kind.
+//    step per shape, its critical path per op kind. --megakernel-sweep: also
+//    the megakernel step per tuning (L2 prefetch lead, merge in the units).
 // Usage: swiftspec-cuda-bench [--json PATH] [--quick] [--no-gemm] [--sweep] [--mma-models] [--pdl-early]
-//        [--megakernel-only] [--megakernel-trace]
+//        [--megakernel-only] [--megakernel-trace] [--megakernel-sweep]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -266,6 +267,7 @@ struct ModelRow {
   double early_decode_ms, early_tree32_ms, early_tree64_ms;  ///< GEMMs release dependents at entry
   double mk_decode_ms, mk_host_ms;  ///< the decode megakernel (CudaModelOptions::megakernel)
   std::string mk_trace_json;        ///< per-op critical path (--megakernel-trace)
+  std::string mk_sweep_json;        ///< decode ms per MegaTuning (--megakernel-sweep)
 };
 
 /// The megakernel's critical path per op kind, from one traced step
@@ -322,7 +324,7 @@ std::string megakernel_trace_summary(const std::string& which, const ModelConfig
 }
 
 ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quick, bool with_mma,
-                     bool with_pdl_early, bool megakernel_only, bool mk_trace) {
+                     bool with_pdl_early, bool megakernel_only, bool mk_trace, bool mk_sweep) {
   ModelRow r{};
   r.shape = which;
   const ModelConfig cfg = shape_config(which);
@@ -386,6 +388,28 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
     std::fflush(stdout);
   }
   if (mk_trace) r.mk_trace_json = megakernel_trace_summary(which, cfg);
+  if (mk_sweep) {
+    // The megakernel's tunables (MegaTuning, set through the environment):
+    // L2 prefetch lead in chunks x merge inside the attention units.
+    static const int sweep[][2] = {{0, 1}, {4, 1}, {16, 1}, {32, 1}, {8, 0}, {0, 0}};
+    std::string json = "[";
+    for (const auto& v : sweep) {
+      setenv("SWIFTSPEC_MEGAKERNEL_L2_LEAD", std::to_string(v[0]).c_str(), 1);
+      setenv("SWIFTSPEC_MEGAKERNEL_MERGE", std::to_string(v[1]).c_str(), 1);
+      CudaModelOptions co;
+      co.megakernel = true;
+      auto m = make_cuda_model_random(cfg, opt, co, 42);
+      m->debug_fill_committed_random(ctx, 43);
+      const double ms = m->debug_replay_ms(m->debug_prepare(decode_batch(ctx), false), iters);
+      std::printf("model %-13s megakernel l2_lead=%d merge_in_units=%d decode %.4f ms\n", which.c_str(), v[0], v[1], ms);
+      std::fflush(stdout);
+      json += std::string(json.size() > 1 ? ", " : "") + "{\"l2_lead\": " + std::to_string(v[0]) +
+              ", \"merge_in_units\": " + std::to_string(v[1]) + ", \"decode_ms\": " + num(ms) + "}";
+    }
+    unsetenv("SWIFTSPEC_MEGAKERNEL_L2_LEAD");
+    unsetenv("SWIFTSPEC_MEGAKERNEL_MERGE");
+    r.mk_sweep_json = json + "]";
+  }
   if (with_mma) variant("SWIFTSPEC_GEMM_ENGINE", "mma", "engine=mma", r.mma_decode_ms, r.mma_tree32_ms, r.mma_tree64_ms);
   if (with_pdl_early)
     variant("SWIFTSPEC_GEMM_PDL_EARLY", "1", "gemm-pdl-early", r.early_decode_ms, r.early_tree32_ms, r.early_tree64_ms);
@@ -397,7 +421,7 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
 int main(int argc, char** argv) {
   std::string json_path;
   bool quick = false, gemms = true, sweep = false, models_mma = false, models_pdl_early = false, mk_only = false;
-  bool mk_trace = false;
+  bool mk_trace = false, mk_sweep = false;
   std::string profile;
   int profile_tree = 0;
   bool profile_megakernel = false;
@@ -410,6 +434,7 @@ int main(int argc, char** argv) {
     if (a == "--mma-models") models_mma = true;
     if (a == "--pdl-early") models_pdl_early = true;
     if (a == "--megakernel-trace") mk_trace = true;
+    if (a == "--megakernel-sweep") mk_sweep = true;
     if (a == "--megakernel-only") {
       mk_only = true;
       gemms = false;
@@ -469,7 +494,7 @@ int main(int argc, char** argv) {
     }
     const int ctx = 512;
     std::vector<ModelRow> models;
-    for (const char* w : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"}) models.push_back(bench_model(w, bw, ctx, quick, models_mma, models_pdl_early, mk_only, mk_trace));
+    for (const char* w : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"}) models.push_back(bench_model(w, bw, ctx, quick, models_mma, models_pdl_early, mk_only, mk_trace, mk_sweep));
     std::string arr = "[";
     for (size_t i = 0; i < models.size(); ++i) {
       const auto& m = models[i];
@@ -484,6 +509,7 @@ int main(int argc, char** argv) {
              ", \"megakernel_decode_ms\": " + num(m.mk_decode_ms) + ", \"megakernel_host_sync_ms\": " + num(m.mk_host_ms) +
              ", \"megakernel_frac_of_limit\": " + num(m.limit_ms / m.mk_decode_ms) +
              (m.mk_trace_json.empty() ? "" : ", \"megakernel_trace\": " + m.mk_trace_json) +
+             (m.mk_sweep_json.empty() ? "" : ", \"megakernel_sweep\": " + m.mk_sweep_json) +
              (m.early_decode_ms > 0 ? ", \"gemm_pdl_early_decode_ms\": " + num(m.early_decode_ms) : "") +
              (m.early_tree32_ms > 0 ? ", \"gemm_pdl_early_tree32_ms\": " + num(m.early_tree32_ms) +
                                           ", \"gemm_pdl_early_tree64_ms\": " + num(m.early_tree64_ms) : "") + "}";

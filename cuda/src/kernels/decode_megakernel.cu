@@ -1,9 +1,20 @@
 // The decode megakernel (decode_megakernel.h): a whole single-token step as
 // one persistent kernel. Layout of this file: synchronization and copy
 // primitives; the weight streams (which rows of which matrix a CTA reads, in
-// step order) and the ring that prefetches them; the per-chunk GEMV; the
-// prologues (input vector, RMSNorm); attention; the kernel; the plan.
+// step order); the producer warp that streams them into the ring; the
+// consumer warps' GEMV over the ring; the prologues (input vector, RMSNorm);
+// attention; the kernel; the plan.
+//
+// Roles inside a CTA (warp specialization): warps 0-7 are consumers (all the
+// arithmetic, synchronized among themselves by named barrier 1), warp 8's
+// lane 0 is the producer. The producer never waits for arithmetic except for
+// a free ring slot: each slot has a "full" mbarrier (completed by the TMA
+// bytes) and an "empty" one (one arrival per consumer warp). Consumer warp w
+// owns the rows i of every stream with i % 8 == w (i counted from the CTA's
+// first row of that stream), so a chunk needs no CTA barrier: each warp
+// reads its rows, then arrives on the slot's empty barrier.
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -16,8 +27,9 @@ namespace swiftspec::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
+constexpr int kWarps = 8;                    ///< consumer warps
+constexpr int kConsumers = kWarps * 32;      ///< consumer threads
+constexpr int kThreads = kConsumers + 32;    ///< + the producer warp
 /// Counters per layer, in step order (also the trace's op slots; the LM head
 /// is slot kCtrPerLayer * num_layers).
 enum Counter { kCtrQKV = 0, kCtrAttn = 1, kCtrMerge = 2, kCtrO = 3, kCtrGateUp = 4, kCtrDown = 5, kCtrPerLayer = 6 };
@@ -25,8 +37,10 @@ enum Counter { kCtrQKV = 0, kCtrAttn = 1, kCtrMerge = 2, kCtrO = 3, kCtrGateUp =
 enum StreamKind { kStreamQKV = 0, kStreamO = 1, kStreamGateUp = 2, kStreamDown = 3, kStreamsPerLayer = 4 };
 /// Keys per attention unit (kv head, split): 8 warps x 4 keys in flight.
 constexpr int kKeysPerSplit = 32;
-/// Shared memory the plan reserves besides slots, x and misc: reduction
-/// scratch (16 floats, 8 keys, 4 ints) and alignment slack.
+/// Splits whose partial states one thread loads at once in a merge.
+constexpr int kMergeBatch = 16;
+/// Shared memory the plan reserves besides slots, x, misc, tables and
+/// barriers: reduction scratch (16 floats, 8 keys, 4 ints) and alignment slack.
 constexpr int kSmallBytes = 256;
 constexpr int kAlignSlack = 128;
 
@@ -50,27 +64,37 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
       "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
       : "memory");
 }
+/// Bulk prefetch global -> L2 (bytes % 16 == 0): the weights beyond the ring
+/// are on their way while the arithmetic waits on a dependency.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+/// Barrier of the consumer warps only (the producer warp never joins).
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory"); }
 
-/// Thread 0 waits until *ctr >= target (acquire at GPU scope), then the CTA
-/// proceeds. Traps after ~10 s: a producer that never arrives is a bug, and a
-/// trap reports it where a hang would not.
+/// Consumer thread 0 waits until *ctr >= target (acquire at GPU scope), then
+/// the consumers proceed. Traps after ~10 s: a producer that never arrives is
+/// a bug, and a trap reports it where a hang would not.
 __device__ __forceinline__ void wait_counter(const unsigned* ctr, unsigned target) {
   if (threadIdx.x == 0 && ld_acquire_gpu(ctr) < target) {
     const long long t0 = clock64();
     while (ld_acquire_gpu(ctr) < target)
       if (clock64() - t0 > 20000000000LL) __trap();
   }
-  __syncthreads();
+  consumer_sync();
 }
-/// The CTA's writes so far (ordered by the barrier) are released to the
+/// The consumers' writes so far (ordered by the barrier) are released to the
 /// waiters of `ctr` (the pattern of CUTLASS's generic barrier).
 __device__ __forceinline__ void signal_counter(unsigned* ctr) {
-  __syncthreads();
+  consumer_sync();
   if (threadIdx.x == 0) red_release_gpu_add(ctr, 1u);
 }
 
-/// Trace (MegaParams::trace): thread 0 stamps the global timer (ns) at the
-/// start (after its wait) or the end (before its release) of op `slot`.
+/// Trace (MegaParams::trace): consumer thread 0 stamps the global timer (ns)
+/// at the start (after its wait) or the end (before its release) of op `slot`.
 __device__ __forceinline__ void trace_mark(const MegaParams& p, int slot, int which) {
   if (p.trace != nullptr && threadIdx.x == 0) {
     unsigned long long t;
@@ -84,20 +108,15 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-/// Sum over the CTA, the same value in every thread (fixed order).
+/// Sum over the consumer threads, the same value in each (fixed order).
 __device__ __forceinline__ float block_sum(float v, float* small) {
   v = warp_sum(v);
   if ((threadIdx.x & 31) == 0) small[threadIdx.x >> 5] = v;
-  __syncthreads();
+  consumer_sync();
   float t = 0.f;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) t += small[w];
-  __syncthreads();
+  consumer_sync();
   return t;
 }
 
@@ -128,7 +147,8 @@ struct Stream {
 
 /// Stream `idx` = 4 * layer + StreamKind, or 4 * num_layers for the LM head.
 /// Rows are split over the CTAs in units of 16 (QKV: RoPE pairs; gate/up:
-/// SwiGLU pairs; LM head: padded vocabulary) or 1 (O, down).
+/// SwiGLU pairs; LM head: padded vocabulary) or 1 (O, down: the same split,
+/// so a CTA owns the same residual rows in both).
 __device__ Stream stream_of(const MegaParams& p, int idx, int cta) {
   const MegaShape& s = p.s;
   const int nq = s.num_heads * s.head_dim, nkv = s.num_kv_heads * s.head_dim;
@@ -151,6 +171,7 @@ __device__ Stream stream_of(const MegaParams& p, int idx, int cta) {
   const int G = p.plan.ctas;
   st.row0 = static_cast<int>(static_cast<long long>(cta) * units / G) * unit;
   st.row1 = static_cast<int>(static_cast<long long>(cta + 1) * units / G) * unit;
+  st.pad = 0;
   return st;
 }
 
@@ -158,97 +179,133 @@ __device__ __forceinline__ int rows_per_chunk(const MegaPlan& pl, int K) {
   return max(1, pl.slot_bytes / (2 * K));
 }
 
-/// The ring's producer (thread 0 only): chunk `seq` goes to slot seq % slots.
-/// Weights do not depend on activations, so the producer runs as far ahead
-/// of the arithmetic as the ring allows, across matrices and layers.
-struct Producer {
-  int idx = 0, row = -1, last_idx = 0;
-  uint32_t seq = 0;
-  uint64_t policy = 0;
+/// A walk over the CTA's streams in step order, chunk by chunk (whole rows,
+/// at most one slot). The producer runs two: the ring's and the L2
+/// prefetch's, which runs `MegaParams::l2_lead` chunks ahead of it.
+struct ChunkWalk {
+  int idx = 0, row = -1;
+  __device__ bool next(const MegaParams& p, const Stream* table, int last_idx, const void*& src, uint32_t& bytes) {
+    while (idx <= last_idx) {
+      const Stream st = table[idx];
+      if (row < st.row0) row = st.row0;
+      if (row < st.row1) {
+        const int rows = min(rows_per_chunk(p.plan, st.K), st.row1 - row);
+        src = st.w + static_cast<size_t>(row) * st.K;
+        bytes = static_cast<uint32_t>(rows) * st.K * 2u;
+        row += rows;
+        return true;
+      }
+      ++idx;
+      row = -1;
+    }
+    return false;
+  }
 };
 
-__device__ void produce_one(const MegaParams& p, Producer& pr, const Stream* table, unsigned char* slots,
-                            uint64_t* bars) {
-  while (pr.idx <= pr.last_idx) {
-    const Stream st = table[pr.idx];
-    if (pr.row < st.row0) pr.row = st.row0;
-    if (pr.row < st.row1) {
-      const int rows = min(rows_per_chunk(p.plan, st.K), st.row1 - pr.row);
-      const uint32_t bytes = static_cast<uint32_t>(rows) * st.K * 2u;
-      const int slot = static_cast<int>(pr.seq % static_cast<uint32_t>(p.plan.num_slots));
-      mbar_arrive_expect_tx(&bars[slot], bytes);
-      bulk_load(slots + static_cast<size_t>(slot) * p.plan.slot_bytes, st.w + static_cast<size_t>(pr.row) * st.K,
-                bytes, &bars[slot], pr.policy);
-      pr.row += rows;
-      ++pr.seq;
-      return;
+/// The producer (lane 0 of warp 8): every chunk of the step in order into
+/// slot seq % slots, as soon as the consumer warps have freed that slot.
+/// Weights do not depend on activations, so it runs as far ahead of the
+/// arithmetic as the ring allows, across matrices and layers; the L2
+/// prefetches run further ahead still.
+__device__ void producer_loop(const MegaParams& p, const Stream* table, int last_idx, unsigned char* slots,
+                              uint64_t* full, uint64_t* empty) {
+  const uint64_t policy = l2_policy_evict_first();  // weights are read once per step
+  const uint32_t ns = static_cast<uint32_t>(p.plan.num_slots);
+  ChunkWalk ring, pf;
+  uint32_t seq = 0, pf_seq = 0;
+  const void* src;
+  uint32_t bytes;
+  // The prefetch walk starts past the chunks the ring loads at once.
+  for (uint32_t i = 0; i < ns && pf.next(p, table, last_idx, src, bytes); ++i) ++pf_seq;
+  while (ring.next(p, table, last_idx, src, bytes)) {
+    const void* psrc;
+    uint32_t pbytes;
+    while (pf_seq < seq + ns + static_cast<uint32_t>(p.l2_lead) && pf.next(p, table, last_idx, psrc, pbytes)) {
+      bulk_prefetch_l2(psrc, pbytes);
+      ++pf_seq;
     }
-    ++pr.idx;
-    pr.row = -1;
+    const uint32_t slot = seq % ns, round = seq / ns;
+    if (round > 0) mbar_wait(&empty[slot], (round - 1) & 1u);
+    mbar_arrive_expect_tx(&full[slot], bytes);
+    bulk_load(slots + static_cast<size_t>(slot) * p.plan.slot_bytes, src, bytes, &full[slot], policy);
+    ++seq;
   }
 }
 
-// ---------------------------------------------------------------- GEMV of one chunk
-/// Rows a warp group shares: chunks of >= 8 rows give each warp whole rows;
-/// shorter chunks split each row's K over kWarps / group warps.
-__device__ __forceinline__ int row_groups(int R) { return R >= 8 ? 8 : R >= 4 ? 4 : R >= 2 ? 2 : 1; }
-
-/// red[r * wpr + sub] = partial dot products of rows r < R of the chunk
-/// (bf16 [R][K] in shared memory) with x (bf16 [K], shared). Ends with a barrier.
-__device__ __forceinline__ void gemv_chunk(const uint4* w, const uint4* x, int R, int V, float* red) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int groups = row_groups(R);
-  const int wpr = kWarps / groups;
-  const int rg = warp / wpr, sub = warp - rg * wpr;
-  const int step = wpr * 32;
-  for (int r = rg; r < R; r += groups) {
-    const uint4* wr = w + static_cast<size_t>(r) * V;
-    float a0 = 0.f, a1 = 0.f;
-    int v = sub * 32 + lane;
-    for (; v + step < V; v += 2 * step) {
-      a0 = dot8(wr[v], x[v], a0);
-      a1 = dot8(wr[v + step], x[v + step], a1);
+// ---------------------------------------------------------------- consumer GEMV
+/// Dot products of N rows (bf16, in a ring slot, V uint4 each) with x (bf16,
+/// shared), summed over the warp: every lane returns all N (fixed order).
+template <int N>
+__device__ __forceinline__ void dot_rows(const uint4* const (&w)[4], const uint4* x, int V, int lane, float (&out)[4]) {
+  float a[N][2];
+#pragma unroll
+  for (int n = 0; n < N; ++n) a[n][0] = a[n][1] = 0.f;
+  int v = lane;
+  for (; v + 32 < V; v += 64) {
+    const uint4 x0 = x[v], x1 = x[v + 32];
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      a[n][0] = dot8(w[n][v], x0, a[n][0]);
+      a[n][1] = dot8(w[n][v + 32], x1, a[n][1]);
     }
-    if (v < V) a0 = dot8(wr[v], x[v], a0);
-    const float a = warp_sum(a0 + a1);
-    if (lane == 0) red[r * wpr + sub] = a;
   }
-  __syncthreads();
-}
-/// Row t's dot product from gemv_chunk's partials (fixed order).
-__device__ __forceinline__ float chunk_row(const float* red, int t, int R) {
-  const int wpr = kWarps / row_groups(R);
-  float s = 0.f;
-  for (int k = 0; k < wpr; ++k) s += red[t * wpr + k];
-  return s;
+  if (v < V) {
+    const uint4 x0 = x[v];
+#pragma unroll
+    for (int n = 0; n < N; ++n) a[n][0] = dot8(w[n][v], x0, a[n][0]);
+  }
+#pragma unroll
+  for (int n = 0; n < N; ++n) out[n] = a[n][0] + a[n][1];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) out[n] += __shfl_xor_sync(0xffffffffu, out[n], o);
+  }
 }
 
-/// The CTA's consumer side of the ring: sequence number of the next chunk.
+/// The consumers' position in the ring (the same sequence as the producer's).
 struct Ring {
   unsigned char* slots;
-  uint64_t* bars;
-  const Stream* table;  ///< this CTA's streams (shared memory)
+  uint64_t* full;
+  uint64_t* empty;
   uint32_t seq = 0;
 };
 
-/// Runs the chunks of stream `st` in order: waits for each chunk, computes
-/// its rows' dot products with x, hands (first row, row count, partials) to
-/// `on_chunk` (all threads), frees the slot and refills it.
+/// Consumer warps: the chunks of stream `st` in order. Each warp waits for a
+/// chunk, computes the dot products of its rows of it with x and hands each
+/// (absolute row, value) to `on_row` (all lanes, the same value), then frees
+/// the slot for the producer. No CTA barrier: warps drift apart by up to the
+/// ring's depth.
 template <class F>
-__device__ __forceinline__ void consume_stream(const MegaParams& p, const Stream& st, Ring& ring, Producer& pr,
-                                               const __nv_bfloat16* x, float* red, F&& on_chunk) {
+__device__ __forceinline__ void consume_stream(const MegaParams& p, const Stream& st, Ring& ring,
+                                               const __nv_bfloat16* x, F&& on_row) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rpc = rows_per_chunk(p.plan, st.K);
   const int V = st.K / 8;
+  const uint32_t ns = static_cast<uint32_t>(p.plan.num_slots);
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
   for (int row = st.row0; row < st.row1;) {
     const int R = min(rpc, st.row1 - row);
-    const uint32_t ns = static_cast<uint32_t>(p.plan.num_slots);
-    const int slot = static_cast<int>(ring.seq % ns);
-    mbar_wait(&ring.bars[slot], (ring.seq / ns) & 1u);
-    gemv_chunk(reinterpret_cast<const uint4*>(ring.slots + static_cast<size_t>(slot) * p.plan.slot_bytes),
-               reinterpret_cast<const uint4*>(x), R, V, red);
-    on_chunk(row, R);
-    __syncthreads();  // slot, red and on_chunk's shared outputs are free again
-    if (threadIdx.x == 0) produce_one(p, pr, ring.table, ring.slots, ring.bars);
+    const uint32_t slot = ring.seq % ns;
+    mbar_wait(&ring.full[slot], (ring.seq / ns) & 1u);
+    const uint4* w = reinterpret_cast<const uint4*>(ring.slots + static_cast<size_t>(slot) * p.plan.slot_bytes);
+    // This warp's rows of the chunk: j with (row - row0 + j) % 8 == warp.
+    for (int j = (warp - (row - st.row0)) & 7; j < R; j += 32) {
+      const int n = min(4, (R - j + 7) / 8);
+      const uint4* rows[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) rows[k] = w + static_cast<size_t>(j + 8 * min(k, n - 1)) * V;
+      float out[4];
+      if (n == 4) dot_rows<4>(rows, xv, V, lane, out);
+      else if (n == 3) dot_rows<3>(rows, xv, V, lane, out);
+      else if (n == 2) dot_rows<2>(rows, xv, V, lane, out);
+      else dot_rows<1>(rows, xv, V, lane, out);
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (k < n) on_row(row + j + 8 * k, out[k]);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&ring.empty[slot]);
     ++ring.seq;
     row += R;
   }
@@ -263,7 +320,7 @@ __device__ float load_normed_input(const MegaParams& p, bool from_embed, int tok
   float ss = 0.f;
   if (from_embed) {
     const uint4* e = reinterpret_cast<const uint4*>(p.embed + static_cast<size_t>(token) * H);
-    for (int i = threadIdx.x; i < H / 8; i += kThreads) {
+    for (int i = threadIdx.x; i < H / 8; i += kConsumers) {
       const uint4 v = __ldg(e + i);
       reinterpret_cast<uint4*>(x)[i] = v;
       const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
@@ -272,7 +329,7 @@ __device__ float load_normed_input(const MegaParams& p, bool from_embed, int tok
     }
   } else {
     const float4* h = reinterpret_cast<const float4*>(p.h32);
-    for (int i = threadIdx.x; i < H / 4; i += kThreads) {
+    for (int i = threadIdx.x; i < H / 4; i += kConsumers) {
       const float4 v = __ldcg(h + i);
       reinterpret_cast<uint2*>(x)[i] = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
       ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
@@ -285,8 +342,8 @@ __device__ float load_normed_input(const MegaParams& p, bool from_embed, int tok
 /// x = src[0, K) (bf16, written by other CTAs this step).
 __device__ void load_input(const __nv_bfloat16* src, int K, __nv_bfloat16* x) {
   const uint4* s = reinterpret_cast<const uint4*>(src);
-  for (int i = threadIdx.x; i < K / 8; i += kThreads) reinterpret_cast<uint4*>(x)[i] = __ldcg(s + i);
-  __syncthreads();
+  for (int i = threadIdx.x; i < K / 8; i += kConsumers) reinterpret_cast<uint4*>(x)[i] = __ldcg(s + i);
+  consumer_sync();
 }
 
 // ---------------------------------------------------------------- attention
@@ -311,7 +368,8 @@ __device__ __forceinline__ void load_row(const __nv_bfloat16* base, int lane, fl
   }
 }
 
-/// Key splits per kv head for the step (the same in every CTA).
+/// Key splits per kv head for the step (the same in every CTA); KVH * S
+/// never exceeds the CTAs, so a CTA runs at most one unit.
 __device__ __forceinline__ int attention_splits(const MegaParams& p, int n_keys) {
   const int S = (n_keys + kKeysPerSplit - 1) / kKeysPerSplit;
   return max(1, min(S, min(p.plan.max_splits, max(1, p.plan.ctas / p.s.num_kv_heads))));
@@ -320,18 +378,51 @@ __device__ __forceinline__ int attention_keys(const StepDesc* d) {
   return d->prefix_len[0] + (d->attend_off[1] - d->attend_off[0]);
 }
 
-/// Attention units of layer `l`: (kv head, key split) over the CTAs. In a
-/// unit the 8 warps share the keys (each key's K/V is loaded once for all
+/// Merges the S split states of query head `head`, output element dd, in
+/// split order (deterministic): the partial states are loaded kMergeBatch at
+/// a time, all in flight together.
+__device__ __forceinline__ float merge_element(const MegaParams& p, int head, int dd, int S) {
+  const int MS = p.plan.max_splits, HD = p.s.head_dim;
+  float m = -INFINITY, l = 0.f, o = 0.f;
+  for (int s0 = 0; s0 < S; s0 += kMergeBatch) {
+    float2 ml[kMergeBatch];
+    float po[kMergeBatch];
+#pragma unroll
+    for (int b = 0; b < kMergeBatch; ++b) {
+      if (s0 + b < S) {
+        const size_t idx = static_cast<size_t>(head) * MS + s0 + b;
+        ml[b] = __ldcg(p.part_ml + idx);
+        po[b] = __ldcg(p.part_o + idx * HD + dd);
+      } else {
+        ml[b] = make_float2(-INFINITY, 0.f);
+        po[b] = 0.f;
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kMergeBatch; ++b) {
+      if (ml[b].x == -INFINITY) continue;  // a split without keys, or past S
+      const float mn = fmaxf(m, ml[b].x);
+      const float fa = exp2f(m - mn), fb = exp2f(ml[b].x - mn);  // fa = 0 while m = -inf
+      l = l * fa + ml[b].y * fb;
+      o = o * fa + po[b] * fb;
+      m = mn;
+    }
+  }
+  return o / l;
+}
+
+/// The attention unit (kv head, key split) of this CTA at layer `l`, if any:
+/// the 8 warps share the unit's keys (each key's K/V is loaded once for all
 /// query heads of the kv head, 4 keys in flight per warp); the warps'
 /// online-softmax states merge in shared memory into the unit's partial
 /// (max, sum, unnormalized output) per query head, written to part_ml /
-/// part_o. merge_splits() combines the splits.
+/// part_o. Unit u < KVH * S (attention_splits); u / S is its kv head.
 template <int HD>
-__device__ void attention_units(const MegaParams& p, int l, int cta, float* scratch) {
+__device__ void attention_unit(const MegaParams& p, const MegaLayer& L, int u, float* scratch) {
   constexpr int EPL = HD / 32;
   const MegaShape& s = p.s;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int G = p.plan.ctas, KVH = s.num_kv_heads, group = s.num_heads / KVH;
+  const int KVH = s.num_kv_heads, group = s.num_heads / KVH;
   const int hmax = min(group, 8);
   const int MS = p.plan.max_splits;
   const StepDesc* d = p.desc;
@@ -339,131 +430,130 @@ __device__ void attention_units(const MegaParams& p, int l, int cta, float* scra
   const int n_keys = attention_keys(d);
   const int S = attention_splits(p, n_keys);
   const int per = (n_keys + S - 1) / S;
-  const MegaLayer& L = p.layers[l];
   const float qscale = rsqrtf(static_cast<float>(HD)) * 1.4426950408889634f;  // softmax in base 2
-
-  for (int u = cta; u < KVH * S; u += G) {
-    const int kvh = u / S, split = u - kvh * S;
-    const int k0 = split * per, k1 = min(n_keys, k0 + per);
-    const __nv_bfloat16* kc = L.kcache + static_cast<size_t>(kvh) * s.slots * HD;
-    const __nv_bfloat16* vc = L.vcache + static_cast<size_t>(kvh) * s.slots * HD;
-    for (int g0 = 0; g0 < group; g0 += 8) {
-      const int hp = min(8, group - g0);
-      float q[8][EPL], acc[8][EPL], m[8], lsum[8];
+  const int kvh = u / S, split = u - kvh * S;
+  const int k0 = split * per, k1 = min(n_keys, k0 + per);
+  const __nv_bfloat16* kc = L.kcache + static_cast<size_t>(kvh) * s.slots * HD;
+  const __nv_bfloat16* vc = L.vcache + static_cast<size_t>(kvh) * s.slots * HD;
+  for (int g0 = 0; g0 < group; g0 += 8) {
+    const int hp = min(8, group - g0);
+    float q[8][EPL], acc[8][EPL], m[8], lsum[8];
 #pragma unroll
-      for (int h = 0; h < 8; ++h) {
-        m[h] = -INFINITY;
-        lsum[h] = 0.f;
+    for (int h = 0; h < 8; ++h) {
+      m[h] = -INFINITY;
+      lsum[h] = 0.f;
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) acc[h][e] = 0.f, q[h][e] = 0.f;
-        if (h < hp) {
-          load_row<EPL>(p.q + static_cast<size_t>(kvh * group + g0 + h) * HD, lane, q[h]);
+      for (int e = 0; e < EPL; ++e) acc[h][e] = 0.f, q[h][e] = 0.f;
+      if (h < hp) {
+        load_row<EPL>(p.q + static_cast<size_t>(kvh * group + g0 + h) * HD, lane, q[h]);
 #pragma unroll
-          for (int e = 0; e < EPL; ++e) q[h][e] *= qscale;
-        }
+        for (int e = 0; e < EPL; ++e) q[h][e] *= qscale;
       }
-      for (int j = k0 + warp; j < k1; j += kWarps * 4) {
-        float kv[4][EPL], vv[4][EPL];
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          const int jj = j + b * kWarps;
-          if (jj < k1) {
-            const int idx = key_index(d, jj, prefix, a0, s.max_context);
-            load_row<EPL>(kc + static_cast<size_t>(idx) * HD, lane, kv[b]);
-            load_row<EPL>(vc + static_cast<size_t>(idx) * HD, lane, vv[b]);
-          }
-        }
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          if (j + b * kWarps >= k1) break;
-#pragma unroll
-          for (int h = 0; h < 8; ++h) {
-            if (h >= hp) break;
-            float sc = 0.f;
-#pragma unroll
-            for (int e = 0; e < EPL; ++e) sc = fmaf(q[h][e], kv[b][e], sc);
-            sc = warp_sum(sc);
-            const float mn = fmaxf(m[h], sc);
-            const float corr = exp2f(m[h] - mn);  // 0 when m was -inf
-            const float pr = exp2f(sc - mn);
-            lsum[h] = lsum[h] * corr + pr;
-#pragma unroll
-            for (int e = 0; e < EPL; ++e) acc[h][e] = fmaf(pr, vv[b][e], acc[h][e] * corr);
-            m[h] = mn;
-          }
-        }
-      }
-      // Merge the 8 warps' states per head: scratch[(warp * hmax + h) * (HD + 2)].
-#pragma unroll
-      for (int h = 0; h < 8; ++h) {
-        if (h >= hp) break;
-        float* sp = scratch + (warp * hmax + h) * (HD + 2);
-#pragma unroll
-        for (int e = 0; e < EPL; ++e) sp[lane * EPL + e] = acc[h][e];
-        if (lane == 0) {
-          sp[HD] = m[h];
-          sp[HD + 1] = lsum[h];
-        }
-      }
-      __syncthreads();
-      for (int e = threadIdx.x; e < hp * HD; e += kThreads) {
-        const int h = e / HD, dd = e - h * HD;
-        float M = -INFINITY;
-        for (int w = 0; w < kWarps; ++w) M = fmaxf(M, scratch[(w * hmax + h) * (HD + 2) + HD]);
-        float o = 0.f, ls = 0.f;
-        if (M != -INFINITY) {
-          for (int w = 0; w < kWarps; ++w) {
-            const float* sp = scratch + (w * hmax + h) * (HD + 2);
-            const float f = exp2f(sp[HD] - M);
-            o = fmaf(sp[dd], f, o);
-            ls = fmaf(sp[HD + 1], f, ls);
-          }
-        }
-        const int idx = (kvh * group + g0 + h) * MS + split;
-        p.part_o[static_cast<size_t>(idx) * HD + dd] = o;
-        if (dd == 0) p.part_ml[idx] = make_float2(M, ls);
-      }
-      __syncthreads();
     }
+    for (int j = k0 + warp; j < k1; j += kWarps * 4) {
+      float kv[4][EPL], vv[4][EPL];
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const int jj = j + b * kWarps;
+        if (jj < k1) {
+          const int idx = key_index(d, jj, prefix, a0, s.max_context);
+          load_row<EPL>(kc + static_cast<size_t>(idx) * HD, lane, kv[b]);
+          load_row<EPL>(vc + static_cast<size_t>(idx) * HD, lane, vv[b]);
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        if (j + b * kWarps >= k1) break;
+#pragma unroll
+        for (int h = 0; h < 8; ++h) {
+          if (h >= hp) break;
+          float sc = 0.f;
+#pragma unroll
+          for (int e = 0; e < EPL; ++e) sc = fmaf(q[h][e], kv[b][e], sc);
+          sc = warp_sum(sc);
+          const float mn = fmaxf(m[h], sc);
+          const float corr = exp2f(m[h] - mn);  // 0 when m was -inf
+          const float pr = exp2f(sc - mn);
+          lsum[h] = lsum[h] * corr + pr;
+#pragma unroll
+          for (int e = 0; e < EPL; ++e) acc[h][e] = fmaf(pr, vv[b][e], acc[h][e] * corr);
+          m[h] = mn;
+        }
+      }
+    }
+    // Merge the 8 warps' states per head: scratch[(warp * hmax + h) * (HD + 2)].
+#pragma unroll
+    for (int h = 0; h < 8; ++h) {
+      if (h >= hp) break;
+      float* sp = scratch + (warp * hmax + h) * (HD + 2);
+#pragma unroll
+      for (int e = 0; e < EPL; ++e) sp[lane * EPL + e] = acc[h][e];
+      if (lane == 0) {
+        sp[HD] = m[h];
+        sp[HD + 1] = lsum[h];
+      }
+    }
+    consumer_sync();
+    for (int e = threadIdx.x; e < hp * HD; e += kConsumers) {
+      const int h = e / HD, dd = e - h * HD;
+      float M = -INFINITY;
+      for (int w = 0; w < kWarps; ++w) M = fmaxf(M, scratch[(w * hmax + h) * (HD + 2) + HD]);
+      float o = 0.f, ls = 0.f;
+      if (M != -INFINITY) {
+        for (int w = 0; w < kWarps; ++w) {
+          const float* sp = scratch + (w * hmax + h) * (HD + 2);
+          const float f = exp2f(sp[HD] - M);
+          o = fmaf(sp[dd], f, o);
+          ls = fmaf(sp[HD + 1], f, ls);
+        }
+      }
+      const int idx = (kvh * group + g0 + h) * MS + split;
+      p.part_o[static_cast<size_t>(idx) * HD + dd] = o;
+      if (dd == 0) p.part_ml[idx] = make_float2(M, ls);
+    }
+    consumer_sync();
   }
 }
 
-/// Merges the key splits of every query head into the attention output
-/// (bf16): this CTA's elements [c * nq / G, (c + 1) * nq / G); a warp per
-/// element, a lane per split, (max, sum, output) combined by shuffles.
+/// Grid-wide merge phase (MegaParams::merge_in_units == 0): every CTA merges
+/// the key splits of a slice of the output elements, [c * nq / G, (c+1) * nq / G).
 __device__ void merge_splits(const MegaParams& p, int cta) {
   const MegaShape& s = p.s;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int HD = s.head_dim, nq = s.num_heads * HD, G = p.plan.ctas, MS = p.plan.max_splits;
+  const int HD = s.head_dim, nq = s.num_heads * HD, G = p.plan.ctas;
   const int S = attention_splits(p, attention_keys(p.desc));
   const int e0 = static_cast<int>(static_cast<long long>(cta) * nq / G);
   const int e1 = static_cast<int>(static_cast<long long>(cta + 1) * nq / G);
-  for (int e = e0 + warp; e < e1; e += kWarps) {
-    const int head = e / HD, dd = e - head * HD;
-    float m = -INFINITY, l = 0.f, o = 0.f;
-    for (int sp = lane; sp < S; sp += 32) {
-      const float2 ml = __ldcg(p.part_ml + static_cast<size_t>(head) * MS + sp);
-      const float po = __ldcg(p.part_o + (static_cast<size_t>(head) * MS + sp) * HD + dd);
-      if (ml.x == -INFINITY) continue;  // a split without keys
-      const float mn = fmaxf(m, ml.x);
-      const float fa = exp2f(m - mn), fb = exp2f(ml.x - mn);
-      l = l * fa + ml.y * fb;
-      o = o * fa + po * fb;
-      m = mn;
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const float m2 = __shfl_xor_sync(0xffffffffu, m, off);
-      const float l2 = __shfl_xor_sync(0xffffffffu, l, off);
-      const float o2 = __shfl_xor_sync(0xffffffffu, o, off);
-      const float mn = fmaxf(m, m2);
-      const float fa = m == -INFINITY ? 0.f : exp2f(m - mn);
-      const float fb = m2 == -INFINITY ? 0.f : exp2f(m2 - mn);
-      l = l * fa + l2 * fb;
-      o = o * fa + o2 * fb;
-      m = mn;
-    }
-    if (lane == 0) p.attn[e] = __float2bfloat16_rn(o / l);
+  for (int e = e0 + threadIdx.x; e < e1; e += kConsumers) {
+    const int head = e / HD;
+    p.attn[e] = __float2bfloat16_rn(merge_element(p, head, e - head * HD, S));
+  }
+}
+
+/// MegaParams::merge_in_units == 1: the last unit of kv head `kvh` to finish
+/// (a per-head arrival count) merges that head's splits itself and releases
+/// the layer's merge counter once; no grid-wide merge phase. Returns after
+/// the release (or at once for the other units).
+__device__ void merge_if_last_unit(const MegaParams& p, int kvh, unsigned* head_ctr, unsigned* merged_ctr,
+                                   int* flag) {
+  const MegaShape& s = p.s;
+  const int S = attention_splits(p, attention_keys(p.desc));
+  consumer_sync();  // the unit's partials are written
+  if (threadIdx.x == 0) {
+    __threadfence();  // ... and visible at GPU scope before the arrival
+    *flag = atomicAdd(head_ctr, 1u) == static_cast<unsigned>(S - 1);
+  }
+  consumer_sync();
+  if (!*flag) return;
+  __threadfence();  // the other units' partials, ordered after their arrivals
+  const int group = s.num_heads / s.num_kv_heads, HD = s.head_dim;
+  for (int e = threadIdx.x; e < group * HD; e += kConsumers) {
+    const int head = kvh * group + e / HD, dd = e % HD;
+    p.attn[static_cast<size_t>(head) * HD + dd] = __float2bfloat16_rn(merge_element(p, head, dd, S));
+  }
+  consumer_sync();
+  if (threadIdx.x == 0) {
+    *head_ctr = 0u;  // every unit of the head has arrived: nobody reads it again this step
+    red_release_gpu_add(merged_ctr, 1u);
   }
 }
 
@@ -476,184 +566,200 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
   unsigned char* slots = base;
   __nv_bfloat16* x = reinterpret_cast<__nv_bfloat16*>(base + static_cast<size_t>(pl.num_slots) * pl.slot_bytes);
   float* misc = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(x) + pl.x_bytes);
-  float* ybuf = misc;
-  float* red = misc + pl.ybuf_rows;
+  float* h_own = misc;                      // this CTA's residual rows (O and down), the whole step
+  float* ybuf = misc + pl.own_rows;         // QKV / gate-up outputs of its rows; attention scratch
   Stream* table = reinterpret_cast<Stream*>(reinterpret_cast<unsigned char*>(misc) + pl.misc_bytes);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(table) + pl.table_bytes);
-  float* small = reinterpret_cast<float*>(bars + pl.num_slots);                        // [16]
+  uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(table) + pl.table_bytes);
+  uint64_t* empty = full + pl.num_slots;
+  float* small = reinterpret_cast<float*>(empty + pl.num_slots);                      // [16]
   unsigned long long* small_key = reinterpret_cast<unsigned long long*>(small + 16);  // [8]
+  int* small_int = reinterpret_cast<int*>(small_key + 8);                             // [4]
 
   const int tid = threadIdx.x, cta = blockIdx.x, G = pl.ctas;
+  const int warp = tid >> 5, lane = tid & 31;
   const int L = s.num_layers, H = s.hidden, I = s.intermediate;
   const int nq = s.num_heads * s.head_dim;
   const int nstreams = kStreamsPerLayer * L + 1;
+  const int last_idx = nstreams - 1 - (p.lm_head ? 0 : 1);
   unsigned* ctr = p.sync;
+  unsigned* head_ctr = p.sync + L * kCtrPerLayer + 1;  // [L][kv heads] (merge_in_units)
   const int token = p.desc->tokens[0];
 
   for (int i = tid; i < nstreams; i += kThreads) table[i] = stream_of(p, i, cta);
-  Producer pr;
-  pr.last_idx = nstreams - 1 - (p.lm_head ? 0 : 1);
   if (tid == 0) {
-    for (int i = 0; i < pl.num_slots; ++i) mbar_init(&bars[i], 1);
+    for (int i = 0; i < pl.num_slots; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], kWarps);
+    }
     fence_mbar_init();
     if (cta == 0) *p.keys = 0ull;  // published to the LM head by CTA 0's first release
   }
   __syncthreads();
-  Ring ring{slots, bars, table, 0};
-  if (tid == 0) {
-    pr.policy = l2_policy_evict_first();  // weights are read once per step
-    for (int i = 0; i < pl.num_slots; ++i) produce_one(p, pr, table, slots, bars);
-  }
 
-  float rinv = 0.f;
-  for (int l = 0; l < L; ++l) {
-    const MegaLayer& Ly = p.layers[l];
-    unsigned* c = ctr + l * kCtrPerLayer;
-    const int slot0 = l * kCtrPerLayer;
-    // ---- QKV (+ bias, RoPE, K/V into the cache) --------------------------------
-    {
-      const Stream st = table[kStreamsPerLayer * l + kStreamQKV];
-      if (st.row1 > st.row0) {
-        if (l > 0) wait_counter(c - kCtrPerLayer + kCtrDown, G);
-        trace_mark(p, slot0 + kCtrQKV, 0);
-        rinv = load_normed_input(p, l == 0, token, x, small);
-        consume_stream(p, st, ring, pr, x, red, [&](int row, int R) {
-          for (int t = tid; t < R; t += kThreads) ybuf[row - st.row0 + t] = chunk_row(red, t, R);
-        });
-        EpiQKV::Params e;
-        e.bias = Ly.qkv_bias;
-        e.q = p.q;
-        e.kcache = Ly.kcache;
-        e.vcache = Ly.vcache;
-        e.desc = p.desc;
-        e.inv_freq = p.inv_freq;
-        e.num_heads = s.num_heads;
-        e.num_kv_heads = s.num_kv_heads;
-        e.head_dim = s.head_dim;
-        e.slots = s.slots;
-        e.neox = s.neox;
-        const int pairs = (st.row1 - st.row0) / 2;
-        for (int i = tid; i < pairs; i += kThreads) {
-          const int tl = i / 8, r = i - tl * 8;
-          EpiQKV::apply(e, nullptr, true, st.row0 / 16 + tl, r, 0, ybuf[tl * 16 + r], ybuf[tl * 16 + 8 + r], rinv, 1);
+  if (warp == kWarps) {  // ---- the producer warp ----------------------------------------
+    if (lane == 0) producer_loop(p, table, last_idx, slots, full, empty);
+    __syncwarp();
+  } else {  // ---- the consumer warps ----------------------------------------------------
+    Ring ring{slots, full, empty, 0};
+    const Stream own = table[kStreamO];  // O and down rows: the same in every layer
+    float rinv = 0.f;
+    for (int l = 0; l < L; ++l) {
+      const MegaLayer& Ly = p.layers[l];
+      unsigned* c = ctr + l * kCtrPerLayer;
+      const int slot0 = l * kCtrPerLayer;
+      // ---- QKV (+ bias, RoPE, K/V into the cache) ------------------------------------
+      {
+        const Stream st = table[kStreamsPerLayer * l + kStreamQKV];
+        if (st.row1 > st.row0) {
+          if (l > 0) wait_counter(c - kCtrPerLayer + kCtrDown, G);
+          trace_mark(p, slot0 + kCtrQKV, 0);
+          rinv = load_normed_input(p, l == 0, token, x, small);
+          consume_stream(p, st, ring, x, [&](int row, float v) {
+            if (lane == 0) ybuf[row - st.row0] = v;
+          });
+          __syncwarp();
+          EpiQKV::Params e;
+          e.bias = Ly.qkv_bias;
+          e.q = p.q;
+          e.kcache = Ly.kcache;
+          e.vcache = Ly.vcache;
+          e.desc = p.desc;
+          e.inv_freq = p.inv_freq;
+          e.num_heads = s.num_heads;
+          e.num_kv_heads = s.num_kv_heads;
+          e.head_dim = s.head_dim;
+          e.slots = s.slots;
+          e.neox = s.neox;
+          // Tile t's pair (r, r + 8) sits in warp r (rows i = 16 t + r, 16 t + 8 + r).
+          for (int t = lane; t < (st.row1 - st.row0) / 16; t += 32)
+            EpiQKV::apply(e, nullptr, true, st.row0 / 16 + t, warp, 0, ybuf[t * 16 + warp], ybuf[t * 16 + 8 + warp],
+                          rinv, 1);
+        } else {
+          trace_mark(p, slot0 + kCtrQKV, 0);
         }
-      } else {
-        trace_mark(p, slot0 + kCtrQKV, 0);
+        trace_mark(p, slot0 + kCtrQKV, 1);
+        signal_counter(c + kCtrQKV);
       }
-      trace_mark(p, slot0 + kCtrQKV, 1);
-      signal_counter(c + kCtrQKV);
-    }
-    // ---- attention: units, then the merge of the key splits ------------------------
-    wait_counter(c + kCtrQKV, G);
-    trace_mark(p, slot0 + kCtrAttn, 0);
-    if (s.head_dim == 64) attention_units<64>(p, l, cta, misc);
-    else attention_units<128>(p, l, cta, misc);
-    trace_mark(p, slot0 + kCtrAttn, 1);
-    signal_counter(c + kCtrAttn);
-    wait_counter(c + kCtrAttn, G);
-    trace_mark(p, slot0 + kCtrMerge, 0);
-    merge_splits(p, cta);
-    trace_mark(p, slot0 + kCtrMerge, 1);
-    signal_counter(c + kCtrMerge);
-    // ---- O projection + residual ---------------------------------------------------
-    {
-      const Stream st = table[kStreamsPerLayer * l + kStreamO];
-      if (st.row1 > st.row0) {
-        wait_counter(c + kCtrMerge, G);
-        trace_mark(p, slot0 + kCtrO, 0);
-        load_input(p.attn, nq, x);
-        const __nv_bfloat16* emb = p.embed + static_cast<size_t>(token) * H;
-        consume_stream(p, st, ring, pr, x, red, [&](int row, int R) {
-          for (int t = tid; t < R; t += kThreads) {
-            const int r = row + t;
-            const float base_v = l == 0 ? __bfloat162float(emb[r]) : __ldcg(p.h32 + r);
-            p.h32[r] = base_v + chunk_row(red, t, R);
-          }
-        });
-      } else {
-        trace_mark(p, slot0 + kCtrO, 0);
+      // ---- attention: units, then the merge of the key splits --------------------------
+      wait_counter(c + kCtrQKV, G);
+      trace_mark(p, slot0 + kCtrAttn, 0);
+      {
+        // Units u = cta, cta + G, ... (more than one only with more kv heads than CTAs).
+        const int S = attention_splits(p, attention_keys(p.desc));
+        for (int u = cta; u < s.num_kv_heads * S; u += G) {
+          if (s.head_dim == 64) attention_unit<64>(p, Ly, u, ybuf);
+          else attention_unit<128>(p, Ly, u, ybuf);
+          if (p.merge_in_units)
+            merge_if_last_unit(p, u / S, head_ctr + l * s.num_kv_heads + u / S, c + kCtrMerge, small_int);
+        }
       }
-      trace_mark(p, slot0 + kCtrO, 1);
-      signal_counter(c + kCtrO);
+      trace_mark(p, slot0 + kCtrAttn, 1);
+      if (p.merge_in_units) {
+        trace_mark(p, slot0 + kCtrMerge, 0);
+        trace_mark(p, slot0 + kCtrMerge, 1);
+      } else {
+        signal_counter(c + kCtrAttn);
+        wait_counter(c + kCtrAttn, G);
+        trace_mark(p, slot0 + kCtrMerge, 0);
+        merge_splits(p, cta);
+        trace_mark(p, slot0 + kCtrMerge, 1);
+        signal_counter(c + kCtrMerge);
+      }
+      const unsigned merged = p.merge_in_units ? static_cast<unsigned>(s.num_kv_heads) : static_cast<unsigned>(G);
+      // ---- O projection + residual -------------------------------------------------------
+      {
+        const Stream st = table[kStreamsPerLayer * l + kStreamO];
+        if (st.row1 > st.row0) {
+          if (l == 0)  // the residual starts as the token's embedding
+            for (int i = tid; i < own.row1 - own.row0; i += kConsumers)
+              h_own[i] = __bfloat162float(p.embed[static_cast<size_t>(token) * H + own.row0 + i]);
+          wait_counter(c + kCtrMerge, merged);
+          trace_mark(p, slot0 + kCtrO, 0);
+          load_input(p.attn, nq, x);
+          consume_stream(p, st, ring, x, [&](int row, float v) {
+            if (lane == 0) {
+              const float h = h_own[row - own.row0] + v;
+              h_own[row - own.row0] = h;
+              p.h32[row] = h;
+            }
+          });
+        } else {
+          trace_mark(p, slot0 + kCtrO, 0);
+        }
+        trace_mark(p, slot0 + kCtrO, 1);
+        signal_counter(c + kCtrO);
+      }
+      // ---- gate/up + SwiGLU --------------------------------------------------------------
+      {
+        const Stream st = table[kStreamsPerLayer * l + kStreamGateUp];
+        if (st.row1 > st.row0) {
+          wait_counter(c + kCtrO, G);
+          trace_mark(p, slot0 + kCtrGateUp, 0);
+          rinv = load_normed_input(p, false, token, x, small);
+          consume_stream(p, st, ring, x, [&](int row, float v) {
+            if (lane == 0) ybuf[row - st.row0] = v;
+          });
+          __syncwarp();
+          EpiSwiGLU::Params e;
+          e.act = p.act;
+          e.intermediate = I;
+          for (int t = lane; t < (st.row1 - st.row0) / 16; t += 32)
+            EpiSwiGLU::apply(e, nullptr, true, st.row0 / 16 + t, warp, 0, ybuf[t * 16 + warp],
+                             ybuf[t * 16 + 8 + warp], rinv, 1);
+        } else {
+          trace_mark(p, slot0 + kCtrGateUp, 0);
+        }
+        trace_mark(p, slot0 + kCtrGateUp, 1);
+        signal_counter(c + kCtrGateUp);
+      }
+      // ---- down projection + residual ------------------------------------------------------
+      {
+        const Stream st = table[kStreamsPerLayer * l + kStreamDown];
+        if (st.row1 > st.row0) {
+          wait_counter(c + kCtrGateUp, G);
+          trace_mark(p, slot0 + kCtrDown, 0);
+          load_input(p.act, I, x);
+          consume_stream(p, st, ring, x, [&](int row, float v) {
+            if (lane == 0) {
+              const float h = h_own[row - own.row0] + v;
+              h_own[row - own.row0] = h;
+              p.h32[row] = h;
+            }
+          });
+        } else {
+          trace_mark(p, slot0 + kCtrDown, 0);
+        }
+        trace_mark(p, slot0 + kCtrDown, 1);
+        signal_counter(c + kCtrDown);
+      }
     }
-    // ---- gate/up + SwiGLU ----------------------------------------------------------
-    {
-      const Stream st = table[kStreamsPerLayer * l + kStreamGateUp];
+    // ---- final norm + LM head + arg-max -------------------------------------------------
+    if (p.lm_head) {
+      const Stream st = table[kStreamsPerLayer * L];
+      unsigned long long best = 0ull;
       if (st.row1 > st.row0) {
-        wait_counter(c + kCtrO, G);
-        trace_mark(p, slot0 + kCtrGateUp, 0);
+        wait_counter(ctr + (L - 1) * kCtrPerLayer + kCtrDown, G);
+        trace_mark(p, L * kCtrPerLayer, 0);
         rinv = load_normed_input(p, false, token, x, small);
-        consume_stream(p, st, ring, pr, x, red, [&](int row, int R) {
-          for (int t = tid; t < R; t += kThreads) ybuf[row - st.row0 + t] = chunk_row(red, t, R);
-        });
-        EpiSwiGLU::Params e;
-        e.act = p.act;
-        e.intermediate = I;
-        const int pairs = (st.row1 - st.row0) / 2;
-        for (int i = tid; i < pairs; i += kThreads) {
-          const int tl = i / 8, r = i - tl * 8;
-          EpiSwiGLU::apply(e, nullptr, true, st.row0 / 16 + tl, r, 0, ybuf[tl * 16 + r], ybuf[tl * 16 + 8 + r], rinv, 1);
-        }
-      } else {
-        trace_mark(p, slot0 + kCtrGateUp, 0);
-      }
-      trace_mark(p, slot0 + kCtrGateUp, 1);
-      signal_counter(c + kCtrGateUp);
-    }
-    // ---- down projection + residual ---------------------------------------------------
-    {
-      const Stream st = table[kStreamsPerLayer * l + kStreamDown];
-      if (st.row1 > st.row0) {
-        wait_counter(c + kCtrGateUp, G);
-        trace_mark(p, slot0 + kCtrDown, 0);
-        load_input(p.act, I, x);
-        consume_stream(p, st, ring, pr, x, red, [&](int row, int R) {
-          for (int t = tid; t < R; t += kThreads) {
-            const int r = row + t;
-            p.h32[r] = __ldcg(p.h32 + r) + chunk_row(red, t, R);
-          }
-        });
-      } else {
-        trace_mark(p, slot0 + kCtrDown, 0);
-      }
-      trace_mark(p, slot0 + kCtrDown, 1);
-      signal_counter(c + kCtrDown);
-    }
-  }
-  // ---- final norm + LM head + arg-max -------------------------------------------------
-  if (p.lm_head) {
-    const Stream st = table[kStreamsPerLayer * L];
-    unsigned long long best = 0ull;
-    if (st.row1 > st.row0) {
-      wait_counter(ctr + (L - 1) * kCtrPerLayer + kCtrDown, G);
-      trace_mark(p, L * kCtrPerLayer, 0);
-      rinv = load_normed_input(p, false, token, x, small);
-      consume_stream(p, st, ring, pr, x, red, [&](int row, int R) {
-        for (int t = tid; t < R; t += kThreads) {
-          const int r = row + t;
-          if (r < s.vocab) {
-            const float v = chunk_row(red, t, R) * rinv;
-            if (p.logits) p.logits[r] = v;
-            const unsigned long long k = argmax_key(v, r);
+        consume_stream(p, st, ring, x, [&](int row, float v) {
+          if (row < s.vocab) {
+            v *= rinv;
+            if (lane == 0 && p.logits) p.logits[row] = v;
+            const unsigned long long k = argmax_key(v, row);
             best = k > best ? k : best;
           }
-        }
-      });
-    } else {
-      trace_mark(p, L * kCtrPerLayer, 0);
+        });
+      } else {
+        trace_mark(p, L * kCtrPerLayer, 0);
+      }
+      if (lane == 0) small_key[warp] = best;  // the same in every lane of the warp
+      consumer_sync();
+      if (tid == 0) {
+        for (int w = 0; w < kWarps; ++w) best = small_key[w] > best ? small_key[w] : best;
+        if (best != 0ull) atomicMax(p.keys, best);
+      }
+      trace_mark(p, L * kCtrPerLayer, 1);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
-      best = other > best ? other : best;
-    }
-    if ((tid & 31) == 0) small_key[tid >> 5] = best;
-    __syncthreads();
-    if (tid == 0) {
-      for (int w = 1; w < kWarps; ++w) best = small_key[w] > best ? small_key[w] : best;
-      if (best != 0ull) atomicMax(p.keys, best);
-    }
-    trace_mark(p, L * kCtrPerLayer, 1);
   }
   // ---- the last CTA to finish re-zeroes the counters for the next launch --------------
   __syncthreads();
@@ -678,7 +784,9 @@ size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
 size_t decode_megakernel_sync_words(const MegaShape& s) {
-  return static_cast<size_t>(s.num_layers) * kCtrPerLayer + 1;
+  // Per layer: the op counters, then one completion counter, then the
+  // per-(layer, kv head) unit arrivals of merge_in_units.
+  return static_cast<size_t>(s.num_layers) * kCtrPerLayer + 1 + static_cast<size_t>(s.num_layers) * s.num_kv_heads;
 }
 
 MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem) {
@@ -692,7 +800,6 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem) {
   if (num_sms < 1) bad("no SMs");
   const int nq = s.num_heads * s.head_dim, nkv = s.num_kv_heads * s.head_dim;
   const int kmax = std::max({s.hidden, nq, s.intermediate});
-  const int kmin = std::min({s.hidden, nq, s.intermediate});
   if (2 * kmax > 96 * 1024) bad("a weight row of " + std::to_string(2 * kmax) + " bytes exceeds 96 KB");
   MegaPlan pl;
   pl.ctas = num_sms;
@@ -700,21 +807,40 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem) {
   pl.x_bytes = static_cast<int>(align_up(2 * static_cast<size_t>(kmax), 128));
   const int tiles_qkv = (nq + 2 * nkv) / 16, tiles_gu = 2 * s.intermediate / 16;
   pl.ybuf_rows = 16 * std::max((tiles_qkv + num_sms - 1) / num_sms, (tiles_gu + num_sms - 1) / num_sms);
-  pl.red_floats = std::max(pl.slot_bytes / (2 * kmin), 16);
+  pl.own_rows = static_cast<int>(align_up((s.hidden + num_sms - 1) / num_sms, 4));
   pl.max_splits = std::max(1, num_sms / s.num_kv_heads);
   const size_t attn_floats = static_cast<size_t>(kWarps) * std::min(group, 8) * (s.head_dim + 2);
-  pl.misc_bytes = static_cast<int>(
-      align_up(std::max(4 * static_cast<size_t>(pl.ybuf_rows + pl.red_floats), 4 * attn_floats), 128));
+  // h_own first (the residual rows live across the whole step), then ybuf,
+  // which the attention scratch aliases.
+  pl.misc_bytes = static_cast<int>(align_up(
+      4 * (std::max(static_cast<size_t>(pl.ybuf_rows), attn_floats) + static_cast<size_t>(pl.own_rows)), 128));
   pl.table_bytes = static_cast<int>(align_up(sizeof(Stream) * (kStreamsPerLayer * static_cast<size_t>(s.num_layers) + 1), 128));
   const long long fixed = kAlignSlack + pl.x_bytes + pl.misc_bytes + pl.table_bytes + kSmallBytes;
-  long long ns = (static_cast<long long>(max_smem) - fixed) / (pl.slot_bytes + 8);
+  long long ns = (static_cast<long long>(max_smem) - fixed) / (pl.slot_bytes + 16);
   ns = std::min<long long>(ns, 16);
   if (ns < 2)
     bad("the ring needs two slots of " + std::to_string(pl.slot_bytes) + " bytes; " + std::to_string(max_smem) +
         " bytes of shared memory leave room for " + std::to_string(std::max<long long>(ns, 0)));
   pl.num_slots = static_cast<int>(ns);
-  pl.smem_bytes = static_cast<size_t>(fixed) + static_cast<size_t>(ns) * (pl.slot_bytes + 8);
+  pl.smem_bytes = static_cast<size_t>(fixed) + static_cast<size_t>(ns) * (pl.slot_bytes + 16);
   return pl;
+}
+
+MegaTuning megakernel_tuning_from_env() {
+  MegaTuning t;
+  const auto read = [](const char* name, int lo, int hi, int& out) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') return;
+    char* end = nullptr;
+    const long x = std::strtol(v, &end, 10);
+    if (*end != '\0' || x < lo || x > hi)
+      throw InvalidArgument(std::string(name) + "=" + v + ": expected an integer in [" + std::to_string(lo) + ", " +
+                            std::to_string(hi) + "]");
+    out = static_cast<int>(x);
+  };
+  read("SWIFTSPEC_MEGAKERNEL_L2_LEAD", 0, 64, t.l2_lead);
+  read("SWIFTSPEC_MEGAKERNEL_MERGE", 0, 1, t.merge_in_units);
+  return t;
 }
 
 void configure_decode_megakernel(const MegaPlan& plan) {

@@ -13,12 +13,17 @@
 // producing CTAs release (acquire/release at GPU scope) instead of kernel
 // boundaries.
 //
+// Inside a CTA, 8 consumer warps do the arithmetic and one producer warp
+// streams the weights (warp specialization): consumer warp w owns rows
+// i % 8 == w of each of the CTA's streams, so chunks need no CTA barrier.
+//
 // Work split, per layer (G = CTAs):
 //   QKV    rows in 16-row tiles (RoPE pairs, weight_layout.h) over the CTAs;
 //          each CTA computes 1/rms of the residual itself (RMSNorm folded
 //          into the weights), adds the bias, applies RoPE, writes q and K/V
-//   attn   (kv head, key split) units write partial softmax states; then
-//          every CTA merges the splits of a slice of the output elements
+//   attn   (kv head, key split) units write partial softmax states; the
+//          last unit of each kv head merges that head's splits
+//          (MegaParams::merge_in_units; or a merge phase over all CTAs)
 //   O      single rows; adds into the fp32 residual stream (owner-computes)
 //   gate/up 16-row tiles (gate and up rows interleaved); SwiGLU
 //   down   single rows; residual add
@@ -67,10 +72,10 @@ struct MegaPlan {
   int ctas = 0;        ///< CTAs (= SMs of the model's partition), one per SM
   int slot_bytes = 0;  ///< one weight chunk (whole rows) per ring slot
   int num_slots = 0;   ///< ring depth (>= 2)
-  int x_bytes = 0;     ///< GEMM input vector (bf16, the longest K)
+  int x_bytes = 0;     ///< GEMV input vector (bf16, the longest K)
   int ybuf_rows = 0;   ///< per-CTA output rows of a QKV or gate/up op (fp32)
-  int red_floats = 0;  ///< per-chunk partial sums
-  int misc_bytes = 0;  ///< ybuf + red, or the attention scratch (aliased)
+  int own_rows = 0;    ///< per-CTA residual rows (O and down), kept in shared memory
+  int misc_bytes = 0;  ///< own rows, then ybuf or the attention scratch (aliased)
   int table_bytes = 0; ///< the CTA's weight streams (rows of each matrix)
   size_t smem_bytes = 0;
   int max_splits = 0;  ///< key splits per kv head (partial buffers are sized for it)
@@ -84,8 +89,8 @@ struct MegaPlan {
 MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem);
 
 /// 32-bit words of the synchronization area (counters per layer and op, one
-/// completion counter). Zero it once at allocation:
-/// every launch leaves it zeroed again.
+/// completion counter, per-(layer, kv head) attention-unit arrivals). Zero it
+/// once at allocation: every launch leaves it zeroed again.
 size_t decode_megakernel_sync_words(const MegaShape& s);
 
 struct MegaParams {
@@ -106,11 +111,29 @@ struct MegaParams {
   unsigned long long* keys = nullptr;    ///< [1] arg-max key of the step (argmax_key_index)
   unsigned* sync = nullptr;              ///< decode_megakernel_sync_words(s) words, zero
   int lm_head = 1;                       ///< 0: stop after the last layer (no logits, no arg-max)
+  /// Chunks the producer prefetches into L2 beyond the ring (bulk L2
+  /// prefetch), so HBM keeps streaming while the arithmetic waits on a
+  /// dependency and the ring is full. 0: none.
+  int l2_lead = 0;
+  /// 1: the last attention unit of each kv head merges its key splits (an
+  /// arrival count per head) and no grid-wide merge phase runs; 0: a merge
+  /// phase over all CTAs between two grid-wide handoffs.
+  int merge_in_units = 1;
   /// Null, or [(6 * num_layers + 1) * ctas * 2] global-timer stamps (ns):
   /// per op slot (per layer: QKV, attention units, split merge, O, gate/up,
   /// down; then the LM head) and CTA, its start (after its wait) and end.
   unsigned long long* trace = nullptr;
 };
+
+/// The tunables of MegaParams (l2_lead, merge_in_units): the defaults, or
+/// for A/B measurements the environment variables SWIFTSPEC_MEGAKERNEL_L2_LEAD
+/// (chunks, 0..64) and SWIFTSPEC_MEGAKERNEL_MERGE (0 or 1). Throws
+/// InvalidArgument naming the variable for a value out of range.
+struct MegaTuning {
+  int l2_lead = 8;
+  int merge_in_units = 1;
+};
+MegaTuning megakernel_tuning_from_env();
 
 /// Sets the kernel's shared-memory size on the current device and checks
 /// that one CTA fits on an SM (CudaError otherwise). Call before the first
