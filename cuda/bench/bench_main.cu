@@ -24,7 +24,8 @@
 //  * --megakernel-only: no GEMMs; per shape the layered decode step (PDL) and
 //    the megakernel step only. --megakernel-trace: also one traced megakernel
 //    step per shape, its critical path per op kind. --megakernel-sweep: also
-//    the megakernel step per tuning (L2 prefetch lead, merge in the units).
+//    the megakernel step per tuning (MegaTuning: L2 prefetch lead, merge in
+//    the units, keys per attention unit, relaxed polling).
 // Usage: swiftspec-cuda-bench [--json PATH] [--quick] [--no-gemm] [--sweep] [--mma-models] [--pdl-early]
 //        [--megakernel-only] [--megakernel-trace] [--megakernel-sweep]
 #include <algorithm>
@@ -390,24 +391,28 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
   if (mk_trace) r.mk_trace_json = megakernel_trace_summary(which, cfg);
   if (mk_sweep) {
     // The megakernel's tunables (MegaTuning, set through the environment):
-    // L2 prefetch lead in chunks x merge inside the attention units.
-    static const int sweep[][2] = {{0, 1}, {4, 1}, {16, 1}, {32, 1}, {8, 0}, {0, 0}};
+    // L2 prefetch lead in chunks, merge in the units, keys per unit, polling.
+    static const int sweep[][4] = {{0, 0, 32, 1}, {0, 0, 64, 0}, {0, 0, 128, 0}, {0, 1, 64, 0},
+                                   {0, 1, 128, 0}, {0, 1, 256, 0}, {2, 0, 32, 0}};
+    static const char* names[] = {"SWIFTSPEC_MEGAKERNEL_L2_LEAD", "SWIFTSPEC_MEGAKERNEL_MERGE",
+                                  "SWIFTSPEC_MEGAKERNEL_SPLIT_KEYS", "SWIFTSPEC_MEGAKERNEL_RELAXED_POLL"};
+    static const char* keys[] = {"l2_lead", "merge_in_units", "split_keys", "relaxed_poll"};
     std::string json = "[";
     for (const auto& v : sweep) {
-      setenv("SWIFTSPEC_MEGAKERNEL_L2_LEAD", std::to_string(v[0]).c_str(), 1);
-      setenv("SWIFTSPEC_MEGAKERNEL_MERGE", std::to_string(v[1]).c_str(), 1);
+      for (int k = 0; k < 4; ++k) setenv(names[k], std::to_string(v[k]).c_str(), 1);
       CudaModelOptions co;
       co.megakernel = true;
       auto m = make_cuda_model_random(cfg, opt, co, 42);
       m->debug_fill_committed_random(ctx, 43);
       const double ms = m->debug_replay_ms(m->debug_prepare(decode_batch(ctx), false), iters);
-      std::printf("model %-13s megakernel l2_lead=%d merge_in_units=%d decode %.4f ms\n", which.c_str(), v[0], v[1], ms);
+      std::printf("model %-13s megakernel l2_lead=%d merge_in_units=%d split_keys=%d relaxed_poll=%d decode %.4f ms\n",
+                  which.c_str(), v[0], v[1], v[2], v[3], ms);
       std::fflush(stdout);
-      json += std::string(json.size() > 1 ? ", " : "") + "{\"l2_lead\": " + std::to_string(v[0]) +
-              ", \"merge_in_units\": " + std::to_string(v[1]) + ", \"decode_ms\": " + num(ms) + "}";
+      json += std::string(json.size() > 1 ? ", {" : "{");
+      for (int k = 0; k < 4; ++k) json += "\"" + std::string(keys[k]) + "\": " + std::to_string(v[k]) + ", ";
+      json += "\"decode_ms\": " + num(ms) + "}";
     }
-    unsetenv("SWIFTSPEC_MEGAKERNEL_L2_LEAD");
-    unsetenv("SWIFTSPEC_MEGAKERNEL_MERGE");
+    for (const char* n : names) unsetenv(n);
     r.mk_sweep_json = json + "]";
   }
   if (with_mma) variant("SWIFTSPEC_GEMM_ENGINE", "mma", "engine=mma", r.mma_decode_ms, r.mma_tree32_ms, r.mma_tree64_ms);

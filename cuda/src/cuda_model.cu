@@ -476,7 +476,9 @@ class CudaModelImpl final : public CudaModel {
       out += "megakernel ctas=" + std::to_string(mk_plan_.ctas) + " slots=" + std::to_string(mk_plan_.num_slots) +
              "x" + std::to_string(mk_plan_.slot_bytes) + " smem=" + std::to_string(mk_plan_.smem_bytes) +
              " max_splits=" + std::to_string(mk_plan_.max_splits) + " l2_lead=" + std::to_string(mk_tuning_.l2_lead) +
-             " merge_in_units=" + std::to_string(mk_tuning_.merge_in_units) + " cooperative\n";
+             " merge_in_units=" + std::to_string(mk_tuning_.merge_in_units) +
+             " split_keys=" + std::to_string(mk_tuning_.split_keys) +
+             " relaxed_poll=" + std::to_string(mk_tuning_.relaxed_poll) + " cooperative\n";
     return out;
   }
 
@@ -872,6 +874,8 @@ class CudaModelImpl final : public CudaModel {
     p.trace = mk_trace_ ? mk_trace_.as<unsigned long long>() : nullptr;
     p.l2_lead = mk_tuning_.l2_lead;
     p.merge_in_units = mk_tuning_.merge_in_units;
+    p.split_keys = mk_tuning_.split_keys;
+    p.relaxed_poll = mk_tuning_.relaxed_poll;
     launch_decode_megakernel(p, s);
   }
 

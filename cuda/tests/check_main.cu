@@ -944,14 +944,17 @@ int main(int argc, char** argv) {
     }
     {
       // The other tunings of the megakernel (MegaTuning, read from the
-      // environment when a model is made): the grid-wide merge phase, no and a
-      // deep L2 prefetch lead.
-      setenv("SWIFTSPEC_MEGAKERNEL_MERGE", "0", 1);
-      setenv("SWIFTSPEC_MEGAKERNEL_L2_LEAD", "0", 1);
-      check_megakernel("gqa7 merge phase, no L2 lead", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 6, 60);
+      // environment when a model is made): the merge inside the last unit per
+      // kv head with 64 keys per unit and relaxed polling; a deep L2 prefetch
+      // lead.
       setenv("SWIFTSPEC_MEGAKERNEL_MERGE", "1", 1);
+      setenv("SWIFTSPEC_MEGAKERNEL_SPLIT_KEYS", "64", 1);
+      setenv("SWIFTSPEC_MEGAKERNEL_RELAXED_POLL", "1", 1);
+      check_megakernel("gqa7 merge in units, 64 keys, relaxed polls", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 6, 60);
+      unsetenv("SWIFTSPEC_MEGAKERNEL_SPLIT_KEYS");
+      unsetenv("SWIFTSPEC_MEGAKERNEL_RELAXED_POLL");
       setenv("SWIFTSPEC_MEGAKERNEL_L2_LEAD", "64", 1);
-      check_megakernel("llama-like L2 lead 64", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 4, 100);
+      check_megakernel("llama-like merge in units, L2 lead 64", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 4, 100);
       unsetenv("SWIFTSPEC_MEGAKERNEL_MERGE");
       unsetenv("SWIFTSPEC_MEGAKERNEL_L2_LEAD");
     }

@@ -35,8 +35,6 @@ constexpr int kThreads = kConsumers + 32;    ///< + the producer warp
 enum Counter { kCtrQKV = 0, kCtrAttn = 1, kCtrMerge = 2, kCtrO = 3, kCtrGateUp = 4, kCtrDown = 5, kCtrPerLayer = 6 };
 /// Weight streams per layer (the attention has none).
 enum StreamKind { kStreamQKV = 0, kStreamO = 1, kStreamGateUp = 2, kStreamDown = 3, kStreamsPerLayer = 4 };
-/// Keys per attention unit (kv head, split): 8 warps x 4 keys in flight.
-constexpr int kKeysPerSplit = 32;
 /// Splits whose partial states one thread loads at once in a merge.
 constexpr int kMergeBatch = 16;
 /// Shared memory the plan reserves besides slots, x, misc, tables and
@@ -52,6 +50,12 @@ __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+__device__ __forceinline__ unsigned ld_relaxed_gpu(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void fence_acquire_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 __device__ __forceinline__ void red_release_gpu_add(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
@@ -76,13 +80,24 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory"); }
 
 /// Consumer thread 0 waits until *ctr >= target (acquire at GPU scope), then
-/// the consumers proceed. Traps after ~10 s: a producer that never arrives is
-/// a bug, and a trap reports it where a hang would not.
-__device__ __forceinline__ void wait_counter(const unsigned* ctr, unsigned target) {
-  if (threadIdx.x == 0 && ld_acquire_gpu(ctr) < target) {
-    const long long t0 = clock64();
-    while (ld_acquire_gpu(ctr) < target)
-      if (clock64() - t0 > 20000000000LL) __trap();
+/// the consumers proceed. `relaxed_poll` spins on relaxed loads and fences
+/// once after success (MegaParams::relaxed_poll); otherwise every poll is an
+/// acquire load. Traps after ~10 s: a producer that never arrives is a bug,
+/// and a trap reports it where a hang would not.
+__device__ __forceinline__ void wait_counter(const unsigned* ctr, unsigned target, int relaxed_poll) {
+  if (threadIdx.x == 0) {
+    if (relaxed_poll) {
+      if (ld_relaxed_gpu(ctr) < target) {
+        const long long t0 = clock64();
+        while (ld_relaxed_gpu(ctr) < target)
+          if (clock64() - t0 > 20000000000LL) __trap();
+      }
+      fence_acquire_gpu();
+    } else if (ld_acquire_gpu(ctr) < target) {
+      const long long t0 = clock64();
+      while (ld_acquire_gpu(ctr) < target)
+        if (clock64() - t0 > 20000000000LL) __trap();
+    }
   }
   consumer_sync();
 }
@@ -371,7 +386,7 @@ __device__ __forceinline__ void load_row(const __nv_bfloat16* base, int lane, fl
 /// Key splits per kv head for the step (the same in every CTA); KVH * S
 /// never exceeds the CTAs, so a CTA runs at most one unit.
 __device__ __forceinline__ int attention_splits(const MegaParams& p, int n_keys) {
-  const int S = (n_keys + kKeysPerSplit - 1) / kKeysPerSplit;
+  const int S = (n_keys + p.split_keys - 1) / p.split_keys;
   return max(1, min(S, min(p.plan.max_splits, max(1, p.plan.ctas / p.s.num_kv_heads))));
 }
 __device__ __forceinline__ int attention_keys(const StepDesc* d) {
@@ -611,7 +626,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamQKV];
         if (st.row1 > st.row0) {
-          if (l > 0) wait_counter(c - kCtrPerLayer + kCtrDown, G);
+          if (l > 0) wait_counter(c - kCtrPerLayer + kCtrDown, G, p.relaxed_poll);
           trace_mark(p, slot0 + kCtrQKV, 0);
           rinv = load_normed_input(p, l == 0, token, x, small);
           consume_stream(p, st, ring, x, [&](int row, float v) {
@@ -641,7 +656,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         signal_counter(c + kCtrQKV);
       }
       // ---- attention: units, then the merge of the key splits --------------------------
-      wait_counter(c + kCtrQKV, G);
+      wait_counter(c + kCtrQKV, G, p.relaxed_poll);
       trace_mark(p, slot0 + kCtrAttn, 0);
       {
         // Units u = cta, cta + G, ... (more than one only with more kv heads than CTAs).
@@ -659,7 +674,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         trace_mark(p, slot0 + kCtrMerge, 1);
       } else {
         signal_counter(c + kCtrAttn);
-        wait_counter(c + kCtrAttn, G);
+        wait_counter(c + kCtrAttn, G, p.relaxed_poll);
         trace_mark(p, slot0 + kCtrMerge, 0);
         merge_splits(p, cta);
         trace_mark(p, slot0 + kCtrMerge, 1);
@@ -673,7 +688,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           if (l == 0)  // the residual starts as the token's embedding
             for (int i = tid; i < own.row1 - own.row0; i += kConsumers)
               h_own[i] = __bfloat162float(p.embed[static_cast<size_t>(token) * H + own.row0 + i]);
-          wait_counter(c + kCtrMerge, merged);
+          wait_counter(c + kCtrMerge, merged, p.relaxed_poll);
           trace_mark(p, slot0 + kCtrO, 0);
           load_input(p.attn, nq, x);
           consume_stream(p, st, ring, x, [&](int row, float v) {
@@ -693,7 +708,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamGateUp];
         if (st.row1 > st.row0) {
-          wait_counter(c + kCtrO, G);
+          wait_counter(c + kCtrO, G, p.relaxed_poll);
           trace_mark(p, slot0 + kCtrGateUp, 0);
           rinv = load_normed_input(p, false, token, x, small);
           consume_stream(p, st, ring, x, [&](int row, float v) {
@@ -716,7 +731,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamDown];
         if (st.row1 > st.row0) {
-          wait_counter(c + kCtrGateUp, G);
+          wait_counter(c + kCtrGateUp, G, p.relaxed_poll);
           trace_mark(p, slot0 + kCtrDown, 0);
           load_input(p.act, I, x);
           consume_stream(p, st, ring, x, [&](int row, float v) {
@@ -738,7 +753,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       const Stream st = table[kStreamsPerLayer * L];
       unsigned long long best = 0ull;
       if (st.row1 > st.row0) {
-        wait_counter(ctr + (L - 1) * kCtrPerLayer + kCtrDown, G);
+        wait_counter(ctr + (L - 1) * kCtrPerLayer + kCtrDown, G, p.relaxed_poll);
         trace_mark(p, L * kCtrPerLayer, 0);
         rinv = load_normed_input(p, false, token, x, small);
         consume_stream(p, st, ring, x, [&](int row, float v) {
@@ -840,6 +855,10 @@ MegaTuning megakernel_tuning_from_env() {
   };
   read("SWIFTSPEC_MEGAKERNEL_L2_LEAD", 0, 64, t.l2_lead);
   read("SWIFTSPEC_MEGAKERNEL_MERGE", 0, 1, t.merge_in_units);
+  read("SWIFTSPEC_MEGAKERNEL_SPLIT_KEYS", 32, 1024, t.split_keys);
+  if (t.split_keys % 32)
+    throw InvalidArgument("SWIFTSPEC_MEGAKERNEL_SPLIT_KEYS=" + std::to_string(t.split_keys) + ": not a multiple of 32");
+  read("SWIFTSPEC_MEGAKERNEL_RELAXED_POLL", 0, 1, t.relaxed_poll);
   return t;
 }
 

@@ -118,7 +118,9 @@ struct MegaParams {
   /// 1: the last attention unit of each kv head merges its key splits (an
   /// arrival count per head) and no grid-wide merge phase runs; 0: a merge
   /// phase over all CTAs between two grid-wide handoffs.
-  int merge_in_units = 1;
+  int merge_in_units = 0;
+  int split_keys = 32;    ///< keys per attention unit (multiple of 32)
+  int relaxed_poll = 0;   ///< counter waits: relaxed polls + one fence (1) or acquire polls (0)
   /// Null, or [(6 * num_layers + 1) * ctas * 2] global-timer stamps (ns):
   /// per op slot (per layer: QKV, attention units, split merge, O, gate/up,
   /// down; then the LM head) and CTA, its start (after its wait) and end.
@@ -131,7 +133,12 @@ struct MegaParams {
 /// InvalidArgument naming the variable for a value out of range.
 struct MegaTuning {
   int l2_lead = 8;
-  int merge_in_units = 1;
+  int merge_in_units = 0;
+  /// Keys per attention unit (kv head, key split), a multiple of 32.
+  int split_keys = 32;
+  /// 1: counter waits spin on relaxed loads and fence once after success;
+  /// 0: every poll is an acquire load.
+  int relaxed_poll = 0;
 };
 MegaTuning megakernel_tuning_from_env();
 
