@@ -392,24 +392,25 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
   if (mk_sweep) {
     // The megakernel's tunables (MegaTuning, set through the environment):
     // L2 prefetch lead in chunks, merge in the units, keys per unit, polling.
-    static const int sweep[][4] = {{0, 0, 32, 1}, {0, 0, 64, 0}, {0, 0, 128, 0}, {0, 1, 64, 0},
-                                   {0, 1, 128, 0}, {0, 1, 256, 0}, {2, 0, 32, 0}};
+    static const int sweep[][5] = {{0, 0, 0, 32, 0}, {0, 0, 128, 32, 0}, {0, 0, 256, 32, 0}, {0, 0, 64, 32, 1},
+                                   {2, 0, 64, 32, 0}, {0, 1, 0, 64, 0}};
     static const char* names[] = {"SWIFTSPEC_MEGAKERNEL_L2_LEAD", "SWIFTSPEC_MEGAKERNEL_MERGE",
-                                  "SWIFTSPEC_MEGAKERNEL_SPLIT_KEYS", "SWIFTSPEC_MEGAKERNEL_RELAXED_POLL"};
-    static const char* keys[] = {"l2_lead", "merge_in_units", "split_keys", "relaxed_poll"};
+                                  "SWIFTSPEC_MEGAKERNEL_MERGE_IN_O_KB", "SWIFTSPEC_MEGAKERNEL_SPLIT_KEYS",
+                                  "SWIFTSPEC_MEGAKERNEL_RELAXED_POLL"};
+    static const char* keys[] = {"l2_lead", "merge_in_units", "merge_in_o_kb", "split_keys", "relaxed_poll"};
     std::string json = "[";
     for (const auto& v : sweep) {
-      for (int k = 0; k < 4; ++k) setenv(names[k], std::to_string(v[k]).c_str(), 1);
+      for (int k = 0; k < 5; ++k) setenv(names[k], std::to_string(v[k]).c_str(), 1);
       CudaModelOptions co;
       co.megakernel = true;
       auto m = make_cuda_model_random(cfg, opt, co, 42);
       m->debug_fill_committed_random(ctx, 43);
       const double ms = m->debug_replay_ms(m->debug_prepare(decode_batch(ctx), false), iters);
-      std::printf("model %-13s megakernel l2_lead=%d merge_in_units=%d split_keys=%d relaxed_poll=%d decode %.4f ms\n",
-                  which.c_str(), v[0], v[1], v[2], v[3], ms);
+      std::printf("model %-13s megakernel l2_lead=%d merge_in_units=%d merge_in_o_kb=%d split_keys=%d relaxed_poll=%d "
+                  "decode %.4f ms\n", which.c_str(), v[0], v[1], v[2], v[3], v[4], ms);
       std::fflush(stdout);
       json += std::string(json.size() > 1 ? ", {" : "{");
-      for (int k = 0; k < 4; ++k) json += "\"" + std::string(keys[k]) + "\": " + std::to_string(v[k]) + ", ";
+      for (int k = 0; k < 5; ++k) json += "\"" + std::string(keys[k]) + "\": " + std::to_string(v[k]) + ", ";
       json += "\"decode_ms\": " + num(ms) + "}";
     }
     for (const char* n : names) unsetenv(n);

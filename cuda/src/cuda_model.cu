@@ -477,6 +477,7 @@ class CudaModelImpl final : public CudaModel {
              "x" + std::to_string(mk_plan_.slot_bytes) + " smem=" + std::to_string(mk_plan_.smem_bytes) +
              " max_splits=" + std::to_string(mk_plan_.max_splits) + " l2_lead=" + std::to_string(mk_tuning_.l2_lead) +
              " merge_in_units=" + std::to_string(mk_tuning_.merge_in_units) +
+             " merge_in_o_kb=" + std::to_string(mk_tuning_.merge_in_o_kb) +
              " split_keys=" + std::to_string(mk_tuning_.split_keys) +
              " relaxed_poll=" + std::to_string(mk_tuning_.relaxed_poll) + " cooperative\n";
     return out;
@@ -874,6 +875,7 @@ class CudaModelImpl final : public CudaModel {
     p.trace = mk_trace_ ? mk_trace_.as<unsigned long long>() : nullptr;
     p.l2_lead = mk_tuning_.l2_lead;
     p.merge_in_units = mk_tuning_.merge_in_units;
+    p.merge_in_o_kb = mk_tuning_.merge_in_o_kb;
     p.split_keys = mk_tuning_.split_keys;
     p.relaxed_poll = mk_tuning_.relaxed_poll;
     launch_decode_megakernel(p, s);

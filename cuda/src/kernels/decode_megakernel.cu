@@ -460,9 +460,9 @@ __device__ void attention_unit(const MegaParams& p, const MegaLayer& L, int u, f
 #pragma unroll
       for (int e = 0; e < EPL; ++e) acc[h][e] = 0.f, q[h][e] = 0.f;
       if (h < hp) {
+        // Not scaled here: a use right after the load would wait for it
+        // before the K/V loads below are issued (qscale goes into the score).
         load_row<EPL>(p.q + static_cast<size_t>(kvh * group + g0 + h) * HD, lane, q[h]);
-#pragma unroll
-        for (int e = 0; e < EPL; ++e) q[h][e] *= qscale;
       }
     }
     for (int j = k0 + warp; j < k1; j += kWarps * 4) {
@@ -485,7 +485,7 @@ __device__ void attention_unit(const MegaParams& p, const MegaLayer& L, int u, f
           float sc = 0.f;
 #pragma unroll
           for (int e = 0; e < EPL; ++e) sc = fmaf(q[h][e], kv[b][e], sc);
-          sc = warp_sum(sc);
+          sc = warp_sum(sc) * qscale;
           const float mn = fmaxf(m[h], sc);
           const float corr = exp2f(m[h] - mn);  // 0 when m was -inf
           const float pr = exp2f(sc - mn);
@@ -542,6 +542,69 @@ __device__ void merge_splits(const MegaParams& p, int cta) {
     const int head = e / HD;
     p.attn[e] = __float2bfloat16_rn(merge_element(p, head, e - head * HD, S));
   }
+}
+
+/// Whether the O projection's CTAs merge the key splits themselves
+/// (MegaParams::merge_in_o_kb): the partial outputs are small enough.
+__device__ __forceinline__ bool merge_in_o(const MegaParams& p, int S) {
+  return !p.merge_in_units &&
+         static_cast<long long>(p.s.num_heads) * S * p.s.head_dim * 4 <= static_cast<long long>(p.merge_in_o_kb) * 1024;
+}
+
+/// x = bf16(attention output), merged from all the step's split partials by
+/// this CTA alone: the (max, sum) states go to shared memory (`w`, num_heads x
+/// S floats), one thread per head turns them into split weights exp2(m_s - M)
+/// / L (fixed order), then x[e] = sum_s weight[head][s] * o[head][s][e] with
+/// every thread's loads in flight together.
+__device__ void merge_into_x(const MegaParams& p, int S, __nv_bfloat16* x, float* w) {
+  const MegaShape& s = p.s;
+  const int HD = s.head_dim, nq = s.num_heads * HD, MS = p.plan.max_splits;
+  float2* ml = reinterpret_cast<float2*>(w + ((s.num_heads * S + 1) & ~1));  // staged states (8-byte aligned)
+  for (int i = threadIdx.x; i < s.num_heads * S; i += kConsumers)
+    ml[i] = __ldcg(p.part_ml + static_cast<size_t>(i / S) * MS + i % S);
+  consumer_sync();
+  for (int h = threadIdx.x; h < s.num_heads; h += kConsumers) {
+    float M = -INFINITY;
+    for (int k = 0; k < S; ++k) M = fmaxf(M, ml[h * S + k].x);
+    float L = 0.f;
+    for (int k = 0; k < S; ++k) {
+      const float2 v = ml[h * S + k];
+      const float f = v.x == -INFINITY ? 0.f : exp2f(v.x - M);
+      w[h * S + k] = f;
+      L = fmaf(v.y, f, L);
+    }
+    const float inv = 1.0f / L;
+    for (int k = 0; k < S; ++k) w[h * S + k] *= inv;
+  }
+  consumer_sync();
+  for (int e0 = threadIdx.x; e0 < nq; e0 += 4 * kConsumers) {
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int k0 = 0; k0 < S; k0 += 8) {
+      float po[4][8];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int e = e0 + i * kConsumers;
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+          po[i][k] = e < nq && k0 + k < S
+                         ? __ldcg(p.part_o + (static_cast<size_t>(e / HD) * MS + k0 + k) * HD + e % HD)
+                         : 0.f;
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int e = e0 + i * kConsumers;
+        if (e < nq) {
+#pragma unroll
+          for (int k = 0; k < 8; ++k)
+            if (k0 + k < S) acc[i] = fmaf(w[(e / HD) * S + k0 + k], po[i][k], acc[i]);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      if (e0 + i * kConsumers < nq) x[e0 + i * kConsumers] = __float2bfloat16_rn(acc[i]);
+  }
+  consumer_sync();
 }
 
 /// MegaParams::merge_in_units == 1: the last unit of kv head `kvh` to finish
@@ -669,7 +732,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         }
       }
       trace_mark(p, slot0 + kCtrAttn, 1);
+      const int S = attention_splits(p, attention_keys(p.desc));
+      const bool merge_o = merge_in_o(p, S);
       if (p.merge_in_units) {
+        trace_mark(p, slot0 + kCtrMerge, 0);
+        trace_mark(p, slot0 + kCtrMerge, 1);
+      } else if (merge_o) {  // O's CTAs merge: the units' counter stands for the merge's
+        signal_counter(c + kCtrAttn);
         trace_mark(p, slot0 + kCtrMerge, 0);
         trace_mark(p, slot0 + kCtrMerge, 1);
       } else {
@@ -681,6 +750,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         signal_counter(c + kCtrMerge);
       }
       const unsigned merged = p.merge_in_units ? static_cast<unsigned>(s.num_kv_heads) : static_cast<unsigned>(G);
+      unsigned* merged_ctr = merge_o ? c + kCtrAttn : c + kCtrMerge;
       // ---- O projection + residual -------------------------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamO];
@@ -688,9 +758,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           if (l == 0)  // the residual starts as the token's embedding
             for (int i = tid; i < own.row1 - own.row0; i += kConsumers)
               h_own[i] = __bfloat162float(p.embed[static_cast<size_t>(token) * H + own.row0 + i]);
-          wait_counter(c + kCtrMerge, merged, p.relaxed_poll);
+          wait_counter(merged_ctr, merged, p.relaxed_poll);
           trace_mark(p, slot0 + kCtrO, 0);
-          load_input(p.attn, nq, x);
+          if (merge_o) merge_into_x(p, S, x, ybuf);
+          else load_input(p.attn, nq, x);
           consume_stream(p, st, ring, x, [&](int row, float v) {
             if (lane == 0) {
               const float h = h_own[row - own.row0] + v;
@@ -824,7 +895,10 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem) {
   pl.ybuf_rows = 16 * std::max((tiles_qkv + num_sms - 1) / num_sms, (tiles_gu + num_sms - 1) / num_sms);
   pl.own_rows = static_cast<int>(align_up((s.hidden + num_sms - 1) / num_sms, 4));
   pl.max_splits = std::max(1, num_sms / s.num_kv_heads);
-  const size_t attn_floats = static_cast<size_t>(kWarps) * std::min(group, 8) * (s.head_dim + 2);
+  // Attention scratch: the warps' states of a unit, or merge_into_x's split
+  // weights and staged states.
+  const size_t attn_floats = std::max(static_cast<size_t>(kWarps) * std::min(group, 8) * (s.head_dim + 2),
+                                      3 * static_cast<size_t>(s.num_heads) * pl.max_splits + 2);
   // h_own first (the residual rows live across the whole step), then ybuf,
   // which the attention scratch aliases.
   pl.misc_bytes = static_cast<int>(align_up(
@@ -855,6 +929,7 @@ MegaTuning megakernel_tuning_from_env() {
   };
   read("SWIFTSPEC_MEGAKERNEL_L2_LEAD", 0, 64, t.l2_lead);
   read("SWIFTSPEC_MEGAKERNEL_MERGE", 0, 1, t.merge_in_units);
+  read("SWIFTSPEC_MEGAKERNEL_MERGE_IN_O_KB", 0, 4096, t.merge_in_o_kb);
   read("SWIFTSPEC_MEGAKERNEL_SPLIT_KEYS", 32, 1024, t.split_keys);
   if (t.split_keys % 32)
     throw InvalidArgument("SWIFTSPEC_MEGAKERNEL_SPLIT_KEYS=" + std::to_string(t.split_keys) + ": not a multiple of 32");

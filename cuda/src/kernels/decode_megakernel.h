@@ -119,6 +119,11 @@ struct MegaParams {
   /// arrival count per head) and no grid-wide merge phase runs; 0: a merge
   /// phase over all CTAs between two grid-wide handoffs.
   int merge_in_units = 0;
+  /// With merge_in_units == 0: when the step's partial outputs (num_heads x
+  /// splits x head_dim fp32) take at most this many KB, every CTA of the O
+  /// projection merges all of them itself into its input vector (no merge
+  /// phase, one grid-wide handoff less); otherwise a merge phase runs.
+  int merge_in_o_kb = 0;
   int split_keys = 32;    ///< keys per attention unit (multiple of 32)
   int relaxed_poll = 0;   ///< counter waits: relaxed polls + one fence (1) or acquire polls (0)
   /// Null, or [(6 * num_layers + 1) * ctas * 2] global-timer stamps (ns):
@@ -127,17 +132,18 @@ struct MegaParams {
   unsigned long long* trace = nullptr;
 };
 
-/// The tunables of MegaParams (l2_lead, merge_in_units): the defaults, or
-/// for A/B measurements the environment variables SWIFTSPEC_MEGAKERNEL_L2_LEAD
-/// (chunks, 0..64) and SWIFTSPEC_MEGAKERNEL_MERGE (0 or 1). Throws
-/// InvalidArgument naming the variable for a value out of range.
+/// The tunables of MegaParams: the defaults (the fastest measured, run 14),
+/// or for A/B measurements the environment variables
+/// SWIFTSPEC_MEGAKERNEL_L2_LEAD (chunks, 0..64), SWIFTSPEC_MEGAKERNEL_MERGE
+/// (0 or 1), SWIFTSPEC_MEGAKERNEL_MERGE_IN_O_KB (0..4096),
+/// SWIFTSPEC_MEGAKERNEL_SPLIT_KEYS (32..1024, a multiple of 32) and
+/// SWIFTSPEC_MEGAKERNEL_RELAXED_POLL (0 or 1). Throws InvalidArgument naming
+/// the variable for a value out of range.
 struct MegaTuning {
-  int l2_lead = 8;
+  int l2_lead = 0;
   int merge_in_units = 0;
-  /// Keys per attention unit (kv head, key split), a multiple of 32.
+  int merge_in_o_kb = 64;
   int split_keys = 32;
-  /// 1: counter waits spin on relaxed loads and fence once after success;
-  /// 0: every poll is an acquire load.
   int relaxed_poll = 0;
 };
 MegaTuning megakernel_tuning_from_env();
