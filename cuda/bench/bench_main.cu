@@ -23,11 +23,9 @@
 //    a tree of N nodes, graph replayed 4 times) and nothing else, for ncu.
 //  * --megakernel-only: no GEMMs; per shape the layered decode step (PDL) and
 //    the megakernel step only. --megakernel-trace: also one traced megakernel
-//    step per shape, its critical path per op kind. --megakernel-sweep: also
-//    the megakernel step per tuning (MegaTuning: L2 prefetch lead, merge in
-//    the units, keys per attention unit, relaxed polling).
+//    step per shape, its critical path per op kind.
 // Usage: swiftspec-cuda-bench [--json PATH] [--quick] [--no-gemm] [--sweep] [--mma-models] [--pdl-early]
-//        [--megakernel-only] [--megakernel-trace] [--megakernel-sweep]
+//        [--megakernel-only] [--megakernel-trace]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -268,7 +266,6 @@ struct ModelRow {
   double early_decode_ms, early_tree32_ms, early_tree64_ms;  ///< GEMMs release dependents at entry
   double mk_decode_ms, mk_host_ms;  ///< the decode megakernel (CudaModelOptions::megakernel)
   std::string mk_trace_json;        ///< per-op critical path (--megakernel-trace)
-  std::string mk_sweep_json;        ///< decode ms per MegaTuning (--megakernel-sweep)
 };
 
 /// The megakernel's critical path per op kind, from one traced step
@@ -325,7 +322,7 @@ std::string megakernel_trace_summary(const std::string& which, const ModelConfig
 }
 
 ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quick, bool with_mma,
-                     bool with_pdl_early, bool megakernel_only, bool mk_trace, bool mk_sweep) {
+                     bool with_pdl_early, bool megakernel_only, bool mk_trace) {
   ModelRow r{};
   r.shape = which;
   const ModelConfig cfg = shape_config(which);
@@ -389,33 +386,6 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
     std::fflush(stdout);
   }
   if (mk_trace) r.mk_trace_json = megakernel_trace_summary(which, cfg);
-  if (mk_sweep) {
-    // The megakernel's tunables (MegaTuning, set through the environment):
-    // L2 prefetch lead in chunks, merge in the units, keys per unit, polling.
-    static const int sweep[][5] = {{0, 0, 0, 32, 0}, {0, 0, 128, 32, 0}, {0, 0, 256, 32, 0}, {0, 0, 64, 32, 1},
-                                   {2, 0, 64, 32, 0}, {0, 1, 0, 64, 0}};
-    static const char* names[] = {"SWIFTSPEC_MEGAKERNEL_L2_LEAD", "SWIFTSPEC_MEGAKERNEL_MERGE",
-                                  "SWIFTSPEC_MEGAKERNEL_MERGE_IN_O_KB", "SWIFTSPEC_MEGAKERNEL_SPLIT_KEYS",
-                                  "SWIFTSPEC_MEGAKERNEL_RELAXED_POLL"};
-    static const char* keys[] = {"l2_lead", "merge_in_units", "merge_in_o_kb", "split_keys", "relaxed_poll"};
-    std::string json = "[";
-    for (const auto& v : sweep) {
-      for (int k = 0; k < 5; ++k) setenv(names[k], std::to_string(v[k]).c_str(), 1);
-      CudaModelOptions co;
-      co.megakernel = true;
-      auto m = make_cuda_model_random(cfg, opt, co, 42);
-      m->debug_fill_committed_random(ctx, 43);
-      const double ms = m->debug_replay_ms(m->debug_prepare(decode_batch(ctx), false), iters);
-      std::printf("model %-13s megakernel l2_lead=%d merge_in_units=%d merge_in_o_kb=%d split_keys=%d relaxed_poll=%d "
-                  "decode %.4f ms\n", which.c_str(), v[0], v[1], v[2], v[3], v[4], ms);
-      std::fflush(stdout);
-      json += std::string(json.size() > 1 ? ", {" : "{");
-      for (int k = 0; k < 5; ++k) json += "\"" + std::string(keys[k]) + "\": " + std::to_string(v[k]) + ", ";
-      json += "\"decode_ms\": " + num(ms) + "}";
-    }
-    for (const char* n : names) unsetenv(n);
-    r.mk_sweep_json = json + "]";
-  }
   if (with_mma) variant("SWIFTSPEC_GEMM_ENGINE", "mma", "engine=mma", r.mma_decode_ms, r.mma_tree32_ms, r.mma_tree64_ms);
   if (with_pdl_early)
     variant("SWIFTSPEC_GEMM_PDL_EARLY", "1", "gemm-pdl-early", r.early_decode_ms, r.early_tree32_ms, r.early_tree64_ms);
@@ -427,7 +397,7 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
 int main(int argc, char** argv) {
   std::string json_path;
   bool quick = false, gemms = true, sweep = false, models_mma = false, models_pdl_early = false, mk_only = false;
-  bool mk_trace = false, mk_sweep = false;
+  bool mk_trace = false;
   std::string profile;
   int profile_tree = 0;
   bool profile_megakernel = false;
@@ -440,7 +410,6 @@ int main(int argc, char** argv) {
     if (a == "--mma-models") models_mma = true;
     if (a == "--pdl-early") models_pdl_early = true;
     if (a == "--megakernel-trace") mk_trace = true;
-    if (a == "--megakernel-sweep") mk_sweep = true;
     if (a == "--megakernel-only") {
       mk_only = true;
       gemms = false;
@@ -500,7 +469,7 @@ int main(int argc, char** argv) {
     }
     const int ctx = 512;
     std::vector<ModelRow> models;
-    for (const char* w : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"}) models.push_back(bench_model(w, bw, ctx, quick, models_mma, models_pdl_early, mk_only, mk_trace, mk_sweep));
+    for (const char* w : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"}) models.push_back(bench_model(w, bw, ctx, quick, models_mma, models_pdl_early, mk_only, mk_trace));
     std::string arr = "[";
     for (size_t i = 0; i < models.size(); ++i) {
       const auto& m = models[i];
@@ -515,7 +484,6 @@ int main(int argc, char** argv) {
              ", \"megakernel_decode_ms\": " + num(m.mk_decode_ms) + ", \"megakernel_host_sync_ms\": " + num(m.mk_host_ms) +
              ", \"megakernel_frac_of_limit\": " + num(m.limit_ms / m.mk_decode_ms) +
              (m.mk_trace_json.empty() ? "" : ", \"megakernel_trace\": " + m.mk_trace_json) +
-             (m.mk_sweep_json.empty() ? "" : ", \"megakernel_sweep\": " + m.mk_sweep_json) +
              (m.early_decode_ms > 0 ? ", \"gemm_pdl_early_decode_ms\": " + num(m.early_decode_ms) : "") +
              (m.early_tree32_ms > 0 ? ", \"gemm_pdl_early_tree32_ms\": " + num(m.early_tree32_ms) +
                                           ", \"gemm_pdl_early_tree64_ms\": " + num(m.early_tree64_ms) : "") + "}";

@@ -475,11 +475,7 @@ class CudaModelImpl final : public CudaModel {
     if (mk_)
       out += "megakernel ctas=" + std::to_string(mk_plan_.ctas) + " slots=" + std::to_string(mk_plan_.num_slots) +
              "x" + std::to_string(mk_plan_.slot_bytes) + " smem=" + std::to_string(mk_plan_.smem_bytes) +
-             " max_splits=" + std::to_string(mk_plan_.max_splits) + " l2_lead=" + std::to_string(mk_tuning_.l2_lead) +
-             " merge_in_units=" + std::to_string(mk_tuning_.merge_in_units) +
-             " merge_in_o_kb=" + std::to_string(mk_tuning_.merge_in_o_kb) +
-             " split_keys=" + std::to_string(mk_tuning_.split_keys) +
-             " relaxed_poll=" + std::to_string(mk_tuning_.relaxed_poll) + " cooperative\n";
+             " max_splits=" + std::to_string(mk_plan_.max_splits) + " cooperative\n";
     return out;
   }
 
@@ -609,7 +605,6 @@ class CudaModelImpl final : public CudaModel {
     SS_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, copt_.device));
     mk_shape_ = ms;
     mk_plan_ = plan_decode_megakernel(ms, num_sms_, max_smem);
-    mk_tuning_ = megakernel_tuning_from_env();
   }
 
   /// The decode megakernel's kernel attribute and scratch buffers (after plan_megakernel()).
@@ -873,11 +868,6 @@ class CudaModelImpl final : public CudaModel {
     p.sync = mk_sync_.as<unsigned>();
     p.lm_head = mode == LogitsMode::None ? 0 : 1;
     p.trace = mk_trace_ ? mk_trace_.as<unsigned long long>() : nullptr;
-    p.l2_lead = mk_tuning_.l2_lead;
-    p.merge_in_units = mk_tuning_.merge_in_units;
-    p.merge_in_o_kb = mk_tuning_.merge_in_o_kb;
-    p.split_keys = mk_tuning_.split_keys;
-    p.relaxed_poll = mk_tuning_.relaxed_poll;
     launch_decode_megakernel(p, s);
   }
 
@@ -1053,7 +1043,6 @@ class CudaModelImpl final : public CudaModel {
   bool mk_ = false;
   MegaShape mk_shape_;
   MegaPlan mk_plan_;
-  MegaTuning mk_tuning_;
   DeviceBuffer mk_layers_, mk_part_o_, mk_part_ml_, mk_sync_, mk_trace_;
 
   GraphCache graphs_;

@@ -942,31 +942,6 @@ int main(int argc, char** argv) {
       g16.num_layers = 3;
       check_megakernel("gqa16 L=3", g16, 7, 30);
     }
-    {
-      // The other tunings of the megakernel (MegaTuning, read from the
-      // environment when a model is made): the merge inside the last unit per
-      // kv head with 64 keys per unit and relaxed polling; a deep L2 prefetch
-      // lead.
-      setenv("SWIFTSPEC_MEGAKERNEL_MERGE", "1", 1);
-      setenv("SWIFTSPEC_MEGAKERNEL_SPLIT_KEYS", "64", 1);
-      setenv("SWIFTSPEC_MEGAKERNEL_RELAXED_POLL", "1", 1);
-      check_megakernel("gqa7 merge in units, 64 keys, relaxed polls", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 6, 60);
-      unsetenv("SWIFTSPEC_MEGAKERNEL_SPLIT_KEYS");
-      unsetenv("SWIFTSPEC_MEGAKERNEL_RELAXED_POLL");
-      setenv("SWIFTSPEC_MEGAKERNEL_MERGE", "0", 1);
-      setenv("SWIFTSPEC_MEGAKERNEL_MERGE_IN_O_KB", "0", 1);
-      check_megakernel("gqa16 L=3 merge phase", [] {
-        ModelConfig g = tiny_config("llama", 512, 1024, 16, 1, 64, 1000, false, false, RopeStyle::NeoX, false);
-        g.num_layers = 3;
-        return g;
-      }(), 7, 30);
-      unsetenv("SWIFTSPEC_MEGAKERNEL_MERGE_IN_O_KB");
-      setenv("SWIFTSPEC_MEGAKERNEL_MERGE", "1", 1);
-      setenv("SWIFTSPEC_MEGAKERNEL_L2_LEAD", "64", 1);
-      check_megakernel("llama-like merge in units, L2 lead 64", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 4, 100);
-      unsetenv("SWIFTSPEC_MEGAKERNEL_MERGE");
-      unsetenv("SWIFTSPEC_MEGAKERNEL_L2_LEAD");
-    }
     for (const char* sh : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"}) check_megakernel_shape(sh);
     check_megakernel_two_plans();
     cudaStreamDestroy(st);

@@ -14,7 +14,6 @@
 // first row of that stream), so a chunk needs no CTA barrier: each warp
 // reads its rows, then arrives on the slot's empty barrier.
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -35,11 +34,15 @@ constexpr int kThreads = kConsumers + 32;    ///< + the producer warp
 enum Counter { kCtrQKV = 0, kCtrAttn = 1, kCtrMerge = 2, kCtrO = 3, kCtrGateUp = 4, kCtrDown = 5, kCtrPerLayer = 6 };
 /// Weight streams per layer (the attention has none).
 enum StreamKind { kStreamQKV = 0, kStreamO = 1, kStreamGateUp = 2, kStreamDown = 3, kStreamsPerLayer = 4 };
+/// Keys per attention unit (kv head, split): 8 warps x 4 keys in flight
+/// (64 or more keys per unit measured slower, run 14).
+constexpr int kKeysPerSplit = 32;
 /// Splits whose partial states one thread loads at once in a merge.
 constexpr int kMergeBatch = 16;
 /// Shared memory the plan reserves besides slots, x, misc, tables and
-/// barriers: reduction scratch (16 floats, 8 keys, 4 ints) and alignment slack.
-constexpr int kSmallBytes = 256;
+/// barriers: reduction scratch (16 floats, 8 keys), the step's constants and
+/// the step descriptor's header; and alignment slack.
+constexpr int kSmallBytes = 256 + kStepDescHeaderBytes;
 constexpr int kAlignSlack = 128;
 
 // ---------------------------------------------------------------- primitives
@@ -50,12 +53,6 @@ __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ unsigned ld_relaxed_gpu(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void fence_acquire_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 __device__ __forceinline__ void red_release_gpu_add(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
@@ -68,11 +65,6 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
       "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
       : "memory");
 }
-/// Bulk prefetch global -> L2 (bytes % 16 == 0): the weights beyond the ring
-/// are on their way while the arithmetic waits on a dependency.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-}
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
@@ -80,24 +72,14 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory"); }
 
 /// Consumer thread 0 waits until *ctr >= target (acquire at GPU scope), then
-/// the consumers proceed. `relaxed_poll` spins on relaxed loads and fences
-/// once after success (MegaParams::relaxed_poll); otherwise every poll is an
-/// acquire load. Traps after ~10 s: a producer that never arrives is a bug,
-/// and a trap reports it where a hang would not.
-__device__ __forceinline__ void wait_counter(const unsigned* ctr, unsigned target, int relaxed_poll) {
-  if (threadIdx.x == 0) {
-    if (relaxed_poll) {
-      if (ld_relaxed_gpu(ctr) < target) {
-        const long long t0 = clock64();
-        while (ld_relaxed_gpu(ctr) < target)
-          if (clock64() - t0 > 20000000000LL) __trap();
-      }
-      fence_acquire_gpu();
-    } else if (ld_acquire_gpu(ctr) < target) {
-      const long long t0 = clock64();
-      while (ld_acquire_gpu(ctr) < target)
-        if (clock64() - t0 > 20000000000LL) __trap();
-    }
+/// the consumers proceed. Traps after ~10 s: a producer that never arrives is
+/// a bug, and a trap reports it where a hang would not. (Relaxed polls with
+/// one fence after success measured slower, run 14.)
+__device__ __forceinline__ void wait_counter(const unsigned* ctr, unsigned target) {
+  if (threadIdx.x == 0 && ld_acquire_gpu(ctr) < target) {
+    const long long t0 = clock64();
+    while (ld_acquire_gpu(ctr) < target)
+      if (clock64() - t0 > 20000000000LL) __trap();
   }
   consumer_sync();
 }
@@ -195,8 +177,7 @@ __device__ __forceinline__ int rows_per_chunk(const MegaPlan& pl, int K) {
 }
 
 /// A walk over the CTA's streams in step order, chunk by chunk (whole rows,
-/// at most one slot). The producer runs two: the ring's and the L2
-/// prefetch's, which runs `MegaParams::l2_lead` chunks ahead of it.
+/// at most one slot), the producer's.
 struct ChunkWalk {
   int idx = 0, row = -1;
   __device__ bool next(const MegaParams& p, const Stream* table, int last_idx, const void*& src, uint32_t& bytes) {
@@ -220,25 +201,17 @@ struct ChunkWalk {
 /// The producer (lane 0 of warp 8): every chunk of the step in order into
 /// slot seq % slots, as soon as the consumer warps have freed that slot.
 /// Weights do not depend on activations, so it runs as far ahead of the
-/// arithmetic as the ring allows, across matrices and layers; the L2
-/// prefetches run further ahead still.
+/// arithmetic as the ring allows, across matrices and layers. (Bulk L2
+/// prefetches further ahead of the ring measured slower, run 14.)
 __device__ void producer_loop(const MegaParams& p, const Stream* table, int last_idx, unsigned char* slots,
                               uint64_t* full, uint64_t* empty) {
   const uint64_t policy = l2_policy_evict_first();  // weights are read once per step
   const uint32_t ns = static_cast<uint32_t>(p.plan.num_slots);
-  ChunkWalk ring, pf;
-  uint32_t seq = 0, pf_seq = 0;
+  ChunkWalk ring;
+  uint32_t seq = 0;
   const void* src;
   uint32_t bytes;
-  // The prefetch walk starts past the chunks the ring loads at once.
-  for (uint32_t i = 0; i < ns && pf.next(p, table, last_idx, src, bytes); ++i) ++pf_seq;
   while (ring.next(p, table, last_idx, src, bytes)) {
-    const void* psrc;
-    uint32_t pbytes;
-    while (pf_seq < seq + ns + static_cast<uint32_t>(p.l2_lead) && pf.next(p, table, last_idx, psrc, pbytes)) {
-      bulk_prefetch_l2(psrc, pbytes);
-      ++pf_seq;
-    }
     const uint32_t slot = seq % ns, round = seq / ns;
     if (round > 0) mbar_wait(&empty[slot], (round - 1) & 1u);
     mbar_arrive_expect_tx(&full[slot], bytes);
@@ -362,10 +335,19 @@ __device__ void load_input(const __nv_bfloat16* src, int K, __nv_bfloat16* x) {
 }
 
 // ---------------------------------------------------------------- attention
+/// The step's constants, copied to shared memory once per launch: every op
+/// reads them, and a global load that misses L1 (a small L1 beside a full
+/// ring) would add a dependent L2 round trip to the op's critical path.
+struct StepConsts {
+  int token, position, kv_index;  ///< the step's token, its RoPE position, its KV slot
+  int prefix, a0, n_keys;         ///< committed keys, attend list offset, keys in all
+  int splits, per_split;          ///< key splits per kv head, keys per split
+};
+
 /// Logical key j of the step's token -> KV cache index: the committed prefix,
 /// then the attend list (tree slots, ancestors by depth, itself last).
-__device__ __forceinline__ int key_index(const StepDesc* d, int j, int prefix, int a0, int max_context) {
-  return j < prefix ? j : max_context + d->attend_slots[a0 + j - prefix];
+__device__ __forceinline__ int key_index(const MegaParams& p, const StepConsts& c, int j) {
+  return j < c.prefix ? j : p.s.max_context + p.desc->attend_slots[c.a0 + j - c.prefix];
 }
 
 template <int EPL>
@@ -383,71 +365,38 @@ __device__ __forceinline__ void load_row(const __nv_bfloat16* base, int lane, fl
   }
 }
 
-/// Key splits per kv head for the step (the same in every CTA); KVH * S
-/// never exceeds the CTAs, so a CTA runs at most one unit.
-__device__ __forceinline__ int attention_splits(const MegaParams& p, int n_keys) {
-  const int S = (n_keys + p.split_keys - 1) / p.split_keys;
-  return max(1, min(S, min(p.plan.max_splits, max(1, p.plan.ctas / p.s.num_kv_heads))));
-}
-__device__ __forceinline__ int attention_keys(const StepDesc* d) {
-  return d->prefix_len[0] + (d->attend_off[1] - d->attend_off[0]);
-}
-
-/// Merges the S split states of query head `head`, output element dd, in
-/// split order (deterministic): the partial states are loaded kMergeBatch at
-/// a time, all in flight together.
-__device__ __forceinline__ float merge_element(const MegaParams& p, int head, int dd, int S) {
-  const int MS = p.plan.max_splits, HD = p.s.head_dim;
-  float m = -INFINITY, l = 0.f, o = 0.f;
-  for (int s0 = 0; s0 < S; s0 += kMergeBatch) {
-    float2 ml[kMergeBatch];
-    float po[kMergeBatch];
-#pragma unroll
-    for (int b = 0; b < kMergeBatch; ++b) {
-      if (s0 + b < S) {
-        const size_t idx = static_cast<size_t>(head) * MS + s0 + b;
-        ml[b] = __ldcg(p.part_ml + idx);
-        po[b] = __ldcg(p.part_o + idx * HD + dd);
-      } else {
-        ml[b] = make_float2(-INFINITY, 0.f);
-        po[b] = 0.f;
-      }
-    }
-#pragma unroll
-    for (int b = 0; b < kMergeBatch; ++b) {
-      if (ml[b].x == -INFINITY) continue;  // a split without keys, or past S
-      const float mn = fmaxf(m, ml[b].x);
-      const float fa = exp2f(m - mn), fb = exp2f(ml[b].x - mn);  // fa = 0 while m = -inf
-      l = l * fa + ml[b].y * fb;
-      o = o * fa + po[b] * fb;
-      m = mn;
-    }
-  }
-  return o / l;
+/// The step's constants (consumer thread 0): kKeysPerSplit keys per unit,
+/// KVH * S never above the CTAs.
+__device__ void make_step_consts(const MegaParams& p, StepConsts& c) {
+  const StepDesc* d = p.desc;
+  c.token = d->tokens[0];
+  c.position = d->positions[0];
+  c.kv_index = d->kv_index[0];
+  c.prefix = d->prefix_len[0];
+  c.a0 = d->attend_off[0];
+  c.n_keys = c.prefix + (d->attend_off[1] - c.a0);
+  const int S = (c.n_keys + kKeysPerSplit - 1) / kKeysPerSplit;
+  c.splits = max(1, min(S, min(p.plan.max_splits, max(1, p.plan.ctas / p.s.num_kv_heads))));
+  c.per_split = (c.n_keys + c.splits - 1) / c.splits;
 }
 
-/// The attention unit (kv head, key split) of this CTA at layer `l`, if any:
-/// the 8 warps share the unit's keys (each key's K/V is loaded once for all
-/// query heads of the kv head, 4 keys in flight per warp); the warps'
+/// The attention unit u < KVH * S (kv head u / S, key split u % S) of layer
+/// `L`: the 8 warps share the unit's keys (each key's K/V is loaded once for
+/// all query heads of the kv head, 4 keys in flight per warp); the warps'
 /// online-softmax states merge in shared memory into the unit's partial
 /// (max, sum, unnormalized output) per query head, written to part_ml /
-/// part_o. Unit u < KVH * S (attention_splits); u / S is its kv head.
+/// part_o for merge_splits().
 template <int HD>
-__device__ void attention_unit(const MegaParams& p, const MegaLayer& L, int u, float* scratch) {
+__device__ void attention_unit(const MegaParams& p, const StepConsts& c, const MegaLayer& L, int u, float* scratch) {
   constexpr int EPL = HD / 32;
   const MegaShape& s = p.s;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int KVH = s.num_kv_heads, group = s.num_heads / KVH;
   const int hmax = min(group, 8);
   const int MS = p.plan.max_splits;
-  const StepDesc* d = p.desc;
-  const int prefix = d->prefix_len[0], a0 = d->attend_off[0];
-  const int n_keys = attention_keys(d);
-  const int S = attention_splits(p, n_keys);
-  const int per = (n_keys + S - 1) / S;
   const float qscale = rsqrtf(static_cast<float>(HD)) * 1.4426950408889634f;  // softmax in base 2
-  const int kvh = u / S, split = u - kvh * S;
-  const int k0 = split * per, k1 = min(n_keys, k0 + per);
+  const int kvh = u / c.splits, split = u - kvh * c.splits;
+  const int k0 = split * c.per_split, k1 = min(c.n_keys, k0 + c.per_split);
   const __nv_bfloat16* kc = L.kcache + static_cast<size_t>(kvh) * s.slots * HD;
   const __nv_bfloat16* vc = L.vcache + static_cast<size_t>(kvh) * s.slots * HD;
   for (int g0 = 0; g0 < group; g0 += 8) {
@@ -471,7 +420,7 @@ __device__ void attention_unit(const MegaParams& p, const MegaLayer& L, int u, f
       for (int b = 0; b < 4; ++b) {
         const int jj = j + b * kWarps;
         if (jj < k1) {
-          const int idx = key_index(d, jj, prefix, a0, s.max_context);
+          const int idx = key_index(p, c, jj);
           load_row<EPL>(kc + static_cast<size_t>(idx) * HD, lane, kv[b]);
           load_row<EPL>(vc + static_cast<size_t>(idx) * HD, lane, vv[b]);
         }
@@ -530,108 +479,44 @@ __device__ void attention_unit(const MegaParams& p, const MegaLayer& L, int u, f
   }
 }
 
-/// Grid-wide merge phase (MegaParams::merge_in_units == 0): every CTA merges
-/// the key splits of a slice of the output elements, [c * nq / G, (c+1) * nq / G).
-__device__ void merge_splits(const MegaParams& p, int cta) {
+/// The merge phase: every CTA merges the key splits of a slice of the output
+/// elements, [c * nq / G, (c+1) * nq / G), in split order (deterministic),
+/// the partial states loaded kMergeBatch splits at a time, all in flight.
+/// (Merging in the last unit of each kv head, or redundantly in every CTA of
+/// the O projection, saves a grid-wide handoff but measured slower, run 14.)
+__device__ void merge_splits(const MegaParams& p, const StepConsts& c, int cta) {
   const MegaShape& s = p.s;
-  const int HD = s.head_dim, nq = s.num_heads * HD, G = p.plan.ctas;
-  const int S = attention_splits(p, attention_keys(p.desc));
+  const int HD = s.head_dim, nq = s.num_heads * HD, G = p.plan.ctas, MS = p.plan.max_splits, S = c.splits;
   const int e0 = static_cast<int>(static_cast<long long>(cta) * nq / G);
   const int e1 = static_cast<int>(static_cast<long long>(cta + 1) * nq / G);
   for (int e = e0 + threadIdx.x; e < e1; e += kConsumers) {
-    const int head = e / HD;
-    p.attn[e] = __float2bfloat16_rn(merge_element(p, head, e - head * HD, S));
-  }
-}
-
-/// Whether the O projection's CTAs merge the key splits themselves
-/// (MegaParams::merge_in_o_kb): the partial outputs are small enough.
-__device__ __forceinline__ bool merge_in_o(const MegaParams& p, int S) {
-  return !p.merge_in_units &&
-         static_cast<long long>(p.s.num_heads) * S * p.s.head_dim * 4 <= static_cast<long long>(p.merge_in_o_kb) * 1024;
-}
-
-/// x = bf16(attention output), merged from all the step's split partials by
-/// this CTA alone: the (max, sum) states go to shared memory (`w`, num_heads x
-/// S floats), one thread per head turns them into split weights exp2(m_s - M)
-/// / L (fixed order), then x[e] = sum_s weight[head][s] * o[head][s][e] with
-/// every thread's loads in flight together.
-__device__ void merge_into_x(const MegaParams& p, int S, __nv_bfloat16* x, float* w) {
-  const MegaShape& s = p.s;
-  const int HD = s.head_dim, nq = s.num_heads * HD, MS = p.plan.max_splits;
-  float2* ml = reinterpret_cast<float2*>(w + ((s.num_heads * S + 1) & ~1));  // staged states (8-byte aligned)
-  for (int i = threadIdx.x; i < s.num_heads * S; i += kConsumers)
-    ml[i] = __ldcg(p.part_ml + static_cast<size_t>(i / S) * MS + i % S);
-  consumer_sync();
-  for (int h = threadIdx.x; h < s.num_heads; h += kConsumers) {
-    float M = -INFINITY;
-    for (int k = 0; k < S; ++k) M = fmaxf(M, ml[h * S + k].x);
-    float L = 0.f;
-    for (int k = 0; k < S; ++k) {
-      const float2 v = ml[h * S + k];
-      const float f = v.x == -INFINITY ? 0.f : exp2f(v.x - M);
-      w[h * S + k] = f;
-      L = fmaf(v.y, f, L);
-    }
-    const float inv = 1.0f / L;
-    for (int k = 0; k < S; ++k) w[h * S + k] *= inv;
-  }
-  consumer_sync();
-  for (int e0 = threadIdx.x; e0 < nq; e0 += 4 * kConsumers) {
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int k0 = 0; k0 < S; k0 += 8) {
-      float po[4][8];
+    const int head = e / HD, dd = e - head * HD;
+    float m = -INFINITY, l = 0.f, o = 0.f;
+    for (int s0 = 0; s0 < S; s0 += kMergeBatch) {
+      float2 ml[kMergeBatch];
+      float po[kMergeBatch];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int e = e0 + i * kConsumers;
-#pragma unroll
-        for (int k = 0; k < 8; ++k)
-          po[i][k] = e < nq && k0 + k < S
-                         ? __ldcg(p.part_o + (static_cast<size_t>(e / HD) * MS + k0 + k) * HD + e % HD)
-                         : 0.f;
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int e = e0 + i * kConsumers;
-        if (e < nq) {
-#pragma unroll
-          for (int k = 0; k < 8; ++k)
-            if (k0 + k < S) acc[i] = fmaf(w[(e / HD) * S + k0 + k], po[i][k], acc[i]);
+      for (int b = 0; b < kMergeBatch; ++b) {
+        if (s0 + b < S) {
+          const size_t idx = static_cast<size_t>(head) * MS + s0 + b;
+          ml[b] = __ldcg(p.part_ml + idx);
+          po[b] = __ldcg(p.part_o + idx * HD + dd);
+        } else {
+          ml[b] = make_float2(-INFINITY, 0.f);
+          po[b] = 0.f;
         }
       }
-    }
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      if (e0 + i * kConsumers < nq) x[e0 + i * kConsumers] = __float2bfloat16_rn(acc[i]);
-  }
-  consumer_sync();
-}
-
-/// MegaParams::merge_in_units == 1: the last unit of kv head `kvh` to finish
-/// (a per-head arrival count) merges that head's splits itself and releases
-/// the layer's merge counter once; no grid-wide merge phase. Returns after
-/// the release (or at once for the other units).
-__device__ void merge_if_last_unit(const MegaParams& p, int kvh, unsigned* head_ctr, unsigned* merged_ctr,
-                                   int* flag) {
-  const MegaShape& s = p.s;
-  const int S = attention_splits(p, attention_keys(p.desc));
-  consumer_sync();  // the unit's partials are written
-  if (threadIdx.x == 0) {
-    __threadfence();  // ... and visible at GPU scope before the arrival
-    *flag = atomicAdd(head_ctr, 1u) == static_cast<unsigned>(S - 1);
-  }
-  consumer_sync();
-  if (!*flag) return;
-  __threadfence();  // the other units' partials, ordered after their arrivals
-  const int group = s.num_heads / s.num_kv_heads, HD = s.head_dim;
-  for (int e = threadIdx.x; e < group * HD; e += kConsumers) {
-    const int head = kvh * group + e / HD, dd = e % HD;
-    p.attn[static_cast<size_t>(head) * HD + dd] = __float2bfloat16_rn(merge_element(p, head, dd, S));
-  }
-  consumer_sync();
-  if (threadIdx.x == 0) {
-    *head_ctr = 0u;  // every unit of the head has arrived: nobody reads it again this step
-    red_release_gpu_add(merged_ctr, 1u);
+      for (int b = 0; b < kMergeBatch; ++b) {
+        if (ml[b].x == -INFINITY) continue;  // a split without keys, or past S
+        const float mn = fmaxf(m, ml[b].x);
+        const float fa = exp2f(m - mn), fb = exp2f(ml[b].x - mn);  // fa = 0 while m = -inf
+        l = l * fa + ml[b].y * fb;
+        o = o * fa + po[b] * fb;
+        m = mn;
+      }
+    }
+    p.attn[e] = __float2bfloat16_rn(o / l);
   }
 }
 
@@ -647,24 +532,27 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
   float* h_own = misc;                      // this CTA's residual rows (O and down), the whole step
   float* ybuf = misc + pl.own_rows;         // QKV / gate-up outputs of its rows; attention scratch
   Stream* table = reinterpret_cast<Stream*>(reinterpret_cast<unsigned char*>(misc) + pl.misc_bytes);
-  uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(table) + pl.table_bytes);
+  MegaLayer* layers = reinterpret_cast<MegaLayer*>(reinterpret_cast<unsigned char*>(table) + pl.table_bytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(layers) + pl.layers_bytes);
   uint64_t* empty = full + pl.num_slots;
   float* small = reinterpret_cast<float*>(empty + pl.num_slots);                      // [16]
   unsigned long long* small_key = reinterpret_cast<unsigned long long*>(small + 16);  // [8]
-  int* small_int = reinterpret_cast<int*>(small_key + 8);                             // [4]
+  StepConsts* consts = reinterpret_cast<StepConsts*>(small_key + 8);
+  StepDesc* desc_head = reinterpret_cast<StepDesc*>(consts + 1);  // the descriptor's header only (EpiQKV)
 
   const int tid = threadIdx.x, cta = blockIdx.x, G = pl.ctas;
   const int warp = tid >> 5, lane = tid & 31;
   const int L = s.num_layers, H = s.hidden, I = s.intermediate;
-  const int nq = s.num_heads * s.head_dim;
   const int nstreams = kStreamsPerLayer * L + 1;
   const int last_idx = nstreams - 1 - (p.lm_head ? 0 : 1);
   unsigned* ctr = p.sync;
-  unsigned* head_ctr = p.sync + L * kCtrPerLayer + 1;  // [L][kv heads] (merge_in_units)
-  const int token = p.desc->tokens[0];
 
   for (int i = tid; i < nstreams; i += kThreads) table[i] = stream_of(p, i, cta);
+  for (int i = tid; i < L; i += kThreads) layers[i] = p.layers[i];
+  for (int i = tid; i < kStepDescHeaderBytes / 4; i += kThreads)
+    reinterpret_cast<int*>(desc_head)[i] = reinterpret_cast<const int*>(p.desc)[i];
   if (tid == 0) {
+    make_step_consts(p, *consts);
     for (int i = 0; i < pl.num_slots; ++i) {
       mbar_init(&full[i], 1);
       mbar_init(&empty[i], kWarps);
@@ -678,20 +566,21 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
     if (lane == 0) producer_loop(p, table, last_idx, slots, full, empty);
     __syncwarp();
   } else {  // ---- the consumer warps ----------------------------------------------------
+    const StepConsts c = *consts;
     Ring ring{slots, full, empty, 0};
     const Stream own = table[kStreamO];  // O and down rows: the same in every layer
     float rinv = 0.f;
     for (int l = 0; l < L; ++l) {
-      const MegaLayer& Ly = p.layers[l];
-      unsigned* c = ctr + l * kCtrPerLayer;
+      const MegaLayer& Ly = layers[l];
+      unsigned* lc = ctr + l * kCtrPerLayer;
       const int slot0 = l * kCtrPerLayer;
       // ---- QKV (+ bias, RoPE, K/V into the cache) ------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamQKV];
         if (st.row1 > st.row0) {
-          if (l > 0) wait_counter(c - kCtrPerLayer + kCtrDown, G, p.relaxed_poll);
+          if (l > 0) wait_counter(lc - kCtrPerLayer + kCtrDown, G);
           trace_mark(p, slot0 + kCtrQKV, 0);
-          rinv = load_normed_input(p, l == 0, token, x, small);
+          rinv = load_normed_input(p, l == 0, c.token, x, small);
           consume_stream(p, st, ring, x, [&](int row, float v) {
             if (lane == 0) ybuf[row - st.row0] = v;
           });
@@ -701,7 +590,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           e.q = p.q;
           e.kcache = Ly.kcache;
           e.vcache = Ly.vcache;
-          e.desc = p.desc;
+          e.desc = desc_head;
           e.inv_freq = p.inv_freq;
           e.num_heads = s.num_heads;
           e.num_kv_heads = s.num_kv_heads;
@@ -716,52 +605,32 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           trace_mark(p, slot0 + kCtrQKV, 0);
         }
         trace_mark(p, slot0 + kCtrQKV, 1);
-        signal_counter(c + kCtrQKV);
+        signal_counter(lc + kCtrQKV);
       }
-      // ---- attention: units, then the merge of the key splits --------------------------
-      wait_counter(c + kCtrQKV, G, p.relaxed_poll);
+      // ---- attention: units (u = cta, cta + G, ...), then the merge phase ----------------
+      wait_counter(lc + kCtrQKV, G);
       trace_mark(p, slot0 + kCtrAttn, 0);
-      {
-        // Units u = cta, cta + G, ... (more than one only with more kv heads than CTAs).
-        const int S = attention_splits(p, attention_keys(p.desc));
-        for (int u = cta; u < s.num_kv_heads * S; u += G) {
-          if (s.head_dim == 64) attention_unit<64>(p, Ly, u, ybuf);
-          else attention_unit<128>(p, Ly, u, ybuf);
-          if (p.merge_in_units)
-            merge_if_last_unit(p, u / S, head_ctr + l * s.num_kv_heads + u / S, c + kCtrMerge, small_int);
-        }
+      for (int u = cta; u < s.num_kv_heads * c.splits; u += G) {
+        if (s.head_dim == 64) attention_unit<64>(p, c, Ly, u, ybuf);
+        else attention_unit<128>(p, c, Ly, u, ybuf);
       }
       trace_mark(p, slot0 + kCtrAttn, 1);
-      const int S = attention_splits(p, attention_keys(p.desc));
-      const bool merge_o = merge_in_o(p, S);
-      if (p.merge_in_units) {
-        trace_mark(p, slot0 + kCtrMerge, 0);
-        trace_mark(p, slot0 + kCtrMerge, 1);
-      } else if (merge_o) {  // O's CTAs merge: the units' counter stands for the merge's
-        signal_counter(c + kCtrAttn);
-        trace_mark(p, slot0 + kCtrMerge, 0);
-        trace_mark(p, slot0 + kCtrMerge, 1);
-      } else {
-        signal_counter(c + kCtrAttn);
-        wait_counter(c + kCtrAttn, G, p.relaxed_poll);
-        trace_mark(p, slot0 + kCtrMerge, 0);
-        merge_splits(p, cta);
-        trace_mark(p, slot0 + kCtrMerge, 1);
-        signal_counter(c + kCtrMerge);
-      }
-      const unsigned merged = p.merge_in_units ? static_cast<unsigned>(s.num_kv_heads) : static_cast<unsigned>(G);
-      unsigned* merged_ctr = merge_o ? c + kCtrAttn : c + kCtrMerge;
+      signal_counter(lc + kCtrAttn);
+      wait_counter(lc + kCtrAttn, G);
+      trace_mark(p, slot0 + kCtrMerge, 0);
+      merge_splits(p, c, cta);
+      trace_mark(p, slot0 + kCtrMerge, 1);
+      signal_counter(lc + kCtrMerge);
       // ---- O projection + residual -------------------------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamO];
         if (st.row1 > st.row0) {
           if (l == 0)  // the residual starts as the token's embedding
             for (int i = tid; i < own.row1 - own.row0; i += kConsumers)
-              h_own[i] = __bfloat162float(p.embed[static_cast<size_t>(token) * H + own.row0 + i]);
-          wait_counter(merged_ctr, merged, p.relaxed_poll);
+              h_own[i] = __bfloat162float(p.embed[static_cast<size_t>(c.token) * H + own.row0 + i]);
+          wait_counter(lc + kCtrMerge, G);
           trace_mark(p, slot0 + kCtrO, 0);
-          if (merge_o) merge_into_x(p, S, x, ybuf);
-          else load_input(p.attn, nq, x);
+          load_input(p.attn, s.num_heads * s.head_dim, x);
           consume_stream(p, st, ring, x, [&](int row, float v) {
             if (lane == 0) {
               const float h = h_own[row - own.row0] + v;
@@ -773,15 +642,15 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           trace_mark(p, slot0 + kCtrO, 0);
         }
         trace_mark(p, slot0 + kCtrO, 1);
-        signal_counter(c + kCtrO);
+        signal_counter(lc + kCtrO);
       }
       // ---- gate/up + SwiGLU --------------------------------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamGateUp];
         if (st.row1 > st.row0) {
-          wait_counter(c + kCtrO, G, p.relaxed_poll);
+          wait_counter(lc + kCtrO, G);
           trace_mark(p, slot0 + kCtrGateUp, 0);
-          rinv = load_normed_input(p, false, token, x, small);
+          rinv = load_normed_input(p, false, c.token, x, small);
           consume_stream(p, st, ring, x, [&](int row, float v) {
             if (lane == 0) ybuf[row - st.row0] = v;
           });
@@ -796,13 +665,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           trace_mark(p, slot0 + kCtrGateUp, 0);
         }
         trace_mark(p, slot0 + kCtrGateUp, 1);
-        signal_counter(c + kCtrGateUp);
+        signal_counter(lc + kCtrGateUp);
       }
       // ---- down projection + residual ------------------------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamDown];
         if (st.row1 > st.row0) {
-          wait_counter(c + kCtrGateUp, G, p.relaxed_poll);
+          wait_counter(lc + kCtrGateUp, G);
           trace_mark(p, slot0 + kCtrDown, 0);
           load_input(p.act, I, x);
           consume_stream(p, st, ring, x, [&](int row, float v) {
@@ -816,7 +685,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           trace_mark(p, slot0 + kCtrDown, 0);
         }
         trace_mark(p, slot0 + kCtrDown, 1);
-        signal_counter(c + kCtrDown);
+        signal_counter(lc + kCtrDown);
       }
     }
     // ---- final norm + LM head + arg-max -------------------------------------------------
@@ -824,9 +693,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       const Stream st = table[kStreamsPerLayer * L];
       unsigned long long best = 0ull;
       if (st.row1 > st.row0) {
-        wait_counter(ctr + (L - 1) * kCtrPerLayer + kCtrDown, G, p.relaxed_poll);
+        wait_counter(ctr + (L - 1) * kCtrPerLayer + kCtrDown, G);
         trace_mark(p, L * kCtrPerLayer, 0);
-        rinv = load_normed_input(p, false, token, x, small);
+        rinv = load_normed_input(p, false, c.token, x, small);
         consume_stream(p, st, ring, x, [&](int row, float v) {
           if (row < s.vocab) {
             v *= rinv;
@@ -870,9 +739,8 @@ size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
 size_t decode_megakernel_sync_words(const MegaShape& s) {
-  // Per layer: the op counters, then one completion counter, then the
-  // per-(layer, kv head) unit arrivals of merge_in_units.
-  return static_cast<size_t>(s.num_layers) * kCtrPerLayer + 1 + static_cast<size_t>(s.num_layers) * s.num_kv_heads;
+  // Per layer: the op counters; then one completion counter.
+  return static_cast<size_t>(s.num_layers) * kCtrPerLayer + 1;
 }
 
 MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem) {
@@ -895,16 +763,14 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem) {
   pl.ybuf_rows = 16 * std::max((tiles_qkv + num_sms - 1) / num_sms, (tiles_gu + num_sms - 1) / num_sms);
   pl.own_rows = static_cast<int>(align_up((s.hidden + num_sms - 1) / num_sms, 4));
   pl.max_splits = std::max(1, num_sms / s.num_kv_heads);
-  // Attention scratch: the warps' states of a unit, or merge_into_x's split
-  // weights and staged states.
-  const size_t attn_floats = std::max(static_cast<size_t>(kWarps) * std::min(group, 8) * (s.head_dim + 2),
-                                      3 * static_cast<size_t>(s.num_heads) * pl.max_splits + 2);
+  const size_t attn_floats = static_cast<size_t>(kWarps) * std::min(group, 8) * (s.head_dim + 2);
   // h_own first (the residual rows live across the whole step), then ybuf,
   // which the attention scratch aliases.
   pl.misc_bytes = static_cast<int>(align_up(
       4 * (std::max(static_cast<size_t>(pl.ybuf_rows), attn_floats) + static_cast<size_t>(pl.own_rows)), 128));
   pl.table_bytes = static_cast<int>(align_up(sizeof(Stream) * (kStreamsPerLayer * static_cast<size_t>(s.num_layers) + 1), 128));
-  const long long fixed = kAlignSlack + pl.x_bytes + pl.misc_bytes + pl.table_bytes + kSmallBytes;
+  pl.layers_bytes = static_cast<int>(align_up(sizeof(MegaLayer) * static_cast<size_t>(s.num_layers), 128));
+  const long long fixed = kAlignSlack + pl.x_bytes + pl.misc_bytes + pl.table_bytes + pl.layers_bytes + kSmallBytes;
   long long ns = (static_cast<long long>(max_smem) - fixed) / (pl.slot_bytes + 16);
   ns = std::min<long long>(ns, 16);
   if (ns < 2)
@@ -913,28 +779,6 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem) {
   pl.num_slots = static_cast<int>(ns);
   pl.smem_bytes = static_cast<size_t>(fixed) + static_cast<size_t>(ns) * (pl.slot_bytes + 16);
   return pl;
-}
-
-MegaTuning megakernel_tuning_from_env() {
-  MegaTuning t;
-  const auto read = [](const char* name, int lo, int hi, int& out) {
-    const char* v = std::getenv(name);
-    if (v == nullptr || *v == '\0') return;
-    char* end = nullptr;
-    const long x = std::strtol(v, &end, 10);
-    if (*end != '\0' || x < lo || x > hi)
-      throw InvalidArgument(std::string(name) + "=" + v + ": expected an integer in [" + std::to_string(lo) + ", " +
-                            std::to_string(hi) + "]");
-    out = static_cast<int>(x);
-  };
-  read("SWIFTSPEC_MEGAKERNEL_L2_LEAD", 0, 64, t.l2_lead);
-  read("SWIFTSPEC_MEGAKERNEL_MERGE", 0, 1, t.merge_in_units);
-  read("SWIFTSPEC_MEGAKERNEL_MERGE_IN_O_KB", 0, 4096, t.merge_in_o_kb);
-  read("SWIFTSPEC_MEGAKERNEL_SPLIT_KEYS", 32, 1024, t.split_keys);
-  if (t.split_keys % 32)
-    throw InvalidArgument("SWIFTSPEC_MEGAKERNEL_SPLIT_KEYS=" + std::to_string(t.split_keys) + ": not a multiple of 32");
-  read("SWIFTSPEC_MEGAKERNEL_RELAXED_POLL", 0, 1, t.relaxed_poll);
-  return t;
 }
 
 void configure_decode_megakernel(const MegaPlan& plan) {

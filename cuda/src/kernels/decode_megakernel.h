@@ -21,9 +21,8 @@
 //   QKV    rows in 16-row tiles (RoPE pairs, weight_layout.h) over the CTAs;
 //          each CTA computes 1/rms of the residual itself (RMSNorm folded
 //          into the weights), adds the bias, applies RoPE, writes q and K/V
-//   attn   (kv head, key split) units write partial softmax states; the
-//          last unit of each kv head merges that head's splits
-//          (MegaParams::merge_in_units; or a merge phase over all CTAs)
+//   attn   (kv head, key split) units write partial softmax states; then
+//          every CTA merges the splits of a slice of the output elements
 //   O      single rows; adds into the fp32 residual stream (owner-computes)
 //   gate/up 16-row tiles (gate and up rows interleaved); SwiGLU
 //   down   single rows; residual add
@@ -77,6 +76,7 @@ struct MegaPlan {
   int own_rows = 0;    ///< per-CTA residual rows (O and down), kept in shared memory
   int misc_bytes = 0;  ///< own rows, then ybuf or the attention scratch (aliased)
   int table_bytes = 0; ///< the CTA's weight streams (rows of each matrix)
+  int layers_bytes = 0; ///< a copy of the layer table (MegaLayer per layer)
   size_t smem_bytes = 0;
   int max_splits = 0;  ///< key splits per kv head (partial buffers are sized for it)
 };
@@ -89,8 +89,8 @@ struct MegaPlan {
 MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem);
 
 /// 32-bit words of the synchronization area (counters per layer and op, one
-/// completion counter, per-(layer, kv head) attention-unit arrivals). Zero it
-/// once at allocation: every launch leaves it zeroed again.
+/// completion counter). Zero it once at allocation: every launch leaves it
+/// zeroed again.
 size_t decode_megakernel_sync_words(const MegaShape& s);
 
 struct MegaParams {
@@ -111,42 +111,11 @@ struct MegaParams {
   unsigned long long* keys = nullptr;    ///< [1] arg-max key of the step (argmax_key_index)
   unsigned* sync = nullptr;              ///< decode_megakernel_sync_words(s) words, zero
   int lm_head = 1;                       ///< 0: stop after the last layer (no logits, no arg-max)
-  /// Chunks the producer prefetches into L2 beyond the ring (bulk L2
-  /// prefetch), so HBM keeps streaming while the arithmetic waits on a
-  /// dependency and the ring is full. 0: none.
-  int l2_lead = 0;
-  /// 1: the last attention unit of each kv head merges its key splits (an
-  /// arrival count per head) and no grid-wide merge phase runs; 0: a merge
-  /// phase over all CTAs between two grid-wide handoffs.
-  int merge_in_units = 0;
-  /// With merge_in_units == 0: when the step's partial outputs (num_heads x
-  /// splits x head_dim fp32) take at most this many KB, every CTA of the O
-  /// projection merges all of them itself into its input vector (no merge
-  /// phase, one grid-wide handoff less); otherwise a merge phase runs.
-  int merge_in_o_kb = 0;
-  int split_keys = 32;    ///< keys per attention unit (multiple of 32)
-  int relaxed_poll = 0;   ///< counter waits: relaxed polls + one fence (1) or acquire polls (0)
   /// Null, or [(6 * num_layers + 1) * ctas * 2] global-timer stamps (ns):
   /// per op slot (per layer: QKV, attention units, split merge, O, gate/up,
   /// down; then the LM head) and CTA, its start (after its wait) and end.
   unsigned long long* trace = nullptr;
 };
-
-/// The tunables of MegaParams: the defaults (the fastest measured, run 14),
-/// or for A/B measurements the environment variables
-/// SWIFTSPEC_MEGAKERNEL_L2_LEAD (chunks, 0..64), SWIFTSPEC_MEGAKERNEL_MERGE
-/// (0 or 1), SWIFTSPEC_MEGAKERNEL_MERGE_IN_O_KB (0..4096),
-/// SWIFTSPEC_MEGAKERNEL_SPLIT_KEYS (32..1024, a multiple of 32) and
-/// SWIFTSPEC_MEGAKERNEL_RELAXED_POLL (0 or 1). Throws InvalidArgument naming
-/// the variable for a value out of range.
-struct MegaTuning {
-  int l2_lead = 0;
-  int merge_in_units = 0;
-  int merge_in_o_kb = 64;
-  int split_keys = 32;
-  int relaxed_poll = 0;
-};
-MegaTuning megakernel_tuning_from_env();
 
 /// Sets the kernel's shared-memory size on the current device and checks
 /// that one CTA fits on an SM (CudaError otherwise). Call before the first
