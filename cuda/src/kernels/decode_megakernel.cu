@@ -41,8 +41,8 @@ constexpr int kKeysPerSplit = 32;
 constexpr int kMergeBatch = 16;
 /// Shared memory the plan reserves besides slots, x, misc, tables and
 /// barriers: reduction scratch (16 floats, 8 keys), the step's constants and
-/// the step descriptor's header; and alignment slack.
-constexpr int kSmallBytes = 256 + kStepDescHeaderBytes;
+/// RoPE table (64 (cos, sin) at most); and alignment slack.
+constexpr int kSmallBytes = 256 + 64 * 8;
 constexpr int kAlignSlack = 128;
 
 // ---------------------------------------------------------------- primitives
@@ -83,13 +83,6 @@ __device__ __forceinline__ void wait_counter(const unsigned* ctr, unsigned targe
   }
   consumer_sync();
 }
-/// The consumers' writes so far (ordered by the barrier) are released to the
-/// waiters of `ctr` (the pattern of CUTLASS's generic barrier).
-__device__ __forceinline__ void signal_counter(unsigned* ctr) {
-  consumer_sync();
-  if (threadIdx.x == 0) red_release_gpu_add(ctr, 1u);
-}
-
 /// Trace (MegaParams::trace): consumer thread 0 stamps the global timer (ns)
 /// at the start (after its wait) or the end (before its release) of op `slot`.
 __device__ __forceinline__ void trace_mark(const MegaParams& p, int slot, int which) {
@@ -98,6 +91,15 @@ __device__ __forceinline__ void trace_mark(const MegaParams& p, int slot, int wh
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     p.trace[(static_cast<size_t>(slot) * p.plan.ctas + blockIdx.x) * 2 + which] = t;
   }
+}
+
+/// The consumers' writes so far (ordered by the barrier) are released to the
+/// waiters of `ctr` (the pattern of CUTLASS's generic barrier). The trace's
+/// end of op `slot` is stamped after the barrier: all warps are done.
+__device__ __forceinline__ void signal_counter(const MegaParams& p, unsigned* ctr, int slot) {
+  consumer_sync();
+  trace_mark(p, slot, 1);
+  if (threadIdx.x == 0) red_release_gpu_add(ctr, 1u);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -365,6 +367,21 @@ __device__ __forceinline__ void load_row(const __nv_bfloat16* base, int lane, fl
   }
 }
 
+/// One level of a transposed warp reduction of 32 values (O = 16, 8, .., 1
+/// in turn): the lanes with bit O set keep the upper O of the live values,
+/// the others the lower, each adding its partner's copy. After all five
+/// levels, part[0] of lane i is the warp's sum of value i.
+template <int O>
+__device__ __forceinline__ void transposed_sum_level(float (&part)[32], int lane) {
+  const bool upper = (lane & O) != 0;
+#pragma unroll
+  for (int i = 0; i < O; ++i) {
+    const float send = upper ? part[i] : part[i + O];
+    const float keep = upper ? part[i + O] : part[i];
+    part[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+  }
+}
+
 /// The step's constants (consumer thread 0): kKeysPerSplit keys per unit,
 /// KVH * S never above the CTAs.
 __device__ void make_step_consts(const MegaParams& p, StepConsts& c) {
@@ -419,25 +436,46 @@ __device__ void attention_unit(const MegaParams& p, const StepConsts& c, const M
 #pragma unroll
       for (int b = 0; b < 4; ++b) {
         const int jj = j + b * kWarps;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) kv[b][e] = vv[b][e] = 0.f;
         if (jj < k1) {
           const int idx = key_index(p, c, jj);
           load_row<EPL>(kc + static_cast<size_t>(idx) * HD, lane, kv[b]);
           load_row<EPL>(vc + static_cast<size_t>(idx) * HD, lane, vv[b]);
         }
       }
+      // The lane's partial dot products of 4 keys x 8 heads, summed over the
+      // warp in one transposed reduction: lane b * 8 + h ends with the score
+      // of (key b, head h). 31 independent shuffles, where a warp_sum per
+      // score would be 32 chains of 5.
+      float part[32];
 #pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        if (j + b * kWarps >= k1) break;
+      for (int b = 0; b < 4; ++b)
 #pragma unroll
         for (int h = 0; h < 8; ++h) {
-          if (h >= hp) break;
-          float sc = 0.f;
+          float d = 0.f;
 #pragma unroll
-          for (int e = 0; e < EPL; ++e) sc = fmaf(q[h][e], kv[b][e], sc);
-          sc = warp_sum(sc) * qscale;
-          const float mn = fmaxf(m[h], sc);
-          const float corr = exp2f(m[h] - mn);  // 0 when m was -inf
-          const float pr = exp2f(sc - mn);
+          for (int e = 0; e < EPL; ++e) d = fmaf(q[h][e], kv[b][e], d);
+          part[b * 8 + h] = d;
+        }
+      transposed_sum_level<16>(part, lane);
+      transposed_sum_level<8>(part, lane);
+      transposed_sum_level<4>(part, lane);
+      transposed_sum_level<2>(part, lane);
+      transposed_sum_level<1>(part, lane);
+      const float my_score = part[0] * qscale;
+      // Online softmax per head over the 4 keys (heads independent: no
+      // branch, an invalid key or head leaves the state as it is).
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const bool valid_key = j + b * kWarps < k1;
+#pragma unroll
+        for (int h = 0; h < 8; ++h) {
+          const float sc = __shfl_sync(0xffffffffu, my_score, b * 8 + h);
+          const bool use = valid_key && h < hp;
+          const float mn = use ? fmaxf(m[h], sc) : m[h];
+          const float corr = use ? exp2f(m[h] - mn) : 1.f;  // 0 when m was -inf
+          const float pr = use ? exp2f(sc - mn) : 0.f;
           lsum[h] = lsum[h] * corr + pr;
 #pragma unroll
           for (int e = 0; e < EPL; ++e) acc[h][e] = fmaf(pr, vv[b][e], acc[h][e] * corr);
@@ -520,6 +558,44 @@ __device__ void merge_splits(const MegaParams& p, const StepConsts& c, int cta) 
   }
 }
 
+// ---------------------------------------------------------------- QKV epilogue
+/// EpiQKV::apply (epilogues.h) for the megakernel's one token, with the RoPE
+/// rotation read from `rope` ([head_dim / 2] (cos, sin), made once per launch)
+/// instead of a sincosf after a dependent load on the op's critical path.
+/// Tile `tile` of the permuted QKV rows, pair r: (lo, hi) are rows 16 tile + r
+/// and 16 tile + 8 + r, unscaled.
+__device__ __forceinline__ void qkv_epilogue(const MegaParams& p, const StepConsts& c, const MegaLayer& Ly,
+                                             const float2* rope, int tile, int r, float lo, float hi, float rinv) {
+  const MegaShape& s = p.s;
+  const int tph = s.head_dim >> 4;
+  const int hh = tile / tph;
+  const int i = (tile - hh * tph) * 8 + r;
+  const int dlo = s.neox ? i : 2 * i;
+  const int dhi = s.neox ? i + (s.head_dim >> 1) : 2 * i + 1;
+  float vlo = lo * rinv, vhi = hi * rinv;
+  if (Ly.qkv_bias) {
+    vlo += Ly.qkv_bias[tile * 16 + r];
+    vhi += Ly.qkv_bias[tile * 16 + 8 + r];
+  }
+  if (hh < s.num_heads + s.num_kv_heads) {  // q and k rotate, v does not
+    const float2 cs = rope[i];
+    const float a = vlo * cs.x - vhi * cs.y;
+    const float b = vhi * cs.x + vlo * cs.y;
+    vlo = a;
+    vhi = b;
+  }
+  __nv_bfloat16* dst;
+  if (hh < s.num_heads) {
+    dst = p.q + static_cast<size_t>(hh) * s.head_dim;
+  } else {
+    const bool is_k = hh < s.num_heads + s.num_kv_heads;
+    const int kvh = is_k ? hh - s.num_heads : hh - s.num_heads - s.num_kv_heads;
+    dst = (is_k ? Ly.kcache : Ly.vcache) + (static_cast<size_t>(kvh) * s.slots + c.kv_index) * s.head_dim;
+  }
+  dst[dlo] = __float2bfloat16_rn(vlo);
+  dst[dhi] = __float2bfloat16_rn(vhi);
+}
+
 // ---------------------------------------------------------------- the kernel
 __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __grid_constant__ MegaParams p) {
   extern __shared__ unsigned char smem_raw[];
@@ -538,7 +614,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
   float* small = reinterpret_cast<float*>(empty + pl.num_slots);                      // [16]
   unsigned long long* small_key = reinterpret_cast<unsigned long long*>(small + 16);  // [8]
   StepConsts* consts = reinterpret_cast<StepConsts*>(small_key + 8);
-  StepDesc* desc_head = reinterpret_cast<StepDesc*>(consts + 1);  // the descriptor's header only (EpiQKV)
+  float2* rope = reinterpret_cast<float2*>(consts + 1);  // [head_dim / 2] (cos, sin) of the step's position
 
   const int tid = threadIdx.x, cta = blockIdx.x, G = pl.ctas;
   const int warp = tid >> 5, lane = tid & 31;
@@ -549,8 +625,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
 
   for (int i = tid; i < nstreams; i += kThreads) table[i] = stream_of(p, i, cta);
   for (int i = tid; i < L; i += kThreads) layers[i] = p.layers[i];
-  for (int i = tid; i < kStepDescHeaderBytes / 4; i += kThreads)
-    reinterpret_cast<int*>(desc_head)[i] = reinterpret_cast<const int*>(p.desc)[i];
+  {
+    const int pos = p.desc->positions[0];
+    for (int i = tid; i < s.head_dim / 2; i += kThreads) {
+      float sn, cs;
+      sincosf(static_cast<float>(pos) * p.inv_freq[i], &sn, &cs);  // as EpiQKV
+      rope[i] = make_float2(cs, sn);
+    }
+  }
   if (tid == 0) {
     make_step_consts(p, *consts);
     for (int i = 0; i < pl.num_slots; ++i) {
@@ -585,27 +667,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
             if (lane == 0) ybuf[row - st.row0] = v;
           });
           __syncwarp();
-          EpiQKV::Params e;
-          e.bias = Ly.qkv_bias;
-          e.q = p.q;
-          e.kcache = Ly.kcache;
-          e.vcache = Ly.vcache;
-          e.desc = desc_head;
-          e.inv_freq = p.inv_freq;
-          e.num_heads = s.num_heads;
-          e.num_kv_heads = s.num_kv_heads;
-          e.head_dim = s.head_dim;
-          e.slots = s.slots;
-          e.neox = s.neox;
           // Tile t's pair (r, r + 8) sits in warp r (rows i = 16 t + r, 16 t + 8 + r).
           for (int t = lane; t < (st.row1 - st.row0) / 16; t += 32)
-            EpiQKV::apply(e, nullptr, true, st.row0 / 16 + t, warp, 0, ybuf[t * 16 + warp], ybuf[t * 16 + 8 + warp],
-                          rinv, 1);
+            qkv_epilogue(p, c, Ly, rope, st.row0 / 16 + t, warp, ybuf[t * 16 + warp], ybuf[t * 16 + 8 + warp], rinv);
         } else {
           trace_mark(p, slot0 + kCtrQKV, 0);
         }
-        trace_mark(p, slot0 + kCtrQKV, 1);
-        signal_counter(lc + kCtrQKV);
+        signal_counter(p, lc + kCtrQKV, slot0 + kCtrQKV);
       }
       // ---- attention: units (u = cta, cta + G, ...), then the merge phase ----------------
       wait_counter(lc + kCtrQKV, G);
@@ -614,13 +682,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         if (s.head_dim == 64) attention_unit<64>(p, c, Ly, u, ybuf);
         else attention_unit<128>(p, c, Ly, u, ybuf);
       }
-      trace_mark(p, slot0 + kCtrAttn, 1);
-      signal_counter(lc + kCtrAttn);
+      signal_counter(p, lc + kCtrAttn, slot0 + kCtrAttn);
       wait_counter(lc + kCtrAttn, G);
       trace_mark(p, slot0 + kCtrMerge, 0);
       merge_splits(p, c, cta);
-      trace_mark(p, slot0 + kCtrMerge, 1);
-      signal_counter(lc + kCtrMerge);
+      signal_counter(p, lc + kCtrMerge, slot0 + kCtrMerge);
       // ---- O projection + residual -------------------------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamO];
@@ -641,8 +707,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         } else {
           trace_mark(p, slot0 + kCtrO, 0);
         }
-        trace_mark(p, slot0 + kCtrO, 1);
-        signal_counter(lc + kCtrO);
+        signal_counter(p, lc + kCtrO, slot0 + kCtrO);
       }
       // ---- gate/up + SwiGLU --------------------------------------------------------------
       {
@@ -664,8 +729,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         } else {
           trace_mark(p, slot0 + kCtrGateUp, 0);
         }
-        trace_mark(p, slot0 + kCtrGateUp, 1);
-        signal_counter(lc + kCtrGateUp);
+        signal_counter(p, lc + kCtrGateUp, slot0 + kCtrGateUp);
       }
       // ---- down projection + residual ------------------------------------------------------
       {
@@ -684,8 +748,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         } else {
           trace_mark(p, slot0 + kCtrDown, 0);
         }
-        trace_mark(p, slot0 + kCtrDown, 1);
-        signal_counter(lc + kCtrDown);
+        signal_counter(p, lc + kCtrDown, slot0 + kCtrDown);
       }
     }
     // ---- final norm + LM head + arg-max -------------------------------------------------
