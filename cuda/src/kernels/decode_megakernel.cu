@@ -367,6 +367,25 @@ __device__ __forceinline__ void load_row(const __nv_bfloat16* base, int lane, fl
   }
 }
 
+/// Prefetches into L2 the K/V rows of this CTA's attention units at layer `L`
+/// whose keys exist before the step (all but the last, the step's own token,
+/// which the QKV op writes): issued before the QKV op, so that the units
+/// read them from L2 instead of waiting for HBM after the handoff.
+__device__ void prefetch_unit_kv(const MegaParams& p, const StepConsts& c, const MegaLayer& L, int cta) {
+  const MegaShape& s = p.s;
+  const int lines = s.head_dim * 2 / 128;  // 128-byte lines per K or V row
+  for (int u = cta; u < s.num_kv_heads * c.splits; u += p.plan.ctas) {
+    const int kvh = u / c.splits, split = u - kvh * c.splits;
+    const int k0 = split * c.per_split, k1 = min(c.n_keys - 1, k0 + c.per_split);
+    const size_t head = static_cast<size_t>(kvh) * s.slots;
+    for (int i = threadIdx.x; i < (k1 - k0) * 2 * lines; i += kConsumers) {
+      const int key = k0 + i / (2 * lines), rest = i % (2 * lines);
+      const __nv_bfloat16* row = (rest < lines ? L.kcache : L.vcache) + (head + key_index(p, c, key)) * s.head_dim;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(row + (rest % lines) * 64));
+    }
+  }
+}
+
 /// One level of a transposed warp reduction of 32 values (O = 16, 8, .., 1
 /// in turn): the lanes with bit O set keep the upper O of the live values,
 /// the others the lower, each adding its partner's copy. After all five
@@ -656,6 +675,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       const MegaLayer& Ly = layers[l];
       unsigned* lc = ctr + l * kCtrPerLayer;
       const int slot0 = l * kCtrPerLayer;
+      prefetch_unit_kv(p, c, Ly, cta);
       // ---- QKV (+ bias, RoPE, K/V into the cache) ------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamQKV];
