@@ -22,7 +22,9 @@
 #   peers     the HF transformers peers on PEER_PROMPTS prompts
 #   lossless  tools/check_lossless.py --backend cuda: target-only vs serial vs async greedy on
 #             LOSSLESS_MTBENCH (80) MT-Bench first turns + LOSSLESS_HUMANEVAL (40) HumanEval
-#             prompts, LOSSLESS_TOKENS (128) new tokens, configs LOSSLESS_CONFIGS (tree16:16:8:2)
+#             prompts, LOSSLESS_TOKENS (128) new tokens, configs LOSSLESS_CONFIGS (tree16:16:8:2),
+#             modes LOSSLESS_MODES (serial,async; megakernel: target-only with the decode megakernel
+#             against the layered target, with the top-2 gap at each divergence)
 #   multigpu  issue 7 end to end (>= 2 GPUs): TP-2 CUDA logits vs CPU; greedy async == target-only
 #             with the draft on GPU 1 and the target on GPU 0, then on GPUs 0+1 at TP 2
 #             (MG_MTBENCH/MG_HUMANEVAL prompts, default 10+10, MG_TOKENS 128); `swiftspec bench`
@@ -144,7 +146,7 @@ if has lossless; then
   LDIR=${LOSSLESS_DIR:-/tmp/ss-lossless}
   mkdir -p "$LDIR"
   timeout "${LOSSLESS_TIMEOUT_S:-100000}" python3 tools/check_lossless.py --backend cuda --dtype bfloat16 \
-    --mode serial,async --configs "${LOSSLESS_CONFIGS:-tree16:16:8:2}" --max-new-tokens "${LOSSLESS_TOKENS:-128}" \
+    --mode "${LOSSLESS_MODES:-serial,async}" --configs "${LOSSLESS_CONFIGS:-tree16:16:8:2}" --max-new-tokens "${LOSSLESS_TOKENS:-128}" \
     --mtbench "${LOSSLESS_MTBENCH:-80}" --humaneval "${LOSSLESS_HUMANEVAL:-40}" --out "$LDIR/lossless_gpu" --resume \
     2>&1 | tee "$OUT/lossless.log" | tail -25
   cp "$LDIR"/lossless_gpu.* "$OUT/" 2>/dev/null
