@@ -65,6 +65,21 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
       "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
       : "memory");
 }
+/// mbar_wait with the same ~10 s guard as wait_counter: a mismatch between
+/// the producer's and the consumers' chunk walks traps instead of hanging.
+__device__ __forceinline__ void ring_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  const uint32_t addr = smem_u32(bar);
+  asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+               : "=r"(done) : "r"(addr), "r"(parity) : "memory");
+  if (done) return;
+  const long long t0 = clock64();
+  do {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(addr), "r"(parity) : "memory");
+    if (!done && clock64() - t0 > 20000000000LL) __trap();
+  } while (!done);
+}
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
@@ -215,7 +230,7 @@ __device__ void producer_loop(const MegaParams& p, const Stream* table, int last
   uint32_t bytes;
   while (ring.next(p, table, last_idx, src, bytes)) {
     const uint32_t slot = seq % ns, round = seq / ns;
-    if (round > 0) mbar_wait(&empty[slot], (round - 1) & 1u);
+    if (round > 0) ring_wait(&empty[slot], (round - 1) & 1u);
     mbar_arrive_expect_tx(&full[slot], bytes);
     bulk_load(slots + static_cast<size_t>(slot) * p.plan.slot_bytes, src, bytes, &full[slot], policy);
     ++seq;
@@ -277,7 +292,7 @@ __device__ __forceinline__ void consume_stream(const MegaParams& p, const Stream
   for (int row = st.row0; row < st.row1;) {
     const int R = min(rpc, st.row1 - row);
     const uint32_t slot = ring.seq % ns;
-    mbar_wait(&ring.full[slot], (ring.seq / ns) & 1u);
+    ring_wait(&ring.full[slot], (ring.seq / ns) & 1u);
     const uint4* w = reinterpret_cast<const uint4*>(ring.slots + static_cast<size_t>(slot) * p.plan.slot_bytes);
     // This warp's rows of the chunk: j with (row - row0 + j) % 8 == warp.
     for (int j = (warp - (row - st.row0)) & 7; j < R; j += 32) {
@@ -401,8 +416,9 @@ __device__ __forceinline__ void transposed_sum_level(float (&part)[32], int lane
   }
 }
 
-/// The step's constants (consumer thread 0): kKeysPerSplit keys per unit,
-/// KVH * S never above the CTAs.
+/// The step's constants (thread 0): about kKeysPerSplit keys per unit, at
+/// most max_splits splits per kv head (KVH * S <= CTAs unless there are more
+/// kv heads than CTAs; then S = 1), and no split without keys.
 __device__ void make_step_consts(const MegaParams& p, StepConsts& c) {
   const StepDesc* d = p.desc;
   c.token = d->tokens[0];
@@ -414,6 +430,7 @@ __device__ void make_step_consts(const MegaParams& p, StepConsts& c) {
   const int S = (c.n_keys + kKeysPerSplit - 1) / kKeysPerSplit;
   c.splits = max(1, min(S, min(p.plan.max_splits, max(1, p.plan.ctas / p.s.num_kv_heads))));
   c.per_split = (c.n_keys + c.splits - 1) / c.splits;
+  c.splits = (c.n_keys + c.per_split - 1) / c.per_split;  // a capped S can leave trailing splits empty
 }
 
 /// The attention unit u < KVH * S (kv head u / S, key split u % S) of layer
@@ -577,44 +594,6 @@ __device__ void merge_splits(const MegaParams& p, const StepConsts& c, int cta) 
   }
 }
 
-// ---------------------------------------------------------------- QKV epilogue
-/// EpiQKV::apply (epilogues.h) for the megakernel's one token, with the RoPE
-/// rotation read from `rope` ([head_dim / 2] (cos, sin), made once per launch)
-/// instead of a sincosf after a dependent load on the op's critical path.
-/// Tile `tile` of the permuted QKV rows, pair r: (lo, hi) are rows 16 tile + r
-/// and 16 tile + 8 + r, unscaled.
-__device__ __forceinline__ void qkv_epilogue(const MegaParams& p, const StepConsts& c, const MegaLayer& Ly,
-                                             const float2* rope, int tile, int r, float lo, float hi, float rinv) {
-  const MegaShape& s = p.s;
-  const int tph = s.head_dim >> 4;
-  const int hh = tile / tph;
-  const int i = (tile - hh * tph) * 8 + r;
-  const int dlo = s.neox ? i : 2 * i;
-  const int dhi = s.neox ? i + (s.head_dim >> 1) : 2 * i + 1;
-  float vlo = lo * rinv, vhi = hi * rinv;
-  if (Ly.qkv_bias) {
-    vlo += Ly.qkv_bias[tile * 16 + r];
-    vhi += Ly.qkv_bias[tile * 16 + 8 + r];
-  }
-  if (hh < s.num_heads + s.num_kv_heads) {  // q and k rotate, v does not
-    const float2 cs = rope[i];
-    const float a = vlo * cs.x - vhi * cs.y;
-    const float b = vhi * cs.x + vlo * cs.y;
-    vlo = a;
-    vhi = b;
-  }
-  __nv_bfloat16* dst;
-  if (hh < s.num_heads) {
-    dst = p.q + static_cast<size_t>(hh) * s.head_dim;
-  } else {
-    const bool is_k = hh < s.num_heads + s.num_kv_heads;
-    const int kvh = is_k ? hh - s.num_heads : hh - s.num_heads - s.num_kv_heads;
-    dst = (is_k ? Ly.kcache : Ly.vcache) + (static_cast<size_t>(kvh) * s.slots + c.kv_index) * s.head_dim;
-  }
-  dst[dlo] = __float2bfloat16_rn(vlo);
-  dst[dhi] = __float2bfloat16_rn(vhi);
-}
-
 // ---------------------------------------------------------------- the kernel
 __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __grid_constant__ MegaParams p) {
   extern __shared__ unsigned char smem_raw[];
@@ -670,6 +649,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
     const StepConsts c = *consts;
     Ring ring{slots, full, empty, 0};
     const Stream own = table[kStreamO];  // O and down rows: the same in every layer
+    // O and down: row += dot, in the shared-memory residual and in h32 (read by all CTAs).
+    const auto add_residual = [&](int row, float v) {
+      if (lane == 0) {
+        const float h = h_own[row - own.row0] + v;
+        h_own[row - own.row0] = h;
+        p.h32[row] = h;
+      }
+    };
     float rinv = 0.f;
     for (int l = 0; l < L; ++l) {
       const MegaLayer& Ly = layers[l];
@@ -687,9 +674,24 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
             if (lane == 0) ybuf[row - st.row0] = v;
           });
           __syncwarp();
-          // Tile t's pair (r, r + 8) sits in warp r (rows i = 16 t + r, 16 t + 8 + r).
-          for (int t = lane; t < (st.row1 - st.row0) / 16; t += 32)
-            qkv_epilogue(p, c, Ly, rope, st.row0 / 16 + t, warp, ybuf[t * 16 + warp], ybuf[t * 16 + 8 + warp], rinv);
+          // EpiQKV with the RoPE table of the launch instead of a sincosf after a
+          // dependent load on the op's critical path. Tile t's pair (r, r + 8)
+          // sits in warp r (rows i = 16 t + r, 16 t + 8 + r).
+          EpiQKV::Params e;
+          e.bias = Ly.qkv_bias;
+          e.q = p.q;
+          e.kcache = Ly.kcache;
+          e.vcache = Ly.vcache;
+          e.num_heads = s.num_heads;
+          e.num_kv_heads = s.num_kv_heads;
+          e.head_dim = s.head_dim;
+          e.slots = s.slots;
+          e.neox = s.neox;
+          for (int t = lane; t < (st.row1 - st.row0) / 16; t += 32) {
+            const int tile = st.row0 / 16 + t;
+            const float2 cs = rope[EpiQKV::pair_index(e, tile, warp)];
+            EpiQKV::store(e, tile, warp, 0, c.kv_index, ybuf[t * 16 + warp], ybuf[t * 16 + 8 + warp], rinv, cs.x, cs.y);
+          }
         } else {
           trace_mark(p, slot0 + kCtrQKV, 0);
         }
@@ -717,13 +719,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           wait_counter(lc + kCtrMerge, G);
           trace_mark(p, slot0 + kCtrO, 0);
           load_input(p.attn, s.num_heads * s.head_dim, x);
-          consume_stream(p, st, ring, x, [&](int row, float v) {
-            if (lane == 0) {
-              const float h = h_own[row - own.row0] + v;
-              h_own[row - own.row0] = h;
-              p.h32[row] = h;
-            }
-          });
+          consume_stream(p, st, ring, x, add_residual);
         } else {
           trace_mark(p, slot0 + kCtrO, 0);
         }
@@ -758,13 +754,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           wait_counter(lc + kCtrGateUp, G);
           trace_mark(p, slot0 + kCtrDown, 0);
           load_input(p.act, I, x);
-          consume_stream(p, st, ring, x, [&](int row, float v) {
-            if (lane == 0) {
-              const float h = h_own[row - own.row0] + v;
-              h_own[row - own.row0] = h;
-              p.h32[row] = h;
-            }
-          });
+          consume_stream(p, st, ring, x, add_residual);
         } else {
           trace_mark(p, slot0 + kCtrDown, 0);
         }

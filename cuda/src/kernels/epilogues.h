@@ -83,6 +83,21 @@ struct EpiQKV {
   __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo,
                                float hi, float rinv, int m_active) {
     if (!valid || m >= m_active) return;
+    float sn = 0.f, cs = 1.f;
+    if (tile / (p.head_dim >> 4) < p.num_heads + p.num_kv_heads)  // q and k rotate, v does not
+      sincosf(static_cast<float>(p.desc->positions[m]) * p.inv_freq[pair_index(p, tile, r)], &sn, &cs);
+    store(p, tile, r, m, p.desc->kv_index[m], lo, hi, rinv, cs, sn);
+  }
+  /// RoPE pair index of row pair r of tile `tile` (0 .. head_dim/2).
+  __device__ static int pair_index(const Params& p, int tile, int r) {
+    const int tph = p.head_dim >> 4;
+    return (tile % tph) * 8 + r;
+  }
+  /// The rest of apply() with the rotation's (cos, sin) given (the decode
+  /// megakernel reads them from a table): scale, bias, rotate q and k, store
+  /// token m's values (q row m, or K/V cache slot kv_index).
+  __device__ static void store(const Params& p, int tile, int r, int m, int kv_index, float lo, float hi, float rinv,
+                               float cs, float sn) {
     const int tph = p.head_dim >> 4;
     const int hh = tile / tph;
     const int i = (tile - hh * tph) * 8 + r;
@@ -94,8 +109,6 @@ struct EpiQKV {
       vhi += p.bias[tile * 16 + 8 + r];
     }
     if (hh < p.num_heads + p.num_kv_heads) {
-      float sn, cs;
-      sincosf(static_cast<float>(p.desc->positions[m]) * p.inv_freq[i], &sn, &cs);
       const float a = vlo * cs - vhi * sn;
       const float b = vhi * cs + vlo * sn;
       vlo = a;
@@ -107,7 +120,7 @@ struct EpiQKV {
     } else {
       const int kvh = hh < p.num_heads + p.num_kv_heads ? hh - p.num_heads : hh - p.num_heads - p.num_kv_heads;
       __nv_bfloat16* base = hh < p.num_heads + p.num_kv_heads ? p.kcache : p.vcache;
-      dst = base + (static_cast<size_t>(kvh) * p.slots + p.desc->kv_index[m]) * p.head_dim;
+      dst = base + (static_cast<size_t>(kvh) * p.slots + kv_index) * p.head_dim;
     }
     dst[dlo] = __float2bfloat16_rn(vlo);
     dst[dhi] = __float2bfloat16_rn(vhi);
