@@ -7,8 +7,9 @@
 #   .xfer/datasets/{mtbench/question.jsonl,humaneval/HumanEval.jsonl.gz}
 #   .whl/gguf-0.19.0-*.whl .whl/nlohmann_json-3.12.0-*.whl
 # Stages (env STAGES, comma list, run in this order; default prep,logits,bench,peers):
-#   build_bg  start the package build (as in prep) detached from this call (setsid) and return at
-#             once: later calls that carry the model chunks overlap it; prep then waits for it
+#   build_bg  start the package build (as in prep) detached from this call (setsid), from a snapshot
+#             of the sources in /tmp/ss-src, and return at once: later calls that carry the model
+#             chunks overlap it; prep then waits for it
 #   prep      join + sha256-check the GGUFs into the cache; build and install the package
 #             with CUDA on (sm_90a); convert both models to bf16. Skipped parts: a model
 #             already joined, a package already built in this machine's life (SKIP_BUILD=1
@@ -69,12 +70,16 @@ build_cmd() {
   SWIFTSPEC_CUDA=${BUILD_CUDA:-ON} CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip install --no-build-isolation --no-deps \
     -Cbuild-dir="$BUILD_DIR" .
 }
-BG_LOG=/tmp/ss-build-bg.log BG_DONE=/tmp/ss-build-bg.done
+BG_LOG=/tmp/ss-build-bg.log BG_DONE=/tmp/ss-build-bg.done BG_SRC=/tmp/ss-src
 if has build_bg; then
   rm -f "$BG_DONE"
+  # Build from a snapshot of the sources: each later call of a chunked transfer copies the working
+  # tree again and replaced headers under a build that read them (seen: checkpoint.h missing).
+  rm -rf "$BG_SRC"; mkdir -p "$BG_SRC"
+  tar --exclude=./.xfer --exclude=./build --exclude=./.git -cf - . | tar -xf - -C "$BG_SRC"
   export -f build_cmd; export BUILD_DIR
-  setsid nohup bash -c "build_cmd > $BG_LOG 2>&1; echo \$? > $BG_DONE" > /dev/null 2>&1 < /dev/null &
-  log "build started in the background (log $BG_LOG)"
+  (cd "$BG_SRC" && setsid nohup bash -c "build_cmd > $BG_LOG 2>&1; echo \$? > $BG_DONE" > /dev/null 2>&1 < /dev/null &)
+  log "build started in the background from a snapshot in $BG_SRC (log $BG_LOG)"
 fi
 
 if has prep && [ -f "$BG_LOG" ]; then  # a background build: wait for it, then skip the build below
@@ -115,8 +120,8 @@ PY
 fi
 
 if has green; then
-  GB=$(find "$BUILD_DIR" -name swiftspec-cuda-green-bench -type f | head -1)
-  if [ -z "$GB" ]; then log "no swiftspec-cuda-green-bench under $BUILD_DIR"; else
+  GB=$(find "$BUILD_DIR" "$BG_SRC/$BUILD_DIR" -name swiftspec-cuda-green-bench -type f 2>/dev/null | head -1)
+  if [ -z "$GB" ]; then log "no swiftspec-cuda-green-bench under $BUILD_DIR or $BG_SRC/$BUILD_DIR"; else
     "$GB" --splits "${GREEN_SPLITS:-8,16,24,32,48,64}" --json "$OUT/green_bench.json" 2>&1 | tee "$OUT/green_bench.log"
     log "green bench done"
   fi
