@@ -65,20 +65,19 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
       "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
       : "memory");
 }
-/// mbar_wait with the same ~10 s guard as wait_counter: a mismatch between
-/// the producer's and the consumers' chunk walks traps instead of hanging.
-__device__ __forceinline__ void ring_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  const uint32_t addr = smem_u32(bar);
-  asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-               : "=r"(done) : "r"(addr), "r"(parity) : "memory");
-  if (done) return;
+/// Spins until ready(); traps after ~10 s: a producer that never arrives (or
+/// a mismatch between the producer's and the consumers' chunk walks) is a
+/// bug, and a trap reports it where a hang would not.
+template <class F>
+__device__ __forceinline__ void spin_until(F&& ready) {
+  if (ready()) return;
   const long long t0 = clock64();
-  do {
-    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                 : "=r"(done) : "r"(addr), "r"(parity) : "memory");
-    if (!done && clock64() - t0 > 20000000000LL) __trap();
-  } while (!done);
+  while (!ready())
+    if (clock64() - t0 > 20000000000LL) __trap();
+}
+/// mbar_wait with spin_until's guard.
+__device__ __forceinline__ void ring_wait(uint64_t* bar, uint32_t parity) {
+  spin_until([&] { return mbar_try_wait(bar, parity); });
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
@@ -86,18 +85,14 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 /// Barrier of the consumer warps only (the producer warp never joins).
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory"); }
 
-/// Consumer thread 0 waits until *ctr >= target (acquire at GPU scope), then
-/// the consumers proceed. Traps after ~10 s: a producer that never arrives is
-/// a bug, and a trap reports it where a hang would not. (Relaxed polls with
-/// one fence after success measured slower, run 14.)
+/// Consumer thread 0 waits until *ctr >= target (acquire at GPU scope; with
+/// spin_until's guard), then the consumers proceed. (Relaxed polls with one
+/// fence after success measured slower, run 14.)
 __device__ __forceinline__ void wait_counter(const unsigned* ctr, unsigned target) {
-  if (threadIdx.x == 0 && ld_acquire_gpu(ctr) < target) {
-    const long long t0 = clock64();
-    while (ld_acquire_gpu(ctr) < target)
-      if (clock64() - t0 > 20000000000LL) __trap();
-  }
+  if (threadIdx.x == 0) spin_until([&] { return ld_acquire_gpu(ctr) >= target; });
   consumer_sync();
 }
+
 /// Trace (MegaParams::trace): consumer thread 0 stamps the global timer (ns)
 /// at the start (after its wait) or the end (before its release) of op `slot`.
 __device__ __forceinline__ void trace_mark(const MegaParams& p, int slot, int which) {
