@@ -9,20 +9,25 @@
 // tokens of a step; the union of the chunk's keys over a block of tokens is
 // loaded once and masked per token.
 //
-// Grid: (kv head, token block of T tokens, kAttnSplits). Per chunk a CTA
-//   1. builds the chunk's key list in logical order with a per-token mask,
+// Grid: (kv head, token block of T tokens, kAttnSplits); a CTA holds up to
+// 16 (narrow) or 64 (wide, the 32/64-token buckets) query rows. Per chunk a CTA
+//   1. builds the union of the chunk's keys over its tokens in logical order,
+//      a per-token mask, and per token the union index of its key at each
+//      logical position (a token has at most one key per position),
 //   2. S = Q K^T with mma.sync (one dot product per element: its value does
-//      not depend on where the key sits in the tile),
+//      not depend on where the key or the query row sits in the tile), kept
+//      per (query row, logical position),
 //   3. per query head: max, p = exp(s - max), and sum_j p_j and sum_j p_j v_j
-//      sequentially in logical order over the attended keys only (keys of
-//      the block's union that a token does not attend add exact zeros),
+//      sequentially in logical order over the token's own keys,
 //   4. writes (max, sum, o) of the chunk.
 // The last CTA of a (kv head, token block) — an atomic counter, reset by that
 // CTA — combines the chunks in chunk order. The arithmetic seen by a token is
 // therefore the same whether it is decoded alone or verified inside a tree,
 // and whatever the step's batch size.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 
 #include "common.h"
 #include "kernels/kernels.h"
@@ -32,30 +37,85 @@ namespace swiftspec::cuda {
 namespace {
 
 constexpr int kAttnThreads = 256;
-constexpr int kMaxTokPerBlock = 8;
-constexpr int kUMax = kAttnChunk * kMaxTokPerBlock;
 
-template <int HD>
-constexpr size_t attn_smem_bytes() {
-  constexpr int LD = HD + 8;
-  return size_t(16 + 64 + 64) * LD * 2 + size_t(16) * kUMax * 4 + size_t(kUMax) * 4 + kUMax;
+/// Geometry of one attention variant: RMAX query rows (tokens x heads of one
+/// kv head) per CTA. Narrow (16 rows: one m16 tile, 16 threads per row in the
+/// PV loop) for decode and small buckets; wide (64 rows: 4 m16 tiles, 4
+/// threads per row) for the 32- and 64-token tree buckets, so that a chunk's
+/// K/V is loaded once for 4x more tokens (the committed prefix is the same
+/// keys for every token of a tree). Both variants give every (token, head)
+/// the same arithmetic (see the file comment), so the choice is free.
+template <int HD, int RMAX>
+struct AttnGeom {
+  static constexpr int kTokMax = RMAX == 64 ? 16 : 8;     ///< tokens per block (kmask bits)
+  static constexpr int kUMax = kAttnChunk * kTokMax;       ///< union keys of a chunk, at most
+  static constexpr int kLD = HD + 8;                       ///< bf16 row stride (bank spread)
+  static constexpr int kTPR = kAttnThreads / RMAX;         ///< PV threads per query row
+  static constexpr int kDPT = HD / kTPR;                   ///< dims per thread in the PV loop
+  static constexpr int kComb = kDPT >= 16 ? 2 : 4;         ///< chunks per load batch in the combine
+  static constexpr size_t smem_bytes() {
+    return size_t(RMAX + 64 + 64) * kLD * 2        // Qs, Ks, Vs
+           + size_t(RMAX) * kAttnChunk * 4         // Ss
+           + size_t(kUMax) * 4                     // keys
+           + size_t(kTokMax) * kAttnChunk * 2      // kidx
+           + size_t(kUMax) * 2                     // kmask
+           + size_t(kUMax);                        // kpos
+  }
+};
+
+/// dst[0, N) = float(src[0, N)) for N bf16 values in shared memory (N % 4 == 0).
+template <int N>
+__device__ __forceinline__ void load_bf16_row(const __nv_bfloat16* src, float (&dst)[N]) {
+  if constexpr (N % 8 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 8; ++i) {
+      const uint4 raw = reinterpret_cast<const uint4*>(src)[i];
+      const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(h2[j]);
+        dst[8 * i + 2 * j] = f.x;
+        dst[8 * i + 2 * j + 1] = f.y;
+      }
+    }
+  } else {
+    static_assert(N == 4, "dims per thread: 4 or a multiple of 8");
+    const uint2 raw = *reinterpret_cast<const uint2*>(src);
+    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float2 f = __bfloat1622float2(h2[j]);
+      dst[2 * j] = f.x;
+      dst[2 * j + 1] = f.y;
+    }
+  }
 }
 
-template <int HD>
+template <int HD, int RMAX>
 __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParams p) {
-  constexpr int LD = HD + 8;
-  constexpr int CH = HD / 8;    // 16-byte chunks per row
-  constexpr int DPT = HD / 16;  // dims per thread in the PV loop
+  using Geom = AttnGeom<HD, RMAX>;
+  constexpr int LD = Geom::kLD;
+  constexpr int CH = HD / 8;  // 16-byte chunks per row
+  constexpr int DPT = Geom::kDPT;
+  constexpr int TPR = Geom::kTPR;
+  constexpr int TMAX = Geom::kTokMax;
+  constexpr int UMAX = Geom::kUMax;
+  constexpr int MT = RMAX / 16;  // m16 tiles of query rows
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [16][LD]
-  __nv_bfloat16* Ks = Qs + 16 * LD;                                // [64][LD]
+  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [RMAX][LD]
+  __nv_bfloat16* Ks = Qs + RMAX * LD;                              // [64][LD]
   __nv_bfloat16* Vs = Ks + 64 * LD;                                // [64][LD]
-  float* Ss = reinterpret_cast<float*>(Vs + 64 * LD);              // [16][kUMax]
-  int* keys = reinterpret_cast<int*>(Ss + 16 * kUMax);             // [kUMax]
-  unsigned char* kmask = reinterpret_cast<unsigned char*>(keys + kUMax);  // [kUMax]
+  // Scores by (query row, logical position in the chunk): a token has at most
+  // one key per logical position, so a row needs kAttnChunk entries whatever
+  // the union of the block's keys is.
+  float* Ss = reinterpret_cast<float*>(Vs + 64 * LD);               // [RMAX][kAttnChunk]
+  int* keys = reinterpret_cast<int*>(Ss + RMAX * kAttnChunk);       // [UMAX] cache row of union key u
+  int16_t* kidx = reinterpret_cast<int16_t*>(keys + UMAX);          // [TMAX][kAttnChunk] union index or -1
+  uint16_t* kmask = reinterpret_cast<uint16_t*>(kidx + TMAX * kAttnChunk);  // [UMAX] tokens attending u
+  uint8_t* kpos = reinterpret_cast<uint8_t*>(kmask + UMAX);         // [UMAX] logical position of u in the chunk
   __shared__ int s_U;
   __shared__ int s_last;
-  __shared__ float s_m[16];
+  __shared__ float s_m[RMAX];
 
   griddep_launch_dependents();
   griddep_wait();
@@ -86,10 +146,10 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
-  const int RH = T * G;  // query rows of the block (<= 16)
+  const int RH = T * G;  // query rows of the block (<= RMAX)
   const int H = p.num_heads;
 
-  for (int i = tid; i < 16 * CH; i += kAttnThreads) {
+  for (int i = tid; i < RMAX * CH; i += kAttnThreads) {
     const int rh = i / CH;
     const int ch = i - rh * CH;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
@@ -102,8 +162,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   }
 
   // Role in the PV loop and the combine: query row prh, dims pd0..pd0+DPT-1.
-  const int prh = tid >> 4;
-  const int pd0 = (tid & 15) * DPT;
+  const int prh = tid / TPR;
+  const int pd0 = (tid % TPR) * DPT;
   const int pt = prh / G;
   const bool pact = prh < RH && pt < tact;
   int p_nch = 0, p_tk = 0, p_head = 0;
@@ -118,16 +178,25 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   for (int c = split; c < nch; c += kAttnSplits) {
     ++my_cnt;
     const int q0 = c * kAttnChunk;
-    // ---- 1. key list of the chunk, logical order, per-token masks ----
+    // ---- 1. union of the chunk's keys in logical order, per-token masks ----
+    // Committed keys first (logical position = key), then the tree keys of
+    // each position (one per distinct ancestor slot among the block's tokens).
     const int n1 = max(0, min(q0 + kAttnChunk, maxP) - q0);
+    for (int i = tid; i < TMAX * kAttnChunk; i += kAttnThreads) {
+      const int t = i / kAttnChunk, j = i - t * kAttnChunk;
+      kidx[i] = (t < tact && j < n1 && q0 + j < d->prefix_len[tok0 + t]) ? static_cast<int16_t>(j) : int16_t(-1);
+    }
+    for (int i = tid; i < RMAX * kAttnChunk; i += kAttnThreads) Ss[i] = -INFINITY;
     for (int j = tid; j < n1; j += kAttnThreads) {
       const int key = q0 + j;
       unsigned mk = 0;
       for (int t = 0; t < tact; ++t)
         if (key < d->prefix_len[tok0 + t]) mk |= 1u << t;
       keys[j] = key;
-      kmask[j] = static_cast<unsigned char>(mk);
+      kmask[j] = static_cast<uint16_t>(mk);
+      kpos[j] = static_cast<uint8_t>(j);
     }
+    __syncthreads();  // kidx of the tree positions is written below by warp 0
     if (warp == 0) {
       int U = n1;
       if (tree) {
@@ -144,12 +213,17 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
           unsigned same = 0;
           for (int u = 0; u < tact; ++u)
             if (__shfl_sync(0xffffffffu, slot, u) == slot) same |= 1u << u;
-          const bool leader = slot >= 0 && (__ffs(same) - 1) == lane;
+          const int first = __ffs(same) - 1;  // the lowest token with this slot leads
+          const bool leader = slot >= 0 && first == lane;
           const unsigned lb = __ballot_sync(0xffffffffu, leader);
-          if (leader) {
-            const int pos = U + __popc(lb & ((1u << lane) - 1u));
-            keys[pos] = p.max_context + slot;
-            kmask[pos] = static_cast<unsigned char>(same);
+          if (slot >= 0) {
+            const int pos = U + __popc(lb & ((1u << first) - 1u));
+            kidx[lane * kAttnChunk + (q - q0)] = static_cast<int16_t>(pos);
+            if (leader) {
+              keys[pos] = p.max_context + slot;
+              kmask[pos] = static_cast<uint16_t>(same);
+              kpos[pos] = static_cast<uint8_t>(q - q0);
+            }
           }
           U += __popc(lb);
         }
@@ -160,7 +234,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
     const int U = s_U;
     const bool single = U <= 64;
 
-    // ---- 2. scores S = scale * Q K^T ----
+    // ---- 2. scores S = scale * Q K^T of the attended (row, key) pairs ----
     for (int ub = 0; ub < U; ub += 64) {
       const int nb = min(64, U - ub);
       for (int i = tid; i < nb * CH; i += kAttnThreads) {
@@ -173,22 +247,31 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
       cp_async_commit_wait_all();
       __syncthreads();
       if (warp * 8 < nb) {
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        float acc[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ++ks) {
-          uint32_t a[4];
-          ldmatrix_x4(a, smem_u32(Qs + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + ks * 16 + (lane >> 4) * 8));
           uint32_t b[2];
           ldmatrix_x2(b, smem_u32(Ks + (warp * 8 + (lane & 7)) * LD + ks * 16 + ((lane >> 3) & 1) * 8));
-          mma_bf16_16816(acc, a, b[0], b[1]);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            if (mt * 16 < RH) {
+              uint32_t a[4];
+              ldmatrix_x4(a, smem_u32(Qs + (mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + ks * 16 +
+                                      (lane >> 4) * 8));
+              mma_bf16_16816(acc[mt], a, b[0], b[1]);
+            }
+          }
         }
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int rh = (lane >> 2) + (j >= 2 ? 8 : 0);
-          const int u = ub + warp * 8 + (lane & 3) * 2 + (j & 1);
-          if (u < U) {
-            const bool att = rh < RH && ((kmask[u] >> (rh / G)) & 1u);
-            Ss[rh * kUMax + u] = att ? acc[j] * p.scale : -INFINITY;
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int rh = mt * 16 + (lane >> 2) + (j >= 2 ? 8 : 0);
+            const int u = ub + warp * 8 + (lane & 3) * 2 + (j & 1);
+            if (u < U && rh < RH && ((kmask[u] >> (rh / G)) & 1u))
+              Ss[rh * kAttnChunk + kpos[u]] = acc[mt][j] * p.scale;
           }
         }
       }
@@ -196,20 +279,21 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
     }
 
     // ---- 3a. per query row: max and p = exp(s - max) ----
-    for (int rh = warp; rh < 16; rh += kAttnThreads / 32) {
+    for (int rh = warp; rh < RH; rh += kAttnThreads / 32) {
+      float* srow = Ss + rh * kAttnChunk;
       float mx = -INFINITY;
-      for (int u = lane; u < U; u += 32) mx = fmaxf(mx, Ss[rh * kUMax + u]);
+      for (int q = lane; q < kAttnChunk; q += 32) mx = fmaxf(mx, srow[q]);
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      for (int u = lane; u < U; u += 32) {
-        const float s = Ss[rh * kUMax + u];
-        Ss[rh * kUMax + u] = (mx == -INFINITY || s == -INFINITY) ? 0.f : expf(s - mx);
+      for (int q = lane; q < kAttnChunk; q += 32) {
+        const float s = srow[q];
+        srow[q] = (mx == -INFINITY || s == -INFINITY) ? 0.f : expf(s - mx);
       }
       if (lane == 0) s_m[rh] = mx;
     }
     __syncthreads();
 
-    // ---- 3b. sum p and p*v in logical order over attended keys ----
+    // ---- 3b. sum p and p*v over the token's keys in logical order ----
     float o[DPT];
 #pragma unroll
     for (int j = 0; j < DPT; ++j) o[j] = 0.f;
@@ -227,39 +311,21 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
         __syncthreads();
       }
       if (pact) {
-        // Branch-free over all keys of the block: a key of the union that this
-        // token does not attend has p = 0 exactly (its score is -inf), and
-        // adding it changes neither l nor o bitwise (both start at +0 and
-        // never become -0: x + (+-0) == x, and +0 + -0 == +0). So the sums
-        // equal those over the attended keys alone, in the same order, and
-        // the loop pipelines its shared-memory loads.
-        const float* srow = Ss + prh * kUMax + ub;
+        // The token's keys by logical position: union indices grow with the
+        // position, so the keys of this union block are a run of positions
+        // and the sums see the token's keys in logical order, exactly as in
+        // a step of this token alone (the keys of other tokens are skipped;
+        // before, they were added as exact zeros, which changed nothing).
+        const float* srow = Ss + prh * kAttnChunk;
+        const int16_t* krow = kidx + pt * kAttnChunk;
 #pragma unroll 4
-        for (int u = 0; u < nb; ++u) {
-          {
-            const float pr = srow[u];
+        for (int q = 0; q < kAttnChunk; ++q) {
+          const int u = krow[q] - ub;
+          if (u >= 0 && u < nb) {
+            const float pr = srow[q];
             l += pr;
-            const __nv_bfloat16* vr = Vs + u * LD + pd0;
             float vf[DPT];
-            if constexpr (DPT == 8) {
-              const uint4 raw = *reinterpret_cast<const uint4*>(vr);
-              const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-              for (int j = 0; j < 4; ++j) {
-                const float2 f = __bfloat1622float2(h2[j]);
-                vf[2 * j] = f.x;
-                vf[2 * j + 1] = f.y;
-              }
-            } else {
-              const uint2 raw = *reinterpret_cast<const uint2*>(vr);
-              const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-              for (int j = 0; j < 2; ++j) {
-                const float2 f = __bfloat1622float2(h2[j]);
-                vf[2 * j] = f.x;
-                vf[2 * j + 1] = f.y;
-              }
-            }
+            load_bf16_row<DPT>(Vs + u * LD + pd0, vf);
 #pragma unroll
             for (int j = 0; j < DPT; ++j) o[j] = fmaf(pr, vf[j], o[j]);
           }
@@ -273,7 +339,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
       float* po = p.part_o + ((static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks + c) * HD + pd0;
 #pragma unroll
       for (int j = 0; j < DPT; ++j) po[j] = o[j];
-      if ((tid & 15) == 0)
+      if ((tid % TPR) == 0)
         p.part_ml[(static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks + c] = make_float2(s_m[prh], l);
     }
     __syncthreads();
@@ -292,7 +358,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
     // Combine in chunk order. The loads of a batch of chunks are all issued
     // before its adds (one L2 round trip per batch instead of per chunk); the
     // arithmetic is the same sequence as chunk by chunk.
-    constexpr int kB = 4;
+    constexpr int kB = Geom::kComb;
     const float2* ml = p.part_ml + (static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks;
     const float* pob = p.part_o + (static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks * HD + pd0;
     float M = -INFINITY;
@@ -337,17 +403,18 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   if (tid == 0) p.counters[kvh * kMaxStepTokens + blk] = 0;
 }
 
-template <int HD>
-void launch_attention_hd(const AttnParams& p, int rows, bool pdl, cudaStream_t stream) {
+template <int HD, int RMAX>
+void launch_attention_variant(AttnParams p, int rows, bool pdl, cudaStream_t stream) {
   static std::atomic<uint64_t> attr_done{0};  // per device (current_device_bit)
-  constexpr size_t smem = attn_smem_bytes<HD>();
+  constexpr size_t smem = AttnGeom<HD, RMAX>::smem_bytes();
   const uint64_t bit = current_device_bit();
   if (!bit || !(attr_done.load(std::memory_order_acquire) & bit)) {
-    SS_CUDA_CHECK(cudaFuncSetAttribute(&attention_kernel<HD>,
+    SS_CUDA_CHECK(cudaFuncSetAttribute(&attention_kernel<HD, RMAX>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem)));
     attr_done.fetch_or(bit, std::memory_order_acq_rel);
   }
+  p.tokens_per_block = std::min(AttnGeom<HD, RMAX>::kTokMax, std::max(1, RMAX / p.group));
   cudaLaunchConfig_t lc = {};
   const int blocks = (rows + p.tokens_per_block - 1) / p.tokens_per_block;
   lc.gridDim = dim3(static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(blocks), kAttnSplits);
@@ -359,17 +426,18 @@ void launch_attention_hd(const AttnParams& p, int rows, bool pdl, cudaStream_t s
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   lc.attrs = attr;
   lc.numAttrs = pdl ? 1 : 0;
-  SS_CUDA_CHECK(cudaLaunchKernelEx(&lc, &attention_kernel<HD>, p));
+  SS_CUDA_CHECK(cudaLaunchKernelEx(&lc, &attention_kernel<HD, RMAX>, p));
+}
+
+/// Narrow CTAs below 32 rows (decode: a short PV loop per thread), wide ones
+/// for the 32- and 64-token buckets (one K/V load per chunk for 4x the tokens).
+template <int HD>
+void launch_attention_hd(const AttnParams& p, int rows, bool pdl, cudaStream_t stream) {
+  if (rows >= kAttnWideRows) launch_attention_variant<HD, 64>(p, rows, pdl, stream);
+  else launch_attention_variant<HD, 16>(p, rows, pdl, stream);
 }
 
 }  // namespace
-
-int attn_tokens_per_block(int group) {
-  int t = 16 / group;
-  if (t < 1) t = 1;
-  if (t > kMaxTokPerBlock) t = kMaxTokPerBlock;
-  return t;
-}
 
 void launch_attention(const AttnParams& p, int rows, bool pdl, cudaStream_t stream) {
   if (p.group > 16 || p.group < 1)
