@@ -12,13 +12,13 @@
 // Grid: (kv head, token block of T tokens, kAttnSplits); a CTA holds up to
 // 16 (narrow) or 64 (wide, the 32/64-token buckets) query rows. Per chunk a CTA
 //   1. builds the union of the chunk's keys over its tokens in logical order,
-//      a per-token mask, and per token the union index of its key at each
-//      logical position (a token has at most one key per position),
+//      with a per-token mask and each key's logical position,
 //   2. S = Q K^T with mma.sync (one dot product per element: its value does
 //      not depend on where the key or the query row sits in the tile), kept
 //      per (query row, logical position),
 //   3. per query head: max, p = exp(s - max), and sum_j p_j and sum_j p_j v_j
-//      sequentially in logical order over the token's own keys,
+//      sequentially in logical order over the attended keys only (keys of
+//      the block's union that a token does not attend add exact zeros),
 //   4. writes (max, sum, o) of the chunk.
 // The last CTA of a (kv head, token block) — an atomic counter, reset by that
 // CTA — combines the chunks in chunk order. The arithmetic seen by a token is
@@ -28,6 +28,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "common.h"
 #include "kernels/kernels.h"
@@ -53,11 +54,11 @@ struct AttnGeom {
   static constexpr int kTPR = kAttnThreads / RMAX;         ///< PV threads per query row
   static constexpr int kDPT = HD / kTPR;                   ///< dims per thread in the PV loop
   static constexpr int kComb = kDPT >= 16 ? 2 : 4;         ///< chunks per load batch in the combine
+  static constexpr int kSLD = kAttnChunk + 1;             ///< score row stride (rows in distinct banks)
   static constexpr size_t smem_bytes() {
     return size_t(RMAX + 64 + 64) * kLD * 2        // Qs, Ks, Vs
-           + size_t(RMAX) * kAttnChunk * 4         // Ss
+           + size_t(RMAX) * kSLD * 4               // Ss
            + size_t(kUMax) * 4                     // keys
-           + size_t(kTokMax) * kAttnChunk * 2      // kidx
            + size_t(kUMax) * 2                     // kmask
            + size_t(kUMax);                        // kpos
   }
@@ -98,9 +99,9 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   constexpr int CH = HD / 8;  // 16-byte chunks per row
   constexpr int DPT = Geom::kDPT;
   constexpr int TPR = Geom::kTPR;
-  constexpr int TMAX = Geom::kTokMax;
   constexpr int UMAX = Geom::kUMax;
   constexpr int MT = RMAX / 16;  // m16 tiles of query rows
+  constexpr int SLD = Geom::kSLD;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [RMAX][LD]
   __nv_bfloat16* Ks = Qs + RMAX * LD;                              // [64][LD]
@@ -108,10 +109,9 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   // Scores by (query row, logical position in the chunk): a token has at most
   // one key per logical position, so a row needs kAttnChunk entries whatever
   // the union of the block's keys is.
-  float* Ss = reinterpret_cast<float*>(Vs + 64 * LD);               // [RMAX][kAttnChunk]
-  int* keys = reinterpret_cast<int*>(Ss + RMAX * kAttnChunk);       // [UMAX] cache row of union key u
-  int16_t* kidx = reinterpret_cast<int16_t*>(keys + UMAX);          // [TMAX][kAttnChunk] union index or -1
-  uint16_t* kmask = reinterpret_cast<uint16_t*>(kidx + TMAX * kAttnChunk);  // [UMAX] tokens attending u
+  float* Ss = reinterpret_cast<float*>(Vs + 64 * LD);               // [RMAX][SLD]
+  int* keys = reinterpret_cast<int*>(Ss + RMAX * SLD);              // [UMAX] cache row of union key u
+  uint16_t* kmask = reinterpret_cast<uint16_t*>(keys + UMAX);       // [UMAX] tokens attending u
   uint8_t* kpos = reinterpret_cast<uint8_t*>(kmask + UMAX);         // [UMAX] logical position of u in the chunk
   __shared__ int s_U;
   __shared__ int s_last;
@@ -182,11 +182,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
     // Committed keys first (logical position = key), then the tree keys of
     // each position (one per distinct ancestor slot among the block's tokens).
     const int n1 = max(0, min(q0 + kAttnChunk, maxP) - q0);
-    for (int i = tid; i < TMAX * kAttnChunk; i += kAttnThreads) {
-      const int t = i / kAttnChunk, j = i - t * kAttnChunk;
-      kidx[i] = (t < tact && j < n1 && q0 + j < d->prefix_len[tok0 + t]) ? static_cast<int16_t>(j) : int16_t(-1);
-    }
-    for (int i = tid; i < RMAX * kAttnChunk; i += kAttnThreads) Ss[i] = -INFINITY;
+    for (int i = tid; i < RMAX * SLD; i += kAttnThreads) Ss[i] = -INFINITY;
     for (int j = tid; j < n1; j += kAttnThreads) {
       const int key = q0 + j;
       unsigned mk = 0;
@@ -196,7 +192,6 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
       kmask[j] = static_cast<uint16_t>(mk);
       kpos[j] = static_cast<uint8_t>(j);
     }
-    __syncthreads();  // kidx of the tree positions is written below by warp 0
     if (warp == 0) {
       int U = n1;
       if (tree) {
@@ -213,17 +208,13 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
           unsigned same = 0;
           for (int u = 0; u < tact; ++u)
             if (__shfl_sync(0xffffffffu, slot, u) == slot) same |= 1u << u;
-          const int first = __ffs(same) - 1;  // the lowest token with this slot leads
-          const bool leader = slot >= 0 && first == lane;
+          const bool leader = slot >= 0 && (__ffs(same) - 1) == lane;  // the lowest token with this slot
           const unsigned lb = __ballot_sync(0xffffffffu, leader);
-          if (slot >= 0) {
-            const int pos = U + __popc(lb & ((1u << first) - 1u));
-            kidx[lane * kAttnChunk + (q - q0)] = static_cast<int16_t>(pos);
-            if (leader) {
-              keys[pos] = p.max_context + slot;
-              kmask[pos] = static_cast<uint16_t>(same);
-              kpos[pos] = static_cast<uint8_t>(q - q0);
-            }
+          if (leader) {
+            const int pos = U + __popc(lb & ((1u << lane) - 1u));
+            keys[pos] = p.max_context + slot;
+            kmask[pos] = static_cast<uint16_t>(same);
+            kpos[pos] = static_cast<uint8_t>(q - q0);
           }
           U += __popc(lb);
         }
@@ -271,7 +262,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
             const int rh = mt * 16 + (lane >> 2) + (j >= 2 ? 8 : 0);
             const int u = ub + warp * 8 + (lane & 3) * 2 + (j & 1);
             if (u < U && rh < RH && ((kmask[u] >> (rh / G)) & 1u))
-              Ss[rh * kAttnChunk + kpos[u]] = acc[mt][j] * p.scale;
+              Ss[rh * SLD + kpos[u]] = acc[mt][j] * p.scale;
           }
         }
       }
@@ -280,7 +271,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
 
     // ---- 3a. per query row: max and p = exp(s - max) ----
     for (int rh = warp; rh < RH; rh += kAttnThreads / 32) {
-      float* srow = Ss + rh * kAttnChunk;
+      float* srow = Ss + rh * SLD;
       float mx = -INFINITY;
       for (int q = lane; q < kAttnChunk; q += 32) mx = fmaxf(mx, srow[q]);
 #pragma unroll
@@ -293,7 +284,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
     }
     __syncthreads();
 
-    // ---- 3b. sum p and p*v over the token's keys in logical order ----
+    // ---- 3b. sum p and p*v over the union in logical order ----
     float o[DPT];
 #pragma unroll
     for (int j = 0; j < DPT; ++j) o[j] = 0.f;
@@ -311,24 +302,22 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
         __syncthreads();
       }
       if (pact) {
-        // The token's keys by logical position: union indices grow with the
-        // position, so the keys of this union block are a run of positions
-        // and the sums see the token's keys in logical order, exactly as in
-        // a step of this token alone (the keys of other tokens are skipped;
-        // before, they were added as exact zeros, which changed nothing).
-        const float* srow = Ss + prh * kAttnChunk;
-        const int16_t* krow = kidx + pt * kAttnChunk;
+        // Branch-free over all keys of the block: a key of the union that this
+        // token does not attend gets p = 0 exactly, and adding it changes
+        // neither l nor o bitwise (both start at +0 and never become -0:
+        // x + (+-0) == x, and +0 + -0 == +0). So the sums equal those over the
+        // token's own keys alone, in logical order (union order), as in a
+        // step of this token alone; and the loop pipelines its loads.
+        const float* srow = Ss + prh * SLD;
 #pragma unroll 4
-        for (int q = 0; q < kAttnChunk; ++q) {
-          const int u = krow[q] - ub;
-          if (u >= 0 && u < nb) {
-            const float pr = srow[q];
-            l += pr;
-            float vf[DPT];
-            load_bf16_row<DPT>(Vs + u * LD + pd0, vf);
+        for (int u = 0; u < nb; ++u) {
+          const float s = srow[kpos[ub + u]];
+          const float pr = ((kmask[ub + u] >> pt) & 1u) ? s : 0.f;
+          l += pr;
+          float vf[DPT];
+          load_bf16_row<DPT>(Vs + u * LD + pd0, vf);
 #pragma unroll
-            for (int j = 0; j < DPT; ++j) o[j] = fmaf(pr, vf[j], o[j]);
-          }
+          for (int j = 0; j < DPT; ++j) o[j] = fmaf(pr, vf[j], o[j]);
         }
       }
       if (!single) __syncthreads();
@@ -431,9 +420,16 @@ void launch_attention_variant(AttnParams p, int rows, bool pdl, cudaStream_t str
 
 /// Narrow CTAs below 32 rows (decode: a short PV loop per thread), wide ones
 /// for the 32- and 64-token buckets (one K/V load per chunk for 4x the tokens).
+/// Buckets of at least this many rows take the wide CTAs: kAttnWideRows, or
+/// SWIFTSPEC_ATTN_WIDE_ROWS for A/B measurements (65: never).
+int attn_wide_rows() {
+  const char* e = std::getenv("SWIFTSPEC_ATTN_WIDE_ROWS");
+  return e ? std::atoi(e) : kAttnWideRows;
+}
+
 template <int HD>
 void launch_attention_hd(const AttnParams& p, int rows, bool pdl, cudaStream_t stream) {
-  if (rows >= kAttnWideRows) launch_attention_variant<HD, 64>(p, rows, pdl, stream);
+  if (rows >= attn_wide_rows()) launch_attention_variant<HD, 64>(p, rows, pdl, stream);
   else launch_attention_variant<HD, 16>(p, rows, pdl, stream);
 }
 
