@@ -9,17 +9,23 @@
 // tokens of a step; the union of the chunk's keys over a block of tokens is
 // loaded once and masked per token.
 //
-// Grid: (kv head, token block of T tokens, kAttnSplits); a CTA holds up to
-// 16 (narrow) or 64 (wide, the 32/64-token buckets) query rows. Per chunk a CTA
+// Grid: (kv head, token block of T tokens, kAttnSplits); a CTA holds T * group
+// <= 16 query rows. Per chunk a CTA
 //   1. builds the union of the chunk's keys over its tokens in logical order,
-//      with a per-token mask and each key's logical position,
+//      with a per-token mask, each key's logical position, and per token the
+//      union index of its key at each position (at most one per position),
 //   2. S = Q K^T with mma.sync (one dot product per element: its value does
 //      not depend on where the key or the query row sits in the tile), kept
 //      per (query row, logical position),
-//   3. per query head: max, p = exp(s - max), and sum_j p_j and sum_j p_j v_j
-//      sequentially in logical order over the attended keys only (keys of
-//      the block's union that a token does not attend add exact zeros),
-//   4. writes (max, sum, o) of the chunk.
+//   3. per query row: max, P = bf16(exp(s - max)) per logical position (0
+//      where the token has no key), l = the sum of P (a fixed warp order),
+//   4. O = P V on the tensor cores, one m16 tile per token (its heads): the k
+//      index of the mma is the logical position and the B rows are the V rows
+//      of the token's own keys (a zero row where it has none), gathered by
+//      ldmatrix addresses. Each token's tile is therefore the same matrices,
+//      in the same k order, whether it is decoded alone or verified inside a
+//      tree, and whatever the other tokens of the block are,
+//   5. writes (max, l, O) of the chunk.
 // The last CTA of a (kv head, token block) — an atomic counter, reset by that
 // CTA — combines the chunks in chunk order. The arithmetic seen by a token is
 // therefore the same whether it is decoded alone or verified inside a tree,
@@ -38,84 +44,54 @@ namespace swiftspec::cuda {
 namespace {
 
 constexpr int kAttnThreads = 256;
+constexpr int kAttnRows = 16;    ///< query rows per CTA (one m16 tile of scores)
+constexpr int kAttnTokMax = 4;   ///< tokens per CTA: bounds the chunk's union to 4 x 64 keys
 
-/// Geometry of one attention variant: RMAX query rows (tokens x heads of one
-/// kv head) per CTA. Narrow (16 rows: one m16 tile, 16 threads per row in the
-/// PV loop) for decode and small buckets; wide (64 rows: 4 m16 tiles, 4
-/// threads per row) for the 32- and 64-token tree buckets, so that a chunk's
-/// K/V is loaded once for 4x more tokens (the committed prefix is the same
-/// keys for every token of a tree). Both variants give every (token, head)
-/// the same arithmetic (see the file comment), so the choice is free.
-template <int HD, int RMAX>
+template <int HD>
 struct AttnGeom {
-  static constexpr int kTokMax = RMAX == 64 ? 16 : 8;     ///< tokens per block (kmask bits)
-  static constexpr int kUMax = kAttnChunk * kTokMax;       ///< union keys of a chunk, at most
+  static constexpr int kUMax = kAttnChunk * kAttnTokMax;  ///< union keys of a chunk, at most
   static constexpr int kLD = HD + 8;                       ///< bf16 row stride (bank spread)
-  static constexpr int kTPR = kAttnThreads / RMAX;         ///< PV threads per query row
-  static constexpr int kDPT = HD / kTPR;                   ///< dims per thread in the PV loop
-  static constexpr int kComb = kDPT >= 16 ? 2 : 4;         ///< chunks per load batch in the combine
-  static constexpr int kSLD = kAttnChunk + 1;             ///< score row stride (rows in distinct banks)
+  static constexpr int kSLD = kAttnChunk + 1;              ///< fp32 score row stride
+  static constexpr int kPLD = kAttnChunk + 8;              ///< bf16 P row stride
+  static constexpr int kTPR = kAttnThreads / kAttnRows;    ///< combine: threads per query row
+  static constexpr int kDPT = HD / kTPR;                   ///< combine: dims per thread
   static constexpr size_t smem_bytes() {
-    return size_t(RMAX + 64 + 64) * kLD * 2        // Qs, Ks, Vs
-           + size_t(RMAX) * kSLD * 4               // Ss
-           + size_t(kUMax) * 4                     // keys
-           + size_t(kUMax) * 2                     // kmask
-           + size_t(kUMax);                        // kpos
+    return size_t(kAttnRows + 64 + kUMax + 1) * kLD * 2  // Qs, Ks, Vs (+ a zero row)
+           + size_t(kAttnRows) * kSLD * 4                 // Ss
+           + size_t(kAttnRows + 1) * kPLD * 2             // Pb (+ a zero row)
+           + size_t(kUMax) * 4                            // keys
+           + size_t(kAttnTokMax) * kAttnChunk * 2         // kidx
+           + size_t(kUMax) * 2                            // kmask
+           + size_t(kUMax);                               // kpos
   }
 };
 
-/// dst[0, N) = float(src[0, N)) for N bf16 values in shared memory (N % 4 == 0).
-template <int N>
-__device__ __forceinline__ void load_bf16_row(const __nv_bfloat16* src, float (&dst)[N]) {
-  if constexpr (N % 8 == 0) {
-#pragma unroll
-    for (int i = 0; i < N / 8; ++i) {
-      const uint4 raw = reinterpret_cast<const uint4*>(src)[i];
-      const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = __bfloat1622float2(h2[j]);
-        dst[8 * i + 2 * j] = f.x;
-        dst[8 * i + 2 * j + 1] = f.y;
-      }
-    }
-  } else {
-    static_assert(N == 4, "dims per thread: 4 or a multiple of 8");
-    const uint2 raw = *reinterpret_cast<const uint2*>(src);
-    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const float2 f = __bfloat1622float2(h2[j]);
-      dst[2 * j] = f.x;
-      dst[2 * j + 1] = f.y;
-    }
-  }
-}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
-template <int HD, int RMAX>
+template <int HD>
 __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParams p) {
-  using Geom = AttnGeom<HD, RMAX>;
-  constexpr int LD = Geom::kLD;
+  using Geom = AttnGeom<HD>;
+  constexpr int LD = Geom::kLD, SLD = Geom::kSLD, PLD = Geom::kPLD;
   constexpr int CH = HD / 8;  // 16-byte chunks per row
   constexpr int DPT = Geom::kDPT;
-  constexpr int TPR = Geom::kTPR;
   constexpr int UMAX = Geom::kUMax;
-  constexpr int MT = RMAX / 16;  // m16 tiles of query rows
-  constexpr int SLD = Geom::kSLD;
+  constexpr int ZROW = UMAX;  // the zero row of Vs
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [RMAX][LD]
-  __nv_bfloat16* Ks = Qs + RMAX * LD;                              // [64][LD]
-  __nv_bfloat16* Vs = Ks + 64 * LD;                                // [64][LD]
-  // Scores by (query row, logical position in the chunk): a token has at most
-  // one key per logical position, so a row needs kAttnChunk entries whatever
-  // the union of the block's keys is.
-  float* Ss = reinterpret_cast<float*>(Vs + 64 * LD);               // [RMAX][SLD]
-  int* keys = reinterpret_cast<int*>(Ss + RMAX * SLD);              // [UMAX] cache row of union key u
-  uint16_t* kmask = reinterpret_cast<uint16_t*>(keys + UMAX);       // [UMAX] tokens attending u
-  uint8_t* kpos = reinterpret_cast<uint8_t*>(kmask + UMAX);         // [UMAX] logical position of u in the chunk
+  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [16][LD]
+  __nv_bfloat16* Ks = Qs + kAttnRows * LD;                         // [64][LD] one block of union keys
+  __nv_bfloat16* Vs = Ks + 64 * LD;                                // [UMAX + 1][LD] the whole union
+  float* Ss = reinterpret_cast<float*>(Vs + (UMAX + 1) * LD);       // [16][SLD] by logical position
+  __nv_bfloat16* Pb = reinterpret_cast<__nv_bfloat16*>(Ss + kAttnRows * SLD);  // [17][PLD]
+  int* keys = reinterpret_cast<int*>(Pb + (kAttnRows + 1) * PLD);   // [UMAX] cache row of union key u
+  int16_t* kidx = reinterpret_cast<int16_t*>(keys + UMAX);          // [4][64] union index or -1
+  uint16_t* kmask = reinterpret_cast<uint16_t*>(kidx + kAttnTokMax * kAttnChunk);  // [UMAX]
+  uint8_t* kpos = reinterpret_cast<uint8_t*>(kmask + UMAX);         // [UMAX] logical position in the chunk
   __shared__ int s_U;
   __shared__ int s_last;
-  __shared__ float s_m[RMAX];
+  __shared__ int s_nch[kAttnTokMax];
+  __shared__ float s_m[kAttnRows];
+  __shared__ float s_l[kAttnRows];
 
   griddep_launch_dependents();
   griddep_wait();
@@ -146,10 +122,10 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
-  const int RH = T * G;  // query rows of the block (<= RMAX)
+  const int RH = T * G;  // query rows of the block (<= 16)
   const int H = p.num_heads;
 
-  for (int i = tid; i < RMAX * CH; i += kAttnThreads) {
+  for (int i = tid; i < kAttnRows * CH; i += kAttnThreads) {
     const int rh = i / CH;
     const int ch = i - rh * CH;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
@@ -160,29 +136,27 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
     }
     *reinterpret_cast<uint4*>(Qs + rh * LD + ch * 8) = v;
   }
-
-  // Role in the PV loop and the combine: query row prh, dims pd0..pd0+DPT-1.
-  const int prh = tid / TPR;
-  const int pd0 = (tid % TPR) * DPT;
-  const int pt = prh / G;
-  const bool pact = prh < RH && pt < tact;
-  int p_nch = 0, p_tk = 0, p_head = 0;
-  if (pact) {
-    p_tk = tok0 + pt;
-    p_head = kvh * G + prh % G;
-    const int len = tree ? d->attend_off[p_tk + 1] - d->attend_off[p_tk] : 0;
-    p_nch = (d->prefix_len[p_tk] + len + kAttnChunk - 1) / kAttnChunk;
+  for (int i = tid; i < HD; i += kAttnThreads) Vs[ZROW * LD + i] = __float2bfloat16_rn(0.f);
+  for (int i = tid; i < kAttnChunk; i += kAttnThreads) Pb[kAttnRows * PLD + i] = __float2bfloat16_rn(0.f);
+  if (tid < tact) {
+    const int tk = tok0 + tid;
+    const int len = tree ? d->attend_off[tk + 1] - d->attend_off[tk] : 0;
+    s_nch[tid] = (d->prefix_len[tk] + len + kAttnChunk - 1) / kAttnChunk;
   }
 
   int my_cnt = 0;
   for (int c = split; c < nch; c += kAttnSplits) {
     ++my_cnt;
     const int q0 = c * kAttnChunk;
-    // ---- 1. union of the chunk's keys in logical order, per-token masks ----
+    // ---- 1. union of the chunk's keys in logical order ----
     // Committed keys first (logical position = key), then the tree keys of
     // each position (one per distinct ancestor slot among the block's tokens).
     const int n1 = max(0, min(q0 + kAttnChunk, maxP) - q0);
-    for (int i = tid; i < RMAX * SLD; i += kAttnThreads) Ss[i] = -INFINITY;
+    for (int i = tid; i < kAttnTokMax * kAttnChunk; i += kAttnThreads) {
+      const int t = i / kAttnChunk, j = i - t * kAttnChunk;
+      kidx[i] = (t < tact && j < n1 && q0 + j < d->prefix_len[tok0 + t]) ? static_cast<int16_t>(j) : int16_t(-1);
+    }
+    for (int i = tid; i < kAttnRows * SLD; i += kAttnThreads) Ss[i] = -INFINITY;
     for (int j = tid; j < n1; j += kAttnThreads) {
       const int key = q0 + j;
       unsigned mk = 0;
@@ -192,6 +166,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
       kmask[j] = static_cast<uint16_t>(mk);
       kpos[j] = static_cast<uint8_t>(j);
     }
+    __syncthreads();  // kidx of the tree positions is written below by warp 0
     if (warp == 0) {
       int U = n1;
       if (tree) {
@@ -208,13 +183,17 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
           unsigned same = 0;
           for (int u = 0; u < tact; ++u)
             if (__shfl_sync(0xffffffffu, slot, u) == slot) same |= 1u << u;
-          const bool leader = slot >= 0 && (__ffs(same) - 1) == lane;  // the lowest token with this slot
+          const int first = __ffs(same) - 1;  // the lowest token with this slot leads
+          const bool leader = slot >= 0 && first == lane;
           const unsigned lb = __ballot_sync(0xffffffffu, leader);
-          if (leader) {
-            const int pos = U + __popc(lb & ((1u << lane) - 1u));
-            keys[pos] = p.max_context + slot;
-            kmask[pos] = static_cast<uint16_t>(same);
-            kpos[pos] = static_cast<uint8_t>(q - q0);
+          if (slot >= 0) {
+            const int pos = U + __popc(lb & ((1u << first) - 1u));
+            kidx[lane * kAttnChunk + (q - q0)] = static_cast<int16_t>(pos);
+            if (leader) {
+              keys[pos] = p.max_context + slot;
+              kmask[pos] = static_cast<uint16_t>(same);
+              kpos[pos] = static_cast<uint8_t>(q - q0);
+            }
           }
           U += __popc(lb);
         }
@@ -222,10 +201,16 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
       if (lane == 0) s_U = U;
     }
     __syncthreads();
-    const int U = s_U;
-    const bool single = U <= 64;
+    const int U = s_U;  // <= 64 * tact <= UMAX
 
-    // ---- 2. scores S = scale * Q K^T of the attended (row, key) pairs ----
+    // ---- 2. V of the whole union, and S = scale * Q K^T per block of 64 keys ----
+    for (int i = tid; i < U * CH; i += kAttnThreads) {
+      const int u = i / CH;
+      const int ch = i - u * CH;
+      const size_t row = static_cast<size_t>(kvh) * p.slots + keys[u];
+      cp_async_16(Vs + u * LD + ch * 8, p.vcache + row * HD + ch * 8);
+    }
+    cp_async_commit();
     for (int ub = 0; ub < U; ub += 64) {
       const int nb = min(64, U - ub);
       for (int i = tid; i < nb * CH; i += kAttnThreads) {
@@ -233,103 +218,91 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
         const int ch = i - u * CH;
         const size_t row = static_cast<size_t>(kvh) * p.slots + keys[ub + u];
         cp_async_16(Ks + u * LD + ch * 8, p.kcache + row * HD + ch * 8);
-        if (single) cp_async_16(Vs + u * LD + ch * 8, p.vcache + row * HD + ch * 8);
       }
-      cp_async_commit_wait_all();
+      cp_async_commit();
+      cp_async_wait_all();
       __syncthreads();
       if (warp * 8 < nb) {
-        float acc[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ++ks) {
+          uint32_t a[4];
+          ldmatrix_x4(a, smem_u32(Qs + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + ks * 16 + (lane >> 4) * 8));
           uint32_t b[2];
           ldmatrix_x2(b, smem_u32(Ks + (warp * 8 + (lane & 7)) * LD + ks * 16 + ((lane >> 3) & 1) * 8));
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            if (mt * 16 < RH) {
-              uint32_t a[4];
-              ldmatrix_x4(a, smem_u32(Qs + (mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + ks * 16 +
-                                      (lane >> 4) * 8));
-              mma_bf16_16816(acc[mt], a, b[0], b[1]);
-            }
-          }
+          mma_bf16_16816(acc, a, b[0], b[1]);
         }
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int rh = mt * 16 + (lane >> 2) + (j >= 2 ? 8 : 0);
-            const int u = ub + warp * 8 + (lane & 3) * 2 + (j & 1);
-            if (u < U && rh < RH && ((kmask[u] >> (rh / G)) & 1u))
-              Ss[rh * SLD + kpos[u]] = acc[mt][j] * p.scale;
-          }
+        for (int j = 0; j < 4; ++j) {
+          const int rh = (lane >> 2) + (j >= 2 ? 8 : 0);
+          const int u = ub + warp * 8 + (lane & 3) * 2 + (j & 1);
+          if (u < U && rh < RH && ((kmask[u] >> (rh / G)) & 1u)) Ss[rh * SLD + kpos[u]] = acc[j] * p.scale;
         }
       }
       __syncthreads();
     }
 
-    // ---- 3a. per query row: max and p = exp(s - max) ----
-    for (int rh = warp; rh < RH; rh += kAttnThreads / 32) {
-      float* srow = Ss + rh * SLD;
-      float mx = -INFINITY;
-      for (int q = lane; q < kAttnChunk; q += 32) mx = fmaxf(mx, srow[q]);
+    // ---- 3. per query row: max, P = bf16(exp(s - max)), l = sum of P ----
+    for (int rh = warp; rh < kAttnRows; rh += kAttnThreads / 32) {
+      const float* srow = Ss + rh * SLD;
+      const float s0 = srow[lane], s1 = srow[lane + 32];
+      float mx = fmaxf(s0, s1);
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      for (int q = lane; q < kAttnChunk; q += 32) {
-        const float s = srow[q];
-        srow[q] = (mx == -INFINITY || s == -INFINITY) ? 0.f : expf(s - mx);
+      const __nv_bfloat16 p0 = __float2bfloat16_rn((mx == -INFINITY || s0 == -INFINITY) ? 0.f : expf(s0 - mx));
+      const __nv_bfloat16 p1 = __float2bfloat16_rn((mx == -INFINITY || s1 == -INFINITY) ? 0.f : expf(s1 - mx));
+      Pb[rh * PLD + lane] = p0;
+      Pb[rh * PLD + lane + 32] = p1;
+      float l = __bfloat162float(p0) + __bfloat162float(p1);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+      if (lane == 0) {
+        s_m[rh] = mx;
+        s_l[rh] = l;
       }
-      if (lane == 0) s_m[rh] = mx;
     }
+    cp_async_wait_all();  // V (waited already when U > 0; kept for clarity of the invariant)
     __syncthreads();
 
-    // ---- 3b. sum p and p*v over the union in logical order ----
-    float o[DPT];
+    // ---- 4. O = P V: one m16 tile per token (its heads), two n8 tiles per unit ----
+    constexpr int NP = HD / 16;  // pairs of n8 tiles
+    for (int w = warp; w < tact * NP; w += kAttnThreads / 32) {
+      const int t = w / NP;
+      const int n0 = (w - t * NP) * 16;
+      float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+      const int ar = (lane & 7) + ((lane >> 3) & 1) * 8;  // A row of this lane's ldmatrix address
+      const int prow = ar < G ? t * G + ar : kAttnRows;    // rows past the token's heads: the zero row
 #pragma unroll
-    for (int j = 0; j < DPT; ++j) o[j] = 0.f;
-    float l = 0.f;
-    for (int ub = 0; ub < U; ub += 64) {
-      const int nb = min(64, U - ub);
-      if (!single) {
-        for (int i = tid; i < nb * CH; i += kAttnThreads) {
-          const int u = i / CH;
-          const int ch = i - u * CH;
-          const size_t row = static_cast<size_t>(kvh) * p.slots + keys[ub + u];
-          cp_async_16(Vs + u * LD + ch * 8, p.vcache + row * HD + ch * 8);
-        }
-        cp_async_commit_wait_all();
-        __syncthreads();
+      for (int ks = 0; ks < kAttnChunk / 16; ++ks) {
+        uint32_t a[4];
+        ldmatrix_x4(a, smem_u32(Pb + prow * PLD + ks * 16 + (lane >> 4) * 8));
+        const int u = kidx[t * kAttnChunk + ks * 16 + (lane & 15)];
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, smem_u32(Vs + (u >= 0 ? u : ZROW) * LD + n0 + (lane >> 4) * 8));
+        mma_bf16_16816(acc[0], a, b[0], b[1]);
+        mma_bf16_16816(acc[1], a, b[2], b[3]);
       }
-      if (pact) {
-        // Branch-free over all keys of the block: a key of the union that this
-        // token does not attend gets p = 0 exactly, and adding it changes
-        // neither l nor o bitwise (both start at +0 and never become -0:
-        // x + (+-0) == x, and +0 + -0 == +0). So the sums equal those over the
-        // token's own keys alone, in logical order (union order), as in a
-        // step of this token alone; and the loop pipelines its loads.
-        const float* srow = Ss + prh * SLD;
-#pragma unroll 4
-        for (int u = 0; u < nb; ++u) {
-          const float s = srow[kpos[ub + u]];
-          const float pr = ((kmask[ub + u] >> pt) & 1u) ? s : 0.f;
-          l += pr;
-          float vf[DPT];
-          load_bf16_row<DPT>(Vs + u * LD + pd0, vf);
+      // ---- 5. chunk partial of the token's heads ----
+      if (c < s_nch[t]) {
+        const int tk = tok0 + t;
 #pragma unroll
-          for (int j = 0; j < DPT; ++j) o[j] = fmaf(pr, vf[j], o[j]);
+        for (int half = 0; half < 2; ++half) {
+          const int r = (lane >> 2) + half * 8;
+          if (r < G) {
+            float* po = p.part_o + ((static_cast<size_t>(tk) * H + kvh * G + r) * p.max_chunks + c) * HD + n0 +
+                        (lane & 3) * 2;
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+              *reinterpret_cast<float2*>(po + j * 8) = make_float2(acc[j][half * 2], acc[j][half * 2 + 1]);
+          }
         }
       }
-      if (!single) __syncthreads();
     }
-
-    // ---- 4. chunk partial ----
-    if (pact && c < p_nch) {
-      float* po = p.part_o + ((static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks + c) * HD + pd0;
-#pragma unroll
-      for (int j = 0; j < DPT; ++j) po[j] = o[j];
-      if ((tid % TPR) == 0)
-        p.part_ml[(static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks + c] = make_float2(s_m[prh], l);
+    if (tid < RH) {
+      const int t = tid / G;
+      if (t < tact && c < s_nch[t])
+        p.part_ml[(static_cast<size_t>(tok0 + t) * H + kvh * G + tid % G) * p.max_chunks + c] =
+            make_float2(s_m[tid], s_l[tid]);
     }
     __syncthreads();
   }
@@ -343,11 +316,18 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  if (pact) {
+  // Role in the combine: query row prh, dims pd0..pd0+DPT-1.
+  const int prh = tid / Geom::kTPR;
+  const int pd0 = (tid % Geom::kTPR) * DPT;
+  const int pt = prh / G;
+  if (prh < RH && pt < tact) {
+    const int p_tk = tok0 + pt;
+    const int p_head = kvh * G + prh % G;
+    const int p_nch = s_nch[pt];
     // Combine in chunk order. The loads of a batch of chunks are all issued
     // before its adds (one L2 round trip per batch instead of per chunk); the
     // arithmetic is the same sequence as chunk by chunk.
-    constexpr int kB = Geom::kComb;
+    constexpr int kB = 4;
     const float2* ml = p.part_ml + (static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks;
     const float* pob = p.part_o + (static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks * HD + pd0;
     float M = -INFINITY;
@@ -377,7 +357,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
 #pragma unroll
       for (int i = 0; i < kB; ++i) {
         if (c0 + i < p_nch) {
-          const float w = expf(v[i].x - M);
+          const float w = v[i].x == -INFINITY ? 0.f : expf(v[i].x - M);
           lsum = fmaf(w, v[i].y, lsum);
 #pragma unroll
           for (int j = 0; j < DPT; ++j) o[j] = fmaf(w, pv[i][j], o[j]);
@@ -392,18 +372,17 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   if (tid == 0) p.counters[kvh * kMaxStepTokens + blk] = 0;
 }
 
-template <int HD, int RMAX>
-void launch_attention_variant(AttnParams p, int rows, bool pdl, cudaStream_t stream) {
+template <int HD>
+void launch_attention_hd(AttnParams p, int rows, bool pdl, cudaStream_t stream) {
   static std::atomic<uint64_t> attr_done{0};  // per device (current_device_bit)
-  constexpr size_t smem = AttnGeom<HD, RMAX>::smem_bytes();
+  constexpr size_t smem = AttnGeom<HD>::smem_bytes();
   const uint64_t bit = current_device_bit();
   if (!bit || !(attr_done.load(std::memory_order_acquire) & bit)) {
-    SS_CUDA_CHECK(cudaFuncSetAttribute(&attention_kernel<HD, RMAX>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+    SS_CUDA_CHECK(cudaFuncSetAttribute(&attention_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem)));
     attr_done.fetch_or(bit, std::memory_order_acq_rel);
   }
-  p.tokens_per_block = std::min(AttnGeom<HD, RMAX>::kTokMax, std::max(1, RMAX / p.group));
+  p.tokens_per_block = std::min(kAttnTokMax, std::max(1, kAttnRows / p.group));
   cudaLaunchConfig_t lc = {};
   const int blocks = (rows + p.tokens_per_block - 1) / p.tokens_per_block;
   lc.gridDim = dim3(static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(blocks), kAttnSplits);
@@ -415,22 +394,7 @@ void launch_attention_variant(AttnParams p, int rows, bool pdl, cudaStream_t str
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   lc.attrs = attr;
   lc.numAttrs = pdl ? 1 : 0;
-  SS_CUDA_CHECK(cudaLaunchKernelEx(&lc, &attention_kernel<HD, RMAX>, p));
-}
-
-/// Narrow CTAs below 32 rows (decode: a short PV loop per thread), wide ones
-/// for the 32- and 64-token buckets (one K/V load per chunk for 4x the tokens).
-/// Buckets of at least this many rows take the wide CTAs: kAttnWideRows, or
-/// SWIFTSPEC_ATTN_WIDE_ROWS for A/B measurements (65: never).
-int attn_wide_rows() {
-  const char* e = std::getenv("SWIFTSPEC_ATTN_WIDE_ROWS");
-  return e ? std::atoi(e) : kAttnWideRows;
-}
-
-template <int HD>
-void launch_attention_hd(const AttnParams& p, int rows, bool pdl, cudaStream_t stream) {
-  if (rows >= attn_wide_rows()) launch_attention_variant<HD, 64>(p, rows, pdl, stream);
-  else launch_attention_variant<HD, 16>(p, rows, pdl, stream);
+  SS_CUDA_CHECK(cudaLaunchKernelEx(&lc, &attention_kernel<HD>, p));
 }
 
 }  // namespace

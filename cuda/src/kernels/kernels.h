@@ -35,11 +35,6 @@ constexpr int kAttnChunk = 64;
 /// CTAs along the KV length per (kv head, token block); each loops over
 /// chunks split, split + kAttnSplits, ...
 constexpr int kAttnSplits = 16;
-/// Buckets of at least this many token rows use the wide attention CTAs (64
-/// query rows, up to 16 tokens of a kv head); smaller ones the narrow CTAs
-/// (16 query rows, up to 8 tokens). The arithmetic per (token, head) is the
-/// same in both (attention_tree.cu).
-constexpr int kAttnWideRows = 32;
 
 struct AttnParams {
   const __nv_bfloat16* q = nullptr;  ///< [64][num_heads*head_dim], RoPE applied
@@ -52,7 +47,7 @@ struct AttnParams {
   const StepDesc* desc = nullptr;
   int num_heads = 0, num_kv_heads = 0, head_dim = 0;
   int group = 0;          ///< num_heads / num_kv_heads
-  int tokens_per_block = 0;  ///< set by launch_attention: T = min(8, 16 / group) narrow, min(16, 64 / group) wide (>= 1)
+  int tokens_per_block = 0;  ///< set by launch_attention: T = min(4, max(1, 16 / group))
   int slots = 0;          ///< max_context + max_tree
   int max_context = 0;
   int max_chunks = 0;     ///< ceil(slots / kAttnChunk)
