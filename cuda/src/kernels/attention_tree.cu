@@ -46,6 +46,7 @@ namespace {
 constexpr int kAttnThreads = 256;
 constexpr int kAttnRows = 16;    ///< query rows per CTA (one m16 tile of scores)
 constexpr int kAttnTokMax = 4;   ///< tokens per CTA: bounds the chunk's union to 4 x 64 keys
+constexpr int kAttnListMax = 128; ///< attend-list entries per token kept in shared memory
 
 template <int HD>
 struct AttnGeom {
@@ -90,6 +91,13 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   __shared__ int s_U;
   __shared__ int s_last;
   __shared__ int s_nch[kAttnTokMax];
+  __shared__ int s_prefix[kAttnTokMax];
+  __shared__ int s_off[kAttnTokMax];
+  __shared__ int s_len[kAttnTokMax];
+  // The block's attend lists (ancestor slots by depth), loaded once: the
+  // union of a tree chunk walks them position by position, and a dependent
+  // global load per position cost ~0.5 us each (64 us per layer at 64 nodes).
+  __shared__ int s_list[kAttnTokMax][kAttnListMax];
   __shared__ float s_m[kAttnRows];
   __shared__ float s_l[kAttnRows];
 
@@ -140,9 +148,21 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   for (int i = tid; i < kAttnChunk; i += kAttnThreads) Pb[kAttnRows * PLD + i] = __float2bfloat16_rn(0.f);
   if (tid < tact) {
     const int tk = tok0 + tid;
-    const int len = tree ? d->attend_off[tk + 1] - d->attend_off[tk] : 0;
+    const int off = d->attend_off[tk];
+    const int len = tree ? d->attend_off[tk + 1] - off : 0;
+    s_prefix[tid] = d->prefix_len[tk];
+    s_off[tid] = off;
+    s_len[tid] = len;
     s_nch[tid] = (d->prefix_len[tk] + len + kAttnChunk - 1) / kAttnChunk;
   }
+  if (tree) {
+    for (int i = tid; i < tact * kAttnListMax; i += kAttnThreads) {
+      const int t = i / kAttnListMax, a = i - t * kAttnListMax;
+      const int off = d->attend_off[tok0 + t];
+      if (off + a < d->attend_off[tok0 + t + 1]) s_list[t][a] = d->attend_slots[off + a];
+    }
+  }
+  __syncthreads();
 
   int my_cnt = 0;
   for (int c = split; c < nch; c += kAttnSplits) {
@@ -154,14 +174,14 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
     const int n1 = max(0, min(q0 + kAttnChunk, maxP) - q0);
     for (int i = tid; i < kAttnTokMax * kAttnChunk; i += kAttnThreads) {
       const int t = i / kAttnChunk, j = i - t * kAttnChunk;
-      kidx[i] = (t < tact && j < n1 && q0 + j < d->prefix_len[tok0 + t]) ? static_cast<int16_t>(j) : int16_t(-1);
+      kidx[i] = (t < tact && j < n1 && q0 + j < s_prefix[t]) ? static_cast<int16_t>(j) : int16_t(-1);
     }
     for (int i = tid; i < kAttnRows * SLD; i += kAttnThreads) Ss[i] = -INFINITY;
     for (int j = tid; j < n1; j += kAttnThreads) {
       const int key = q0 + j;
       unsigned mk = 0;
       for (int t = 0; t < tact; ++t)
-        if (key < d->prefix_len[tok0 + t]) mk |= 1u << t;
+        if (key < s_prefix[t]) mk |= 1u << t;
       keys[j] = key;
       kmask[j] = static_cast<uint16_t>(mk);
       kpos[j] = static_cast<uint8_t>(j);
@@ -172,14 +192,13 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
       if (tree) {
         const int qlo = max(q0, C);
         const int qhi = min(q0 + kAttnChunk, C + maxlen);
-        int off = 0, len = 0;
-        if (lane < tact) {
-          off = d->attend_off[tok0 + lane];
-          len = d->attend_off[tok0 + lane + 1] - off;
-        }
+        const int off = lane < tact ? s_off[lane] : 0;
+        const int len = lane < tact ? s_len[lane] : 0;
         for (int q = qlo; q < qhi; ++q) {
           const int a = q - C;
-          const int slot = (lane < tact && a < len) ? d->attend_slots[off + a] : -1;
+          const int slot = (lane < tact && a < len)
+                               ? (a < kAttnListMax ? s_list[lane][a] : d->attend_slots[off + a])
+                               : -1;
           unsigned same = 0;
           for (int u = 0; u < tact; ++u)
             if (__shfl_sync(0xffffffffu, slot, u) == slot) same |= 1u << u;
