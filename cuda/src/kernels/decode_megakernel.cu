@@ -804,44 +804,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
 
 size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-constexpr long long kMaxSlots = 16;  ///< ring depth cap
-
-/// The ring's slot size. A chunk is whole rows, so a slot carries
-/// floor(slot / row) rows of a matrix: a 32 KB slot holds one 17.9 KB row of
-/// the 1.5B's down projection (55 % used). Each candidate (multiples of 128
-/// bytes, 16-64 KB, at least one row of the widest matrix) is scored by the
-/// weight bytes the full ring holds, per matrix, weighted by the matrix's
-/// bytes per layer; 32 KB (run 14's measured choice) is kept unless another
-/// size scores more than 2 % higher. `room`: shared memory left for slots.
-int choose_slot_bytes(const MegaShape& s, int kmax, long long room) {
-  const long long nq = static_cast<long long>(s.num_heads) * s.head_dim, nkv = static_cast<long long>(s.num_kv_heads) * s.head_dim;
-  struct M {
-    long long K, rows;
-  };
-  const M mats[3] = {{s.hidden, nq + 2 * nkv + 2LL * s.intermediate}, {nq, s.hidden}, {s.intermediate, s.hidden}};
-  const auto score = [&](long long slot) -> double {
-    const long long ns = std::min(kMaxSlots, room / (slot + 16));
-    if (ns < 5) return -1.0;
-    double sc = 0.0;
-    for (const M& m : mats) {
-      const long long row = 2 * m.K;
-      sc += static_cast<double>(m.rows * row) * static_cast<double>(ns * (slot / row) * row);
-    }
-    return sc;
-  };
-  const long long min_slot = static_cast<long long>(align_up(2 * static_cast<size_t>(kmax), 128));
-  long long best = std::max<long long>(32768, min_slot);
-  double best_score = score(best);
-  for (long long slot = std::max<long long>(16384, min_slot); slot <= 65536; slot += 128) {
-    const double sc = score(slot);
-    if (sc > best_score * 1.10) {
-      best = slot;
-      best_score = sc;
-    }
-  }
-  return static_cast<int>(best);
-}
-
 }  // namespace
 
 size_t decode_megakernel_sync_words(const MegaShape& s) {
@@ -863,7 +825,7 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem) {
   if (2 * kmax > 96 * 1024) bad("a weight row of " + std::to_string(2 * kmax) + " bytes exceeds 96 KB");
   MegaPlan pl;
   pl.ctas = num_sms;
-  pl.slot_bytes = 0;  // chosen below, once the fixed carve-up is known
+  pl.slot_bytes = static_cast<int>(std::max<size_t>(32768, align_up(2 * static_cast<size_t>(kmax), 128)));
   pl.x_bytes = static_cast<int>(align_up(2 * static_cast<size_t>(kmax), 128));
   const int tiles_qkv = (nq + 2 * nkv) / 16, tiles_gu = 2 * s.intermediate / 16;
   pl.ybuf_rows = 16 * std::max((tiles_qkv + num_sms - 1) / num_sms, (tiles_gu + num_sms - 1) / num_sms);
@@ -877,9 +839,8 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem) {
   pl.table_bytes = static_cast<int>(align_up(sizeof(Stream) * (kStreamsPerLayer * static_cast<size_t>(s.num_layers) + 1), 128));
   pl.layers_bytes = static_cast<int>(align_up(sizeof(MegaLayer) * static_cast<size_t>(s.num_layers), 128));
   const long long fixed = kAlignSlack + pl.x_bytes + pl.misc_bytes + pl.table_bytes + pl.layers_bytes + kSmallBytes;
-  pl.slot_bytes = choose_slot_bytes(s, kmax, static_cast<long long>(max_smem) - fixed);
   long long ns = (static_cast<long long>(max_smem) - fixed) / (pl.slot_bytes + 16);
-  ns = std::min<long long>(ns, kMaxSlots);
+  ns = std::min<long long>(ns, 16);
   if (ns < 2)
     bad("the ring needs two slots of " + std::to_string(pl.slot_bytes) + " bytes; " + std::to_string(max_smem) +
         " bytes of shared memory leave room for " + std::to_string(std::max<long long>(ns, 0)));
