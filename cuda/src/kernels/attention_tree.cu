@@ -44,32 +44,40 @@ namespace swiftspec::cuda {
 namespace {
 
 constexpr int kAttnThreads = 256;
-constexpr int kAttnRows = 16;    ///< query rows per CTA (one m16 tile of scores)
-constexpr int kAttnTokMax = 4;   ///< tokens per CTA: bounds the chunk's union to 4 x 64 keys
-constexpr int kAttnListMax = 128; ///< attend-list entries per token kept in shared memory
+constexpr int kSubRows = 16;       ///< query rows of a sub-block (one m16 tile of scores)
+constexpr int kSubTokMax = 3;      ///< tokens per sub-block: bounds a chunk's union to 3 x 64 keys
+constexpr int kGroupRows = 64;     ///< query rows of a CTA (its sub-blocks)
+constexpr int kGroupTokMax = 16;   ///< tokens per CTA
+constexpr int kAttnListMax = 64;   ///< attend-list entries per token kept in shared memory
 
 template <int HD>
 struct AttnGeom {
-  static constexpr int kUMax = kAttnChunk * kAttnTokMax;  ///< union keys of a chunk, at most
-  static constexpr int kLD = HD + 8;                       ///< bf16 row stride (bank spread)
-  static constexpr int kSLD = kAttnChunk + 1;              ///< fp32 score row stride
-  static constexpr int kPLD = kAttnChunk + 8;              ///< bf16 P row stride
-  static constexpr int kTPR = kAttnThreads / kAttnRows;    ///< combine: threads per query row
-  static constexpr int kDPT = HD / kTPR;                   ///< combine: dims per thread
+  static constexpr int kUMax = kAttnChunk * kSubTokMax;  ///< union keys of a sub-block's chunk, at most
+  static constexpr int kLD = HD + 8;                      ///< bf16 row stride (bank spread)
+  static constexpr int kSLD = kAttnChunk + 1;             ///< fp32 score row stride
+  static constexpr int kPLD = kAttnChunk + 8;             ///< bf16 P row stride
+  static constexpr int kTPR = kAttnThreads / kGroupRows;  ///< combine: threads per query row
+  static constexpr int kDPT = HD / kTPR;                  ///< combine: dims per thread
   static constexpr size_t smem_bytes() {
-    return size_t(kAttnRows + 64 + kUMax + 1) * kLD * 2  // Qs, Ks, Vs (+ a zero row)
-           + size_t(kAttnRows) * kSLD * 4                 // Ss
-           + size_t(kAttnRows + 1) * kPLD * 2             // Pb (+ a zero row)
-           + size_t(kUMax) * 4                            // keys
-           + size_t(kAttnTokMax) * kAttnChunk * 2         // kidx
-           + size_t(kUMax) * 2                            // kmask
-           + size_t(kUMax);                               // kpos
+    return size_t(kGroupRows + 64 + kUMax + 1) * kLD * 2  // Qs, Ks, Vs (+ a zero row)
+           + size_t(kSubRows) * kSLD * 4                   // Ss
+           + size_t(kSubRows + 1) * kPLD * 2               // Pb (+ a zero row)
+           + size_t(kUMax) * 4                             // keys
+           + size_t(kSubTokMax) * kAttnChunk * 2           // kidx
+           + size_t(kUMax) * 2                             // kmask
+           + size_t(kUMax);                                // kpos
   }
 };
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
+/// Grid (kv heads, token groups, kAttnSplits). A CTA holds a group of up to
+/// kGroupTokMax tokens (all their query heads of one kv head, <= 64 rows) in
+/// sub-blocks of T <= kSubTokMax tokens (<= 16 rows, one m16 tile). A chunk
+/// that every token of the group attends whole (committed keys: every chunk
+/// but the last one or two of a tree step) is loaded once for all its
+/// sub-blocks; other chunks build each sub-block's own union of keys.
 template <int HD>
 __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParams p) {
   using Geom = AttnGeom<HD>;
@@ -79,27 +87,26 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   constexpr int UMAX = Geom::kUMax;
   constexpr int ZROW = UMAX;  // the zero row of Vs
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [16][LD]
-  __nv_bfloat16* Ks = Qs + kAttnRows * LD;                         // [64][LD] one block of union keys
+  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [64][LD] the group's query rows
+  __nv_bfloat16* Ks = Qs + kGroupRows * LD;                        // [64][LD] one block of union keys
   __nv_bfloat16* Vs = Ks + 64 * LD;                                // [UMAX + 1][LD] the whole union
   float* Ss = reinterpret_cast<float*>(Vs + (UMAX + 1) * LD);       // [16][SLD] by logical position
-  __nv_bfloat16* Pb = reinterpret_cast<__nv_bfloat16*>(Ss + kAttnRows * SLD);  // [17][PLD]
-  int* keys = reinterpret_cast<int*>(Pb + (kAttnRows + 1) * PLD);   // [UMAX] cache row of union key u
-  int16_t* kidx = reinterpret_cast<int16_t*>(keys + UMAX);          // [4][64] union index or -1
-  uint16_t* kmask = reinterpret_cast<uint16_t*>(kidx + kAttnTokMax * kAttnChunk);  // [UMAX]
+  __nv_bfloat16* Pb = reinterpret_cast<__nv_bfloat16*>(Ss + kSubRows * SLD);  // [17][PLD]
+  int* keys = reinterpret_cast<int*>(Pb + (kSubRows + 1) * PLD);    // [UMAX] cache row of union key u
+  int16_t* kidx = reinterpret_cast<int16_t*>(keys + UMAX);          // [3][64] union index or -1
+  uint16_t* kmask = reinterpret_cast<uint16_t*>(kidx + kSubTokMax * kAttnChunk);  // [UMAX]
   uint8_t* kpos = reinterpret_cast<uint8_t*>(kmask + UMAX);         // [UMAX] logical position in the chunk
   __shared__ int s_U;
   __shared__ int s_last;
-  __shared__ int s_nch[kAttnTokMax];
-  __shared__ int s_prefix[kAttnTokMax];
-  __shared__ int s_off[kAttnTokMax];
-  __shared__ int s_len[kAttnTokMax];
-  // The block's attend lists (ancestor slots by depth), loaded once: the
-  // union of a tree chunk walks them position by position, and a dependent
-  // global load per position cost ~0.5 us each (64 us per layer at 64 nodes).
-  __shared__ int s_list[kAttnTokMax][kAttnListMax];
-  __shared__ float s_m[kAttnRows];
-  __shared__ float s_l[kAttnRows];
+  __shared__ int s_nch[kGroupTokMax];
+  __shared__ int s_prefix[kGroupTokMax];
+  __shared__ int s_off[kGroupTokMax];
+  __shared__ int s_len[kGroupTokMax];
+  // The group's attend lists (ancestor slots by depth), loaded once: the
+  // union of a tree chunk walks them position by position.
+  __shared__ int s_list[kGroupTokMax][kAttnListMax];
+  __shared__ float s_m[kSubRows];
+  __shared__ float s_l[kSubRows];
 
   griddep_launch_dependents();
   griddep_wait();
@@ -108,36 +115,51 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   const int kvh = blockIdx.x;
   const int blk = blockIdx.y;
   const int split = blockIdx.z;
-  const int T = p.tokens_per_block;
+  const int T = p.tokens_per_block;       // tokens per sub-block
+  const int TG = T * p.sub_blocks;        // tokens per CTA
   const int G = p.group;
   const int n = d->n;
-  const int tok0 = blk * T;
+  const int tok0 = blk * TG;
   if (tok0 >= n) return;
-  const int tact = min(T, n - tok0);
+  const int tact = min(TG, n - tok0);
   const int C = d->committed;
   const bool tree = d->is_tree != 0;
-  int maxP = 0, maxlen = 0, nch = 0;
-  for (int t = 0; t < tact; ++t) {
-    const int tk = tok0 + t;
-    const int P = d->prefix_len[tk];
-    const int len = tree ? d->attend_off[tk + 1] - d->attend_off[tk] : 0;
-    maxP = max(maxP, P);
-    maxlen = max(maxlen, len);
-    nch = max(nch, (P + len + kAttnChunk - 1) / kAttnChunk);
-  }
-  if (split >= nch) return;
-
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
-  const int RH = T * G;  // query rows of the block (<= 16)
   const int H = p.num_heads;
 
-  for (int i = tid; i < kAttnRows * CH; i += kAttnThreads) {
+  if (tid < tact) {
+    const int tk = tok0 + tid;
+    const int off = d->attend_off[tk];
+    const int len = tree ? d->attend_off[tk + 1] - off : 0;
+    const int P = d->prefix_len[tk];
+    s_prefix[tid] = P;
+    s_off[tid] = off;
+    s_len[tid] = len;
+    s_nch[tid] = (P + len + kAttnChunk - 1) / kAttnChunk;
+  }
+  __syncthreads();
+  int maxP = 0, minP = 1 << 30, maxlen = 0, nch = 0;
+  for (int t = 0; t < tact; ++t) {
+    maxP = max(maxP, s_prefix[t]);
+    minP = min(minP, s_prefix[t]);
+    maxlen = max(maxlen, s_len[t]);
+    nch = max(nch, s_nch[t]);
+  }
+  if (split >= nch) return;
+
+  if (tree) {
+    for (int i = tid; i < tact * kAttnListMax; i += kAttnThreads) {
+      const int t = i / kAttnListMax, a = i - t * kAttnListMax;
+      if (a < s_len[t]) s_list[t][a] = d->attend_slots[s_off[t] + a];
+    }
+  }
+  for (int i = tid; i < kGroupRows * CH; i += kAttnThreads) {
     const int rh = i / CH;
     const int ch = i - rh * CH;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (rh < RH && rh / G < tact) {
+    if (rh < tact * G) {
       const int tk = tok0 + rh / G;
       const int head = kvh * G + rh % G;
       v = *reinterpret_cast<const uint4*>(p.q + (static_cast<size_t>(tk) * H + head) * HD + ch * 8);
@@ -145,188 +167,196 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
     *reinterpret_cast<uint4*>(Qs + rh * LD + ch * 8) = v;
   }
   for (int i = tid; i < HD; i += kAttnThreads) Vs[ZROW * LD + i] = __float2bfloat16_rn(0.f);
-  for (int i = tid; i < kAttnChunk; i += kAttnThreads) Pb[kAttnRows * PLD + i] = __float2bfloat16_rn(0.f);
-  if (tid < tact) {
-    const int tk = tok0 + tid;
-    const int off = d->attend_off[tk];
-    const int len = tree ? d->attend_off[tk + 1] - off : 0;
-    s_prefix[tid] = d->prefix_len[tk];
-    s_off[tid] = off;
-    s_len[tid] = len;
-    s_nch[tid] = (d->prefix_len[tk] + len + kAttnChunk - 1) / kAttnChunk;
-  }
-  if (tree) {
-    for (int i = tid; i < tact * kAttnListMax; i += kAttnThreads) {
-      const int t = i / kAttnListMax, a = i - t * kAttnListMax;
-      const int off = d->attend_off[tok0 + t];
-      if (off + a < d->attend_off[tok0 + t + 1]) s_list[t][a] = d->attend_slots[off + a];
-    }
-  }
-  __syncthreads();
+  for (int i = tid; i < kAttnChunk; i += kAttnThreads) Pb[kSubRows * PLD + i] = __float2bfloat16_rn(0.f);
 
+  const int nsb = (tact + T - 1) / T;
   int my_cnt = 0;
   for (int c = split; c < nch; c += kAttnSplits) {
     ++my_cnt;
     const int q0 = c * kAttnChunk;
-    // ---- 1. union of the chunk's keys in logical order ----
-    // Committed keys first (logical position = key), then the tree keys of
-    // each position (one per distinct ancestor slot among the block's tokens).
-    const int n1 = max(0, min(q0 + kAttnChunk, maxP) - q0);
-    for (int i = tid; i < kAttnTokMax * kAttnChunk; i += kAttnThreads) {
-      const int t = i / kAttnChunk, j = i - t * kAttnChunk;
-      kidx[i] = (t < tact && j < n1 && q0 + j < s_prefix[t]) ? static_cast<int16_t>(j) : int16_t(-1);
-    }
-    for (int i = tid; i < kAttnRows * SLD; i += kAttnThreads) Ss[i] = -INFINITY;
-    for (int j = tid; j < n1; j += kAttnThreads) {
-      const int key = q0 + j;
-      unsigned mk = 0;
-      for (int t = 0; t < tact; ++t)
-        if (key < s_prefix[t]) mk |= 1u << t;
-      keys[j] = key;
-      kmask[j] = static_cast<uint16_t>(mk);
-      kpos[j] = static_cast<uint8_t>(j);
-    }
-    __syncthreads();  // kidx of the tree positions is written below by warp 0
-    if (warp == 0) {
-      int U = n1;
-      if (tree) {
-        const int qlo = max(q0, C);
-        const int qhi = min(q0 + kAttnChunk, C + maxlen);
-        const int off = lane < tact ? s_off[lane] : 0;
-        const int len = lane < tact ? s_len[lane] : 0;
-        for (int q = qlo; q < qhi; ++q) {
-          const int a = q - C;
-          const int slot = (lane < tact && a < len)
-                               ? (a < kAttnListMax ? s_list[lane][a] : d->attend_slots[off + a])
-                               : -1;
-          unsigned same = 0;
-          for (int u = 0; u < tact; ++u)
-            if (__shfl_sync(0xffffffffu, slot, u) == slot) same |= 1u << u;
-          const int first = __ffs(same) - 1;  // the lowest token with this slot leads
-          const bool leader = slot >= 0 && first == lane;
-          const unsigned lb = __ballot_sync(0xffffffffu, leader);
-          if (slot >= 0) {
-            const int pos = U + __popc(lb & ((1u << first) - 1u));
-            kidx[lane * kAttnChunk + (q - q0)] = static_cast<int16_t>(pos);
-            if (leader) {
-              keys[pos] = p.max_context + slot;
-              kmask[pos] = static_cast<uint16_t>(same);
-              kpos[pos] = static_cast<uint8_t>(q - q0);
+    // Every token of the group attends the whole chunk (committed keys): one
+    // union for all sub-blocks, loaded once.
+    const bool shared = q0 + kAttnChunk <= minP;
+    int U = 0;
+    for (int sb = 0; sb < nsb; ++sb) {
+      const int st0 = sb * T;                // the sub-block's first token (in the group)
+      const int stact = min(T, tact - st0);  // its tokens
+      const int RHs = stact * G;             // its query rows
+      const bool fresh = !shared || sb == 0;
+      if (fresh) {
+        // ---- 1. union of the chunk's keys over the sub-block, logical order ----
+        // Committed keys first (logical position = key), then the tree keys of
+        // each position (one per distinct ancestor slot among the tokens).
+        int n1 = 0;
+        if (shared) {
+          n1 = kAttnChunk;
+        } else {
+          for (int t = 0; t < stact; ++t) n1 = max(n1, s_prefix[st0 + t]);
+          n1 = max(0, min(q0 + kAttnChunk, n1) - q0);
+        }
+        for (int i = tid; i < kSubTokMax * kAttnChunk; i += kAttnThreads) {
+          const int t = i / kAttnChunk, j = i - t * kAttnChunk;
+          kidx[i] = (t < stact && j < n1 && q0 + j < s_prefix[st0 + t]) ? static_cast<int16_t>(j) : int16_t(-1);
+        }
+        for (int j = tid; j < n1; j += kAttnThreads) {
+          const int key = q0 + j;
+          unsigned mk = 0;
+          for (int t = 0; t < stact; ++t)
+            if (key < s_prefix[st0 + t]) mk |= 1u << t;
+          keys[j] = key;
+          kmask[j] = static_cast<uint16_t>(mk);
+          kpos[j] = static_cast<uint8_t>(j);
+        }
+        __syncthreads();  // kidx of the tree positions is written below by warp 0
+        if (warp == 0) {
+          int u_end = n1;
+          if (tree && !shared) {
+            int mlen = 0;
+            for (int t = 0; t < stact; ++t) mlen = max(mlen, s_len[st0 + t]);
+            const int qlo = max(q0, C);
+            const int qhi = min(q0 + kAttnChunk, C + mlen);
+            const int off = lane < stact ? s_off[st0 + lane] : 0;
+            const int len = lane < stact ? s_len[st0 + lane] : 0;
+            for (int q = qlo; q < qhi; ++q) {
+              const int a = q - C;
+              const int slot = (lane < stact && a < len)
+                                   ? (a < kAttnListMax ? s_list[st0 + lane][a] : d->attend_slots[off + a])
+                                   : -1;
+              unsigned same = 0;
+              for (int u = 0; u < stact; ++u)
+                if (__shfl_sync(0xffffffffu, slot, u) == slot) same |= 1u << u;
+              const int first = __ffs(same) - 1;  // the lowest token with this slot leads
+              const bool leader = slot >= 0 && first == lane;
+              const unsigned lb = __ballot_sync(0xffffffffu, leader);
+              if (slot >= 0) {
+                const int pos = u_end + __popc(lb & ((1u << first) - 1u));
+                kidx[lane * kAttnChunk + (q - q0)] = static_cast<int16_t>(pos);
+                if (leader) {
+                  keys[pos] = p.max_context + slot;
+                  kmask[pos] = static_cast<uint16_t>(same);
+                  kpos[pos] = static_cast<uint8_t>(q - q0);
+                }
+              }
+              u_end += __popc(lb);
             }
           }
-          U += __popc(lb);
+          if (lane == 0) s_U = u_end;
+        }
+        __syncthreads();
+        U = s_U;  // <= 64 * stact <= UMAX
+        // ---- 2a. V of the whole union (one cp.async group) ----
+        for (int i = tid; i < U * CH; i += kAttnThreads) {
+          const int u = i / CH;
+          const int ch = i - u * CH;
+          const size_t row = static_cast<size_t>(kvh) * p.slots + keys[u];
+          cp_async_16(Vs + u * LD + ch * 8, p.vcache + row * HD + ch * 8);
+        }
+        cp_async_commit();
+      }
+      for (int i = tid; i < kSubRows * SLD; i += kAttnThreads) Ss[i] = -INFINITY;
+
+      // ---- 2b. S = scale * Q K^T per block of 64 union keys ----
+      for (int ub = 0; ub < U; ub += 64) {
+        const int nb = min(64, U - ub);
+        if (fresh || U > 64) {
+          for (int i = tid; i < nb * CH; i += kAttnThreads) {
+            const int u = i / CH;
+            const int ch = i - u * CH;
+            const size_t row = static_cast<size_t>(kvh) * p.slots + keys[ub + u];
+            cp_async_16(Ks + u * LD + ch * 8, p.kcache + row * HD + ch * 8);
+          }
+          cp_async_commit();
+          cp_async_wait_all();
+        }
+        __syncthreads();
+        if (warp * 8 < nb) {
+          float acc[4] = {0.f, 0.f, 0.f, 0.f};
+          const __nv_bfloat16* qa = Qs + (st0 * G + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
+#pragma unroll
+          for (int ks = 0; ks < HD / 16; ++ks) {
+            uint32_t a[4];
+            ldmatrix_x4(a, smem_u32(qa + ks * 16));
+            uint32_t b[2];
+            ldmatrix_x2(b, smem_u32(Ks + (warp * 8 + (lane & 7)) * LD + ks * 16 + ((lane >> 3) & 1) * 8));
+            mma_bf16_16816(acc, a, b[0], b[1]);
+          }
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int rh = (lane >> 2) + (j >= 2 ? 8 : 0);
+            const int u = ub + warp * 8 + (lane & 3) * 2 + (j & 1);
+            if (u < U && rh < RHs && ((kmask[u] >> (rh / G)) & 1u)) Ss[rh * SLD + kpos[u]] = acc[j] * p.scale;
+          }
+        }
+        __syncthreads();
+      }
+
+      // ---- 3. per query row: max, P = bf16(exp(s - max)), l = sum of P ----
+      for (int rh = warp; rh < kSubRows; rh += kAttnThreads / 32) {
+        const float* srow = Ss + rh * SLD;
+        const float s0 = srow[lane], s1 = srow[lane + 32];
+        float mx = fmaxf(s0, s1);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const __nv_bfloat16 p0 = __float2bfloat16_rn((mx == -INFINITY || s0 == -INFINITY) ? 0.f : expf(s0 - mx));
+        const __nv_bfloat16 p1 = __float2bfloat16_rn((mx == -INFINITY || s1 == -INFINITY) ? 0.f : expf(s1 - mx));
+        Pb[rh * PLD + lane] = p0;
+        Pb[rh * PLD + lane + 32] = p1;
+        float l = __bfloat162float(p0) + __bfloat162float(p1);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+        if (lane == 0) {
+          s_m[rh] = mx;
+          s_l[rh] = l;
         }
       }
-      if (lane == 0) s_U = U;
-    }
-    __syncthreads();
-    const int U = s_U;  // <= 64 * tact <= UMAX
-
-    // ---- 2. V of the whole union, and S = scale * Q K^T per block of 64 keys ----
-    for (int i = tid; i < U * CH; i += kAttnThreads) {
-      const int u = i / CH;
-      const int ch = i - u * CH;
-      const size_t row = static_cast<size_t>(kvh) * p.slots + keys[u];
-      cp_async_16(Vs + u * LD + ch * 8, p.vcache + row * HD + ch * 8);
-    }
-    cp_async_commit();
-    for (int ub = 0; ub < U; ub += 64) {
-      const int nb = min(64, U - ub);
-      for (int i = tid; i < nb * CH; i += kAttnThreads) {
-        const int u = i / CH;
-        const int ch = i - u * CH;
-        const size_t row = static_cast<size_t>(kvh) * p.slots + keys[ub + u];
-        cp_async_16(Ks + u * LD + ch * 8, p.kcache + row * HD + ch * 8);
-      }
-      cp_async_commit();
-      cp_async_wait_all();
+      cp_async_wait_all();  // V
       __syncthreads();
-      if (warp * 8 < nb) {
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+
+      // ---- 4. O = P V: one m16 tile per token (its heads), two n8 tiles per unit ----
+      constexpr int NP = HD / 16;  // pairs of n8 tiles
+      for (int w = warp; w < stact * NP; w += kAttnThreads / 32) {
+        const int t = w / NP;
+        const int n0 = (w - t * NP) * 16;
+        float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        const int ar = (lane & 7) + ((lane >> 3) & 1) * 8;  // A row of this lane's ldmatrix address
+        const int prow = ar < G ? t * G + ar : kSubRows;    // rows past the token's heads: the zero row
 #pragma unroll
-        for (int ks = 0; ks < HD / 16; ++ks) {
+        for (int ks = 0; ks < kAttnChunk / 16; ++ks) {
           uint32_t a[4];
-          ldmatrix_x4(a, smem_u32(Qs + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + ks * 16 + (lane >> 4) * 8));
-          uint32_t b[2];
-          ldmatrix_x2(b, smem_u32(Ks + (warp * 8 + (lane & 7)) * LD + ks * 16 + ((lane >> 3) & 1) * 8));
-          mma_bf16_16816(acc, a, b[0], b[1]);
+          ldmatrix_x4(a, smem_u32(Pb + prow * PLD + ks * 16 + (lane >> 4) * 8));
+          const int u = kidx[t * kAttnChunk + ks * 16 + (lane & 15)];
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, smem_u32(Vs + (u >= 0 ? u : ZROW) * LD + n0 + (lane >> 4) * 8));
+          mma_bf16_16816(acc[0], a, b[0], b[1]);
+          mma_bf16_16816(acc[1], a, b[2], b[3]);
         }
+        // ---- 5. chunk partial of the token's heads ----
+        if (c < s_nch[st0 + t]) {
+          const int tk = tok0 + st0 + t;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int rh = (lane >> 2) + (j >= 2 ? 8 : 0);
-          const int u = ub + warp * 8 + (lane & 3) * 2 + (j & 1);
-          if (u < U && rh < RH && ((kmask[u] >> (rh / G)) & 1u)) Ss[rh * SLD + kpos[u]] = acc[j] * p.scale;
-        }
-      }
-      __syncthreads();
-    }
-
-    // ---- 3. per query row: max, P = bf16(exp(s - max)), l = sum of P ----
-    for (int rh = warp; rh < kAttnRows; rh += kAttnThreads / 32) {
-      const float* srow = Ss + rh * SLD;
-      const float s0 = srow[lane], s1 = srow[lane + 32];
-      float mx = fmaxf(s0, s1);
+          for (int half = 0; half < 2; ++half) {
+            const int r = (lane >> 2) + half * 8;
+            if (r < G) {
+              float* po = p.part_o + ((static_cast<size_t>(tk) * H + kvh * G + r) * p.max_chunks + c) * HD + n0 +
+                          (lane & 3) * 2;
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      const __nv_bfloat16 p0 = __float2bfloat16_rn((mx == -INFINITY || s0 == -INFINITY) ? 0.f : expf(s0 - mx));
-      const __nv_bfloat16 p1 = __float2bfloat16_rn((mx == -INFINITY || s1 == -INFINITY) ? 0.f : expf(s1 - mx));
-      Pb[rh * PLD + lane] = p0;
-      Pb[rh * PLD + lane + 32] = p1;
-      float l = __bfloat162float(p0) + __bfloat162float(p1);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-      if (lane == 0) {
-        s_m[rh] = mx;
-        s_l[rh] = l;
-      }
-    }
-    cp_async_wait_all();  // V (waited already when U > 0; kept for clarity of the invariant)
-    __syncthreads();
-
-    // ---- 4. O = P V: one m16 tile per token (its heads), two n8 tiles per unit ----
-    constexpr int NP = HD / 16;  // pairs of n8 tiles
-    for (int w = warp; w < tact * NP; w += kAttnThreads / 32) {
-      const int t = w / NP;
-      const int n0 = (w - t * NP) * 16;
-      float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-      const int ar = (lane & 7) + ((lane >> 3) & 1) * 8;  // A row of this lane's ldmatrix address
-      const int prow = ar < G ? t * G + ar : kAttnRows;    // rows past the token's heads: the zero row
-#pragma unroll
-      for (int ks = 0; ks < kAttnChunk / 16; ++ks) {
-        uint32_t a[4];
-        ldmatrix_x4(a, smem_u32(Pb + prow * PLD + ks * 16 + (lane >> 4) * 8));
-        const int u = kidx[t * kAttnChunk + ks * 16 + (lane & 15)];
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, smem_u32(Vs + (u >= 0 ? u : ZROW) * LD + n0 + (lane >> 4) * 8));
-        mma_bf16_16816(acc[0], a, b[0], b[1]);
-        mma_bf16_16816(acc[1], a, b[2], b[3]);
-      }
-      // ---- 5. chunk partial of the token's heads ----
-      if (c < s_nch[t]) {
-        const int tk = tok0 + t;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = (lane >> 2) + half * 8;
-          if (r < G) {
-            float* po = p.part_o + ((static_cast<size_t>(tk) * H + kvh * G + r) * p.max_chunks + c) * HD + n0 +
-                        (lane & 3) * 2;
-#pragma unroll
-            for (int j = 0; j < 2; ++j)
-              *reinterpret_cast<float2*>(po + j * 8) = make_float2(acc[j][half * 2], acc[j][half * 2 + 1]);
+              for (int j = 0; j < 2; ++j)
+                *reinterpret_cast<float2*>(po + j * 8) = make_float2(acc[j][half * 2], acc[j][half * 2 + 1]);
+            }
           }
         }
       }
+      if (tid < RHs) {
+        const int t = tid / G;
+        if (c < s_nch[st0 + t])
+          p.part_ml[(static_cast<size_t>(tok0 + st0 + t) * H + kvh * G + tid % G) * p.max_chunks + c] =
+              make_float2(s_m[tid], s_l[tid]);
+      }
+      __syncthreads();
     }
-    if (tid < RH) {
-      const int t = tid / G;
-      if (t < tact && c < s_nch[t])
-        p.part_ml[(static_cast<size_t>(tok0 + t) * H + kvh * G + tid % G) * p.max_chunks + c] =
-            make_float2(s_m[tid], s_l[tid]);
-    }
-    __syncthreads();
   }
 
-  // ---- arrival; the last CTA of the (kv head, token block) combines ----
+  // ---- arrival; the last CTA of the (kv head, token group) combines ----
   if (tid == 0) {
     __threadfence();
     const int prev = atomicAdd(&p.counters[kvh * kMaxStepTokens + blk], my_cnt);
@@ -335,18 +365,18 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  // Role in the combine: query row prh, dims pd0..pd0+DPT-1.
+  // Role in the combine: query row prh of the group, dims pd0..pd0+DPT-1.
   const int prh = tid / Geom::kTPR;
   const int pd0 = (tid % Geom::kTPR) * DPT;
   const int pt = prh / G;
-  if (prh < RH && pt < tact) {
+  if (prh < tact * G) {
     const int p_tk = tok0 + pt;
     const int p_head = kvh * G + prh % G;
     const int p_nch = s_nch[pt];
     // Combine in chunk order. The loads of a batch of chunks are all issued
     // before its adds (one L2 round trip per batch instead of per chunk); the
     // arithmetic is the same sequence as chunk by chunk.
-    constexpr int kB = 4;
+    constexpr int kB = DPT >= 16 ? 2 : 4;
     const float2* ml = p.part_ml + (static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks;
     const float* pob = p.part_o + (static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks * HD + pd0;
     float M = -INFINITY;
@@ -401,9 +431,15 @@ void launch_attention_hd(AttnParams p, int rows, bool pdl, cudaStream_t stream) 
                                        static_cast<int>(smem)));
     attr_done.fetch_or(bit, std::memory_order_acq_rel);
   }
-  p.tokens_per_block = std::min(kAttnTokMax, std::max(1, kAttnRows / p.group));
+  // T tokens per sub-block (T * group <= 16 rows); as many sub-blocks as keep
+  // every sub-block's 16-row tile inside the group's 64 query rows.
+  const int T = std::min(kSubTokMax, std::max(1, kSubRows / p.group));
+  const int rows_sub = T * p.group;
+  const int nsub = std::max(1, std::min(kGroupTokMax / T, (kGroupRows - kSubRows) / rows_sub + 1));
+  p.tokens_per_block = T;
+  p.sub_blocks = nsub;
   cudaLaunchConfig_t lc = {};
-  const int blocks = (rows + p.tokens_per_block - 1) / p.tokens_per_block;
+  const int blocks = (rows + T * nsub - 1) / (T * nsub);
   lc.gridDim = dim3(static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(blocks), kAttnSplits);
   lc.blockDim = dim3(kAttnThreads, 1, 1);
   lc.dynamicSmemBytes = smem;

@@ -47,7 +47,8 @@ struct AttnParams {
   const StepDesc* desc = nullptr;
   int num_heads = 0, num_kv_heads = 0, head_dim = 0;
   int group = 0;          ///< num_heads / num_kv_heads
-  int tokens_per_block = 0;  ///< set by launch_attention: T = min(4, max(1, 16 / group))
+  int tokens_per_block = 0;  ///< set by launch_attention: tokens per sub-block (<= 16 query rows)
+  int sub_blocks = 0;        ///< set by launch_attention: sub-blocks per CTA (<= 64 query rows)
   int slots = 0;          ///< max_context + max_tree
   int max_context = 0;
   int max_chunks = 0;     ///< ceil(slots / kAttnChunk)
