@@ -954,6 +954,7 @@ class CudaModelImpl final : public CudaModel {
         p.num_kv_heads = cfg_.num_kv_heads;
         p.head_dim = hd;
         p.group = cfg_.num_heads / cfg_.num_kv_heads;
+        p.tokens_per_block = attn_tokens_per_block(p.group);
         p.slots = slots_;
         p.max_context = opt_.max_context;
         p.max_chunks = max_chunks_;

@@ -9,32 +9,20 @@
 // tokens of a step; the union of the chunk's keys over a block of tokens is
 // loaded once and masked per token.
 //
-// Grid: (kv head, token block of T tokens, kAttnSplits); a CTA holds T * group
-// <= 16 query rows. Per chunk a CTA
-//   1. builds the union of the chunk's keys over its tokens in logical order,
-//      with a per-token mask, each key's logical position, and per token the
-//      union index of its key at each position (at most one per position),
+// Grid: (kv head, token block of T tokens, kAttnSplits). Per chunk a CTA
+//   1. builds the chunk's key list in logical order with a per-token mask,
 //   2. S = Q K^T with mma.sync (one dot product per element: its value does
-//      not depend on where the key or the query row sits in the tile), kept
-//      per (query row, logical position),
-//   3. per query row: max, P = bf16(exp(s - max)) per logical position (0
-//      where the token has no key), l = the sum of P (a fixed warp order),
-//   4. O = P V on the tensor cores, one m16 tile per token (its heads): the k
-//      index of the mma is the logical position and the B rows are the V rows
-//      of the token's own keys (a zero row where it has none), gathered by
-//      ldmatrix addresses. Each token's tile is therefore the same matrices,
-//      in the same k order, whether it is decoded alone or verified inside a
-//      tree, and whatever the other tokens of the block are,
-//   5. writes (max, l, O) of the chunk.
+//      not depend on where the key sits in the tile),
+//   3. per query head: max, p = exp(s - max), and sum_j p_j and sum_j p_j v_j
+//      sequentially in logical order over the attended keys only (keys of
+//      the block's union that a token does not attend add exact zeros),
+//   4. writes (max, sum, o) of the chunk.
 // The last CTA of a (kv head, token block) — an atomic counter, reset by that
 // CTA — combines the chunks in chunk order. The arithmetic seen by a token is
 // therefore the same whether it is decoded alone or verified inside a tree,
 // and whatever the step's batch size.
-#include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdint>
-#include <cstdlib>
 
 #include "common.h"
 #include "kernels/kernels.h"
@@ -44,69 +32,30 @@ namespace swiftspec::cuda {
 namespace {
 
 constexpr int kAttnThreads = 256;
-constexpr int kSubRows = 16;       ///< query rows of a sub-block (one m16 tile of scores)
-constexpr int kSubTokMax = 3;      ///< tokens per sub-block: bounds a chunk's union to 3 x 64 keys
-constexpr int kGroupRows = 64;     ///< query rows of a CTA (its sub-blocks)
-constexpr int kGroupTokMax = 16;   ///< tokens per CTA
-constexpr int kAttnListMax = 64;   ///< attend-list entries per token kept in shared memory
+constexpr int kMaxTokPerBlock = 8;
+constexpr int kUMax = kAttnChunk * kMaxTokPerBlock;
 
 template <int HD>
-struct AttnGeom {
-  static constexpr int kUMax = kAttnChunk * kSubTokMax;  ///< union keys of a sub-block's chunk, at most
-  static constexpr int kLD = HD + 8;                      ///< bf16 row stride (bank spread)
-  static constexpr int kSLD = kAttnChunk + 1;             ///< fp32 score row stride
-  static constexpr int kPLD = kAttnChunk + 8;             ///< bf16 P row stride
-  static constexpr int kTPR = kAttnThreads / kGroupRows;  ///< combine: threads per query row
-  static constexpr int kDPT = HD / kTPR;                  ///< combine: dims per thread
-  static constexpr size_t smem_bytes() {
-    return size_t(kGroupRows + 64 + kUMax + 1) * kLD * 2  // Qs, Ks, Vs (+ a zero row)
-           + size_t(kSubRows) * kSLD * 4                   // Ss
-           + size_t(kSubRows + 1) * kPLD * 2               // Pb (+ a zero row)
-           + size_t(kUMax) * 4                             // keys
-           + size_t(kSubTokMax) * kAttnChunk * 2           // kidx
-           + size_t(kUMax) * 2                             // kmask
-           + size_t(kUMax);                                // kpos
-  }
-};
+constexpr size_t attn_smem_bytes() {
+  constexpr int LD = HD + 8;
+  return size_t(16 + 64 + 64) * LD * 2 + size_t(16) * kUMax * 4 + size_t(kUMax) * 4 + kUMax;
+}
 
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
-
-/// Grid (kv heads, token groups, kAttnSplits). A CTA holds a group of up to
-/// kGroupTokMax tokens (all their query heads of one kv head, <= 64 rows) in
-/// sub-blocks of T <= kSubTokMax tokens (<= 16 rows, one m16 tile). A chunk
-/// that every token of the group attends whole (committed keys: every chunk
-/// but the last one or two of a tree step) is loaded once for all its
-/// sub-blocks; other chunks build each sub-block's own union of keys.
 template <int HD>
 __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParams p) {
-  using Geom = AttnGeom<HD>;
-  constexpr int LD = Geom::kLD, SLD = Geom::kSLD, PLD = Geom::kPLD;
-  constexpr int CH = HD / 8;  // 16-byte chunks per row
-  constexpr int DPT = Geom::kDPT;
-  constexpr int UMAX = Geom::kUMax;
-  constexpr int ZROW = UMAX;  // the zero row of Vs
+  constexpr int LD = HD + 8;
+  constexpr int CH = HD / 8;    // 16-byte chunks per row
+  constexpr int DPT = HD / 16;  // dims per thread in the PV loop
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [64][LD] the group's query rows
-  __nv_bfloat16* Ks = Qs + kGroupRows * LD;                        // [64][LD] one block of union keys
-  __nv_bfloat16* Vs = Ks + 64 * LD;                                // [UMAX + 1][LD] the whole union
-  float* Ss = reinterpret_cast<float*>(Vs + (UMAX + 1) * LD);       // [16][SLD] by logical position
-  __nv_bfloat16* Pb = reinterpret_cast<__nv_bfloat16*>(Ss + kSubRows * SLD);  // [17][PLD]
-  int* keys = reinterpret_cast<int*>(Pb + (kSubRows + 1) * PLD);    // [UMAX] cache row of union key u
-  int16_t* kidx = reinterpret_cast<int16_t*>(keys + UMAX);          // [3][64] union index or -1
-  uint16_t* kmask = reinterpret_cast<uint16_t*>(kidx + kSubTokMax * kAttnChunk);  // [UMAX]
-  uint8_t* kpos = reinterpret_cast<uint8_t*>(kmask + UMAX);         // [UMAX] logical position in the chunk
+  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [16][LD]
+  __nv_bfloat16* Ks = Qs + 16 * LD;                                // [64][LD]
+  __nv_bfloat16* Vs = Ks + 64 * LD;                                // [64][LD]
+  float* Ss = reinterpret_cast<float*>(Vs + 64 * LD);              // [16][kUMax]
+  int* keys = reinterpret_cast<int*>(Ss + 16 * kUMax);             // [kUMax]
+  unsigned char* kmask = reinterpret_cast<unsigned char*>(keys + kUMax);  // [kUMax]
   __shared__ int s_U;
   __shared__ int s_last;
-  __shared__ int s_nch[kGroupTokMax];
-  __shared__ int s_prefix[kGroupTokMax];
-  __shared__ int s_off[kGroupTokMax];
-  __shared__ int s_len[kGroupTokMax];
-  // The group's attend lists (ancestor slots by depth), loaded once: the
-  // union of a tree chunk walks them position by position.
-  __shared__ int s_list[kGroupTokMax][kAttnListMax];
-  __shared__ float s_m[kSubRows];
-  __shared__ float s_l[kSubRows];
+  __shared__ float s_m[16];
 
   griddep_launch_dependents();
   griddep_wait();
@@ -115,248 +64,222 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   const int kvh = blockIdx.x;
   const int blk = blockIdx.y;
   const int split = blockIdx.z;
-  const int T = p.tokens_per_block;       // tokens per sub-block
-  const int TG = T * p.sub_blocks;        // tokens per CTA
+  const int T = p.tokens_per_block;
   const int G = p.group;
   const int n = d->n;
-  const int tok0 = blk * TG;
+  const int tok0 = blk * T;
   if (tok0 >= n) return;
-  const int tact = min(TG, n - tok0);
+  const int tact = min(T, n - tok0);
   const int C = d->committed;
   const bool tree = d->is_tree != 0;
-  const int tid = threadIdx.x;
-  const int warp = tid >> 5;
-  const int lane = tid & 31;
-  const int H = p.num_heads;
-
-  if (tid < tact) {
-    const int tk = tok0 + tid;
-    const int off = d->attend_off[tk];
-    const int len = tree ? d->attend_off[tk + 1] - off : 0;
-    const int P = d->prefix_len[tk];
-    s_prefix[tid] = P;
-    s_off[tid] = off;
-    s_len[tid] = len;
-    s_nch[tid] = (P + len + kAttnChunk - 1) / kAttnChunk;
-  }
-  __syncthreads();
-  int maxP = 0, minP = 1 << 30, maxlen = 0, nch = 0;
+  int maxP = 0, maxlen = 0, nch = 0;
   for (int t = 0; t < tact; ++t) {
-    maxP = max(maxP, s_prefix[t]);
-    minP = min(minP, s_prefix[t]);
-    maxlen = max(maxlen, s_len[t]);
-    nch = max(nch, s_nch[t]);
+    const int tk = tok0 + t;
+    const int P = d->prefix_len[tk];
+    const int len = tree ? d->attend_off[tk + 1] - d->attend_off[tk] : 0;
+    maxP = max(maxP, P);
+    maxlen = max(maxlen, len);
+    nch = max(nch, (P + len + kAttnChunk - 1) / kAttnChunk);
   }
   if (split >= nch) return;
 
-  if (tree) {
-    for (int i = tid; i < tact * kAttnListMax; i += kAttnThreads) {
-      const int t = i / kAttnListMax, a = i - t * kAttnListMax;
-      if (a < s_len[t]) s_list[t][a] = d->attend_slots[s_off[t] + a];
-    }
-  }
-  for (int i = tid; i < kGroupRows * CH; i += kAttnThreads) {
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int RH = T * G;  // query rows of the block (<= 16)
+  const int H = p.num_heads;
+
+  for (int i = tid; i < 16 * CH; i += kAttnThreads) {
     const int rh = i / CH;
     const int ch = i - rh * CH;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (rh < tact * G) {
+    if (rh < RH && rh / G < tact) {
       const int tk = tok0 + rh / G;
       const int head = kvh * G + rh % G;
       v = *reinterpret_cast<const uint4*>(p.q + (static_cast<size_t>(tk) * H + head) * HD + ch * 8);
     }
     *reinterpret_cast<uint4*>(Qs + rh * LD + ch * 8) = v;
   }
-  for (int i = tid; i < HD; i += kAttnThreads) Vs[ZROW * LD + i] = __float2bfloat16_rn(0.f);
-  for (int i = tid; i < kAttnChunk; i += kAttnThreads) Pb[kSubRows * PLD + i] = __float2bfloat16_rn(0.f);
 
-  const int nsb = (tact + T - 1) / T;
+  // Role in the PV loop and the combine: query row prh, dims pd0..pd0+DPT-1.
+  const int prh = tid >> 4;
+  const int pd0 = (tid & 15) * DPT;
+  const int pt = prh / G;
+  const bool pact = prh < RH && pt < tact;
+  int p_nch = 0, p_tk = 0, p_head = 0;
+  if (pact) {
+    p_tk = tok0 + pt;
+    p_head = kvh * G + prh % G;
+    const int len = tree ? d->attend_off[p_tk + 1] - d->attend_off[p_tk] : 0;
+    p_nch = (d->prefix_len[p_tk] + len + kAttnChunk - 1) / kAttnChunk;
+  }
+
   int my_cnt = 0;
   for (int c = split; c < nch; c += kAttnSplits) {
     ++my_cnt;
     const int q0 = c * kAttnChunk;
-    // Every token of the group attends the whole chunk (committed keys): one
-    // union for all sub-blocks, loaded once.
-    const bool shared = q0 + kAttnChunk <= minP;
-    int U = 0;
-    for (int sb = 0; sb < nsb; ++sb) {
-      const int st0 = sb * T;                // the sub-block's first token (in the group)
-      const int stact = min(T, tact - st0);  // its tokens
-      const int RHs = stact * G;             // its query rows
-      const bool fresh = !shared || sb == 0;
-      if (fresh) {
-        // ---- 1. union of the chunk's keys over the sub-block, logical order ----
-        // Committed keys first (logical position = key), then the tree keys of
-        // each position (one per distinct ancestor slot among the tokens).
-        int n1 = 0;
-        if (shared) {
-          n1 = kAttnChunk;
-        } else {
-          for (int t = 0; t < stact; ++t) n1 = max(n1, s_prefix[st0 + t]);
-          n1 = max(0, min(q0 + kAttnChunk, n1) - q0);
+    // ---- 1. key list of the chunk, logical order, per-token masks ----
+    const int n1 = max(0, min(q0 + kAttnChunk, maxP) - q0);
+    for (int j = tid; j < n1; j += kAttnThreads) {
+      const int key = q0 + j;
+      unsigned mk = 0;
+      for (int t = 0; t < tact; ++t)
+        if (key < d->prefix_len[tok0 + t]) mk |= 1u << t;
+      keys[j] = key;
+      kmask[j] = static_cast<unsigned char>(mk);
+    }
+    if (warp == 0) {
+      int U = n1;
+      if (tree) {
+        const int qlo = max(q0, C);
+        const int qhi = min(q0 + kAttnChunk, C + maxlen);
+        int off = 0, len = 0;
+        if (lane < tact) {
+          off = d->attend_off[tok0 + lane];
+          len = d->attend_off[tok0 + lane + 1] - off;
         }
-        for (int i = tid; i < kSubTokMax * kAttnChunk; i += kAttnThreads) {
-          const int t = i / kAttnChunk, j = i - t * kAttnChunk;
-          kidx[i] = (t < stact && j < n1 && q0 + j < s_prefix[st0 + t]) ? static_cast<int16_t>(j) : int16_t(-1);
-        }
-        for (int j = tid; j < n1; j += kAttnThreads) {
-          const int key = q0 + j;
-          unsigned mk = 0;
-          for (int t = 0; t < stact; ++t)
-            if (key < s_prefix[st0 + t]) mk |= 1u << t;
-          keys[j] = key;
-          kmask[j] = static_cast<uint16_t>(mk);
-          kpos[j] = static_cast<uint8_t>(j);
-        }
-        __syncthreads();  // kidx of the tree positions is written below by warp 0
-        if (warp == 0) {
-          int u_end = n1;
-          if (tree && !shared) {
-            int mlen = 0;
-            for (int t = 0; t < stact; ++t) mlen = max(mlen, s_len[st0 + t]);
-            const int qlo = max(q0, C);
-            const int qhi = min(q0 + kAttnChunk, C + mlen);
-            const int off = lane < stact ? s_off[st0 + lane] : 0;
-            const int len = lane < stact ? s_len[st0 + lane] : 0;
-            for (int q = qlo; q < qhi; ++q) {
-              const int a = q - C;
-              const int slot = (lane < stact && a < len)
-                                   ? (a < kAttnListMax ? s_list[st0 + lane][a] : d->attend_slots[off + a])
-                                   : -1;
-              unsigned same = 0;
-              for (int u = 0; u < stact; ++u)
-                if (__shfl_sync(0xffffffffu, slot, u) == slot) same |= 1u << u;
-              const int first = __ffs(same) - 1;  // the lowest token with this slot leads
-              const bool leader = slot >= 0 && first == lane;
-              const unsigned lb = __ballot_sync(0xffffffffu, leader);
-              if (slot >= 0) {
-                const int pos = u_end + __popc(lb & ((1u << first) - 1u));
-                kidx[lane * kAttnChunk + (q - q0)] = static_cast<int16_t>(pos);
-                if (leader) {
-                  keys[pos] = p.max_context + slot;
-                  kmask[pos] = static_cast<uint16_t>(same);
-                  kpos[pos] = static_cast<uint8_t>(q - q0);
-                }
-              }
-              u_end += __popc(lb);
-            }
+        for (int q = qlo; q < qhi; ++q) {
+          const int a = q - C;
+          const int slot = (lane < tact && a < len) ? d->attend_slots[off + a] : -1;
+          unsigned same = 0;
+          for (int u = 0; u < tact; ++u)
+            if (__shfl_sync(0xffffffffu, slot, u) == slot) same |= 1u << u;
+          const bool leader = slot >= 0 && (__ffs(same) - 1) == lane;
+          const unsigned lb = __ballot_sync(0xffffffffu, leader);
+          if (leader) {
+            const int pos = U + __popc(lb & ((1u << lane) - 1u));
+            keys[pos] = p.max_context + slot;
+            kmask[pos] = static_cast<unsigned char>(same);
           }
-          if (lane == 0) s_U = u_end;
+          U += __popc(lb);
         }
-        __syncthreads();
-        U = s_U;  // <= 64 * stact <= UMAX
-        // ---- 2a. V of the whole union (one cp.async group) ----
-        for (int i = tid; i < U * CH; i += kAttnThreads) {
-          const int u = i / CH;
-          const int ch = i - u * CH;
-          const size_t row = static_cast<size_t>(kvh) * p.slots + keys[u];
-          cp_async_16(Vs + u * LD + ch * 8, p.vcache + row * HD + ch * 8);
-        }
-        cp_async_commit();
       }
-      for (int i = tid; i < kSubRows * SLD; i += kAttnThreads) Ss[i] = -INFINITY;
+      if (lane == 0) s_U = U;
+    }
+    __syncthreads();
+    const int U = s_U;
+    const bool single = U <= 64;
 
-      // ---- 2b. S = scale * Q K^T per block of 64 union keys ----
-      for (int ub = 0; ub < U; ub += 64) {
-        const int nb = min(64, U - ub);
-        if (fresh || U > 64) {
-          for (int i = tid; i < nb * CH; i += kAttnThreads) {
-            const int u = i / CH;
-            const int ch = i - u * CH;
-            const size_t row = static_cast<size_t>(kvh) * p.slots + keys[ub + u];
-            cp_async_16(Ks + u * LD + ch * 8, p.kcache + row * HD + ch * 8);
-          }
-          cp_async_commit();
-          cp_async_wait_all();
-        }
-        __syncthreads();
-        if (warp * 8 < nb) {
-          float acc[4] = {0.f, 0.f, 0.f, 0.f};
-          const __nv_bfloat16* qa = Qs + (st0 * G + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
-#pragma unroll
-          for (int ks = 0; ks < HD / 16; ++ks) {
-            uint32_t a[4];
-            ldmatrix_x4(a, smem_u32(qa + ks * 16));
-            uint32_t b[2];
-            ldmatrix_x2(b, smem_u32(Ks + (warp * 8 + (lane & 7)) * LD + ks * 16 + ((lane >> 3) & 1) * 8));
-            mma_bf16_16816(acc, a, b[0], b[1]);
-          }
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int rh = (lane >> 2) + (j >= 2 ? 8 : 0);
-            const int u = ub + warp * 8 + (lane & 3) * 2 + (j & 1);
-            if (u < U && rh < RHs && ((kmask[u] >> (rh / G)) & 1u)) Ss[rh * SLD + kpos[u]] = acc[j] * p.scale;
-          }
-        }
-        __syncthreads();
+    // ---- 2. scores S = scale * Q K^T ----
+    for (int ub = 0; ub < U; ub += 64) {
+      const int nb = min(64, U - ub);
+      for (int i = tid; i < nb * CH; i += kAttnThreads) {
+        const int u = i / CH;
+        const int ch = i - u * CH;
+        const size_t row = static_cast<size_t>(kvh) * p.slots + keys[ub + u];
+        cp_async_16(Ks + u * LD + ch * 8, p.kcache + row * HD + ch * 8);
+        if (single) cp_async_16(Vs + u * LD + ch * 8, p.vcache + row * HD + ch * 8);
       }
-
-      // ---- 3. per query row: max, P = bf16(exp(s - max)), l = sum of P ----
-      for (int rh = warp; rh < kSubRows; rh += kAttnThreads / 32) {
-        const float* srow = Ss + rh * SLD;
-        const float s0 = srow[lane], s1 = srow[lane + 32];
-        float mx = fmaxf(s0, s1);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        const __nv_bfloat16 p0 = __float2bfloat16_rn((mx == -INFINITY || s0 == -INFINITY) ? 0.f : expf(s0 - mx));
-        const __nv_bfloat16 p1 = __float2bfloat16_rn((mx == -INFINITY || s1 == -INFINITY) ? 0.f : expf(s1 - mx));
-        Pb[rh * PLD + lane] = p0;
-        Pb[rh * PLD + lane + 32] = p1;
-        float l = __bfloat162float(p0) + __bfloat162float(p1);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-        if (lane == 0) {
-          s_m[rh] = mx;
-          s_l[rh] = l;
-        }
-      }
-      cp_async_wait_all();  // V
+      cp_async_commit_wait_all();
       __syncthreads();
-
-      // ---- 4. O = P V: one m16 tile per token (its heads), two n8 tiles per unit ----
-      constexpr int NP = HD / 16;  // pairs of n8 tiles
-      for (int w = warp; w < stact * NP; w += kAttnThreads / 32) {
-        const int t = w / NP;
-        const int n0 = (w - t * NP) * 16;
-        float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-        const int ar = (lane & 7) + ((lane >> 3) & 1) * 8;  // A row of this lane's ldmatrix address
-        const int prow = ar < G ? t * G + ar : kSubRows;    // rows past the token's heads: the zero row
+      if (warp * 8 < nb) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int ks = 0; ks < kAttnChunk / 16; ++ks) {
+        for (int ks = 0; ks < HD / 16; ++ks) {
           uint32_t a[4];
-          ldmatrix_x4(a, smem_u32(Pb + prow * PLD + ks * 16 + (lane >> 4) * 8));
-          const int u = kidx[t * kAttnChunk + ks * 16 + (lane & 15)];
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, smem_u32(Vs + (u >= 0 ? u : ZROW) * LD + n0 + (lane >> 4) * 8));
-          mma_bf16_16816(acc[0], a, b[0], b[1]);
-          mma_bf16_16816(acc[1], a, b[2], b[3]);
+          ldmatrix_x4(a, smem_u32(Qs + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + ks * 16 + (lane >> 4) * 8));
+          uint32_t b[2];
+          ldmatrix_x2(b, smem_u32(Ks + (warp * 8 + (lane & 7)) * LD + ks * 16 + ((lane >> 3) & 1) * 8));
+          mma_bf16_16816(acc, a, b[0], b[1]);
         }
-        // ---- 5. chunk partial of the token's heads ----
-        if (c < s_nch[st0 + t]) {
-          const int tk = tok0 + st0 + t;
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int r = (lane >> 2) + half * 8;
-            if (r < G) {
-              float* po = p.part_o + ((static_cast<size_t>(tk) * H + kvh * G + r) * p.max_chunks + c) * HD + n0 +
-                          (lane & 3) * 2;
-#pragma unroll
-              for (int j = 0; j < 2; ++j)
-                *reinterpret_cast<float2*>(po + j * 8) = make_float2(acc[j][half * 2], acc[j][half * 2 + 1]);
-            }
+        for (int j = 0; j < 4; ++j) {
+          const int rh = (lane >> 2) + (j >= 2 ? 8 : 0);
+          const int u = ub + warp * 8 + (lane & 3) * 2 + (j & 1);
+          if (u < U) {
+            const bool att = rh < RH && ((kmask[u] >> (rh / G)) & 1u);
+            Ss[rh * kUMax + u] = att ? acc[j] * p.scale : -INFINITY;
           }
         }
-      }
-      if (tid < RHs) {
-        const int t = tid / G;
-        if (c < s_nch[st0 + t])
-          p.part_ml[(static_cast<size_t>(tok0 + st0 + t) * H + kvh * G + tid % G) * p.max_chunks + c] =
-              make_float2(s_m[tid], s_l[tid]);
       }
       __syncthreads();
     }
+
+    // ---- 3a. per query row: max and p = exp(s - max) ----
+    for (int rh = warp; rh < 16; rh += kAttnThreads / 32) {
+      float mx = -INFINITY;
+      for (int u = lane; u < U; u += 32) mx = fmaxf(mx, Ss[rh * kUMax + u]);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      for (int u = lane; u < U; u += 32) {
+        const float s = Ss[rh * kUMax + u];
+        Ss[rh * kUMax + u] = (mx == -INFINITY || s == -INFINITY) ? 0.f : expf(s - mx);
+      }
+      if (lane == 0) s_m[rh] = mx;
+    }
+    __syncthreads();
+
+    // ---- 3b. sum p and p*v in logical order over attended keys ----
+    float o[DPT];
+#pragma unroll
+    for (int j = 0; j < DPT; ++j) o[j] = 0.f;
+    float l = 0.f;
+    for (int ub = 0; ub < U; ub += 64) {
+      const int nb = min(64, U - ub);
+      if (!single) {
+        for (int i = tid; i < nb * CH; i += kAttnThreads) {
+          const int u = i / CH;
+          const int ch = i - u * CH;
+          const size_t row = static_cast<size_t>(kvh) * p.slots + keys[ub + u];
+          cp_async_16(Vs + u * LD + ch * 8, p.vcache + row * HD + ch * 8);
+        }
+        cp_async_commit_wait_all();
+        __syncthreads();
+      }
+      if (pact) {
+        // Branch-free over all keys of the block: a key of the union that this
+        // token does not attend has p = 0 exactly (its score is -inf), and
+        // adding it changes neither l nor o bitwise (both start at +0 and
+        // never become -0: x + (+-0) == x, and +0 + -0 == +0). So the sums
+        // equal those over the attended keys alone, in the same order, and
+        // the loop pipelines its shared-memory loads.
+        const float* srow = Ss + prh * kUMax + ub;
+#pragma unroll 4
+        for (int u = 0; u < nb; ++u) {
+          {
+            const float pr = srow[u];
+            l += pr;
+            const __nv_bfloat16* vr = Vs + u * LD + pd0;
+            float vf[DPT];
+            if constexpr (DPT == 8) {
+              const uint4 raw = *reinterpret_cast<const uint4*>(vr);
+              const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+              for (int j = 0; j < 4; ++j) {
+                const float2 f = __bfloat1622float2(h2[j]);
+                vf[2 * j] = f.x;
+                vf[2 * j + 1] = f.y;
+              }
+            } else {
+              const uint2 raw = *reinterpret_cast<const uint2*>(vr);
+              const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+              for (int j = 0; j < 2; ++j) {
+                const float2 f = __bfloat1622float2(h2[j]);
+                vf[2 * j] = f.x;
+                vf[2 * j + 1] = f.y;
+              }
+            }
+#pragma unroll
+            for (int j = 0; j < DPT; ++j) o[j] = fmaf(pr, vf[j], o[j]);
+          }
+        }
+      }
+      if (!single) __syncthreads();
+    }
+
+    // ---- 4. chunk partial ----
+    if (pact && c < p_nch) {
+      float* po = p.part_o + ((static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks + c) * HD + pd0;
+#pragma unroll
+      for (int j = 0; j < DPT; ++j) po[j] = o[j];
+      if ((tid & 15) == 0)
+        p.part_ml[(static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks + c] = make_float2(s_m[prh], l);
+    }
+    __syncthreads();
   }
 
-  // ---- arrival; the last CTA of the (kv head, token group) combines ----
+  // ---- arrival; the last CTA of the (kv head, token block) combines ----
   if (tid == 0) {
     __threadfence();
     const int prev = atomicAdd(&p.counters[kvh * kMaxStepTokens + blk], my_cnt);
@@ -365,18 +288,11 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  // Role in the combine: query row prh of the group, dims pd0..pd0+DPT-1.
-  const int prh = tid / Geom::kTPR;
-  const int pd0 = (tid % Geom::kTPR) * DPT;
-  const int pt = prh / G;
-  if (prh < tact * G) {
-    const int p_tk = tok0 + pt;
-    const int p_head = kvh * G + prh % G;
-    const int p_nch = s_nch[pt];
+  if (pact) {
     // Combine in chunk order. The loads of a batch of chunks are all issued
     // before its adds (one L2 round trip per batch instead of per chunk); the
     // arithmetic is the same sequence as chunk by chunk.
-    constexpr int kB = DPT >= 16 ? 2 : 4;
+    constexpr int kB = 4;
     const float2* ml = p.part_ml + (static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks;
     const float* pob = p.part_o + (static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks * HD + pd0;
     float M = -INFINITY;
@@ -406,7 +322,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
 #pragma unroll
       for (int i = 0; i < kB; ++i) {
         if (c0 + i < p_nch) {
-          const float w = v[i].x == -INFINITY ? 0.f : expf(v[i].x - M);
+          const float w = expf(v[i].x - M);
           lsum = fmaf(w, v[i].y, lsum);
 #pragma unroll
           for (int j = 0; j < DPT; ++j) o[j] = fmaf(w, pv[i][j], o[j]);
@@ -422,24 +338,18 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
 }
 
 template <int HD>
-void launch_attention_hd(AttnParams p, int rows, bool pdl, cudaStream_t stream) {
+void launch_attention_hd(const AttnParams& p, int rows, bool pdl, cudaStream_t stream) {
   static std::atomic<uint64_t> attr_done{0};  // per device (current_device_bit)
-  constexpr size_t smem = AttnGeom<HD>::smem_bytes();
+  constexpr size_t smem = attn_smem_bytes<HD>();
   const uint64_t bit = current_device_bit();
   if (!bit || !(attr_done.load(std::memory_order_acquire) & bit)) {
-    SS_CUDA_CHECK(cudaFuncSetAttribute(&attention_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    SS_CUDA_CHECK(cudaFuncSetAttribute(&attention_kernel<HD>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem)));
     attr_done.fetch_or(bit, std::memory_order_acq_rel);
   }
-  // T tokens per sub-block (T * group <= 16 rows); as many sub-blocks as keep
-  // every sub-block's 16-row tile inside the group's 64 query rows.
-  const int T = std::min(kSubTokMax, std::max(1, kSubRows / p.group));
-  const int rows_sub = T * p.group;
-  const int nsub = std::max(1, std::min(kGroupTokMax / T, (kGroupRows - kSubRows) / rows_sub + 1));
-  p.tokens_per_block = T;
-  p.sub_blocks = nsub;
   cudaLaunchConfig_t lc = {};
-  const int blocks = (rows + T * nsub - 1) / (T * nsub);
+  const int blocks = (rows + p.tokens_per_block - 1) / p.tokens_per_block;
   lc.gridDim = dim3(static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(blocks), kAttnSplits);
   lc.blockDim = dim3(kAttnThreads, 1, 1);
   lc.dynamicSmemBytes = smem;
@@ -453,6 +363,13 @@ void launch_attention_hd(AttnParams p, int rows, bool pdl, cudaStream_t stream) 
 }
 
 }  // namespace
+
+int attn_tokens_per_block(int group) {
+  int t = 16 / group;
+  if (t < 1) t = 1;
+  if (t > kMaxTokPerBlock) t = kMaxTokPerBlock;
+  return t;
+}
 
 void launch_attention(const AttnParams& p, int rows, bool pdl, cudaStream_t stream) {
   if (p.group > 16 || p.group < 1)

@@ -47,14 +47,15 @@ struct AttnParams {
   const StepDesc* desc = nullptr;
   int num_heads = 0, num_kv_heads = 0, head_dim = 0;
   int group = 0;          ///< num_heads / num_kv_heads
-  int tokens_per_block = 0;  ///< set by launch_attention: tokens per sub-block (<= 16 query rows)
-  int sub_blocks = 0;        ///< set by launch_attention: sub-blocks per CTA (<= 64 query rows)
+  int tokens_per_block = 0;  ///< T = min(8, max(1, 16 / group))
   int slots = 0;          ///< max_context + max_tree
   int max_context = 0;
   int max_chunks = 0;     ///< ceil(slots / kAttnChunk)
   float scale = 0.f;      ///< 1/sqrt(head_dim)
 };
 
+/// Tokens per attention CTA for a GQA group size (<= 16 query rows per CTA).
+int attn_tokens_per_block(int group);
 /// Launches attention for the first `rows` token rows (rows = graph bucket;
 /// rows >= desc->n do nothing). head_dim must be 64 or 128.
 void launch_attention(const AttnParams& p, int rows, bool pdl, cudaStream_t stream);
