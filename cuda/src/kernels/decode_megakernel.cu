@@ -311,67 +311,6 @@ __device__ __forceinline__ void consume_stream(const MegaParams& p, const Stream
   }
 }
 
-/// Consumer warps, for a stream whose chunks hold fewer rows than there are
-/// warps (wide K: the down projection's 1-3 rows per chunk, the 8B's O
-/// projection's 4): whole-row ownership would leave most warps idle on every
-/// chunk, so each warp takes a K segment of every row instead (segment w of
-/// 8) and leaves its partial dot products in `part` ([rows][8] fp32, shared).
-/// After the last chunk, the partials of each row are summed in segment order
-/// (deterministic) by the warp that owns the row (i % 8 == warp) and handed
-/// to `on_row` (all lanes, the same value).
-template <class F>
-__device__ __forceinline__ void consume_stream_ksplit(const MegaParams& p, const Stream& st, Ring& ring,
-                                                      const __nv_bfloat16* x, float* part, F&& on_row) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int rpc = rows_per_chunk(p.plan, st.K);
-  const int V = st.K / 8;
-  const int seg = (V + kWarps - 1) / kWarps;
-  const int v0 = min(V, warp * seg), nv = min(V, v0 + seg) - v0;
-  const uint32_t ns = static_cast<uint32_t>(p.plan.num_slots);
-  const uint4* xv = reinterpret_cast<const uint4*>(x) + v0;
-  for (int row = st.row0; row < st.row1;) {
-    const int R = min(rpc, st.row1 - row);
-    const uint32_t slot = ring.seq % ns;
-    ring_wait(&ring.full[slot], (ring.seq / ns) & 1u);
-    const uint4* w = reinterpret_cast<const uint4*>(ring.slots + static_cast<size_t>(slot) * p.plan.slot_bytes);
-    for (int j = 0; j < R; j += 4) {
-      const int n = min(4, R - j);
-      const uint4* rows[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) rows[k] = w + static_cast<size_t>(j + min(k, n - 1)) * V + v0;
-      float out[4];
-      if (n == 4) dot_rows<4>(rows, xv, nv, lane, out);
-      else if (n == 3) dot_rows<3>(rows, xv, nv, lane, out);
-      else if (n == 2) dot_rows<2>(rows, xv, nv, lane, out);
-      else dot_rows<1>(rows, xv, nv, lane, out);
-      if (lane == 0)
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-          if (k < n) part[(row - st.row0 + j + k) * kWarps + warp] = out[k];
-    }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&ring.empty[slot]);
-    ++ring.seq;
-    row += R;
-  }
-  consumer_sync();  // every warp's partials are in
-  for (int i = warp; i < st.row1 - st.row0; i += kWarps) {
-    float v = 0.f;
-#pragma unroll
-    for (int s8 = 0; s8 < kWarps; ++s8) v += part[i * kWarps + s8];
-    on_row(st.row0 + i, v);
-  }
-}
-
-/// The residual streams (O, down): rows split over the warps, or K split
-/// over them when a chunk holds fewer rows than warps (see above).
-template <class F>
-__device__ __forceinline__ void consume_residual_stream(const MegaParams& p, const Stream& st, Ring& ring,
-                                                        const __nv_bfloat16* x, float* part, F&& on_row) {
-  if (rows_per_chunk(p.plan, st.K) < kWarps) consume_stream_ksplit(p, st, ring, x, part, on_row);
-  else consume_stream(p, st, ring, x, on_row);
-}
-
 // ---------------------------------------------------------------- prologues
 /// x = bf16(h) for the hidden state h (fp32 residual, or the token's
 /// embedding row at layer 0), and returns 1/rms(h) (RMSNorm; the norm's
@@ -660,8 +599,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
   __nv_bfloat16* x = reinterpret_cast<__nv_bfloat16*>(base + static_cast<size_t>(pl.num_slots) * pl.slot_bytes);
   float* misc = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(x) + pl.x_bytes);
   float* h_own = misc;                      // this CTA's residual rows (O and down), the whole step
-  float* ybuf = misc + pl.own_rows;         // QKV / gate-up outputs of its rows; attention scratch;
-                                            // the K-split partials of O and down
+  float* ybuf = misc + pl.own_rows;         // QKV / gate-up outputs of its rows; attention scratch
   Stream* table = reinterpret_cast<Stream*>(reinterpret_cast<unsigned char*>(misc) + pl.misc_bytes);
   MegaLayer* layers = reinterpret_cast<MegaLayer*>(reinterpret_cast<unsigned char*>(table) + pl.table_bytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(layers) + pl.layers_bytes);
@@ -776,7 +714,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           wait_counter(lc + kCtrMerge, G);
           trace_mark(p, slot0 + kCtrO, 0);
           load_input(p.attn, s.num_heads * s.head_dim, x);
-          consume_residual_stream(p, st, ring, x, ybuf, add_residual);
+          consume_stream(p, st, ring, x, add_residual);
         } else {
           trace_mark(p, slot0 + kCtrO, 0);
         }
@@ -811,7 +749,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           wait_counter(lc + kCtrGateUp, G);
           trace_mark(p, slot0 + kCtrDown, 0);
           load_input(p.act, I, x);
-          consume_residual_stream(p, st, ring, x, ybuf, add_residual);
+          consume_stream(p, st, ring, x, add_residual);
         } else {
           trace_mark(p, slot0 + kCtrDown, 0);
         }
@@ -895,12 +833,9 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem) {
   pl.max_splits = std::max(1, num_sms / s.num_kv_heads);
   const size_t attn_floats = static_cast<size_t>(kWarps) * std::min(group, 8) * (s.head_dim + 2);
   // h_own first (the residual rows live across the whole step), then ybuf,
-  // which the attention scratch and the K-split partials of O and down alias
-  // (each op is done with it before the next one starts).
-  const size_t ksplit_floats = static_cast<size_t>(kWarps) * pl.own_rows;  // consume_stream_ksplit's partials
+  // which the attention scratch aliases.
   pl.misc_bytes = static_cast<int>(align_up(
-      4 * (std::max({static_cast<size_t>(pl.ybuf_rows), attn_floats, ksplit_floats}) + static_cast<size_t>(pl.own_rows)),
-      128));
+      4 * (std::max(static_cast<size_t>(pl.ybuf_rows), attn_floats) + static_cast<size_t>(pl.own_rows)), 128));
   pl.table_bytes = static_cast<int>(align_up(sizeof(Stream) * (kStreamsPerLayer * static_cast<size_t>(s.num_layers) + 1), 128));
   pl.layers_bytes = static_cast<int>(align_up(sizeof(MegaLayer) * static_cast<size_t>(s.num_layers), 128));
   const long long fixed = kAlignSlack + pl.x_bytes + pl.misc_bytes + pl.table_bytes + pl.layers_bytes + kSmallBytes;
