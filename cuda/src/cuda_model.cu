@@ -474,8 +474,7 @@ class CudaModelImpl final : public CudaModel {
     }
     if (mk_)
       out += "megakernel ctas=" + std::to_string(mk_plan_.ctas) + " slots=" + std::to_string(mk_plan_.num_slots) +
-             "x" + std::to_string(mk_plan_.slot_bytes) + " l2_prefetch=" + std::to_string(mk_plan_.l2_prefetch_bytes) +
-             " smem=" + std::to_string(mk_plan_.smem_bytes) +
+             "x" + std::to_string(mk_plan_.slot_bytes) + " smem=" + std::to_string(mk_plan_.smem_bytes) +
              " max_splits=" + std::to_string(mk_plan_.max_splits) + " cooperative\n";
     return out;
   }
@@ -606,9 +605,6 @@ class CudaModelImpl final : public CudaModel {
     SS_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, copt_.device));
     mk_shape_ = ms;
     mk_plan_ = plan_decode_megakernel(ms, num_sms_, max_smem);
-    int l2_bytes = 0;
-    SS_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, copt_.device));
-    mk_plan_.l2_prefetch_bytes = decode_megakernel_l2_prefetch_bytes(l2_bytes, num_sms_);
   }
 
   /// The decode megakernel's kernel attribute and scratch buffers (after plan_megakernel()).

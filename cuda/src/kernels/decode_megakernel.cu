@@ -14,7 +14,6 @@
 // first row of that stream), so a chunk needs no CTA barrier: each warp
 // reads its rows, then arrives on the slot's empty barrier.
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -79,10 +78,6 @@ __device__ __forceinline__ void spin_until(F&& ready) {
 /// mbar_wait with spin_until's guard.
 __device__ __forceinline__ void ring_wait(uint64_t* bar, uint32_t parity) {
   spin_until([&] { return mbar_try_wait(bar, parity); });
-}
-/// Bulk prefetch global -> L2 (bytes % 16 == 0, src 16-byte aligned).
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
@@ -234,38 +229,6 @@ __device__ void producer_loop(const MegaParams& p, const Stream* table, int last
     mbar_arrive_expect_tx(&full[slot], bytes);
     bulk_load(slots + static_cast<size_t>(slot) * p.plan.slot_bytes, src, bytes, &full[slot], policy);
     ++seq;
-  }
-}
-
-/// At layer l's start, L2 prefetches of this CTA's gate/up rows, then down
-/// rows, that its ring will not already hold when the layer's dependency
-/// chain (QKV -> attention -> merge -> O) runs, up to plan.l2_prefetch_bytes.
-/// During that chain the ring is full and the producer waits, so HBM would
-/// idle; the prefetched rows then reach the ring from L2. (Run 14's lead of
-/// a fixed number of chunks ahead of the producer stalled with it, so it
-/// never prefetched during the chain; it measured slower.) The ring's own
-/// loads mark their lines evict-first; these are normal.
-__device__ void prefetch_layer_mlp(const MegaParams& p, const Stream* table, int l) {
-  long long budget = p.plan.l2_prefetch_bytes;
-  if (budget <= 0) return;
-  const auto bytes_of = [](const Stream& st) { return static_cast<long long>(st.row1 - st.row0) * st.K * 2; };
-  const Stream& qkv = table[kStreamsPerLayer * l + kStreamQKV];
-  const Stream& o = table[kStreamsPerLayer * l + kStreamO];
-  // What the ring holds ahead of the QKV op (roughly: its slots), minus QKV and O.
-  long long skip = static_cast<long long>(p.plan.num_slots) * p.plan.slot_bytes - bytes_of(qkv) - bytes_of(o);
-  skip = skip < 0 ? 0 : skip / 16 * 16;
-  constexpr int kPiece = 32768;
-  for (int k = 0; k < 2 && budget > 0; ++k) {
-    const Stream& st = table[kStreamsPerLayer * l + (k == 0 ? kStreamGateUp : kStreamDown)];
-    const long long total = bytes_of(st);
-    const long long off = skip < total ? skip : total;
-    skip -= off;
-    const long long n = total - off < budget ? total - off : budget;
-    budget -= n;
-    const unsigned char* base =
-        reinterpret_cast<const unsigned char*>(st.w + static_cast<size_t>(st.row0) * st.K) + off;
-    for (long long b = static_cast<long long>(threadIdx.x) * kPiece; b < n; b += static_cast<long long>(kConsumers) * kPiece)
-      bulk_prefetch_l2(base + b, static_cast<uint32_t>(n - b < kPiece ? n - b : kPiece));
   }
 }
 
@@ -695,7 +658,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       unsigned* lc = ctr + l * kCtrPerLayer;
       const int slot0 = l * kCtrPerLayer;
       prefetch_unit_kv(p, c, Ly, cta);
-      prefetch_layer_mlp(p, table, l);
       // ---- QKV (+ bias, RoPE, K/V into the cache) ------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamQKV];
@@ -843,12 +805,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
 size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 }  // namespace
-
-int decode_megakernel_l2_prefetch_bytes(int l2_bytes, int ctas) {
-  if (const char* e = std::getenv("SWIFTSPEC_MK_L2_PREFETCH_KB")) return std::max(0, std::atoi(e)) * 1024;
-  if (ctas < 1 || l2_bytes < 1) return 0;
-  return static_cast<int>(static_cast<long long>(l2_bytes) / 2 / ctas / 16 * 16);
-}
 
 size_t decode_megakernel_sync_words(const MegaShape& s) {
   // Per layer: the op counters; then one completion counter.

@@ -79,10 +79,6 @@ struct MegaPlan {
   int layers_bytes = 0; ///< a copy of the layer table (MegaLayer per layer)
   size_t smem_bytes = 0;
   int max_splits = 0;  ///< key splits per kv head (partial buffers are sized for it)
-  /// Weight bytes per CTA and layer prefetched into L2 at the layer's start:
-  /// the CTA's gate/up, then down rows beyond what its ring will hold
-  /// (decode_megakernel_l2_prefetch_bytes; 0: none).
-  int l2_prefetch_bytes = 0;
 };
 
 /// Plans the megakernel of `s` on `num_sms` SMs with `max_smem` bytes of
@@ -91,12 +87,6 @@ struct MegaPlan {
 /// than 96 KB, head_dim not 64 or 128, more than 16 query heads per kv head,
 /// no layer, or fewer than two ring slots.
 MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem);
-
-/// The default of MegaPlan::l2_prefetch_bytes for a device with `l2_bytes`
-/// of L2 and `ctas` CTAs: half the L2 over the CTAs, a multiple of 16.
-/// SWIFTSPEC_MK_L2_PREFETCH_KB (per CTA and layer, KiB) overrides it for A/B
-/// measurements; 0 turns the prefetch off.
-int decode_megakernel_l2_prefetch_bytes(int l2_bytes, int ctas);
 
 /// 32-bit words of the synchronization area (counters per layer and op, one
 /// completion counter). Zero it once at allocation: every launch leaves it
