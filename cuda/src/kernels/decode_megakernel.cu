@@ -311,6 +311,25 @@ __device__ __forceinline__ void consume_stream(const MegaParams& p, const Stream
   }
 }
 
+/// One GEMV op of the step, the same skeleton for QKV, O, gate/up and down:
+/// a CTA with rows in `st` waits until `wait_ctr` (null: nothing to wait for)
+/// reaches the grid size, stamps the op's start, runs `body` (input, stream,
+/// epilogue); a CTA without rows only stamps its start. Either way it then
+/// counts itself done on `done_ctr` (a CTA without rows must not hold back
+/// the next op's waiters).
+template <class Body>
+__device__ __forceinline__ void gemv_op(const MegaParams& p, const Stream& st, const unsigned* wait_ctr,
+                                        unsigned* done_ctr, int slot, Body&& body) {
+  if (st.row1 > st.row0) {
+    if (wait_ctr != nullptr) wait_counter(wait_ctr, static_cast<unsigned>(p.plan.ctas));
+    trace_mark(p, slot, 0);
+    body();
+  } else {
+    trace_mark(p, slot, 0);
+  }
+  signal_counter(p, done_ctr, slot);
+}
+
 // ---------------------------------------------------------------- prologues
 /// x = bf16(h) for the hidden state h (fp32 residual, or the token's
 /// embedding row at layer 0), and returns 1/rms(h) (RMSNorm; the norm's
@@ -661,9 +680,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       // ---- QKV (+ bias, RoPE, K/V into the cache) ------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamQKV];
-        if (st.row1 > st.row0) {
-          if (l > 0) wait_counter(lc - kCtrPerLayer + kCtrDown, G);
-          trace_mark(p, slot0 + kCtrQKV, 0);
+        gemv_op(p, st, l > 0 ? lc - kCtrPerLayer + kCtrDown : nullptr, lc + kCtrQKV, slot0 + kCtrQKV, [&] {
           rinv = load_normed_input(p, l == 0, c.token, x, small);
           consume_stream(p, st, ring, x, [&](int row, float v) {
             if (lane == 0) ybuf[row - st.row0] = v;
@@ -687,10 +704,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
             const float2 cs = rope[EpiQKV::pair_index(e, tile, warp)];
             EpiQKV::store(e, tile, warp, 0, c.kv_index, ybuf[t * 16 + warp], ybuf[t * 16 + 8 + warp], rinv, cs.x, cs.y);
           }
-        } else {
-          trace_mark(p, slot0 + kCtrQKV, 0);
-        }
-        signal_counter(p, lc + kCtrQKV, slot0 + kCtrQKV);
+        });
       }
       // ---- attention: units (u = cta, cta + G, ...), then the merge phase ----------------
       wait_counter(lc + kCtrQKV, G);
@@ -705,27 +719,20 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       merge_splits(p, c, cta);
       signal_counter(p, lc + kCtrMerge, slot0 + kCtrMerge);
       // ---- O projection + residual -------------------------------------------------------
+      if (l == 0)  // the residual starts as the token's embedding
+        for (int i = tid; i < own.row1 - own.row0; i += kConsumers)
+          h_own[i] = __bfloat162float(p.embed[static_cast<size_t>(c.token) * H + own.row0 + i]);
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamO];
-        if (st.row1 > st.row0) {
-          if (l == 0)  // the residual starts as the token's embedding
-            for (int i = tid; i < own.row1 - own.row0; i += kConsumers)
-              h_own[i] = __bfloat162float(p.embed[static_cast<size_t>(c.token) * H + own.row0 + i]);
-          wait_counter(lc + kCtrMerge, G);
-          trace_mark(p, slot0 + kCtrO, 0);
+        gemv_op(p, st, lc + kCtrMerge, lc + kCtrO, slot0 + kCtrO, [&] {
           load_input(p.attn, s.num_heads * s.head_dim, x);
           consume_stream(p, st, ring, x, add_residual);
-        } else {
-          trace_mark(p, slot0 + kCtrO, 0);
-        }
-        signal_counter(p, lc + kCtrO, slot0 + kCtrO);
+        });
       }
       // ---- gate/up + SwiGLU --------------------------------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamGateUp];
-        if (st.row1 > st.row0) {
-          wait_counter(lc + kCtrO, G);
-          trace_mark(p, slot0 + kCtrGateUp, 0);
+        gemv_op(p, st, lc + kCtrO, lc + kCtrGateUp, slot0 + kCtrGateUp, [&] {
           rinv = load_normed_input(p, false, c.token, x, small);
           consume_stream(p, st, ring, x, [&](int row, float v) {
             if (lane == 0) ybuf[row - st.row0] = v;
@@ -737,23 +744,15 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           for (int t = lane; t < (st.row1 - st.row0) / 16; t += 32)
             EpiSwiGLU::apply(e, nullptr, true, st.row0 / 16 + t, warp, 0, ybuf[t * 16 + warp],
                              ybuf[t * 16 + 8 + warp], rinv, 1);
-        } else {
-          trace_mark(p, slot0 + kCtrGateUp, 0);
-        }
-        signal_counter(p, lc + kCtrGateUp, slot0 + kCtrGateUp);
+        });
       }
       // ---- down projection + residual ------------------------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamDown];
-        if (st.row1 > st.row0) {
-          wait_counter(lc + kCtrGateUp, G);
-          trace_mark(p, slot0 + kCtrDown, 0);
+        gemv_op(p, st, lc + kCtrGateUp, lc + kCtrDown, slot0 + kCtrDown, [&] {
           load_input(p.act, I, x);
           consume_stream(p, st, ring, x, add_residual);
-        } else {
-          trace_mark(p, slot0 + kCtrDown, 0);
-        }
-        signal_counter(p, lc + kCtrDown, slot0 + kCtrDown);
+        });
       }
     }
     // ---- final norm + LM head + arg-max -------------------------------------------------
