@@ -18,7 +18,7 @@
 //    activations) per GEMM shape; --mma-models: each model step also with the
 //    mma.sync engine (SWIFTSPEC_GEMM_ENGINE=mma); --pdl-early: also with GEMMs
 //    releasing their dependents at entry (SWIFTSPEC_GEMM_PDL_EARLY=1).
-//  * --profile SHAPE [--profile-tree N] [--profile-megakernel]: one greedy decode
+//  * --profile SHAPE [--profile-tree N [--attn-trace CSV]] [--profile-megakernel]: one greedy decode
 //    step of SHAPE (as the decode megakernel with --profile-megakernel; then
 //    a tree of N nodes, graph replayed 4 times) and nothing else, for ncu.
 //  * --megakernel-only: no GEMMs; per shape the layered decode step (PDL) and
@@ -33,6 +33,7 @@
 #include <cstdlib>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -394,6 +395,57 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
 
 }  // namespace
 
+/// The attention CTAs' phase stamps of the last step (CudaModelOptions::
+/// attention_trace) as CSV at `path` (layers 8, 16, 24; CTAs that reached a
+/// chunk; ns from the layer's first CTA past its grid dependency), and per
+/// layer a summary on stdout: the kernel's span, the mean time of each phase
+/// over the CTAs, and the phases of the CTA that ended last.
+void write_attention_trace(CudaModel& m, int layers, const std::string& path) {
+  std::vector<unsigned long long> t;
+  const int kvh = m.debug_attention_trace(t);
+  const size_t per_layer = static_cast<size_t>(kvh) * kMaxStepTokens * kAttnSplits * kAttnTraceStamps;
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) throw std::runtime_error("--attn-trace: cannot write " + path);
+  std::fprintf(f, "layer,kvh,blk,split,entry,dep,chunk,keys,scores,partial,arrival,end\n");
+  static const char* phase[] = {"dep", "chunk", "keys", "scores", "partial", "arrival", "combine"};
+  for (int l : {8, 16, 24}) {
+    if (l >= layers) continue;
+    const unsigned long long* L = t.data() + per_layer * l;
+    unsigned long long t0 = ~0ull, tend = 0;
+    size_t last = 0;
+    double sum[7] = {0};
+    int cnt[7] = {0}, active = 0;
+    for (size_t c = 0; c < per_layer / kAttnTraceStamps; ++c) {
+      const unsigned long long* r = L + c * kAttnTraceStamps;
+      if (r[1]) t0 = std::min(t0, r[1]);
+    }
+    for (size_t c = 0; c < per_layer / kAttnTraceStamps; ++c) {
+      const unsigned long long* r = L + c * kAttnTraceStamps;
+      if (!r[2]) continue;  // no chunk: an idle CTA (or none at all)
+      ++active;
+      const unsigned long long e = r[7] ? r[7] : r[6];
+      if (e > tend) tend = e, last = c;
+      for (int i = 0; i < 7; ++i)
+        if (r[i] && r[i + 1]) sum[i] += static_cast<double>(r[i + 1] - r[i]), ++cnt[i];
+      const int h = static_cast<int>(c / (kMaxStepTokens * kAttnSplits));
+      const int b = static_cast<int>(c / kAttnSplits % kMaxStepTokens), sp = static_cast<int>(c % kAttnSplits);
+      std::fprintf(f, "%d,%d,%d,%d", l, h, b, sp);
+      for (int i = 0; i < kAttnTraceStamps; ++i)
+        std::fprintf(f, ",%lld", r[i] ? static_cast<long long>(r[i]) - static_cast<long long>(t0) : -1LL);
+      std::fprintf(f, "\n");
+    }
+    std::printf("attention trace layer %d: %d active CTAs, span %.1f us; mean phase us:", l, active, (tend - t0) / 1e3);
+    for (int i = 0; i < 7; ++i) std::printf(" %s %.2f", phase[i], cnt[i] ? sum[i] / cnt[i] / 1e3 : 0.0);
+    const unsigned long long* r = L + last * kAttnTraceStamps;
+    std::printf(" | last CTA (kvh %d, blk %d, split %d) from %.1f us:", static_cast<int>(last / (kMaxStepTokens * kAttnSplits)),
+                static_cast<int>(last / kAttnSplits % kMaxStepTokens), static_cast<int>(last % kAttnSplits), (r[1] - t0) / 1e3);
+    for (int i = 1; i < 7; ++i)
+      if (r[i] && r[i + 1]) std::printf(" %s %.2f", phase[i], (r[i + 1] - r[i]) / 1e3);
+    std::printf("\n");
+  }
+  std::fclose(f);
+}
+
 int main(int argc, char** argv) {
   std::string json_path;
   bool quick = false, gemms = true, sweep = false, models_mma = false, models_pdl_early = false, mk_only = false;
@@ -401,6 +453,7 @@ int main(int argc, char** argv) {
   std::string profile;
   int profile_tree = 0;
   bool profile_megakernel = false;
+  std::string attn_trace_path;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
@@ -417,6 +470,7 @@ int main(int argc, char** argv) {
     if (a == "--profile" && i + 1 < argc) profile = argv[++i];
     if (a == "--profile-tree" && i + 1 < argc) profile_tree = std::atoi(argv[++i]);
     if (a == "--profile-megakernel") profile_megakernel = true;
+    if (a == "--attn-trace" && i + 1 < argc) attn_trace_path = argv[++i];
   }
   if (!profile.empty()) {
     // One greedy decode step of SHAPE (for a kernel profiler such as ncu).
@@ -426,6 +480,7 @@ int main(int argc, char** argv) {
       opt.max_tree = 128;
       CudaModelOptions pco;
       pco.megakernel = profile_megakernel;
+      pco.attention_trace = !attn_trace_path.empty();
       auto m = make_cuda_model_random(shape_config(profile), opt, pco, 42);
       m->debug_fill_committed_random(512, 43);
       std::vector<int32_t> am;
@@ -437,6 +492,7 @@ int main(int argc, char** argv) {
         m->truncate_committed(512);
         const int id = m->debug_prepare(tree_batch(profile_tree, 512, 6), false);
         std::printf("profile %s: tree of %d nodes %.4f ms\n", profile.c_str(), profile_tree, m->debug_replay_ms(id, 1));
+        if (!attn_trace_path.empty()) write_attention_trace(*m, shape_config(profile).num_layers, attn_trace_path);
       }
     } catch (const std::exception& e) {
       std::printf("profile aborted: %s\n", e.what());

@@ -444,6 +444,15 @@ class CudaModelImpl final : public CudaModel {
     for (size_t i = 0; i < tmp.size(); ++i) out[i] = bf16_bits_to_float(tmp[i]);
   }
 
+  int debug_attention_trace(std::vector<unsigned long long>& stamps) override {
+    if (!attn_trace_) throw InvalidArgument("debug_attention_trace: the model was made without attention_trace");
+    ModelScope scope(copt_.device, green_.get());
+    SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    stamps.resize(attn_trace_.bytes() / sizeof(unsigned long long));
+    SS_CUDA_CHECK(cudaMemcpy(stamps.data(), attn_trace_.get(), attn_trace_.bytes(), cudaMemcpyDeviceToHost));
+    return cfg_.num_kv_heads;
+  }
+
   int debug_megakernel_trace(std::vector<unsigned long long>& stamps) override {
     if (!mk_trace_) throw InvalidArgument("debug_megakernel_trace: the model was made without megakernel_trace");
     ModelScope scope(copt_.device, green_.get());
@@ -571,6 +580,10 @@ class CudaModelImpl final : public CudaModel {
     keys_.allocate(sizeof(unsigned long long) * kRows);
     max_chunks_ = (slots_ + kAttnChunk - 1) / kAttnChunk;
     part_o_.allocate(sizeof(float) * static_cast<size_t>(kRows) * cfg_.num_heads * max_chunks_ * hd);
+    if (copt_.attention_trace) {
+      attn_trace_.allocate(sizeof(unsigned long long) * attn_trace_per_layer() * cfg_.num_layers);
+      SS_CUDA_CHECK(cudaMemset(attn_trace_.get(), 0, attn_trace_.bytes()));
+    }
     part_ml_.allocate(sizeof(float2) * static_cast<size_t>(kRows) * cfg_.num_heads * max_chunks_);
     counters_.allocate(sizeof(int) * cfg_.num_kv_heads * kMaxStepTokens);
     desc_.allocate(sizeof(StepDesc));
@@ -959,6 +972,7 @@ class CudaModelImpl final : public CudaModel {
         p.max_context = opt_.max_context;
         p.max_chunks = max_chunks_;
         p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        p.trace = attn_trace_ ? attn_trace_.as<unsigned long long>() + attn_trace_per_layer() * l : nullptr;
         launch_attention(p, rows, pdl_, s);
       }
       EpiResidual::Params res;
@@ -1044,6 +1058,10 @@ class CudaModelImpl final : public CudaModel {
   MegaShape mk_shape_;
   MegaPlan mk_plan_;
   DeviceBuffer mk_layers_, mk_part_o_, mk_part_ml_, mk_sync_, mk_trace_;
+  DeviceBuffer attn_trace_;  ///< CudaModelOptions::attention_trace
+  size_t attn_trace_per_layer() const {
+    return static_cast<size_t>(cfg_.num_kv_heads) * kMaxStepTokens * kAttnSplits * kAttnTraceStamps;
+  }
 
   GraphCache graphs_;
   std::map<std::tuple<const void*, int, int, int>, CUtensorMap> maps_;

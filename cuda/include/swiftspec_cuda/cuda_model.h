@@ -96,6 +96,9 @@ struct CudaModelOptions {
   /// Benchmark: the megakernel stamps each op's start and end per CTA (read
   /// with CudaModel::debug_megakernel_trace). Costs a few stores per op.
   bool megakernel_trace = false;
+  /// Benchmark: every attention CTA stamps its phases (read with
+  /// CudaModel::debug_attention_trace). Costs a few stores per CTA.
+  bool attention_trace = false;
   /// Tensor parallelism (issue 7): with a hook, this model is one rank of a
   /// tensor-parallel group; its ModelConfig is the rank's shard shape (heads,
   /// KV heads, intermediate size and vocabulary divided by the TP degree) and
@@ -150,6 +153,14 @@ class CudaModel : public Model {
   /// and the number of CTAs. Throws InvalidArgument unless the model was made
   /// with megakernel_trace.
   virtual int debug_megakernel_trace(std::vector<unsigned long long>& stamps) = 0;
+
+  /// Benchmark hook: the global-timer stamps (ns) of the attention CTAs of the
+  /// last layered step, [num_layers][kv_heads][64 blocks][16 splits][8]
+  /// (kernels.h, AttnParams::trace: entry, after the grid dependency, chunk
+  /// start, keys listed, scores done, partial written, arrival, end; 0 where a
+  /// CTA did not get there). Returns kv_heads. Throws InvalidArgument unless
+  /// the model was made with attention_trace.
+  virtual int debug_attention_trace(std::vector<unsigned long long>& stamps) = 0;
 
   /// Bytes of weights one decode step reads (all layers, final norm, LM head;
   /// the embedding counts one row).

@@ -57,8 +57,23 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   __shared__ int s_last;
   __shared__ float s_m[16];
 
+  // Benchmark trace (AttnParams::trace): thread 0 stamps the phases.
+  unsigned long long* tr =
+      p.trace == nullptr
+          ? nullptr
+          : p.trace + ((static_cast<size_t>(blockIdx.x) * kMaxStepTokens + blockIdx.y) * kAttnSplits + blockIdx.z) *
+                          kAttnTraceStamps;
+  const auto stamp = [&](int i) {
+    if (tr != nullptr && threadIdx.x == 0) {
+      unsigned long long t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      tr[i] = t;
+    }
+  };
+  stamp(0);
   griddep_launch_dependents();
   griddep_wait();
+  stamp(1);
 
   const StepDesc* d = p.desc;
   const int kvh = blockIdx.x;
@@ -117,6 +132,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   int my_cnt = 0;
   for (int c = split; c < nch; c += kAttnSplits) {
     ++my_cnt;
+    if (my_cnt == 1) stamp(2);
     const int q0 = c * kAttnChunk;
     // ---- 1. key list of the chunk, logical order, per-token masks ----
     const int n1 = max(0, min(q0 + kAttnChunk, maxP) - q0);
@@ -157,6 +173,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
       if (lane == 0) s_U = U;
     }
     __syncthreads();
+    if (my_cnt == 1) stamp(3);
     const int U = s_U;
     const bool single = U <= 64;
 
@@ -195,6 +212,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
       __syncthreads();
     }
 
+    if (my_cnt == 1) stamp(4);
     // ---- 3a. per query row: max and p = exp(s - max) ----
     for (int rh = warp; rh < 16; rh += kAttnThreads / 32) {
       float mx = -INFINITY;
@@ -277,6 +295,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
         p.part_ml[(static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks + c] = make_float2(s_m[prh], l);
     }
     __syncthreads();
+    if (my_cnt == 1) stamp(5);
   }
 
   // ---- arrival; the last CTA of the (kv head, token block) combines ----
@@ -286,6 +305,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
     s_last = (prev + my_cnt == nch) ? 1 : 0;
   }
   __syncthreads();
+  stamp(6);
   if (!s_last) return;
   __threadfence();
   if (pact) {
@@ -334,6 +354,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
 #pragma unroll
     for (int j = 0; j < DPT; ++j) out[j] = __float2bfloat16_rn(o[j] * inv);
   }
+  __syncthreads();
+  stamp(7);
   if (tid == 0) p.counters[kvh * kMaxStepTokens + blk] = 0;
 }
 

@@ -52,7 +52,14 @@ struct AttnParams {
   int max_context = 0;
   int max_chunks = 0;     ///< ceil(slots / kAttnChunk)
   float scale = 0.f;      ///< 1/sqrt(head_dim)
+  /// Null, or this layer's [kv_heads][64][kAttnSplits][8] global-timer stamps
+  /// per CTA (kAttnTraceStamps; benchmarks): entry, after the grid dependency,
+  /// first chunk's start, its keys listed, its scores done, its partial
+  /// written, arrival counted, end (after the combine, if it combined).
+  unsigned long long* trace = nullptr;
 };
+/// Stamps per attention CTA in AttnParams::trace.
+constexpr int kAttnTraceStamps = 8;
 
 /// Tokens per attention CTA for a GQA group size (<= 16 query rows per CTA).
 int attn_tokens_per_block(int group);
