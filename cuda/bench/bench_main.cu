@@ -423,10 +423,10 @@ void write_attention_trace(CudaModel& m, int layers, const std::string& path) {
       const unsigned long long* r = L + c * kAttnTraceStamps;
       if (!r[2]) continue;  // no chunk: an idle CTA (or none at all)
       ++active;
-      const unsigned long long e = r[7] ? r[7] : r[6];
+      const unsigned long long e = r[7] > r[6] ? r[7] : r[6];  // r[7] of a CTA that did not combine may be stale
       if (e > tend) tend = e, last = c;
       for (int i = 0; i < 7; ++i)
-        if (r[i] && r[i + 1]) sum[i] += static_cast<double>(r[i + 1] - r[i]), ++cnt[i];
+        if (r[i] && r[i + 1] > r[i]) sum[i] += static_cast<double>(r[i + 1] - r[i]), ++cnt[i];
       const int h = static_cast<int>(c / (kMaxStepTokens * kAttnSplits));
       const int b = static_cast<int>(c / kAttnSplits % kMaxStepTokens), sp = static_cast<int>(c % kAttnSplits);
       std::fprintf(f, "%d,%d,%d,%d", l, h, b, sp);
@@ -440,7 +440,7 @@ void write_attention_trace(CudaModel& m, int layers, const std::string& path) {
     std::printf(" | last CTA (kvh %d, blk %d, split %d) from %.1f us:", static_cast<int>(last / (kMaxStepTokens * kAttnSplits)),
                 static_cast<int>(last / kAttnSplits % kMaxStepTokens), static_cast<int>(last % kAttnSplits), (r[1] - t0) / 1e3);
     for (int i = 1; i < 7; ++i)
-      if (r[i] && r[i + 1]) std::printf(" %s %.2f", phase[i], (r[i + 1] - r[i]) / 1e3);
+      if (r[i] && r[i + 1] > r[i]) std::printf(" %s %.2f", phase[i], (r[i + 1] - r[i]) / 1e3);
     std::printf("\n");
   }
   std::fclose(f);

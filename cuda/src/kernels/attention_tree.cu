@@ -21,7 +21,9 @@
 // CTA — combines the chunks in chunk order. The arithmetic seen by a token is
 // therefore the same whether it is decoded alone or verified inside a tree,
 // and whatever the step's batch size.
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cmath>
 
 #include "common.h"
@@ -32,30 +34,59 @@ namespace swiftspec::cuda {
 namespace {
 
 constexpr int kAttnThreads = 256;
-constexpr int kMaxTokPerBlock = 8;
-constexpr int kUMax = kAttnChunk * kMaxTokPerBlock;
+constexpr int kMaxTokPerBlock = 4;  ///< tokens per CTA (<= 16 query rows)
+constexpr int kUnionMax = kAttnChunk * kMaxTokPerBlock;  ///< a chunk's union over the block, at most
+constexpr int kVCap = 128;          ///< union keys whose V rows fit in shared memory at once
+constexpr int kListMax = 128;       ///< attend-list entries per token kept in shared memory
 
 template <int HD>
-constexpr size_t attn_smem_bytes() {
-  constexpr int LD = HD + 8;
-  return size_t(16 + 64 + 64) * LD * 2 + size_t(16) * kUMax * 4 + size_t(kUMax) * 4 + kUMax;
-}
+struct AttnGeom {
+  static constexpr int kLD = HD + 8;            ///< bf16 row stride (bank spread)
+  static constexpr int kSLD = kAttnChunk + 1;   ///< fp32 score row stride
+  static constexpr int kPLD = kAttnChunk + 8;   ///< bf16 P row stride
+  static constexpr int kDPT = HD / 16;          ///< combine: dims per thread (16 threads per row)
+  static constexpr size_t smem_bytes() {
+    return size_t(16 + 64 + kVCap + 1) * kLD * 2      // Qs, Ks, Vs (+ a zero row)
+           + size_t(16) * kSLD * 4                     // Ss
+           + size_t(17) * kPLD * 2                     // Pb (+ a zero row)
+           + size_t(kUnionMax) * 4                     // keys
+           + size_t(kMaxTokPerBlock) * kAttnChunk * 2  // kidx
+           + size_t(kUnionMax) * 2                     // kmask
+           + size_t(kUnionMax);                        // kpos
+  }
+};
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 template <int HD>
 __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParams p) {
-  constexpr int LD = HD + 8;
-  constexpr int CH = HD / 8;    // 16-byte chunks per row
-  constexpr int DPT = HD / 16;  // dims per thread in the PV loop
+  using Geom = AttnGeom<HD>;
+  constexpr int LD = Geom::kLD, SLD = Geom::kSLD, PLD = Geom::kPLD;
+  constexpr int CH = HD / 8;  // 16-byte chunks per row
+  constexpr int DPT = Geom::kDPT;
+  constexpr int ZROW = kVCap;  // the zero row of Vs
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [16][LD]
-  __nv_bfloat16* Ks = Qs + 16 * LD;                                // [64][LD]
-  __nv_bfloat16* Vs = Ks + 64 * LD;                                // [64][LD]
-  float* Ss = reinterpret_cast<float*>(Vs + 64 * LD);              // [16][kUMax]
-  int* keys = reinterpret_cast<int*>(Ss + 16 * kUMax);             // [kUMax]
-  unsigned char* kmask = reinterpret_cast<unsigned char*>(keys + kUMax);  // [kUMax]
+  __nv_bfloat16* Ks = Qs + 16 * LD;                                // [64][LD] one block of union keys
+  __nv_bfloat16* Vs = Ks + 64 * LD;                                // [kVCap + 1][LD] the pass's union
+  float* Ss = reinterpret_cast<float*>(Vs + (kVCap + 1) * LD);      // [16][SLD] by logical position
+  __nv_bfloat16* Pb = reinterpret_cast<__nv_bfloat16*>(Ss + 16 * SLD);  // [17][PLD]
+  int* keys = reinterpret_cast<int*>(Pb + 17 * PLD);                // [kUnionMax] cache row of union key u
+  int16_t* kidx = reinterpret_cast<int16_t*>(keys + kUnionMax);     // [4][64] union index or -1
+  uint16_t* kmask = reinterpret_cast<uint16_t*>(kidx + kMaxTokPerBlock * kAttnChunk);  // [kUnionMax]
+  uint8_t* kpos = reinterpret_cast<uint8_t*>(kmask + kUnionMax);    // [kUnionMax] logical position in the chunk
   __shared__ int s_U;
   __shared__ int s_last;
+  __shared__ int s_nch[kMaxTokPerBlock];
+  __shared__ int s_prefix[kMaxTokPerBlock];
+  __shared__ int s_len[kMaxTokPerBlock];
+  // The block's attend lists (ancestor slots by depth), loaded once: the
+  // union of a tree chunk walks them position by position (a dependent
+  // global load per position cost ~0.15 us each on the critical path).
+  __shared__ int s_list[kMaxTokPerBlock][kListMax];
   __shared__ float s_m[16];
+  __shared__ float s_l[16];
 
   // Benchmark trace (AttnParams::trace): thread 0 stamps the phases.
   unsigned long long* tr =
@@ -78,7 +109,6 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   const StepDesc* d = p.desc;
   const int kvh = blockIdx.x;
   const int blk = blockIdx.y;
-  const int split = blockIdx.z;
   const int T = p.tokens_per_block;
   const int G = p.group;
   const int n = d->n;
@@ -87,23 +117,38 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   const int tact = min(T, n - tok0);
   const int C = d->committed;
   const bool tree = d->is_tree != 0;
-  int maxP = 0, maxlen = 0, nch = 0;
-  for (int t = 0; t < tact; ++t) {
-    const int tk = tok0 + t;
-    const int P = d->prefix_len[tk];
-    const int len = tree ? d->attend_off[tk + 1] - d->attend_off[tk] : 0;
-    maxP = max(maxP, P);
-    maxlen = max(maxlen, len);
-    nch = max(nch, (P + len + kAttnChunk - 1) / kAttnChunk);
-  }
-  if (split >= nch) return;
-
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
-  const int RH = T * G;  // query rows of the block (<= 16)
   const int H = p.num_heads;
+  if (tid < tact) {
+    const int tk = tok0 + tid;
+    const int off = d->attend_off[tk];
+    const int len = tree ? d->attend_off[tk + 1] - off : 0;
+    const int P = d->prefix_len[tk];
+    s_prefix[tid] = P;
+    s_len[tid] = len;
+    s_nch[tid] = (P + len + kAttnChunk - 1) / kAttnChunk;
+  }
+  __syncthreads();
+  int maxP = 0, maxlen = 0, nch = 0;
+  for (int t = 0; t < tact; ++t) {
+    maxP = max(maxP, s_prefix[t]);
+    maxlen = max(maxlen, s_len[t]);
+    nch = max(nch, s_nch[t]);
+  }
+  // The last chunks first: the one holding the tree positions costs the most
+  // (its union walk, more keys), and CTAs start in blockIdx.z order.
+  const int split = blockIdx.z;
+  if (split >= nch) return;
+  const int RH = T * G;  // query rows of the block (<= 16)
 
+  if (tree) {
+    for (int i = tid; i < tact * kListMax; i += kAttnThreads) {
+      const int t = i / kListMax, a = i - t * kListMax;
+      if (a < s_len[t]) s_list[t][a] = d->attend_slots[d->attend_off[tok0 + t] + a];
+    }
+  }
   for (int i = tid; i < 16 * CH; i += kAttnThreads) {
     const int rh = i / CH;
     const int ch = i - rh * CH;
@@ -115,186 +160,189 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
     }
     *reinterpret_cast<uint4*>(Qs + rh * LD + ch * 8) = v;
   }
-
-  // Role in the PV loop and the combine: query row prh, dims pd0..pd0+DPT-1.
-  const int prh = tid >> 4;
-  const int pd0 = (tid & 15) * DPT;
-  const int pt = prh / G;
-  const bool pact = prh < RH && pt < tact;
-  int p_nch = 0, p_tk = 0, p_head = 0;
-  if (pact) {
-    p_tk = tok0 + pt;
-    p_head = kvh * G + prh % G;
-    const int len = tree ? d->attend_off[p_tk + 1] - d->attend_off[p_tk] : 0;
-    p_nch = (d->prefix_len[p_tk] + len + kAttnChunk - 1) / kAttnChunk;
-  }
+  for (int i = tid; i < HD; i += kAttnThreads) Vs[ZROW * LD + i] = __float2bfloat16_rn(0.f);
+  for (int i = tid; i < kAttnChunk; i += kAttnThreads) Pb[16 * PLD + i] = __float2bfloat16_rn(0.f);
 
   int my_cnt = 0;
-  for (int c = split; c < nch; c += kAttnSplits) {
+  for (int cs = split; cs < nch; cs += kAttnSplits) {
     ++my_cnt;
     if (my_cnt == 1) stamp(2);
+    const int c = nch - 1 - cs;  // see above: the last chunks first
     const int q0 = c * kAttnChunk;
-    // ---- 1. key list of the chunk, logical order, per-token masks ----
-    const int n1 = max(0, min(q0 + kAttnChunk, maxP) - q0);
-    for (int j = tid; j < n1; j += kAttnThreads) {
-      const int key = q0 + j;
-      unsigned mk = 0;
-      for (int t = 0; t < tact; ++t)
-        if (key < d->prefix_len[tok0 + t]) mk |= 1u << t;
-      keys[j] = key;
-      kmask[j] = static_cast<unsigned char>(mk);
-    }
-    if (warp == 0) {
-      int U = n1;
-      if (tree) {
-        const int qlo = max(q0, C);
-        const int qhi = min(q0 + kAttnChunk, C + maxlen);
-        int off = 0, len = 0;
-        if (lane < tact) {
-          off = d->attend_off[tok0 + lane];
-          len = d->attend_off[tok0 + lane + 1] - off;
-        }
-        for (int q = qlo; q < qhi; ++q) {
-          const int a = q - C;
-          const int slot = (lane < tact && a < len) ? d->attend_slots[off + a] : -1;
-          unsigned same = 0;
-          for (int u = 0; u < tact; ++u)
-            if (__shfl_sync(0xffffffffu, slot, u) == slot) same |= 1u << u;
-          const bool leader = slot >= 0 && (__ffs(same) - 1) == lane;
-          const unsigned lb = __ballot_sync(0xffffffffu, leader);
-          if (leader) {
-            const int pos = U + __popc(lb & ((1u << lane) - 1u));
-            keys[pos] = p.max_context + slot;
-            kmask[pos] = static_cast<unsigned char>(same);
-          }
-          U += __popc(lb);
-        }
+    // Passes over the block's tokens: all at once when the union of their
+    // keys fits kVCap V rows; else one token per pass (<= 64 keys). A token's
+    // arithmetic is the same in either (its own tile, below).
+    for (int pt0 = 0, pn = tact; pt0 < tact;) {
+      // ---- 1. union of the pass tokens' keys in logical order ----
+      // Committed keys first (logical position = key), then the tree keys of
+      // each position (one per distinct ancestor slot among the pass tokens).
+      int n1 = 0;
+      for (int t = pt0; t < pt0 + pn; ++t) n1 = max(n1, s_prefix[t]);
+      n1 = max(0, min(q0 + kAttnChunk, n1) - q0);
+      for (int i = tid; i < kMaxTokPerBlock * kAttnChunk; i += kAttnThreads) {
+        const int t = i / kAttnChunk, j = i - t * kAttnChunk;
+        kidx[i] = (t >= pt0 && t < pt0 + pn && j < n1 && q0 + j < s_prefix[t]) ? static_cast<int16_t>(j)
+                                                                                 : int16_t(-1);
       }
-      if (lane == 0) s_U = U;
-    }
-    __syncthreads();
-    if (my_cnt == 1) stamp(3);
-    const int U = s_U;
-    const bool single = U <= 64;
+      for (int i = tid; i < 16 * SLD; i += kAttnThreads) Ss[i] = -INFINITY;
+      for (int j = tid; j < n1; j += kAttnThreads) {
+        const int key = q0 + j;
+        unsigned mk = 0;
+        for (int t = pt0; t < pt0 + pn; ++t)
+          if (key < s_prefix[t]) mk |= 1u << t;
+        keys[j] = key;
+        kmask[j] = static_cast<uint16_t>(mk);
+        kpos[j] = static_cast<uint8_t>(j);
+      }
+      __syncthreads();  // kidx of the tree positions is written below by warp 0
+      if (warp == 0) {
+        int U = n1;
+        if (tree) {
+          int mlen = 0;
+          for (int t = pt0; t < pt0 + pn; ++t) mlen = max(mlen, s_len[t]);
+          const int qlo = max(q0, C);
+          const int qhi = min(q0 + kAttnChunk, C + mlen);
+          const bool mine = lane >= pt0 && lane < pt0 + pn;  // lane = token of the block
+          const int len = mine ? s_len[lane] : 0;
+          const int off = mine ? d->attend_off[tok0 + lane] : 0;
+          for (int q = qlo; q < qhi; ++q) {
+            const int a = q - C;
+            const int slot = (mine && a < len) ? (a < kListMax ? s_list[lane][a] : d->attend_slots[off + a]) : -1;
+            unsigned same = 0;
+            for (int u = pt0; u < pt0 + pn; ++u)
+              if (__shfl_sync(0xffffffffu, slot, u) == slot) same |= 1u << u;
+            const int first = __ffs(same) - 1;  // the lowest token with this slot leads
+            const bool leader = slot >= 0 && first == lane;
+            const unsigned lb = __ballot_sync(0xffffffffu, leader);
+            if (slot >= 0) {
+              const int pos = U + __popc(lb & ((1u << first) - 1u));
+              kidx[lane * kAttnChunk + (q - q0)] = static_cast<int16_t>(pos);
+              if (leader) {
+                keys[pos] = p.max_context + slot;
+                kmask[pos] = static_cast<uint16_t>(same);
+                kpos[pos] = static_cast<uint8_t>(q - q0);
+              }
+            }
+            U += __popc(lb);
+          }
+        }
+        if (lane == 0) s_U = U;
+      }
+      __syncthreads();
+      const int U = s_U;  // <= 64 * pn
+      if (U > kVCap) {  // too many distinct keys for one pass: one token at a time
+        pn = 1;
+        continue;
+      }
+      if (my_cnt == 1 && pt0 == 0) stamp(3);
 
-    // ---- 2. scores S = scale * Q K^T ----
-    for (int ub = 0; ub < U; ub += 64) {
-      const int nb = min(64, U - ub);
-      for (int i = tid; i < nb * CH; i += kAttnThreads) {
+      // ---- 2. V of the union (one cp.async group), S = scale * Q K^T per block of 64 keys ----
+      for (int i = tid; i < U * CH; i += kAttnThreads) {
         const int u = i / CH;
         const int ch = i - u * CH;
-        const size_t row = static_cast<size_t>(kvh) * p.slots + keys[ub + u];
-        cp_async_16(Ks + u * LD + ch * 8, p.kcache + row * HD + ch * 8);
-        if (single) cp_async_16(Vs + u * LD + ch * 8, p.vcache + row * HD + ch * 8);
+        const size_t row = static_cast<size_t>(kvh) * p.slots + keys[u];
+        cp_async_16(Vs + u * LD + ch * 8, p.vcache + row * HD + ch * 8);
       }
-      cp_async_commit_wait_all();
-      __syncthreads();
-      if (warp * 8 < nb) {
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int ks = 0; ks < HD / 16; ++ks) {
-          uint32_t a[4];
-          ldmatrix_x4(a, smem_u32(Qs + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + ks * 16 + (lane >> 4) * 8));
-          uint32_t b[2];
-          ldmatrix_x2(b, smem_u32(Ks + (warp * 8 + (lane & 7)) * LD + ks * 16 + ((lane >> 3) & 1) * 8));
-          mma_bf16_16816(acc, a, b[0], b[1]);
-        }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int rh = (lane >> 2) + (j >= 2 ? 8 : 0);
-          const int u = ub + warp * 8 + (lane & 3) * 2 + (j & 1);
-          if (u < U) {
-            const bool att = rh < RH && ((kmask[u] >> (rh / G)) & 1u);
-            Ss[rh * kUMax + u] = att ? acc[j] * p.scale : -INFINITY;
-          }
-        }
-      }
-      __syncthreads();
-    }
-
-    if (my_cnt == 1) stamp(4);
-    // ---- 3a. per query row: max and p = exp(s - max) ----
-    for (int rh = warp; rh < 16; rh += kAttnThreads / 32) {
-      float mx = -INFINITY;
-      for (int u = lane; u < U; u += 32) mx = fmaxf(mx, Ss[rh * kUMax + u]);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      for (int u = lane; u < U; u += 32) {
-        const float s = Ss[rh * kUMax + u];
-        Ss[rh * kUMax + u] = (mx == -INFINITY || s == -INFINITY) ? 0.f : expf(s - mx);
-      }
-      if (lane == 0) s_m[rh] = mx;
-    }
-    __syncthreads();
-
-    // ---- 3b. sum p and p*v in logical order over attended keys ----
-    float o[DPT];
-#pragma unroll
-    for (int j = 0; j < DPT; ++j) o[j] = 0.f;
-    float l = 0.f;
-    for (int ub = 0; ub < U; ub += 64) {
-      const int nb = min(64, U - ub);
-      if (!single) {
+      cp_async_commit();
+      for (int ub = 0; ub < U; ub += 64) {
+        const int nb = min(64, U - ub);
         for (int i = tid; i < nb * CH; i += kAttnThreads) {
           const int u = i / CH;
           const int ch = i - u * CH;
           const size_t row = static_cast<size_t>(kvh) * p.slots + keys[ub + u];
-          cp_async_16(Vs + u * LD + ch * 8, p.vcache + row * HD + ch * 8);
+          cp_async_16(Ks + u * LD + ch * 8, p.kcache + row * HD + ch * 8);
         }
-        cp_async_commit_wait_all();
+        cp_async_commit();
+        cp_async_wait_all();
+        __syncthreads();
+        if (warp * 8 < nb) {
+          float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int ks = 0; ks < HD / 16; ++ks) {
+            uint32_t a[4];
+            ldmatrix_x4(a, smem_u32(Qs + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + ks * 16 + (lane >> 4) * 8));
+            uint32_t b[2];
+            ldmatrix_x2(b, smem_u32(Ks + (warp * 8 + (lane & 7)) * LD + ks * 16 + ((lane >> 3) & 1) * 8));
+            mma_bf16_16816(acc, a, b[0], b[1]);
+          }
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int rh = (lane >> 2) + (j >= 2 ? 8 : 0);
+            const int u = ub + warp * 8 + (lane & 3) * 2 + (j & 1);
+            if (u < U && rh < RH && ((kmask[u] >> (rh / G)) & 1u)) Ss[rh * SLD + kpos[u]] = acc[j] * p.scale;
+          }
+        }
         __syncthreads();
       }
-      if (pact) {
-        // Branch-free over all keys of the block: a key of the union that this
-        // token does not attend has p = 0 exactly (its score is -inf), and
-        // adding it changes neither l nor o bitwise (both start at +0 and
-        // never become -0: x + (+-0) == x, and +0 + -0 == +0). So the sums
-        // equal those over the attended keys alone, in the same order, and
-        // the loop pipelines its shared-memory loads.
-        const float* srow = Ss + prh * kUMax + ub;
-#pragma unroll 4
-        for (int u = 0; u < nb; ++u) {
-          {
-            const float pr = srow[u];
-            l += pr;
-            const __nv_bfloat16* vr = Vs + u * LD + pd0;
-            float vf[DPT];
-            if constexpr (DPT == 8) {
-              const uint4 raw = *reinterpret_cast<const uint4*>(vr);
-              const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+      if (my_cnt == 1 && pt0 == 0) stamp(4);
+
+      // ---- 3. per query row: max, P = bf16(exp(s - max)) (0 where no key), l = sum of P ----
+      for (int rh = warp; rh < 16; rh += kAttnThreads / 32) {
+        const float* srow = Ss + rh * SLD;
+        const float s0 = srow[lane], s1 = srow[lane + 32];
+        float mx = fmaxf(s0, s1);
 #pragma unroll
-              for (int j = 0; j < 4; ++j) {
-                const float2 f = __bfloat1622float2(h2[j]);
-                vf[2 * j] = f.x;
-                vf[2 * j + 1] = f.y;
-              }
-            } else {
-              const uint2 raw = *reinterpret_cast<const uint2*>(vr);
-              const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const __nv_bfloat16 p0 = __float2bfloat16_rn((mx == -INFINITY || s0 == -INFINITY) ? 0.f : expf(s0 - mx));
+        const __nv_bfloat16 p1 = __float2bfloat16_rn((mx == -INFINITY || s1 == -INFINITY) ? 0.f : expf(s1 - mx));
+        Pb[rh * PLD + lane] = p0;
+        Pb[rh * PLD + lane + 32] = p1;
+        float l = __bfloat162float(p0) + __bfloat162float(p1);
 #pragma unroll
-              for (int j = 0; j < 2; ++j) {
-                const float2 f = __bfloat1622float2(h2[j]);
-                vf[2 * j] = f.x;
-                vf[2 * j + 1] = f.y;
-              }
+        for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+        if (lane == 0) {
+          s_m[rh] = mx;
+          s_l[rh] = l;
+        }
+      }
+      cp_async_wait_all();  // V
+      __syncthreads();
+
+      // ---- 4. O = P V: one m16 tile per token (its heads), the B rows the V rows
+      // of the token's own keys (k = logical position; a zero row where it has
+      // none), two n8 tiles per warp unit ----
+      constexpr int NP = HD / 16;
+      for (int w = warp; w < pn * NP; w += kAttnThreads / 32) {
+        const int t = pt0 + w / NP;
+        const int n0 = (w % NP) * 16;
+        float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        const int ar = (lane & 7) + ((lane >> 3) & 1) * 8;  // A row of this lane's ldmatrix address
+        const int prow = ar < G ? t * G + ar : 16;          // rows past the token's heads: the zero row
+#pragma unroll
+        for (int ks = 0; ks < kAttnChunk / 16; ++ks) {
+          uint32_t a[4];
+          ldmatrix_x4(a, smem_u32(Pb + prow * PLD + ks * 16 + (lane >> 4) * 8));
+          const int u = kidx[t * kAttnChunk + ks * 16 + (lane & 15)];
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, smem_u32(Vs + (u >= 0 ? u : ZROW) * LD + n0 + (lane >> 4) * 8));
+          mma_bf16_16816(acc[0], a, b[0], b[1]);
+          mma_bf16_16816(acc[1], a, b[2], b[3]);
+        }
+        // ---- 5. the chunk partial of the token's heads ----
+        if (c < s_nch[t]) {
+          const int tk = tok0 + t;
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int r = (lane >> 2) + half * 8;
+            if (r < G) {
+              float* po = p.part_o + ((static_cast<size_t>(tk) * H + kvh * G + r) * p.max_chunks + c) * HD + n0 +
+                          (lane & 3) * 2;
+#pragma unroll
+              for (int j = 0; j < 2; ++j)
+                *reinterpret_cast<float2*>(po + j * 8) = make_float2(acc[j][half * 2], acc[j][half * 2 + 1]);
             }
-#pragma unroll
-            for (int j = 0; j < DPT; ++j) o[j] = fmaf(pr, vf[j], o[j]);
           }
         }
       }
-      if (!single) __syncthreads();
+      if (tid < RH) {
+        const int t = tid / G;
+        if (t >= pt0 && t < pt0 + pn && c < s_nch[t])
+          p.part_ml[(static_cast<size_t>(tok0 + t) * H + kvh * G + tid % G) * p.max_chunks + c] =
+              make_float2(s_m[tid], s_l[tid]);
+      }
+      __syncthreads();
+      pt0 += pn;
     }
-
-    // ---- 4. chunk partial ----
-    if (pact && c < p_nch) {
-      float* po = p.part_o + ((static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks + c) * HD + pd0;
-#pragma unroll
-      for (int j = 0; j < DPT; ++j) po[j] = o[j];
-      if ((tid & 15) == 0)
-        p.part_ml[(static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks + c] = make_float2(s_m[prh], l);
-    }
-    __syncthreads();
     if (my_cnt == 1) stamp(5);
   }
 
@@ -308,7 +356,14 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   stamp(6);
   if (!s_last) return;
   __threadfence();
-  if (pact) {
+  // Role in the combine: query row prh, dims pd0..pd0+DPT-1 (16 threads per row).
+  const int prh = tid >> 4;
+  const int pd0 = (tid & 15) * DPT;
+  const int pt = prh / G;
+  if (prh < RH && pt < tact) {
+    const int p_tk = tok0 + pt;
+    const int p_head = kvh * G + prh % G;
+    const int p_nch = s_nch[pt];
     // Combine in chunk order. The loads of a batch of chunks are all issued
     // before its adds (one L2 round trip per batch instead of per chunk); the
     // arithmetic is the same sequence as chunk by chunk.
@@ -362,11 +417,10 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
 template <int HD>
 void launch_attention_hd(const AttnParams& p, int rows, bool pdl, cudaStream_t stream) {
   static std::atomic<uint64_t> attr_done{0};  // per device (current_device_bit)
-  constexpr size_t smem = attn_smem_bytes<HD>();
+  constexpr size_t smem = AttnGeom<HD>::smem_bytes();
   const uint64_t bit = current_device_bit();
   if (!bit || !(attr_done.load(std::memory_order_acquire) & bit)) {
-    SS_CUDA_CHECK(cudaFuncSetAttribute(&attention_kernel<HD>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+    SS_CUDA_CHECK(cudaFuncSetAttribute(&attention_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem)));
     attr_done.fetch_or(bit, std::memory_order_acq_rel);
   }
@@ -387,10 +441,7 @@ void launch_attention_hd(const AttnParams& p, int rows, bool pdl, cudaStream_t s
 }  // namespace
 
 int attn_tokens_per_block(int group) {
-  int t = 16 / group;
-  if (t < 1) t = 1;
-  if (t > kMaxTokPerBlock) t = kMaxTokPerBlock;
-  return t;
+  return std::min(kMaxTokPerBlock, std::max(1, 16 / group));
 }
 
 void launch_attention(const AttnParams& p, int rows, bool pdl, cudaStream_t stream) {
