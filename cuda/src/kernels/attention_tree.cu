@@ -143,22 +143,27 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   if (split >= nch) return;
   const int RH = T * G;  // query rows of the block (<= 16)
 
-  if (tree) {
+  // Q by cp.async, in flight while the keys are listed (the scores' wait covers it).
+  for (int i = tid; i < 16 * CH; i += kAttnThreads) {
+    const int rh = i / CH;
+    const int ch = i - rh * CH;
+    if (rh < RH && rh / G < tact) {
+      const int tk = tok0 + rh / G;
+      const int head = kvh * G + rh % G;
+      cp_async_16(Qs + rh * LD + ch * 8, p.q + (static_cast<size_t>(tk) * H + head) * HD + ch * 8);
+    } else {
+      *reinterpret_cast<uint4*>(Qs + rh * LD + ch * 8) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  cp_async_commit();
+  // The attend lists, only where a chunk of this CTA holds tree positions.
+  bool lists = false;
+  for (int cs = split; cs < nch; cs += kAttnSplits) lists = lists || (tree && (nch - cs) * kAttnChunk > C);
+  if (lists) {
     for (int i = tid; i < tact * kListMax; i += kAttnThreads) {
       const int t = i / kListMax, a = i - t * kListMax;
       if (a < s_len[t]) s_list[t][a] = d->attend_slots[d->attend_off[tok0 + t] + a];
     }
-  }
-  for (int i = tid; i < 16 * CH; i += kAttnThreads) {
-    const int rh = i / CH;
-    const int ch = i - rh * CH;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (rh < RH && rh / G < tact) {
-      const int tk = tok0 + rh / G;
-      const int head = kvh * G + rh % G;
-      v = *reinterpret_cast<const uint4*>(p.q + (static_cast<size_t>(tk) * H + head) * HD + ch * 8);
-    }
-    *reinterpret_cast<uint4*>(Qs + rh * LD + ch * 8) = v;
   }
   for (int i = tid; i < HD; i += kAttnThreads) Vs[ZROW * LD + i] = __float2bfloat16_rn(0.f);
   for (int i = tid; i < kAttnChunk; i += kAttnThreads) Pb[16 * PLD + i] = __float2bfloat16_rn(0.f);
@@ -367,7 +372,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
     // Combine in chunk order. The loads of a batch of chunks are all issued
     // before its adds (one L2 round trip per batch instead of per chunk); the
     // arithmetic is the same sequence as chunk by chunk.
-    constexpr int kB = 4;
+    constexpr int kB = 4;  // 8 measured more registers (2 CTAs per SM instead of 3)
     const float2* ml = p.part_ml + (static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks;
     const float* pob = p.part_o + (static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks * HD + pd0;
     float M = -INFINITY;
