@@ -372,7 +372,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
     // Combine in chunk order. The loads of a batch of chunks are all issued
     // before its adds (one L2 round trip per batch instead of per chunk); the
     // arithmetic is the same sequence as chunk by chunk.
-    constexpr int kB = 4;  // 8 measured more registers (2 CTAs per SM instead of 3)
+    constexpr int kB = 4;  // 8: 112 registers (ptxas), 2 CTAs per SM instead of 3
     const float2* ml = p.part_ml + (static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks;
     const float* pob = p.part_o + (static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks * HD + pd0;
     float M = -INFINITY;
