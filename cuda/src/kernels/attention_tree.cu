@@ -60,7 +60,7 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 template <int HD>
-__global__ void __launch_bounds__(kAttnThreads, 3) attention_kernel(const AttnParams p) {  // 3 CTAs per SM (shared memory allows 3)
+__global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParams p) {
   using Geom = AttnGeom<HD>;
   constexpr int LD = Geom::kLD, SLD = Geom::kSLD, PLD = Geom::kPLD;
   constexpr int CH = HD / 8;  // 16-byte chunks per row
@@ -209,11 +209,10 @@ __global__ void __launch_bounds__(kAttnThreads, 3) attention_kernel(const AttnPa
           const int qhi = min(q0 + kAttnChunk, C + mlen);
           const bool mine = lane >= pt0 && lane < pt0 + pn;  // lane = token of the block
           const int len = mine ? s_len[lane] : 0;
+          const int off = mine ? d->attend_off[tok0 + lane] : 0;
           for (int q = qlo; q < qhi; ++q) {
             const int a = q - C;
-            const int slot = (mine && a < len) ? (a < kListMax ? s_list[lane][a]
-                                                              : d->attend_slots[d->attend_off[tok0 + lane] + a])
-                                               : -1;
+            const int slot = (mine && a < len) ? (a < kListMax ? s_list[lane][a] : d->attend_slots[off + a]) : -1;
             unsigned same = 0;
             for (int u = pt0; u < pt0 + pn; ++u)
               if (__shfl_sync(0xffffffffu, slot, u) == slot) same |= 1u << u;
@@ -307,52 +306,35 @@ __global__ void __launch_bounds__(kAttnThreads, 3) attention_kernel(const AttnPa
       // ---- 4. O = P V: one m16 tile per token (its heads), the B rows the V rows
       // of the token's own keys (k = logical position; a zero row where it has
       // none), two n8 tiles per warp unit ----
-      // A warp's units (token, pair of n8 tiles) run interleaved, k outer: up
-      // to kUnits independent mma chains instead of one after another.
       constexpr int NP = HD / 16;
-      constexpr int kUnits = (kMaxTokPerBlock * NP + kAttnThreads / 32 - 1) / (kAttnThreads / 32);
-      {
-        float acc[kUnits][2][4];
-        int ut[kUnits], un0[kUnits], prow[kUnits];
+      for (int w = warp; w < pn * NP; w += kAttnThreads / 32) {
+        const int t = pt0 + w / NP;
+        const int n0 = (w % NP) * 16;
+        float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
         const int ar = (lane & 7) + ((lane >> 3) & 1) * 8;  // A row of this lane's ldmatrix address
-#pragma unroll
-        for (int k = 0; k < kUnits; ++k) {
-          const int w = warp + k * (kAttnThreads / 32);
-          ut[k] = w < pn * NP ? pt0 + w / NP : -1;
-          un0[k] = (w % NP) * 16;
-          prow[k] = (ut[k] >= 0 && ar < G) ? ut[k] * G + ar : 16;  // rows past the token's heads: the zero row
-#pragma unroll
-          for (int h = 0; h < 2; ++h) acc[k][h][0] = acc[k][h][1] = acc[k][h][2] = acc[k][h][3] = 0.f;
-        }
+        const int prow = ar < G ? t * G + ar : 16;          // rows past the token's heads: the zero row
 #pragma unroll
         for (int ks = 0; ks < kAttnChunk / 16; ++ks) {
-#pragma unroll
-          for (int k = 0; k < kUnits; ++k) {
-            if (ut[k] < 0) continue;
-            uint32_t a[4];
-            ldmatrix_x4(a, smem_u32(Pb + prow[k] * PLD + ks * 16 + (lane >> 4) * 8));
-            const int u = kidx[ut[k] * kAttnChunk + ks * 16 + (lane & 15)];
-            uint32_t b[4];
-            ldmatrix_x4_trans(b, smem_u32(Vs + (u >= 0 ? u : ZROW) * LD + un0[k] + (lane >> 4) * 8));
-            mma_bf16_16816(acc[k][0], a, b[0], b[1]);
-            mma_bf16_16816(acc[k][1], a, b[2], b[3]);
-          }
+          uint32_t a[4];
+          ldmatrix_x4(a, smem_u32(Pb + prow * PLD + ks * 16 + (lane >> 4) * 8));
+          const int u = kidx[t * kAttnChunk + ks * 16 + (lane & 15)];
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, smem_u32(Vs + (u >= 0 ? u : ZROW) * LD + n0 + (lane >> 4) * 8));
+          mma_bf16_16816(acc[0], a, b[0], b[1]);
+          mma_bf16_16816(acc[1], a, b[2], b[3]);
         }
-        // ---- 5. the chunk partials of the tokens' heads ----
-#pragma unroll
-        for (int k = 0; k < kUnits; ++k) {
-          const int t = ut[k];
-          if (t < 0 || c >= s_nch[t]) continue;
+        // ---- 5. the chunk partial of the token's heads ----
+        if (c < s_nch[t]) {
           const int tk = tok0 + t;
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int r = (lane >> 2) + half * 8;
             if (r < G) {
-              float* po = p.part_o + ((static_cast<size_t>(tk) * H + kvh * G + r) * p.max_chunks + c) * HD + un0[k] +
+              float* po = p.part_o + ((static_cast<size_t>(tk) * H + kvh * G + r) * p.max_chunks + c) * HD + n0 +
                           (lane & 3) * 2;
 #pragma unroll
               for (int j = 0; j < 2; ++j)
-                *reinterpret_cast<float2*>(po + j * 8) = make_float2(acc[k][j][half * 2], acc[k][j][half * 2 + 1]);
+                *reinterpret_cast<float2*>(po + j * 8) = make_float2(acc[j][half * 2], acc[j][half * 2 + 1]);
             }
           }
         }
