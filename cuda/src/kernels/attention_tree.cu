@@ -9,18 +9,32 @@
 // tokens of a step; the union of the chunk's keys over a block of tokens is
 // loaded once and masked per token.
 //
-// Grid: (kv head, token block of T tokens, kAttnSplits). Per chunk a CTA
-//   1. builds the chunk's key list in logical order with a per-token mask,
+// Grid: (kv head, token block of T <= 4 tokens, kAttnSplits); CTA z takes the
+// chunks from the last one down (the chunk holding the tree positions costs
+// the most and is dispatched first). Per chunk a CTA
+//   1. builds the union of its tokens' keys in logical order, with a
+//      per-token mask, each key's logical position, and per token the union
+//      index of its key at each position (at most one per position); when the
+//      union exceeds kVCap V rows, one token per pass instead,
 //   2. S = Q K^T with mma.sync (one dot product per element: its value does
-//      not depend on where the key sits in the tile),
-//   3. per query head: max, p = exp(s - max), and sum_j p_j and sum_j p_j v_j
-//      sequentially in logical order over the attended keys only (keys of
-//      the block's union that a token does not attend add exact zeros),
-//   4. writes (max, sum, o) of the chunk.
+//      not depend on where the key or the query row sits in the tile), kept
+//      per (query row, logical position),
+//   3. per query row: max, P = bf16(exp(s - max)) per logical position (0
+//      where the token has no key), l = the sum of P in a fixed warp order,
+//   4. O = P V on the tensor cores, one m16 tile per token (its heads): the k
+//      index is the logical position and the B rows are the V rows of the
+//      token's own keys (a zero row where it has none), gathered by ldmatrix
+//      addresses. A token's tile is the same matrices in the same k order
+//      whether it is decoded alone or verified inside a tree, whatever the
+//      other tokens of the block or the pass are,
+//   5. writes (max, l, O) of the chunk.
 // The last CTA of a (kv head, token block) — an atomic counter, reset by that
 // CTA — combines the chunks in chunk order. The arithmetic seen by a token is
 // therefore the same whether it is decoded alone or verified inside a tree,
-// and whatever the step's batch size.
+// and whatever the step's batch size (checked bitwise by swiftspec-cuda-check).
+// Measured (benchmarks/README.md, run 15): the phases of each CTA are
+// latency-bound; CTAs with more tokens lengthen them (slower), P V on CUDA
+// cores was the longest phase.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
