@@ -285,3 +285,25 @@ def test_cli_generate_cpu_placement_and_an_ignored_draft_group(checkpoint_dir):
     assert proc.returncode == 0, proc.stderr
     assert "--placement: the draft group is ignored: no draft model is loaded" in proc.stderr
     assert len(json.loads(proc.stdout)["token_ids"]) == 2
+
+
+@pytest.mark.parametrize("mode,loads_draft", [(["--mode", "target"], False), ([], True), (["--mode", "async"], True)])
+def test_cli_generate_loads_the_reference_draft_only_to_use_it(monkeypatch, capsys, mode, loads_draft):
+    """Target-only decoding of the reference pair does not load the reference draft (a new
+    user's `--mode target` used to load it for nothing); speculative modes do."""
+    import swiftspec.engine
+    from swiftspec.cli import main
+    from swiftspec.fetch import DEFAULT_PAIR
+
+    seen = {}
+
+    class StopBeforeLoading:
+        def __init__(self, target, draft=None, **kwargs):
+            seen.update(target=target, draft=draft)
+            raise InvalidRequestError("stopped before loading")
+
+    monkeypatch.setattr(swiftspec.engine, "Engine", StopBeforeLoading)
+    assert main(["generate", *mode, "hi"]) == 2
+    assert seen["target"] == DEFAULT_PAIR["target"]
+    assert seen["draft"] == (DEFAULT_PAIR["draft"] if loads_draft else None)
+    assert ("and draft" in capsys.readouterr().err) == loads_draft

@@ -37,6 +37,8 @@ def test_cpu_smoke_run_real_pair(checkpoint_dir, tmp_path):
     """Issue 6 must-show: 2 prompts, 16 new tokens, the real 1.5B target and 0.5B draft."""
     target, draft = checkpoint_dir(TARGET, "bfloat16"), checkpoint_dir(DRAFT, "bfloat16")
     out = tmp_path / "bench"
+    out.mkdir()
+    (out / "bench.invalid.json").write_text("{}")  # an earlier attempt that failed validation
     run_bench(datasets=["mtbench", "humaneval"], num_prompts=1, max_new_tokens=16,
               configs="target,serial:tree16", target=str(target), draft=str(draft), warmup=0,
               out_dir=out, progress=False, command="pytest tests/test_bench.py")
@@ -60,6 +62,8 @@ def test_cpu_smoke_run_real_pair(checkpoint_dir, tmp_path):
     assert doc["commit"]["sha"] and doc["machine"]["cpu"]["usable_cpus"] >= 1
     md = (out / "bench.md").read_text()
     assert "| serial:tree16 |" in md and "## humaneval" in md
+    assert "- HF assisted vs HF target-only: not run (no HF peer)" in md  # no peer: no count of 0
+    assert not (out / "bench.invalid.json").exists()  # the stale file is gone once bench.json is valid
 
 
 def test_hf_peer_and_unavailable_config(checkpoint_dir, tmp_path):
@@ -83,6 +87,9 @@ def test_hf_peer_and_unavailable_config(checkpoint_dir, tmp_path):
         assert r["counted_tokens"] == r["new_tokens"] and r["ttft_s"] > 0
     assert hf["hf:target"]["verification_steps"] == hf["hf:target"]["new_tokens"] - 1
     assert doc["settings"]["hf"]["cpu"]["assisted"]["num_assistant_tokens"] is not None
+    md = (out / "bench.md").read_text()
+    peer_divs = sum(1 for d in doc["divergences"] if d["kind"] == "peer")
+    assert f"- HF assisted vs HF target-only: {peer_divs} divergence(s)" in md
 
 
 def test_unavailable_config_fails_fast_without_skip(checkpoint_dir, tmp_path):

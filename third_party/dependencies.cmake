@@ -1,4 +1,4 @@
-# Build glue for dependencies that come from Python packages (see DESIGN.md):
+# Build glue for dependencies that come from Python packages:
 #   nlohmann-json  header-only JSON (config.json, safetensors headers), PyPI `nlohmann-json`
 #   nanobind       found by scikit-build-core / `python -m nanobind --cmake_dir`
 #   CUTLASS        headers from the `nvidia-cutlass` wheel (CUDA builds only, see cuda/)
@@ -11,8 +11,10 @@ if(NOT SWIFTSPEC_JSON_INCLUDE_DIR)
     OUTPUT_VARIABLE SWIFTSPEC_JSON_INCLUDE_DIR OUTPUT_STRIP_TRAILING_WHITESPACE
     RESULT_VARIABLE _json_rc)
   if(NOT _json_rc EQUAL 0 OR NOT EXISTS "${SWIFTSPEC_JSON_INCLUDE_DIR}/nlohmann/json.hpp")
-    message(FATAL_ERROR "nlohmann/json.hpp not found: `pip install nlohmann-json==3.12.0` "
-                        "(pip install . does this for you) or set SWIFTSPEC_JSON_INCLUDE_DIR")
+    # `pip install .` gets the package into its own isolated build environment
+    # only; a CMake build of your own needs it in the Python CMake finds.
+    message(FATAL_ERROR "nlohmann/json.hpp not found: run `${Python_EXECUTABLE} -m pip install "
+                        "nlohmann-json==3.12.0`, or set SWIFTSPEC_JSON_INCLUDE_DIR to a folder holding nlohmann/json.hpp")
   endif()
 endif()
 add_library(swiftspec_json INTERFACE)

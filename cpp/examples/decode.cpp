@@ -2,7 +2,7 @@
 // and decodes from token ids without Python.
 //
 //   swiftspec-decode --checkpoint DIR --tokens 151644,872,198 [--max-new-tokens 32]
-//                    [--draft DIR --mode serial|target] [--temperature T --top-k K --top-p P --seed S]
+//                    [--draft DIR --mode target|serial|async] [--temperature T --top-k K --top-p P --seed S]
 //                    [--threads N] [--backend cpu|cuda]
 // Prints the new token ids, space-separated, on one line; statistics on stderr.
 // Exit code 2 on bad arguments or bad input, with a message naming it.

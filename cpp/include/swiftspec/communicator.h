@@ -1,5 +1,5 @@
 // Collective communication inside one worker group: tensor parallelism in
-// the disaggregated design of SwiftSpec (ASPLOS'26; DESIGN.md part 4,
+// the disaggregated design of SwiftSpec (ASPLOS'26 §4; docs/async_engine.md,
 // "right-sized parallelism": the draft group and the target group each pick
 // their own TP degree). A group runs its model Megatron-style (Shoeybi et al.
 // 2019) over `size` ranks: one all-reduce after the row-parallel attention

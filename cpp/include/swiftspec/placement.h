@@ -1,6 +1,6 @@
 // Device placement of the two worker groups, as configuration (SwiftSpec
 // ASPLOS'26: the draft group and the target group are disaggregated — each on
-// its own devices, each with its own TP degree; DESIGN.md parts 1 and 4).
+// its own devices, each with its own TP degree; docs/async_engine.md).
 //
 // JSON form (Python: Engine(..., placement={...}) or a path / JSON string):
 //   {"draft":  {"tp": 1, "cores": [[0]]},

@@ -1,6 +1,6 @@
 // How a model is split over the ranks of a worker group (tensor parallelism,
 // Megatron-style: Shoeybi et al. 2019, "Megatron-LM", §3; used per group in
-// SwiftSpec ASPLOS'26 — DESIGN.md part 4, "right-sized parallelism").
+// SwiftSpec ASPLOS'26 §4, "right-sized parallelism"; docs/async_engine.md).
 //
 //   column-parallel  q/k/v_proj (by attention head), gate/up_proj (by FFN row),
 //                    lm_head (by vocabulary row): each rank computes a slice of

@@ -119,6 +119,7 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         write_json(doc, out / "bench.json")
+        (out / "bench.invalid.json").unlink(missing_ok=True)  # an earlier failed attempt's data
         made = []
         if plots:
             from swiftspec.bench.plots import make_plots

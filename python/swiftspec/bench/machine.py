@@ -1,6 +1,6 @@
 """Where a benchmark ran: machine, CPU, memory, GPUs, software versions and the git commit.
 
-Every recorded number carries this block (DESIGN.md: date, machine, commit, command).
+Every recorded number carries this block (benchmarks/README.md: date, machine, commit, command).
 Nothing here fails: a fact that cannot be read is reported as None.
 """
 

@@ -205,9 +205,11 @@ def markdown(document: dict, plots: list[str] | None = None) -> str:
     lossless = [d for d in divs if d["kind"] == "lossless"]
     lines.append(f"- swiftspec speculation vs swiftspec target-only (must be identical): "
                  f"{len(lossless)} divergence(s)")
+    hf_run = any(c["engine"] == "hf" and c["status"] == "ok" for c in document["configs"])
     for kind, label in (("peer", "HF assisted vs HF target-only"),
                         ("implementation", "HF target-only vs swiftspec target-only (different kernels)")):
-        lines.append(f"- {label}: {sum(1 for d in divs if d['kind'] == kind)} divergence(s)")
+        count = f"{sum(1 for d in divs if d['kind'] == kind)} divergence(s)" if hf_run else "not run (no HF peer)"
+        lines.append(f"- {label}: {count}")
     if divs:
         lines += ["", "| kind | data set | prompt | config | reference | position | token | reference token | text | reference text |",
                   "|---|---|---|---|---|---|---|---|---|---|"]

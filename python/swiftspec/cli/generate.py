@@ -22,16 +22,19 @@ def add_parser(sub) -> None:
                         "target-only already)")
     p.add_argument("--raw", action="store_true", help="send the prompt as raw text, without the chat template")
     p.add_argument("--system", help="a system message for the chat template")
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=int, default=256, help="new tokens at most (default 256)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (default 0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0: all)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--mode", choices=["target", "serial", "async"], help="decode mode (default: serial with a draft)")
-    p.add_argument("--tree-budget", type=int, default=16, help="token-tree nodes verified per target step")
-    p.add_argument("--max-depth", type=int, default=8, help="depth limit of the token tree")
-    p.add_argument("--branching", type=int, default=2, help="children per expanded node (1 = chain)")
+    p.add_argument("--mode", choices=["target", "serial", "async"],
+                   help="decode mode (default: serial with a draft, target without; 'target' does not load the "
+                        "reference draft; 'async' runs the draft and the target concurrently, e.g. on the cores "
+                        "that --placement gives each)")
+    p.add_argument("--tree-budget", type=int, default=16, help="token-tree nodes verified per target step (default 16)")
+    p.add_argument("--max-depth", type=int, default=8, help="depth limit of the token tree (default 8)")
+    p.add_argument("--branching", type=int, default=2, help="children per expanded node (1 = chain; default 2)")
     p.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
                    help="weight dtype when converting a GGUF/HF model")
@@ -96,8 +99,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequestError("the prompt is empty: give it as an argument or on stdin")
     target = args.target or DEFAULT_PAIR["target"]
     draft = args.draft
-    if draft is None and args.target is None and not args.no_draft:
-        draft = DEFAULT_PAIR["draft"]
+    if draft is None and args.target is None and not args.no_draft and args.mode != "target":
+        draft = DEFAULT_PAIR["draft"]  # (target-only decoding never uses it: not loaded)
     if args.placement is not None and draft is None:
         from swiftspec.placement import is_default_group
 
