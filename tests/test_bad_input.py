@@ -3,6 +3,7 @@ the interpreter never crashes (issue #2)."""
 
 import json
 import math
+import re
 import shutil
 import struct
 import subprocess
@@ -307,3 +308,145 @@ def test_cli_generate_loads_the_reference_draft_only_to_use_it(monkeypatch, caps
     assert seen["target"] == DEFAULT_PAIR["target"]
     assert seen["draft"] == (DEFAULT_PAIR["draft"] if loads_draft else None)
     assert ("and draft" in capsys.readouterr().err) == loads_draft
+
+
+# ------------------------------------------- found by an adversarial pass (2026-11-30)
+SMALL = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def small_pair(checkpoint_dir):
+    import swiftspec
+
+    small = checkpoint_dir(SMALL, "bfloat16")
+    return swiftspec.Engine(small, small, max_context=256)
+
+
+def test_a_callback_that_reenters_the_model_gets_an_error_not_a_crash(small_pair):
+    """A model runs one request at a time: its KV cache is the request's state. Calling into it
+    (directly, or through a second engine made over the same models) from inside a request used
+    to corrupt it (segfaults in threads); now the call is refused by name and nothing breaks."""
+    e = small_pair
+    with pytest.raises(InvalidRequestError, match="the model is in use by another request"):
+        e.generate("hi", max_new_tokens=4, on_text=lambda d: e.target_model.forward([1, 2]))
+    other = core.Engine(e.target_model, e.draft_model)
+    with pytest.raises(InvalidRequestError, match="the model is in use by another request"):
+        e.generate("hi", max_new_tokens=4, on_text=lambda d: other.generate([1, 2, 3], max_new_tokens=2))
+    with pytest.raises(InvalidRequestError, match="called from a callback of a request running on this engine"):
+        e.generate("hi", max_new_tokens=4, on_text=lambda d: e.generate("x", max_new_tokens=2))
+    first = e.generate("def f(x):", max_new_tokens=4, mode="target").token_ids
+    assert first == other.generate(e.encode_prompt("def f(x):"), max_new_tokens=4)["tokens"]
+
+
+def test_two_threads_on_shared_models_never_crash(small_pair):
+    """Two engines over the same models, driven from two threads: every call either completes
+    with the target's own tokens or is refused as busy (before: a segfault 6 runs out of 6)."""
+    import threading
+
+    e = small_pair
+    other = core.Engine(e.target_model, e.draft_model)
+    prompt = e.encode_prompt("def add(a, b):")
+    want = e.generate(prompt, max_new_tokens=8, mode="target").token_ids
+    outcomes = []
+
+    def run(fn):
+        for _ in range(5):
+            try:
+                outcomes.append(("ok", fn()))
+            except InvalidRequestError as exc:
+                outcomes.append(("busy", str(exc)))
+
+    threads = [threading.Thread(target=run, args=(lambda: e.generate(prompt, max_new_tokens=8, mode="target").token_ids,)),
+               threading.Thread(target=run, args=(lambda: other.generate(prompt, max_new_tokens=8)["tokens"],))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert len(outcomes) == 10
+    for kind, value in outcomes:
+        assert value == want if kind == "ok" else "in use by another request" in value
+
+
+@pytest.mark.parametrize("prompt,needle", [
+    (b"hello", "prompt is bytes"),
+    (bytearray(b"\xff\xfe"), "prompt is bytes"),
+    ("a\udcff b", "the prompt is not valid text"),
+    ([{"role": "user", "content": "caf\udce9"}], "the content of message 0 is not valid text"),
+])
+def test_bytes_and_undecodable_prompts_are_refused(small_pair, prompt, needle):
+    with pytest.raises(InvalidRequestError, match=needle):
+        small_pair.generate(prompt, max_new_tokens=2)
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"max_new_tokens": 2**40}, "max_new_tokens must be at most 2147483647"),
+    ({"top_k": 2**40}, "top_k must be at most"),
+    ({"seed": 2**64}, "seed must be at most 18446744073709551615"),
+    ({"temperature": 1e300}, "temperature must be at most 3.403e+38"),
+    ({"mode": "async", "async_options": {"bogus": 1}}, "async_options: unknown option"),
+    ({"mode": "serial", "async_options": {"growth_depth": 2}}, "async_options apply to mode='async' only"),
+])
+def test_out_of_range_parameters_are_named(small_pair, kwargs, needle):
+    with pytest.raises(InvalidRequestError, match=re.escape(needle)):
+        small_pair.generate("hi", **kwargs)
+
+
+def test_a_tiny_top_p_keeps_the_most_likely_token(small_pair):
+    """top_p below float32's smallest normal number used to round to 0 and be refused; the nucleus
+    is the most likely token alone, so sampling equals greedy decoding."""
+    greedy = small_pair.generate("def f(x):", max_new_tokens=6, mode="target").token_ids
+    assert small_pair.generate("def f(x):", max_new_tokens=6, mode="target", temperature=1.0, top_p=1e-60,
+                               seed=3).token_ids == greedy
+
+
+def test_numpy_token_ids_are_a_prompt(small_pair):
+    ids = small_pair.encode_prompt("def f(x):")
+    assert small_pair.generate(np.array(ids), max_new_tokens=4, mode="target").token_ids == \
+        small_pair.generate(ids, max_new_tokens=4, mode="target").token_ids
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"max_context": 1.5}, "max_context must be an integer, got 1.5"),
+    ({"max_context": "64"}, "max_context must be an integer, got '64'"),
+    ({"num_threads": 100000}, "num_threads must be at most"),
+    ({"placement": {"target": {"tp": 1000}}}, "tp (TP degree) 1000 exceeds the model's 9 attention heads"),
+    ({"placement": {"target": {"tp": True}}}, "placement.target.tp must be an integer, got true"),
+    ({"placement": {"target": {"tp": 1.5}}}, "placement.target.tp must be an integer, got 1.5"),
+    ({"placement": {"target": {"threads_per_rank": 100000}}}, "placement.target.threads_per_rank must be at most"),
+])
+def test_engine_options_are_checked_before_any_thread_or_buffer(checkpoint_dir, kwargs, needle):
+    """Before: 100000 threads aborted the process, tp 1000 was killed out of memory, 1.5 became 1."""
+    import swiftspec
+
+    small = checkpoint_dir(SMALL, "bfloat16")
+    with pytest.raises(InvalidRequestError, match=re.escape(needle)):
+        swiftspec.Engine(small, **kwargs)
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("hidden_act", "gelu", 'unsupported hidden_act "gelu"'),
+    ("mlp_bias", True, "unsupported mlp_bias = true"),
+    ("use_sliding_window", True, "unsupported use_sliding_window = true"),
+    ("vocab_size", 2**32 + 64, "field 'vocab_size' is out of range"),
+])
+def test_config_settings_the_runtime_does_not_implement_are_refused(tmp_path, field, value, needle):
+    """Accepted and ignored before: a silently different model."""
+    ckpt = write_checkpoint(tmp_path / "bad", cfg={**TINY_CONFIG, field: value}, tensors=tiny_tensors(TINY_CONFIG))
+    with pytest.raises(CheckpointError, match=re.escape(needle)):
+        core.load_model(str(ckpt))
+
+
+def test_config_with_fewer_layers_than_the_weights_is_refused(tmp_path):
+    ckpt = write_checkpoint(tmp_path / "bad", cfg={**TINY_CONFIG, "num_hidden_layers": 1},
+                            tensors=tiny_tensors(TINY_CONFIG))
+    with pytest.raises(CheckpointError, match=r"tensor 'model\.layers\.1\..*' belongs to layer 1, but config\.json says "
+                                              r"num_hidden_layers = 1"):
+        core.load_model(str(ckpt))
+
+
+def test_undecodable_bytes_in_a_safetensors_header_give_a_checkpoint_error(tiny):
+    """The error text quotes the header; bytes that are not UTF-8 used to turn it into a
+    UnicodeDecodeError (a traceback in the CLI)."""
+    (tiny / "model.safetensors").write_bytes(struct.pack("<Q", 16) + b"\xff" * 16 + b"\0" * 100)
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        core.load_model(str(tiny))

@@ -4,6 +4,7 @@
 // runs a model releases the GIL; the token callback re-acquires it on the
 // host thread (the caller's), never on a worker group's thread.
 #include "python/bind_async.h"
+#include "python/model_busy.h"
 
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/pair.h>
@@ -142,6 +143,7 @@ void bind_async(nb::module_& m) {
         GenerationResult res;
         auto rep = std::make_unique<AsyncReport>();
         {
+          ModelBusy busy({&engine.target(), engine.draft()});
           nb::gil_scoped_release release;
           res = generate_speculative_async(engine.target(), *engine.draft(), prompt, cfg, cb, opt, rep.get());
         }

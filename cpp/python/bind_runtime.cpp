@@ -7,6 +7,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstring>
 #include <exception>
 #include <optional>
 
@@ -14,6 +15,7 @@
 #include "swiftspec/engine.h"
 #include "swiftspec/error.h"
 #include "swiftspec/model.h"
+#include "python/model_busy.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -21,10 +23,19 @@ using namespace nb::literals;
 namespace swiftspec::python {
 namespace {
 
-// Raises the Python class swiftspec.errors.<name> with `msg`.
+// Raises the Python class swiftspec.errors.<name> with `msg`. The text may
+// quote bytes of a bad file that are not UTF-8: they are escaped, not allowed
+// to turn the error into a UnicodeDecodeError.
 void raise_python_error(const char* name, const char* msg) {
   nb::object cls = nb::module_::import_("swiftspec.errors").attr(name);
-  PyErr_SetString(cls.ptr(), msg);
+  PyObject* text = PyUnicode_DecodeUTF8(msg, static_cast<Py_ssize_t>(std::strlen(msg)), "backslashreplace");
+  if (text == nullptr) {  // cannot happen with backslashreplace; keep some message
+    PyErr_Clear();
+    PyErr_SetString(cls.ptr(), "(error text could not be decoded)");
+    return;
+  }
+  PyErr_SetObject(cls.ptr(), text);
+  Py_DECREF(text);
 }
 
 LogitsMode parse_logits_mode(const std::string& s) {
@@ -154,6 +165,7 @@ void bind_runtime(nb::module_& m) {
             b.attend_slots = std::move(attend_slots);
             std::vector<float> out;
             {
+              ModelBusy busy({&mdl});
               nb::gil_scoped_release release;
               mdl.forward(b, out);
             }
@@ -167,14 +179,29 @@ void bind_runtime(nb::module_& m) {
           "positions committed_len, committed_len+1, ... Tree mode: give tree_slots (one per token),\n"
           "positions and the CSR attend_offsets/attend_slots (ancestors in depth order, own slot last).\n"
           "Returns fp32 logits [rows, vocab] for logits='last' (1 row), 'all' (n rows) or 'none' (0).")
-      .def("commit_tree_slots", &Model::commit_tree_slots, "tree_slots"_a,
-           nb::call_guard<nb::gil_scoped_release>())
-      .def("truncate_committed", &Model::truncate_committed, "length"_a)
+      .def(
+          "commit_tree_slots",
+          [](Model& mdl, const std::vector<int32_t>& slots) {
+            ModelBusy busy({&mdl});
+            nb::gil_scoped_release release;
+            mdl.commit_tree_slots(slots);
+          },
+          "tree_slots"_a)
+      .def(
+          "truncate_committed",
+          [](Model& mdl, int length) {
+            ModelBusy busy({&mdl});
+            mdl.truncate_committed(length);
+          },
+          "length"_a)
       .def(
           "read_committed_kv",
           [](const Model& mdl, int layer) {
             std::vector<float> k, v;
-            mdl.read_committed_kv(layer, k, v);
+            {
+              ModelBusy busy({&mdl});
+              mdl.read_committed_kv(layer, k, v);
+            }
             const size_t w = size_t(mdl.config().num_kv_heads) * mdl.config().head_dim;
             const size_t rows = k.size() / w;
             return nb::make_tuple(to_numpy_2d(std::move(k), rows, w), to_numpy_2d(std::move(v), rows, w));
@@ -184,7 +211,10 @@ void bind_runtime(nb::module_& m) {
           "read_tree_kv",
           [](const Model& mdl, int layer, const std::vector<int32_t>& slots) {
             std::vector<float> k, v;
-            mdl.read_tree_kv(layer, slots, k, v);
+            {
+              ModelBusy busy({&mdl});
+              mdl.read_tree_kv(layer, slots, k, v);
+            }
             const size_t w = size_t(mdl.config().num_kv_heads) * mdl.config().head_dim;
             return nb::make_tuple(to_numpy_2d(std::move(k), slots.size(), w),
                                   to_numpy_2d(std::move(v), slots.size(), w));
@@ -238,6 +268,7 @@ void bind_runtime(nb::module_& m) {
             }
             GenerationResult res;
             {
+              ModelBusy busy({&eng.target(), eng.draft()});
               nb::gil_scoped_release release;
               res = eng.generate(prompt, cfg, cb);
             }

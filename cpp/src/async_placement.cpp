@@ -2,6 +2,7 @@
 #include "swiftspec/placement.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -42,6 +43,16 @@ std::vector<std::vector<int>> split_cores(const std::vector<int>& flat, int tp, 
   return out;
 }
 
+/// An integer field, refusing what JSON conversion would coerce (1.5 -> 1,
+/// true -> 1) or wrap (2^40 -> 0).
+int strict_int(const json& v, const std::string& what) {
+  if (!v.is_number_integer()) throw InvalidArgument(what + " must be an integer, got " + v.dump());
+  if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX)
+                             : (v.get<int64_t>() > INT32_MAX || v.get<int64_t>() < INT32_MIN))
+    throw InvalidArgument(what + " is out of range: " + v.dump());
+  return v.get<int>();
+}
+
 GroupPlacement parse_group(const json& j, const std::string& where) {
   if (!j.is_object()) throw InvalidArgument(where + " must be an object");
   GroupPlacement g;
@@ -49,15 +60,15 @@ GroupPlacement parse_group(const json& j, const std::string& where) {
   for (const auto& [key, value] : j.items()) {
     try {
       if (key == "tp") {
-        g.tp = value.get<int>();
+        g.tp = strict_int(value, where + ".tp");
       } else if (key == "cores") {
         cores = &value;
       } else if (key == "threads_per_rank") {
-        g.threads_per_rank = value.get<int>();
+        g.threads_per_rank = strict_int(value, where + ".threads_per_rank");
       } else if (key == "devices") {
         g.devices = value.get<std::vector<int>>();
       } else if (key == "stream_priority") {
-        g.stream_priority = value.get<int>();
+        g.stream_priority = strict_int(value, where + ".stream_priority");
       } else if (key == "gemm_engine") {
         g.gemm_engine = value.get<std::string>();
       } else if (key == "megakernel") {
@@ -107,6 +118,11 @@ void validate_group(const GroupPlacement& g, const std::string& where) {
   if (g.tp < 1) throw InvalidArgument(where + ".tp must be >= 1, got " + str(g.tp));
   if (g.threads_per_rank < 0)
     throw InvalidArgument(where + ".threads_per_rank must be >= 0 (0: one per core), got " + str(g.threads_per_rank));
+  // Beyond a few threads per core they only cost memory; far beyond, the system refuses them.
+  const int max_threads = std::max(256, 8 * machine_cores());
+  if (g.threads_per_rank > max_threads)
+    throw InvalidArgument(where + ".threads_per_rank must be at most " + str(max_threads) + ", got " +
+                          str(g.threads_per_rank));
   if (!g.cores.empty()) {
     if (static_cast<int>(g.cores.size()) != g.tp)
       throw InvalidArgument(where + ".cores lists " + str(g.cores.size()) + " ranks for tp = " + str(g.tp));

@@ -212,6 +212,19 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
       ckpt->index_[name] = &view;
     }
   }
+  // Tensors of layers the config does not have: a config with fewer layers
+  // than the weights would run a truncated model, silently wrong.
+  static const std::string kLayers = "model.layers.";
+  for (const auto& [name, view] : ckpt->index_) {
+    if (name.compare(0, kLayers.size(), kLayers) != 0) continue;
+    const size_t dot = name.find('.', kLayers.size());
+    const std::string num = name.substr(kLayers.size(), dot == std::string::npos ? std::string::npos : dot - kLayers.size());
+    if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos || num.size() > 9) continue;
+    if (std::stoi(num) >= ckpt->config_.num_layers)
+      throw CheckpointError(dir + ": tensor '" + name + "' belongs to layer " + num + ", but config.json says " +
+                            "num_hidden_layers = " + std::to_string(ckpt->config_.num_layers) +
+                            " (the config does not match the weights)");
+  }
   return ckpt;
 }
 

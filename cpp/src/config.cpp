@@ -1,6 +1,7 @@
 // Parsing and validation of config.json (HF key names + a "swiftspec" object).
 #include "swiftspec/config.h"
 
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -26,7 +27,28 @@ int get_int(const json& j, const char* key, const std::string& origin) {
   const json& v = require(j, key, origin);
   if (!v.is_number_integer())
     fail(origin, std::string("field '") + key + "' must be an integer, got " + v.dump());
+  // Read wide, then range-checked: get<int>() would wrap 2^32 + 49152 to 49152.
+  if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX)
+                             : (v.get<int64_t>() > INT32_MAX || v.get<int64_t>() < INT32_MIN))
+    fail(origin, std::string("field '") + key + "' is out of range: " + v.dump());
   return v.get<int>();
+}
+
+/// Settings of HF configs that change the computation in ways this runtime
+/// does not implement: refused by name rather than ignored (a silently
+/// different model).
+void refuse_unsupported(const json& j, const std::string& origin) {
+  for (const char* key : {"hidden_act", "hidden_activation"}) {
+    auto it = j.find(key);
+    if (it != j.end() && !it->is_null() && !(it->is_string() && it->get<std::string>() == "silu"))
+      fail(origin, std::string("unsupported ") + key + " " + it->dump() + " (supported: \"silu\")");
+  }
+  for (const char* key : {"mlp_bias", "use_sliding_window"}) {
+    auto it = j.find(key);
+    if (it != j.end() && it->is_boolean() && it->get<bool>())
+      fail(origin, std::string("unsupported ") + key + " = true (this runtime implements " +
+                       (std::string(key) == "mlp_bias" ? "MLPs without biases)" : "full attention over the context)"));
+  }
 }
 
 double get_number(const json& j, const char* key, const std::string& origin) {
@@ -73,6 +95,7 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
     fail(origin, "unknown architecture model_type='" + c.architecture +
                      "' (supported: qwen2, llama)");
 
+  refuse_unsupported(j, origin);
   c.vocab_size = get_int(j, "vocab_size", origin);
   c.hidden_size = get_int(j, "hidden_size", origin);
   c.intermediate_size = get_int(j, "intermediate_size", origin);

@@ -24,6 +24,9 @@ TpPlan TpPlan::make(const ModelConfig& c, int tp, int ffn_align) {
       c.vocab_size < 1)
     throw InvalidArgument("TpPlan: invalid model config (heads " + str(c.num_heads) + ", kv heads " +
                           str(c.num_kv_heads) + ", intermediate " + str(c.intermediate_size) + ")");
+  if (tp > c.num_heads)  // every rank owns at least one query head (and allocates its own KV cache)
+    throw InvalidArgument("tp (TP degree) " + str(tp) + " exceeds the model's " + str(c.num_heads) +
+                          " attention heads: each rank needs at least one");
   TpPlan p;
   p.tp = tp;
   const int group = c.num_heads / c.num_kv_heads;

@@ -8,6 +8,8 @@ back, handles stop strings and streaming, and reports timing.
 
 from __future__ import annotations
 
+import numbers
+import os
 import queue
 import threading
 import time
@@ -21,6 +23,34 @@ from swiftspec.text_stream import TextStream
 from swiftspec.tokenizer import Tokenizer
 
 _MODES = ("target", "serial", "async")
+_ASYNC_OPTIONS = frozenset({"expand_width", "growth_depth", "min_send_nodes", "cost_aware_send", "min_expand_prob",
+                            "record_timeline"})
+_INT32_MAX = 2**31 - 1
+_UINT64_MAX = 2**64 - 1
+_FLOAT32_MAX = 3.4028234663852886e38
+_FLOAT32_MIN_NORMAL = 1.1754943508222875e-38
+
+
+def _check_int(name: str, value, low: int, high: int = _INT32_MAX) -> int:
+    """``value`` as an int in [low, high]; InvalidRequestError naming ``name`` otherwise (a float,
+    a bool or a string is refused rather than rounded: 1.5 threads or "64" tokens are mistakes)."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise InvalidRequestError(f"{name} must be an integer, got {value!r}")
+    value = int(value)  # numpy integers too
+    if value > high:
+        raise InvalidRequestError(f"{name} must be at most {high}, got {value}")
+    if value < low:
+        raise InvalidRequestError(f"{name} must be at least {low}, got {value}")
+    return value
+
+
+def _check_text(what: str, text: str) -> None:
+    """Text must encode to UTF-8 (lone surrogates, e.g. from undecodable bytes, do not)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequestError(f"{what} is not valid text: {exc.reason} at position {exc.start} "
+                                  "(decode bytes with the right encoding first)") from None
 
 
 @dataclass
@@ -108,6 +138,10 @@ class Engine:
     ):
         from swiftspec import swiftspec_core as core
 
+        max_context = _check_int("max_context", max_context, 1)
+        max_tree = _check_int("max_tree", max_tree, 1)
+        # Threads beyond a few per core only cost memory; far beyond, the system refuses them.
+        num_threads = _check_int("num_threads", num_threads, 0, max(256, 8 * (os.cpu_count() or 1)))
         self.target_dir = resolve_checkpoint(target, dtype=dtype)
         self.draft_dir = resolve_checkpoint(draft, dtype=dtype) if draft is not None else None
         self.tokenizer = Tokenizer.from_checkpoint(self.target_dir)
@@ -119,23 +153,29 @@ class Engine:
                     f"({self.target_dir}) has {self.tokenizer.vocab_size}; speculative decoding needs one tokenizer"
                 )
         options = core.ModelOptions()
-        options.max_context = int(max_context)
-        options.max_tree = int(max_tree)
-        options.num_threads = int(num_threads)
+        options.max_context = max_context
+        options.max_tree = max_tree
+        options.num_threads = num_threads
         self.placement = None
-        if placement is not None:
-            from swiftspec.placement import load_models, normalize
+        try:
+            if placement is not None:
+                from swiftspec.placement import load_models, normalize
 
-            self.placement = normalize(placement)
-            self._target, self._draft = load_models(self.target_dir, self.draft_dir, self.placement, backend=backend,
-                                                    max_context=max_context, max_tree=max_tree,
-                                                    num_threads=num_threads)
-        else:
-            self._target = core.load_model(str(self.target_dir), backend, options)
-            self._draft = core.load_model(str(self.draft_dir), backend, options) if self.draft_dir else None
+                self.placement = normalize(placement)
+                self._target, self._draft = load_models(self.target_dir, self.draft_dir, self.placement,
+                                                        backend=backend, max_context=max_context, max_tree=max_tree,
+                                                        num_threads=num_threads)
+            else:
+                self._target = core.load_model(str(self.target_dir), backend, options)
+                self._draft = core.load_model(str(self.draft_dir), backend, options) if self.draft_dir else None
+        except MemoryError:
+            raise InvalidRequestError(
+                f"not enough memory to load the model(s) with max_context={max_context}, max_tree={max_tree}: "
+                "the KV cache is allocated for all of it at load time; lower them") from None
         self._engine = core.Engine(self._target, self._draft)
         self.backend = backend
         self._lock = threading.Lock()
+        self._request_thread: int | None = None  # the thread running a request, while one runs
 
     @classmethod
     def from_pretrained(cls, target: str | Path | None = None, draft: str | Path | None = None, **kwargs) -> "Engine":
@@ -168,16 +208,25 @@ class Engine:
         """Token ids for a prompt: a string (encoded as is), a list of chat
         messages (``[{"role": ..., "content": ...}]``, rendered with the model's
         chat template and a generation prompt), or a list of token ids."""
+        if hasattr(prompt, "tolist") and not isinstance(prompt, (str, bytes)):  # a numpy array of token ids
+            prompt = prompt.tolist()
+        if isinstance(prompt, (bytes, bytearray, memoryview)):
+            raise InvalidRequestError("prompt is bytes: decode it to text first (e.g. prompt.decode('utf-8')), or "
+                                      "pass token ids as a list of ints")
         if isinstance(prompt, str):
             if not prompt:
                 raise InvalidRequestError("prompt is an empty string; give non-empty text, chat messages or token ids")
+            _check_text("the prompt", prompt)
             ids = self.tokenizer.encode(prompt)
         elif isinstance(prompt, Sequence) and len(prompt) > 0 and all(isinstance(m, dict) for m in prompt):
+            for i, m in enumerate(prompt):
+                if isinstance(m.get("content"), str):
+                    _check_text(f"the content of message {i}", m["content"])
             ids = self.tokenizer.encode_chat(list(prompt))
         elif isinstance(prompt, Sequence) and len(prompt) > 0 and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+            isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt
         ):
-            ids = list(prompt)
+            ids = [int(t) for t in prompt]
             vocab = self.tokenizer.vocab_size
             bad = [t for t in ids if t < 0 or t >= vocab]
             if bad:
@@ -236,16 +285,39 @@ class Engine:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not isinstance(s, str) or not s for s in stops):
             raise InvalidRequestError("stop must be a non-empty string or a list of non-empty strings")
-        for name, value, kind in (("max_new_tokens", max_new_tokens, int), ("top_k", top_k, int), ("seed", seed, int),
-                                  ("tree_budget", tree_budget, int), ("max_depth", max_depth, int),
-                                  ("branching", branching, int)):
-            if not isinstance(value, kind) or isinstance(value, bool):
-                raise InvalidRequestError(f"{name} must be an integer, got {value!r}")
-        if seed < 0:
-            raise InvalidRequestError(f"seed must be >= 0, got {seed}")
+        for s_ in stops:
+            _check_text("a stop string", s_)
+        # Ranges the runtime can hold (int32 counts, a uint64 seed): beyond them the binding
+        # would refuse the call without naming the parameter. The runtime checks the
+        # meaningful ranges again (max_new_tokens >= 1, ...).
+        max_new_tokens = _check_int("max_new_tokens", max_new_tokens, -_INT32_MAX)
+        top_k = _check_int("top_k", top_k, -_INT32_MAX)
+        seed = _check_int("seed", seed, 0, _UINT64_MAX)
+        tree_budget = _check_int("tree_budget", tree_budget, -_INT32_MAX)
+        max_depth = _check_int("max_depth", max_depth, -_INT32_MAX)
+        branching = _check_int("branching", branching, -_INT32_MAX)
         for name, value in (("temperature", temperature), ("top_p", top_p)):
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise InvalidRequestError(f"{name} must be a number, got {value!r}")
+        # The runtime samples in float32: a finite value beyond its range is refused by name
+        # (not reported as "inf"), and a top_p below its smallest normal number keeps the same
+        # nucleus (the most likely token alone) at that smallest number.
+        if abs(temperature) > _FLOAT32_MAX and temperature == temperature and abs(temperature) != float("inf"):
+            raise InvalidRequestError(f"temperature must be at most {_FLOAT32_MAX:.4g}, got {temperature!r}")
+        if 0.0 < top_p < _FLOAT32_MIN_NORMAL:
+            top_p = _FLOAT32_MIN_NORMAL
+        if async_options is not None:
+            if mode != "async":
+                raise InvalidRequestError(f"async_options apply to mode='async' only (mode is {mode!r})")
+            if not isinstance(async_options, dict):
+                raise InvalidRequestError(f"async_options must be a dict, got {type(async_options).__name__}")
+            unknown = sorted(set(async_options) - _ASYNC_OPTIONS)
+            if unknown:
+                raise InvalidRequestError(f"async_options: unknown option(s) {', '.join(map(repr, unknown))}; known: "
+                                          f"{', '.join(sorted(_ASYNC_OPTIONS))}")
+        if self._request_thread == threading.get_ident():
+            raise InvalidRequestError("generate() was called from a callback of a request running on this engine "
+                                      "(it would wait for itself); call it after that request returns")
         if tree_budget > self._target.max_tree:
             raise InvalidRequestError(
                 f"tree_budget {tree_budget} exceeds the engine's tree KV capacity max_tree={self._target.max_tree}"
@@ -264,26 +336,30 @@ class Engine:
             return not text_stream.stopped
 
         with self._lock:  # one request at a time per engine
-            t0 = time.perf_counter()
-            request = dict(
-                max_new_tokens=max_new_tokens,
-                temperature=float(temperature),
-                top_k=top_k,
-                top_p=float(top_p),
-                seed=seed,
-                stop_token_ids=self.tokenizer.eos_token_ids,
-                tree_budget=tree_budget,
-                max_depth=max_depth,
-                branching=branching,
-                on_tokens=on_tokens,
-            )
-            if mode == "async":  # parallel tree generation, with its timeline
-                from swiftspec import swiftspec_core as core
+            self._request_thread = threading.get_ident()
+            try:
+                t0 = time.perf_counter()
+                request = dict(
+                    max_new_tokens=max_new_tokens,
+                    temperature=float(temperature),
+                    top_k=top_k,
+                    top_p=float(top_p),
+                    seed=seed,
+                    stop_token_ids=self.tokenizer.eos_token_ids,
+                    tree_budget=tree_budget,
+                    max_depth=max_depth,
+                    branching=branching,
+                    on_tokens=on_tokens,
+                )
+                if mode == "async":  # parallel tree generation, with its timeline
+                    from swiftspec import swiftspec_core as core
 
-                out = core.generate_async(self._engine, prompt_ids, **request, **(async_options or {}))
-            else:
-                out = self._engine.generate(prompt_ids, mode=mode, **request)
-            wall = time.perf_counter() - t0
+                    out = core.generate_async(self._engine, prompt_ids, **request, **(async_options or {}))
+                else:
+                    out = self._engine.generate(prompt_ids, mode=mode, **request)
+                wall = time.perf_counter() - t0
+            finally:
+                self._request_thread = None
         stats = dict(out["stats"])
         stats["wall_time"] = wall
         finish = stats["finish_reason"]

@@ -3,6 +3,11 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <string>
+#include <system_error>
+
+#include "swiftspec/error.h"
+
 namespace swiftspec::cpu {
 
 static void pin_current_thread(int core) {
@@ -16,7 +21,20 @@ ThreadPool::ThreadPool(int num_threads, const std::vector<int>& affinity) : affi
   if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());
   if (num_threads <= 0) num_threads = 1;
   num_threads_ = num_threads;
-  for (int t = 1; t < num_threads_; ++t) workers_.emplace_back([this, t] { worker_loop(t); });
+  try {
+    for (int t = 1; t < num_threads_; ++t) workers_.emplace_back([this, t] { worker_loop(t); });
+  } catch (const std::system_error& e) {
+    // The system refused a thread (a thread limit): stop and join the ones
+    // started, or their destruction while joinable would terminate the process.
+    const size_t started = workers_.size();
+    stop_.store(true);
+    generation_.fetch_add(1);
+    generation_.notify_all();
+    for (auto& w : workers_) w.join();
+    throw InvalidArgument("cannot start " + std::to_string(num_threads) + " CPU worker threads (the system refused " +
+                          "one after " + std::to_string(started + 1) + ": " + e.what() +
+                          "): lower num_threads / threads_per_rank");
+  }
 }
 
 ThreadPool::~ThreadPool() {
