@@ -450,3 +450,21 @@ def test_undecodable_bytes_in_a_safetensors_header_give_a_checkpoint_error(tiny)
     (tiny / "model.safetensors").write_bytes(struct.pack("<Q", 16) + b"\xff" * 16 + b"\0" * 100)
     with pytest.raises(CheckpointError, match="model.safetensors"):
         core.load_model(str(tiny))
+
+
+def test_a_closed_engine_refuses_requests(checkpoint_dir):
+    import swiftspec
+
+    small = checkpoint_dir(SMALL, "bfloat16")
+    with swiftspec.Engine(small, max_context=64) as engine:
+        assert len(engine.generate("hi", max_new_tokens=2).token_ids) == 2
+    with pytest.raises(InvalidRequestError, match="the engine is closed"):
+        engine.generate("hi", max_new_tokens=2)
+    engine.close()  # idempotent
+
+
+def test_a_placement_with_a_value_json_cannot_hold(checkpoint_dir):
+    import swiftspec
+
+    with pytest.raises(InvalidRequestError, match="placement must hold JSON values"):
+        swiftspec.Engine(checkpoint_dir(SMALL, "bfloat16"), placement={"target": {"cores": {0, 1}}})

@@ -189,8 +189,28 @@ class Engine:
                 draft = DEFAULT_PAIR["draft"]
         return cls(target, draft, **kwargs)
 
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Releases the models (weights, KV caches, worker threads) now rather than at garbage
+        collection; waits for a running request to finish. Later calls raise InvalidRequestError.
+        Idempotent; ``with Engine(...) as engine:`` closes at the end of the block."""
+        with self._lock:
+            self._engine = self._target = self._draft = None
+            self._closed = True
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if getattr(self, "_closed", False):
+            raise InvalidRequestError("the engine is closed")
+
     @property
     def has_draft(self) -> bool:
+        self._check_open()
         return self._draft is not None
 
     @property
@@ -276,6 +296,7 @@ class Engine:
             InvalidRequestError: bad prompt or parameter (named in the message),
                 or a prompt plus max_new_tokens longer than the context.
         """
+        self._check_open()
         if mode is None:
             mode = "serial" if self.has_draft else "target"
         if mode not in _MODES:
@@ -336,6 +357,7 @@ class Engine:
             return not text_stream.stopped
 
         with self._lock:  # one request at a time per engine
+            self._check_open()  # closed while this request waited for the lock
             self._request_thread = threading.get_ident()
             try:
                 t0 = time.perf_counter()

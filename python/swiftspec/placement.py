@@ -47,7 +47,11 @@ def normalize(placement, *, target_tp: int | None = None, draft_tp: int | None =
     if isinstance(placement, str) and placement == "auto":
         text = core.placement_automatic(0, target_tp or 1, draft_tp or 1)
     elif isinstance(placement, dict):
-        text = json.dumps(placement)
+        try:
+            text = json.dumps(placement)
+        except (TypeError, ValueError) as exc:  # a set, an object, a NaN ...
+            raise InvalidRequestError(f"placement must hold JSON values (numbers, strings, lists, objects): {exc}") \
+                from None
     elif isinstance(placement, (str, os.PathLike)):
         s = str(placement)
         if s.lstrip().startswith("{"):
