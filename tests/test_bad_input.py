@@ -468,3 +468,19 @@ def test_a_placement_with_a_value_json_cannot_hold(checkpoint_dir):
 
     with pytest.raises(InvalidRequestError, match="placement must hold JSON values"):
         swiftspec.Engine(checkpoint_dir(SMALL, "bfloat16"), placement={"target": {"cores": {0, 1}}})
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"temperature": 1.0, "seed": 3}, {"mode": "serial", "temperature": 1.0}])
+def test_nan_weights_raise_instead_of_a_silently_wrong_answer(tmp_path, kwargs):
+    """A NaN in the weights used to give token 0 ('' with finish 'stop') greedily, or blame the
+    request in stochastic verification; every decode path now stops with an error naming it."""
+    from swiftspec import SwiftspecError
+
+    tensors = tiny_tensors(TINY_CONFIG)
+    tensors["model.norm.weight"][3] = np.nan
+    ckpt = write_checkpoint(tmp_path / "nan", tensors=tensors)
+    model = core.load_model(str(ckpt))
+    engine = core.Engine(model, core.load_model(str(ckpt)) if kwargs.get("mode") == "serial" else None)
+    with pytest.raises(SwiftspecError, match="the model produced NaN logits") as info:
+        engine.generate([1, 2, 3], max_new_tokens=4, **kwargs)
+    assert not isinstance(info.value, InvalidRequestError)  # the request is not at fault

@@ -20,8 +20,16 @@ void SamplingParams::validate() const {
 
 int argmax(const float* logits, int vocab) {
   int best = 0;
-  for (int i = 1; i < vocab; ++i)
+  bool nan = std::isnan(logits[0]);
+  for (int i = 1; i < vocab; ++i) {
+    nan = nan || std::isnan(logits[i]);
     if (logits[i] > logits[best]) best = i;
+  }
+  // NaN compares false with everything: the "largest" logit would be an
+  // arbitrary token (token 0 when all are NaN), a silently wrong answer.
+  if (nan)
+    throw Error("the model produced NaN logits: its weights (or inputs) hold non-finite values; check the "
+                "checkpoint (e.g. convert it again)");
   return best;
 }
 

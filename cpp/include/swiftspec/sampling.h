@@ -18,7 +18,9 @@ struct SamplingParams {
   void validate() const;
 };
 
-/// Index of the largest logit; ties go to the smallest index.
+/// Index of the largest logit; ties go to the smallest index. Throws Error
+/// (not InvalidArgument: the request is not at fault) if a logit is NaN, which
+/// every decode path (greedy, sampling, verification) goes through.
 int argmax(const float* logits, int vocab);
 
 /// The distribution sampling draws from: softmax(logits / T) restricted to
