@@ -2,7 +2,6 @@
 #include "swiftspec/placement.h"
 
 #include <algorithm>
-#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -10,6 +9,7 @@
 #include "backend/cpu/tp_model.h"
 #include "backend/cpu/tp_weights.h"
 #include "swiftspec/checkpoint.h"
+#include "json_int.h"
 #include "swiftspec/error.h"
 
 #ifdef SWIFTSPEC_WITH_CUDA
@@ -46,11 +46,13 @@ std::vector<std::vector<int>> split_cores(const std::vector<int>& flat, int tp, 
 /// An integer field, refusing what JSON conversion would coerce (1.5 -> 1,
 /// true -> 1) or wrap (2^40 -> 0).
 int strict_int(const json& v, const std::string& what) {
-  if (!v.is_number_integer()) throw InvalidArgument(what + " must be an integer, got " + v.dump());
-  if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX)
-                             : (v.get<int64_t>() > INT32_MAX || v.get<int64_t>() < INT32_MIN))
-    throw InvalidArgument(what + " is out of range: " + v.dump());
-  return v.get<int>();
+  int out = 0;
+  switch (read_int32(v, out)) {
+    case JsonInt::NotInteger: throw InvalidArgument(what + " must be an integer, got " + v.dump());
+    case JsonInt::OutOfRange: throw InvalidArgument(what + " is out of range: " + v.dump());
+    case JsonInt::Ok: break;
+  }
+  return out;
 }
 
 GroupPlacement parse_group(const json& j, const std::string& where) {

@@ -1,11 +1,11 @@
 // Parsing and validation of config.json (HF key names + a "swiftspec" object).
 #include "swiftspec/config.h"
 
-#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "json_int.h"
 #include "swiftspec/error.h"
 
 namespace swiftspec {
@@ -25,13 +25,13 @@ const json& require(const json& j, const char* key, const std::string& origin) {
 
 int get_int(const json& j, const char* key, const std::string& origin) {
   const json& v = require(j, key, origin);
-  if (!v.is_number_integer())
-    fail(origin, std::string("field '") + key + "' must be an integer, got " + v.dump());
-  // Read wide, then range-checked: get<int>() would wrap 2^32 + 49152 to 49152.
-  if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX)
-                             : (v.get<int64_t>() > INT32_MAX || v.get<int64_t>() < INT32_MIN))
-    fail(origin, std::string("field '") + key + "' is out of range: " + v.dump());
-  return v.get<int>();
+  int out = 0;
+  switch (read_int32(v, out)) {
+    case JsonInt::NotInteger: fail(origin, std::string("field '") + key + "' must be an integer, got " + v.dump());
+    case JsonInt::OutOfRange: fail(origin, std::string("field '") + key + "' is out of range: " + v.dump());
+    case JsonInt::Ok: break;
+  }
+  return out;
 }
 
 /// Settings of HF configs that change the computation in ways this runtime
