@@ -12,7 +12,7 @@
 #   6. prints a summary table (last) and writes under $OUT (8 files):
 #      build.log check.log check.json bench.log bench.json peer.log peer.json summary.json
 # Usage (repo root): tools/gpu_check.sh        env: OUT (default /tmp/swiftspec-gpu),
-#   SKIP_PEER=1, SKIP_GEMM_BENCH=1, BUILD_DIR (default build/gpu), JOBS (default nproc),
+#   SKIP_PEER=1, SKIP_CHECK=1, SKIP_GEMM_BENCH=1, NCU_GEMM (see 3c), BUILD_DIR (default build/gpu), JOBS (default nproc),
 #   BENCH_ARGS (extra swiftspec-cuda-bench flags, e.g. "--sweep --mma-models" or "--megakernel-only"),
 #   CHECK_ARGS (extra swiftspec-cuda-check flags, e.g. "--megakernel-only"),
 #   NCU_MEGAKERNEL (a shape: also an Nsight Compute profile of one megakernel step, as CSV),
@@ -77,7 +77,7 @@ log "build done"
 BIN=$BUILD_DIR/cuda
 
 # ---- 3. checks ------------------------------------------------------------------
-if [ -x "$BIN/swiftspec-cuda-check" ]; then
+if [ -x "$BIN/swiftspec-cuda-check" ] && [ "${SKIP_CHECK:-0}" != "1" ]; then
   log "checks"
   timeout 150 "$BIN/swiftspec-cuda-check" --json "$OUT/check.json" ${CHECK_ARGS:-} > "$OUT/check.log" 2>&1
   log "checks exit $? ($(grep -c ' PASS' "$OUT/check.log") pass, $(grep -c ' FAIL' "$OUT/check.log") fail)"
@@ -95,6 +95,24 @@ if [ -n "${NCU_MEGAKERNEL:-}" ] && [ -x "$BIN/swiftspec-cuda-bench" ]; then
   ncu -i /tmp/ncu_mk.ncu-rep --page details --csv > "$OUT/ncu_mk_details.csv" 2>> "$OUT/ncu_mk.log"
   ncu -i /tmp/ncu_mk.ncu-rep --page source --csv --print-source cuda,sass > "$OUT/ncu_mk_source.csv" 2>> "$OUT/ncu_mk.log"
   log "ncu done ($(wc -l < "$OUT/ncu_mk_source.csv") source rows)"
+fi
+
+# ---- 3c. optional: Nsight Compute profiles of one GEMM shape, ours and cuBLAS's --------
+# NCU_GEMM="<bench shape name>:<M>[,<M>...]" (e.g. "8B o:1,64"): the full section set of one
+# launch of our planned kernel per M and of cuBLAS's kernel(s) at the same M, as text.
+if [ -n "${NCU_GEMM:-}" ] && [ -x "$BIN/swiftspec-cuda-bench" ]; then
+  GSHAPE=${NCU_GEMM%%:*}
+  for GM in $(echo "${NCU_GEMM##*:}" | tr ',' ' '); do
+    tag=$(echo "$GSHAPE-m$GM" | tr ' .' '__')
+    log "ncu of the GEMM $GSHAPE at M=$GM (ours, cuBLAS)"
+    timeout 120 ncu --set full -k regex:gemm_wgmma -s 3 -c 1 -f -o "/tmp/ncu_$tag" \
+      "$BIN/swiftspec-cuda-bench" --gemm-only "$GSHAPE" --gemm-m "$GM" > "$OUT/ncu_$tag.log" 2>&1
+    ncu -i "/tmp/ncu_$tag.ncu-rep" --page details >> "$OUT/ncu_$tag.txt" 2>&1
+    timeout 120 ncu --set full -k 'regex:^(?!gemm_|fill).*' -s 3 -c 2 -f -o "/tmp/ncu_cublas_$tag" \
+      "$BIN/swiftspec-cuda-bench" --gemm-only "$GSHAPE" --gemm-m "$GM" >> "$OUT/ncu_$tag.log" 2>&1
+    ncu -i "/tmp/ncu_cublas_$tag.ncu-rep" --page details >> "$OUT/ncu_cublas_$tag.txt" 2>&1
+  done
+  log "ncu done"
 fi
 
 # ---- 4. our benchmark (after the peers finished compiling) ------------------------

@@ -102,7 +102,9 @@ struct GemmRow {
   std::string config, best_config;
 };
 
-std::vector<GemmRow> bench_gemms(cudaStream_t st, int num_sms, bool sweep) {
+/// `only`: run just the shape of that name (empty: all); `only_m`: just that M (0: 1, 16, 64).
+std::vector<GemmRow> bench_gemms(cudaStream_t st, int num_sms, bool sweep, const std::string& only = "",
+                                 int only_m = 0) {
   struct Shape {
     const char* name;
     int N, K;
@@ -119,12 +121,14 @@ std::vector<GemmRow> bench_gemms(cudaStream_t st, int num_sms, bool sweep) {
   cublasSetWorkspace(h, cublas_ws.get(), cublas_ws.bytes());
 #endif
   for (const Shape& s : shapes) {
+    if (!only.empty() && only != s.name) continue;
     const size_t wbytes = size_t(s.N) * s.K * 2;
     const int copies = static_cast<int>(std::max<size_t>(2, (size_t(400) << 20) / wbytes + 1));
     DeviceBuffer w(wbytes * copies), x(size_t(kMaxStepTokens) * s.K * 2), out(sizeof(float) * kMaxStepTokens * s.N);
     launch_fill_random_bf16(w.as<__nv_bfloat16>(), wbytes / 2 * copies, 0.02f, 7, st);
     launch_fill_random_bf16(x.as<__nv_bfloat16>(), size_t(kMaxStepTokens) * s.K, 1.0f, 8, st);
     for (int M : {1, 16, 64}) {
+      if (only_m > 0 && M != only_m) continue;
       const int nt = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
       const CUtensorMap xm = make_tma_map_bf16(x.get(), kMaxStepTokens, s.K, s.K, 8 * nt);
       GemmArgs a;
@@ -454,6 +458,8 @@ int main(int argc, char** argv) {
   int profile_tree = 0;
   bool profile_megakernel = false;
   std::string attn_trace_path;
+  std::string gemm_only;  // one GEMM shape by name (e.g. "8B o"), for a kernel profiler
+  int gemm_m = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
@@ -471,6 +477,8 @@ int main(int argc, char** argv) {
     if (a == "--profile-tree" && i + 1 < argc) profile_tree = std::atoi(argv[++i]);
     if (a == "--profile-megakernel") profile_megakernel = true;
     if (a == "--attn-trace" && i + 1 < argc) attn_trace_path = argv[++i];
+    if (a == "--gemm-only" && i + 1 < argc) gemm_only = argv[++i];
+    if (a == "--gemm-m" && i + 1 < argc) gemm_m = std::atoi(argv[++i]);
   }
   if (!profile.empty()) {
     // One greedy decode step of SHAPE (for a kernel profiler such as ncu).
@@ -511,7 +519,8 @@ int main(int argc, char** argv) {
     std::printf("copy bandwidth (2 GiB D2D, read+write): %.3f TB/s\n", bw);
     json_kv("copy_bandwidth_tbs", num(bw));
     if (gemms) {
-      const auto rows = bench_gemms(st, prop.multiProcessorCount, sweep);
+      const auto rows = bench_gemms(st, prop.multiProcessorCount, sweep, gemm_only, gemm_m);
+      if (!gemm_only.empty()) return 0;  // a profiler run: the GEMM of one shape only
       std::string arr = "[";
       for (size_t i = 0; i < rows.size(); ++i) {
         const auto& g = rows[i];
