@@ -17,9 +17,25 @@ int gemm_slices(int N, int K) {
   // across the S CTAs (run 7: the 8B gate/up matrix, 448 row blocks, lost
   // ~1.6 µs per extra persistent round at S = 8), and slices of at least
   // 128 columns (two pipeline stages).
+  //
+  // A split K is then rounded up to a power of two, so that a slice is a
+  // whole number of 64-column pipeline stages (the 8B QKV matrix, K = 4096,
+  // at S = 3 gave each CTA 21.3 stages, a ragged last one costing a full
+  // stage's latency), and split further while slices exceed 2048 columns
+  // (the 8B down matrix, K = 14336: 3584-column slices at S = 4 are a long
+  // serial chain per CTA). Sweep of run 12 and run 16 (benchmarks/README.md):
+  // QKV S = 4 vs 3: 20.6 / 21.9 / 27.9 vs 21.1 / 23.6 / 29.1 µs at M = 1 / 16 / 64;
+  // down S = 8 vs 4: 37.9 / 38.9 / 49.5 vs 38.9 / 44.9 / 52.9 µs.
   constexpr int kTargetPairs = 256;
+  constexpr int kMaxSliceColumns = 2048;
   const int row_blocks = (N + 63) / 64;
   int s = (kTargetPairs + row_blocks - 1) / row_blocks;
+  if (s > 1) {
+    int p = 1;
+    while (p < s && p < 8) p *= 2;
+    while (p < 8 && K / p > kMaxSliceColumns) p *= 2;
+    s = p;
+  }
   s = std::min(s, std::max(1, K / 128));
   return std::clamp(s, 1, 8);
 }
