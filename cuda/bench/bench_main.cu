@@ -147,8 +147,8 @@ std::vector<GemmRow> bench_gemms(cudaStream_t st, int num_sms, bool sweep, const
       };
       auto desc = [](const GemmConfig& c) {
         char b[96];
-        std::snprintf(b, sizeof b, "%s S=%d BR=%d st=%d xres=%d grid=%d", c.engine == GemmEngine::Wgmma ? "wgmma" : "mma",
-                      c.S, c.BR, c.stages, c.xres, c.grid_x);
+        std::snprintf(b, sizeof b, "%s S=%d BR=%d st=%d xres=%d pa=%d grid=%d",
+                      c.engine == GemmEngine::Wgmma ? "wgmma" : "mma", c.S, c.BR, c.stages, c.xres, c.palias, c.grid_x);
         return std::string(b);
       };
       const GemmConfig c = plan_gemm<EpiPlain>(s.N, s.K, nt, num_sms);
@@ -181,7 +181,7 @@ std::vector<GemmRow> bench_gemms(cudaStream_t st, int num_sms, bool sweep, const
                       wbytes / (us * 1e-6) / 1e12);
         }
         for (int wg : {1, 2})
-          for (int stg : {3, 4, 6})
+          for (int stg : {3, 4, 6, 8})
             for (int xr : {0, 1}) {
               GemmPlanHint h;
               h.engine = 1;

@@ -97,6 +97,13 @@ __device__ __forceinline__ void griddep_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
+/// Orders this thread's earlier async-proxy accesses of shared memory (TMA
+/// writes, wgmma reads) before its later generic-proxy accesses (PTX ISA,
+/// "proxy fence"), for buffers reused by plain loads and stores.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count)
                : "memory");

@@ -166,8 +166,8 @@ void check_gemm(int N, int K, const std::vector<int>& Ms, Rng& rng, int num_sms,
     char name[128], det[200];
     const char* eng = c.engine == GemmEngine::Mma ? "mma" : (c.split_n ? "wgmma-n8" : "wgmma");
     std::snprintf(name, sizeof name, "gemm[%s] N=%d K=%d M=%d", eng, N, K, M);
-    std::snprintf(det, sizeof det, "(S=%d BR=%d stages=%d xres=%d grid=%dx%d nonfinite=%zu rows>=M written=%zu)", c.S,
-                  c.BR, c.stages, c.xres, c.grid_x, c.S, bad, touched);
+    std::snprintf(det, sizeof det, "(S=%d BR=%d stages=%d xres=%d palias=%d grid=%dx%d nonfinite=%zu rows>=M written=%zu)",
+                  c.S, c.BR, c.stages, c.xres, c.palias, c.grid_x, c.S, bad, touched);
     record(name, err, 1e-2, err < 1e-2 && bad == 0 && touched == 0, det);
     std::vector<float> row0(out.begin(), out.begin() + N);
     if (row0_m1.empty()) {
@@ -244,8 +244,8 @@ void check_gemm_rms(int N, int K, const std::vector<int>& Ms, Rng& rng, int num_
     char name[128], det[200];
     std::snprintf(name, sizeof name, "gemm+rmsnorm[%s] N=%d K=%d M=%d", c.engine == GemmEngine::Wgmma ? "wgmma" : "mma",
                   N, K, M);
-    std::snprintf(det, sizeof det, "(S=%d BR=%d stages=%d xres=%d grid=%dx%d nonfinite=%zu)", c.S, c.BR, c.stages,
-                  c.xres, c.grid_x, c.S, bad);
+    std::snprintf(det, sizeof det, "(S=%d BR=%d stages=%d xres=%d palias=%d grid=%dx%d nonfinite=%zu)", c.S, c.BR,
+                  c.stages, c.xres, c.palias, c.grid_x, c.S, bad);
     record(name, err, 1e-2, err < 1e-2 && bad == 0, det);
   }
 }
@@ -920,6 +920,11 @@ int main(int argc, char** argv) {
       h.wg = 1;
       h.stages = 5;
       check_gemm_rms(1152, 896, {1, 64}, rng, prop.multiProcessorCount, st, h);
+      GemmPlanHint hp;  // partials after the stages (the default aliases them in one-round launches)
+      hp.engine = 1;
+      hp.palias = 0;
+      check_gemm(4096, 4096, {1, 64}, rng, prop.multiProcessorCount, st, hp);
+      check_gemm_rms(2048, 1536, {1, 64}, rng, prop.multiProcessorCount, st, hp);
       GemmPlanHint hs;  // n8 instructions only
       hs.engine = 1;
       hs.split_n = 1;

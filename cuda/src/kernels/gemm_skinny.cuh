@@ -283,11 +283,19 @@ __global__ void __launch_bounds__(WR * 32)
 // ---------------------------------------------------------------------------
 /// Shared memory of the wgmma engine (bytes), for a slice of `nst` 64-column
 /// tiles.
+/// With `palias` the fp32 partials of the row block reuse the stage buffers
+/// (possible when every CTA has one row block: no stage is refilled after
+/// its main loop); the freed bytes buy pipeline depth at the same occupancy.
+__host__ __device__ constexpr size_t gemm_wgmma_stage_area(int NT, int WG, int stages, int xres,
+                                                           int palias) {
+  const size_t st = size_t(stages) * (64 * WG + (xres ? 0 : 8 * NT)) * 128;
+  const size_t part = size_t(64 * WG) * (8 * NT + 4) * 4;
+  return palias ? (st > part ? st : part) : st + part;
+}
 __host__ __device__ constexpr size_t gemm_wgmma_smem_bytes(int NT, int WG, int stages, int xres,
-                                                           int nst, int epi_smem) {
-  return 1024 + size_t(stages) * (64 * WG + (xres ? 0 : 8 * NT)) * 128 +
-         (xres ? size_t(nst) * 8 * NT * 128 : 0) + size_t(64 * WG) * (8 * NT + 4) * 4 + 64 * 4 +
-         10 * 8 + size_t(epi_smem);
+                                                           int nst, int epi_smem, int palias = 0) {
+  return 1024 + gemm_wgmma_stage_area(NT, WG, stages, xres, palias) +
+         (xres ? size_t(nst) * 8 * NT * 128 : 0) + 64 * 4 + 10 * 8 + size_t(epi_smem);
 }
 
 template <int NT, int WG, class Epi>
@@ -326,9 +334,15 @@ __global__ void __launch_bounds__(WG * 128)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint8_t* xbuf = smem + ST * STAGE_BYTES;                               // [nst_max][MP x 64]
-  float* partial = reinterpret_cast<float*>(xbuf + (xres ? nst_max * X_BYTES : 0));  // [BR][PSTRIDE]
-  float* rinv = partial + BR * PSTRIDE;                                  // [64]
+  // Layout: stages (the partials [BR][PSTRIDE] after them, or over them with
+  // args.palias), the resident activation slice [nst_max][MP x 64], rinv, barriers.
+  const bool palias = args.palias != 0;
+  const size_t part_bytes = size_t(BR) * PSTRIDE * 4;
+  const size_t stage_area = palias ? max(size_t(ST) * STAGE_BYTES, part_bytes)
+                                   : size_t(ST) * STAGE_BYTES + part_bytes;
+  float* partial = reinterpret_cast<float*>(smem + (palias ? 0 : size_t(ST) * STAGE_BYTES));
+  uint8_t* xbuf = smem + stage_area;                                     // [nst_max][MP x 64]
+  float* rinv = reinterpret_cast<float*>(xbuf + (xres ? nst_max * X_BYTES : 0));  // [64]
   uint64_t* bars = reinterpret_cast<uint64_t*>(rinv + 64);               // [ST], [8] = X
   void* esm = reinterpret_cast<void*>(bars + 10);
 
@@ -432,6 +446,9 @@ __global__ void __launch_bounds__(WG * 128)
     }
     wgmma_wait_all();
     wgmma_fence_acc<NT>(acc[0]);
+    // Aliased partials overwrite stage bytes last written by TMA and read by
+    // wgmma (async proxy); the epilogue's first barrier orders all warpgroups.
+    if (palias) fence_proxy_async_shared();
     if (!args.pdl_early && rbi == my_rb - 1) griddep_launch_dependents();
     gemm_reduce_epilogue<NT, 1, WR, Epi>(acc, partial, rpart, rinv, cluster, rb, S, rank, tid, warp,
                                         lane, args, ep, esm, m_active);
@@ -553,6 +570,12 @@ GemmConfig plan_gemm_wgmma(int N, int K, int NT, int num_sms, const GemmPlanHint
   // default: run 7's sweep found the resident slice slower everywhere (its
   // shared memory costs resident CTAs, and CTAs — not bytes per CTA — set
   // the achieved bandwidth).
+  // A launch of one round may alias the partials onto the stages (palias):
+  // at M = 64 they are a quarter of a 3-stage CTA's shared memory, and the
+  // bytes saved keep more CTAs resident, e.g. the 8B down matrix at M = 64
+  // in one round of 128-row blocks (run 16: 49.5 vs 62.8 µs in two rounds of
+  // 64-row blocks). Deeper pipelines than 4 stages were measured slower at
+  // M = 1 and no faster at M = 64 (run 16), so the depths stay 4 and 3.
   long best_cost = -1;
   for (int wg : {2, 1}) {
     if (hint.wg && hint.wg != wg) continue;
@@ -560,31 +583,36 @@ GemmConfig plan_gemm_wgmma(int N, int K, int NT, int num_sms, const GemmPlanHint
       if (hint.stages && stg != 4) continue;  // one pass with the hinted depth
       const int br = 64 * wg;
       const int n_rb = (N + br - 1) / br;
-      int xres = hint.xres >= 0 ? hint.xres : 0;
-      int stages = hint.stages ? hint.stages : stg;
-      size_t smem = gemm_wgmma_smem_bytes(NT, wg, stages, xres, nst_max, Epi::kSmemBytes);
-      if (smem > optin && xres) {
-        xres = 0;
-        smem = gemm_wgmma_smem_bytes(NT, wg, stages, xres, nst_max, Epi::kSmemBytes);
-      }
-      if (smem > optin) continue;
-      int clusters = 0;
-      gemm_wgmma_dispatch(NT, wg, [&]<int nt, int w>() {
-        GemmWgmmaInst<nt, w, Epi>::prepare();
-        clusters = gemm_resident_clusters(&gemm_wgmma_kernel<nt, w, Epi>, n_rb, c.S, 128 * w, smem);
-      });
-      if (clusters <= 0) continue;
-      const int rounds = (n_rb + clusters - 1) / clusters;
-      const long cost = static_cast<long>(rounds) * (br + (xres ? 0 : 8 * NT) + gemm_row_block_cost(c.S));
-      if (best_cost < 0 || cost < best_cost) {
-        best_cost = cost;
-        c.WR = 4 * wg;
-        c.BR = br;
-        c.stages = stages;
-        c.xres = xres;
-        c.split_n = hint.split_n >= 0 ? hint.split_n : gemm_default_split_n();
-        c.smem = smem;
-        c.grid_x = (n_rb + rounds - 1) / rounds;
+      const int stages = hint.stages ? hint.stages : stg;
+      for (int pa : {1, 0}) {
+        if (pa && hint.palias == 0) continue;
+        int xres = hint.xres >= 0 ? hint.xres : 0;
+        size_t smem = gemm_wgmma_smem_bytes(NT, wg, stages, xres, nst_max, Epi::kSmemBytes, pa);
+        if (smem > optin && xres) {
+          xres = 0;
+          smem = gemm_wgmma_smem_bytes(NT, wg, stages, xres, nst_max, Epi::kSmemBytes, pa);
+        }
+        if (smem > optin) continue;
+        int clusters = 0;
+        gemm_wgmma_dispatch(NT, wg, [&]<int nt, int w>() {
+          GemmWgmmaInst<nt, w, Epi>::prepare();
+          clusters = gemm_resident_clusters(&gemm_wgmma_kernel<nt, w, Epi>, n_rb, c.S, 128 * w, smem);
+        });
+        if (clusters <= 0) continue;
+        const int rounds = (n_rb + clusters - 1) / clusters;
+        if (pa && rounds > 1) continue;  // a second row block would refill stages under the partials
+        const long cost = static_cast<long>(rounds) * (br + (xres ? 0 : 8 * NT) + gemm_row_block_cost(c.S));
+        if (best_cost < 0 || cost < best_cost) {
+          best_cost = cost;
+          c.WR = 4 * wg;
+          c.BR = br;
+          c.stages = stages;
+          c.xres = xres;
+          c.palias = pa;
+          c.split_n = hint.split_n >= 0 ? hint.split_n : gemm_default_split_n();
+          c.smem = smem;
+          c.grid_x = (n_rb + rounds - 1) / rounds;
+        }
       }
     }
   }
@@ -652,6 +680,7 @@ void launch_gemm(const GemmConfig& cfg, const CUtensorMap& wmap, const CUtensorM
   args.stages = cfg.stages;
   args.xres = cfg.xres;
   args.split_n = cfg.split_n;
+  args.palias = cfg.palias;
   args.pdl_early = gemm_pdl_early();
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(static_cast<unsigned>(cfg.grid_x), static_cast<unsigned>(cfg.S), 1);

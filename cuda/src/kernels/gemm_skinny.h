@@ -45,6 +45,7 @@ struct GemmConfig {
   GemmEngine engine = GemmEngine::Mma;
   int xres = 0;     ///< wgmma: activation slice resident in shared memory
   int split_n = 0;  ///< wgmma: one m64n8k16 per 8-token block instead of one m64n(8*NT)k16
+  int palias = 0;   ///< wgmma: the reduction partials reuse the stage buffers (one round only)
   int NT = 1;       ///< n-tiles of 8 tokens: Mpad = 8 * NT (1, 2, 4, 8)
   int TM = 1;       ///< 16-row m-tiles per warp
   int WR = 1;       ///< warps per CTA (each owns TM m-tiles of the row block)
@@ -72,6 +73,7 @@ struct GemmArgs {
   int stages = 0;  ///< wgmma engine: pipeline depth (runtime)
   int xres = 0;    ///< wgmma engine: activation slice resident
   int split_n = 0; ///< wgmma engine: n8 instructions only
+  int palias = 0;  ///< wgmma engine: partials alias the stage buffers (every CTA one row block)
   int pdl_early = 0; ///< release the dependent kernel at entry (else after the main loop)
 };
 
@@ -84,6 +86,7 @@ struct GemmPlanHint {
   int stages = 0;   ///< wgmma: pipeline depth 2..8; 0: planner
   int xres = -1;    ///< wgmma: -1 planner, 0 stream activations, 1 resident (if it fits)
   int split_n = -1; ///< wgmma: -1 default (gemm_default_split_n), 0 / 1
+  int palias = -1;  ///< wgmma: -1 planner (alias when the launch is one round), 0 never
   int slices = 0;   ///< K slices (benchmarks only: the model must use gemm_slices); 0: default
 };
 
