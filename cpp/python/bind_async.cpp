@@ -5,6 +5,7 @@
 // host thread (the caller's), never on a worker group's thread.
 #include "python/bind_async.h"
 #include "python/model_busy.h"
+#include "python/request_hooks.h"
 
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/pair.h>
@@ -12,8 +13,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <exception>
 #include <string>
+#include <utility>
 
 #include "swiftspec/async_engine.h"
 #include "swiftspec/checkpoint.h"
@@ -106,7 +107,8 @@ void bind_async(nb::module_& m) {
       [](Engine& engine, const std::vector<int32_t>& prompt, int max_new_tokens, float temperature, int top_k,
          float top_p, uint64_t seed, const std::vector<int32_t>& stop_token_ids, int tree_budget, int max_depth,
          int branching, int expand_width, int growth_depth, int min_send_nodes, bool cost_aware_send,
-         double min_expand_prob, bool record_timeline, nb::object on_tokens) {
+         double min_expand_prob, bool record_timeline, nb::object on_tokens, nb::object cancel_check,
+         int prefill_chunk) {
         if (!engine.draft()) throw InvalidArgument("async mode needs a draft model: load the engine with one");
         GenerationConfig cfg;
         cfg.max_new_tokens = max_new_tokens;
@@ -119,6 +121,7 @@ void bind_async(nb::module_& m) {
         cfg.tree_budget = tree_budget;
         cfg.max_depth = max_depth;
         cfg.branching = branching;
+        cfg.prefill_chunk = prefill_chunk;
         AsyncOptions opt;
         opt.speculative.expand_width = expand_width;
         opt.speculative.min_expand_prob = min_expand_prob;
@@ -126,20 +129,9 @@ void bind_async(nb::module_& m) {
         opt.min_send_nodes = min_send_nodes;
         opt.cost_aware_send = cost_aware_send;
         opt.record_timeline = record_timeline;
-        std::exception_ptr callback_error;
-        TokenCallback cb;
-        if (!on_tokens.is_none()) {
-          cb = [&](const std::vector<int32_t>& toks) -> bool {
-            nb::gil_scoped_acquire acquire;
-            try {
-              nb::object r = on_tokens(toks);
-              return r.is_none() || nb::cast<bool>(r);
-            } catch (...) {
-              callback_error = std::current_exception();
-              return false;
-            }
-          };
-        }
+        RequestHooks hooks(std::move(on_tokens), std::move(cancel_check));
+        cfg.cancel_requested = hooks.cancel_requested();
+        const TokenCallback cb = hooks.token_callback();
         GenerationResult res;
         auto rep = std::make_unique<AsyncReport>();
         {
@@ -147,7 +139,7 @@ void bind_async(nb::module_& m) {
           nb::gil_scoped_release release;
           res = generate_speculative_async(engine.target(), *engine.draft(), prompt, cfg, cb, opt, rep.get());
         }
-        if (callback_error) std::rethrow_exception(callback_error);
+        hooks.rethrow();
         nb::dict out;
         out["tokens"] = res.tokens;
         out["stats"] = stats_dict(res.stats);
@@ -159,11 +151,14 @@ void bind_async(nb::module_& m) {
       "seed"_a = 0, "stop_token_ids"_a = std::vector<int32_t>{}, "tree_budget"_a = 16, "max_depth"_a = 8,
       "branching"_a = 2, "expand_width"_a = 0, "growth_depth"_a = 0, "min_send_nodes"_a = 1,
       "cost_aware_send"_a = true, "min_expand_prob"_a = 0.0, "record_timeline"_a = true, "on_tokens"_a = nb::none(),
+      "cancel_check"_a = nb::none(), "prefill_chunk"_a = 0,
       "Parallel tree generation (async_engine.h) on an Engine's target and draft: the draft group grows\n"
       "the token tree while the target group verifies. Returns {'tokens', 'stats', 'report', 'timeline'}.\n"
       "growth_depth: depth limit of continuous growth below the root (0: 3*max_depth); min_send_nodes:\n"
       "verifiable nodes the draft waits for before handing a subtree to an idle target; cost_aware_send:\n"
-      "also wait while one more draft step raises the expected token rate (async_send_policy.h).");
+      "also wait while one more draft step raises the expected token rate (async_send_policy.h).\n"
+      "on_tokens, cancel_check, prefill_chunk: as Engine.generate (the host polls Ctrl-C and cancel_check\n"
+      "while the groups prefill or verify; each group stops at its next prefill chunk).");
 
   m.def(
       "load_group_model",

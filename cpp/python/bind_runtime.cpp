@@ -10,12 +10,14 @@
 #include <cstring>
 #include <exception>
 #include <optional>
+#include <utility>
 
 #include "swiftspec/checkpoint.h"
 #include "swiftspec/engine.h"
 #include "swiftspec/error.h"
 #include "swiftspec/model.h"
 #include "python/model_busy.h"
+#include "python/request_hooks.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -237,7 +239,8 @@ void bind_runtime(nb::module_& m) {
           "generate",
           [](Engine& eng, const std::vector<int32_t>& prompt, int max_new_tokens, float temperature, int top_k,
              float top_p, uint64_t seed, const std::vector<int32_t>& stop_token_ids, const std::string& mode,
-             int tree_budget, int max_depth, int branching, nb::object on_tokens) {
+             int tree_budget, int max_depth, int branching, nb::object on_tokens, nb::object cancel_check,
+             int prefill_chunk) {
             GenerationConfig cfg;
             cfg.max_new_tokens = max_new_tokens;
             cfg.sampling.temperature = temperature;
@@ -249,30 +252,20 @@ void bind_runtime(nb::module_& m) {
             cfg.tree_budget = tree_budget;
             cfg.max_depth = max_depth;
             cfg.branching = branching;
+            cfg.prefill_chunk = prefill_chunk;
 
-            // A Python callback runs under the GIL; its exceptions cancel the
-            // request and are re-raised once the engine has returned.
-            std::exception_ptr callback_error;
-            TokenCallback cb;
-            if (!on_tokens.is_none()) {
-              cb = [&](const std::vector<int32_t>& toks) -> bool {
-                nb::gil_scoped_acquire acquire;
-                try {
-                  nb::object r = on_tokens(toks);
-                  return r.is_none() || nb::cast<bool>(r);
-                } catch (...) {
-                  callback_error = std::current_exception();
-                  return false;
-                }
-              };
-            }
+            // Python callbacks run under the GIL; their exceptions (KeyboardInterrupt
+            // included) cancel the request and are re-raised once the engine has returned.
+            RequestHooks hooks(std::move(on_tokens), std::move(cancel_check));
+            cfg.cancel_requested = hooks.cancel_requested();
+            const TokenCallback cb = hooks.token_callback();
             GenerationResult res;
             {
               ModelBusy busy({&eng.target(), eng.draft()});
               nb::gil_scoped_release release;
               res = eng.generate(prompt, cfg, cb);
             }
-            if (callback_error) std::rethrow_exception(callback_error);
+            hooks.rethrow();
             nb::dict out;
             out["tokens"] = res.tokens;
             out["stats"] = stats_dict(res.stats);
@@ -280,9 +273,13 @@ void bind_runtime(nb::module_& m) {
           },
           "prompt"_a, "max_new_tokens"_a = 128, "temperature"_a = 0.0f, "top_k"_a = 0, "top_p"_a = 1.0f,
           "seed"_a = 0, "stop_token_ids"_a = std::vector<int32_t>{}, "mode"_a = "target", "tree_budget"_a = 16,
-          "max_depth"_a = 8, "branching"_a = 2, "on_tokens"_a = nb::none(),
+          "max_depth"_a = 8, "branching"_a = 2, "on_tokens"_a = nb::none(), "cancel_check"_a = nb::none(),
+          "prefill_chunk"_a = 0,
           "Decodes from prompt token ids. Returns {'tokens': [...], 'stats': {...}}. on_tokens(list[int])\n"
-          "receives final tokens as they are committed; returning False cancels.");
+          "receives final tokens as they are committed; returning False cancels. The prompt is prefilled\n"
+          "in passes of prefill_chunk tokens (0: the model's; the result does not depend on it); before\n"
+          "each pass and each decode step, Ctrl-C (a pending SIGINT, on the main thread) raises\n"
+          "KeyboardInterrupt and cancel_check() returning true cancels (finish_reason 'cancelled').");
 }
 
 }  // namespace swiftspec::python

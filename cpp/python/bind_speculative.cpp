@@ -1,6 +1,7 @@
 // swiftspec_core.spec: the speculative core seen from Python (tests, tools and
 // the async engine's prototypes). Every numeric routine releases the GIL.
 #include "python/bind_speculative.h"
+#include "python/request_hooks.h"
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
@@ -13,6 +14,7 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "swiftspec/error.h"
 #include "swiftspec/sampling.h"
@@ -291,16 +293,21 @@ void bind_speculative(nb::module_& parent) {
       .def("clear", &TreeKvCache::clear)
       .def(
           "prefill",
-          [](TreeKvCache& c, const std::vector<int32_t>& tokens, const std::string& logits) {
+          [](TreeKvCache& c, const std::vector<int32_t>& tokens, const std::string& logits, int chunk) {
             std::vector<float> out;
+            RequestHooks hooks{nb::none(), nb::none()};  // Ctrl-C between chunks
+            const PrefillControl control{chunk, hooks.cancel_requested()};
             {
               nb::gil_scoped_release release;
-              c.prefill(tokens, parse_logits(logits), out);
+              c.prefill(tokens, parse_logits(logits), out, control);
             }
+            hooks.rethrow();
             const size_t v = c.model().config().vocab_size, rows = out.size() / v;
             return to_numpy<float>(std::move(out), {rows, v});
           },
-          "tokens"_a, "logits"_a = "last")
+          "tokens"_a, "logits"_a = "last", "chunk"_a = 0,
+          "Appends tokens to the committed region in passes of chunk tokens (0: the model's; the result\n"
+          "equals one pass); Ctrl-C between passes raises KeyboardInterrupt. Returns logits [rows, vocab].")
       .def(
           "build_batch",
           [](const TreeKvCache& c, const TokenTree& tree, const std::vector<int32_t>& nodes) {
@@ -350,7 +357,18 @@ void bind_speculative(nb::module_& parent) {
           "draft"_a, "tree_budget"_a = 16, "max_depth"_a = 8, "branching"_a = 2, "temperature"_a = 0.0f,
           "top_k"_a = 0, "top_p"_a = 1.0f, "seed"_a = 0, "growth"_a = "auto", "expand_width"_a = 0,
           "min_expand_prob"_a = -1.0, nb::keep_alive<1, 2>())
-      .def("start", &DraftTree::start, "prompt"_a, "first_token"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "start",
+          [](DraftTree& d, const std::vector<int32_t>& prompt, int32_t first_token) {
+            RequestHooks hooks{nb::none(), nb::none()};  // Ctrl-C between prefill chunks
+            const PrefillControl control{0, hooks.cancel_requested()};
+            {
+              nb::gil_scoped_release release;
+              d.start(prompt, first_token, control);
+            }
+            hooks.rethrow();
+          },
+          "prompt"_a, "first_token"_a, "Prefills the prompt and roots the tree at first_token.")
       .def("can_grow", &DraftTree::can_grow, "depth_limit"_a)
       .def("selectable_nodes", &DraftTree::selectable_nodes, "depth_limit"_a)
       .def("grow_step", &DraftTree::grow_step, "depth_limit"_a, "max_new_nodes"_a = -1,
@@ -394,8 +412,19 @@ void bind_speculative(nb::module_& parent) {
           "target"_a, "temperature"_a = 0.0f, "top_k"_a = 0, "top_p"_a = 1.0f, "seed"_a = 0, "bias"_a = "none",
           nb::keep_alive<1, 2>())
       .def(
-          "start", [](PyTreeVerifier& v, const std::vector<int32_t>& prompt) { return v.verifier.start(prompt, v.rng); },
-          "prompt"_a, nb::call_guard<nb::gil_scoped_release>(), "Prefills; returns the first token.")
+          "start",
+          [](PyTreeVerifier& v, const std::vector<int32_t>& prompt) {
+            RequestHooks hooks{nb::none(), nb::none()};  // Ctrl-C between prefill chunks
+            const PrefillControl control{0, hooks.cancel_requested()};
+            int32_t first;
+            {
+              nb::gil_scoped_release release;
+              first = v.verifier.start(prompt, v.rng, control);
+            }
+            hooks.rethrow();
+            return first;
+          },
+          "prompt"_a, "Prefills; returns the first token.")
       .def(
           "verify",
           [](PyTreeVerifier& v, const TokenTree& tree, std::optional<const DraftTree*> drafter,
@@ -424,35 +453,25 @@ void bind_speculative(nb::module_& parent) {
       [](Model& target, Model& draft, const std::vector<int32_t>& prompt, int max_new_tokens, float temperature,
          int top_k, float top_p, uint64_t seed, const std::vector<int32_t>& stop_token_ids, int tree_budget,
          int max_depth, int branching, const std::string& growth, int expand_width, double min_expand_prob,
-         const std::string& verifier_bias, nb::object on_tokens) {
-        const GenerationConfig cfg = make_config(max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids,
-                                                 tree_budget, max_depth, branching);
+         const std::string& verifier_bias, nb::object on_tokens, nb::object cancel_check, int prefill_chunk) {
+        GenerationConfig cfg = make_config(max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids,
+                                           tree_budget, max_depth, branching);
+        cfg.prefill_chunk = prefill_chunk;
         SpeculativeOptions opt;
         opt.growth = parse_growth(growth);
         opt.expand_width = expand_width;
         opt.min_expand_prob = min_expand_prob;
         opt.verifier_bias = parse_bias(verifier_bias);
-        std::exception_ptr callback_error;
-        TokenCallback cb;
-        if (!on_tokens.is_none()) {
-          cb = [&](const std::vector<int32_t>& toks) -> bool {
-            nb::gil_scoped_acquire acquire;
-            try {
-              nb::object r = on_tokens(toks);
-              return r.is_none() || nb::cast<bool>(r);
-            } catch (...) {
-              callback_error = std::current_exception();
-              return false;
-            }
-          };
-        }
+        RequestHooks hooks(std::move(on_tokens), std::move(cancel_check));
+        cfg.cancel_requested = hooks.cancel_requested();
+        const TokenCallback cb = hooks.token_callback();
         GenerationResult res;
         SpeculationReport rep;
         {
           nb::gil_scoped_release release;
           res = generate_speculative_serial(target, draft, prompt, cfg, cb, opt, &rep);
         }
-        if (callback_error) std::rethrow_exception(callback_error);
+        hooks.rethrow();
         nb::dict out;
         out["tokens"] = res.tokens;
         out["stats"] = stats_dict(res.stats);
@@ -463,9 +482,10 @@ void bind_speculative(nb::module_& parent) {
       "top_p"_a = 1.0f, "seed"_a = 0, "stop_token_ids"_a = std::vector<int32_t>{}, "tree_budget"_a = 16,
       "max_depth"_a = 8, "branching"_a = 2, "growth"_a = "auto", "expand_width"_a = 0,
       "min_expand_prob"_a = -1.0, "verifier_bias"_a = "none",
-      "on_tokens"_a = nb::none(),
+      "on_tokens"_a = nb::none(), "cancel_check"_a = nb::none(), "prefill_chunk"_a = 0,
       "Serial tree generation (speculative.h) with explicit options. Returns {'tokens', 'stats',\n"
-      "'report'}; report has the growth rule, the verification scheme(s) used, per-step acceptance.");
+      "'report'}; report has the growth rule, the verification scheme(s) used, per-step acceptance.\n"
+      "on_tokens, cancel_check, prefill_chunk: as Engine.generate.");
 }
 
 }  // namespace swiftspec::python

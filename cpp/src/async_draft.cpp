@@ -134,6 +134,7 @@ void run_draft_leader(Model& draft, Session& s, TimelineTrack* track, LeaderStat
   pin_leader(draft);
   DraftTree drafter(draft, s.config, s.options.speculative, draft_seed(s.config.sampling.seed));
   const std::vector<int32_t>& prompt = s.prompt;
+  const PrefillControl stoppable{s.config.prefill_chunk, [&s] { return s.stopped(); }};
 
   if (prompt.size() >= 2) {
     // Draft while the target prefills: root the tree at the last prompt token
@@ -141,7 +142,8 @@ void run_draft_leader(Model& draft, Session& s, TimelineTrack* track, LeaderStat
     // and grow it — its children guess the first token. The first token
     // arrives as the round-0 result and re-roots the tree like any other.
     const double p0 = s.timeline.now();
-    drafter.start(std::vector<int32_t>(prompt.begin(), prompt.end() - 1), prompt.back());
+    if (!drafter.start(std::vector<int32_t>(prompt.begin(), prompt.end() - 1), prompt.back(), stoppable))
+      return;  // the host cancelled the request during the prefill
     out.prefill_time = s.timeline.now() - p0;
     if (track) track->add(ev::kPrefill, p0, s.timeline.now(), 0, {{"tokens", static_cast<long long>(prompt.size() - 1)}});
     const int steps0 = drafter.steps();
@@ -158,7 +160,7 @@ void run_draft_leader(Model& draft, Session& s, TimelineTrack* track, LeaderStat
   if (track) track->add(ev::kWaitResult, w0, s.timeline.now(), 0);
   if (!first || first->finished) return;
   const double p0 = s.timeline.now();
-  drafter.start(prompt, first->bonus);
+  if (!drafter.start(prompt, first->bonus, stoppable)) return;
   out.prefill_time = s.timeline.now() - p0;
   if (track) track->add(ev::kPrefill, p0, s.timeline.now(), 0, {{"tokens", static_cast<long long>(prompt.size())}});
   const int steps0 = drafter.steps();

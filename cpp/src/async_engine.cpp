@@ -69,9 +69,25 @@ GenerationResult generate_speculative_async(Model& target, Model& draft, const s
   st.prompt_tokens = static_cast<int>(prompt.size());
   double t_first = -1, t_last = -1;
   std::exception_ptr host_error;
+  // The caller's cancellation check runs here, on the caller's thread, never on a group's:
+  // while a group prefills or verifies, the host polls it every kCancelPoll.
+  constexpr auto kCancelPoll = std::chrono::milliseconds(20);
+  auto cancelled = [&] { return config.cancel_requested && config.cancel_requested(); };
   try {
     for (;;) {
-      std::optional<TokensMessage> m = s.to_host.receive();
+      std::optional<TokensMessage> m;
+      if (config.cancel_requested) {
+        m = s.to_host.receive_for(kCancelPoll);
+        if (!m && !s.to_host.closed()) {  // nothing yet
+          if (cancelled()) {
+            st.finish_reason = "cancelled";
+            break;
+          }
+          continue;
+        }
+      } else {
+        m = s.to_host.receive();
+      }
       if (!m) break;  // a group failed
       const double t = tl.now();
       if (t_first < 0) t_first = t;
@@ -87,6 +103,10 @@ GenerationResult generate_speculative_async(Model& target, Model& draft, const s
         }
       }
       if (m->finished) break;
+      if (cancelled()) {
+        st.finish_reason = "cancelled";
+        break;
+      }
     }
   } catch (...) {
     host_error = std::current_exception();  // the callback threw: stop the groups first

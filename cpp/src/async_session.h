@@ -1,6 +1,7 @@
 // Internal to the asynchronous engine (async_*.cpp): the messages between the
 // worker groups, and the per-request session that holds the channels.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <mutex>
@@ -52,12 +53,16 @@ struct Session {
   Channel<ResultMessage> to_draft;
   Channel<TokensMessage> to_host;
 
-  /// Closes every channel: each thread stops at its next message wait.
+  /// Closes every channel: each thread stops at its next message wait (or,
+  /// during a prefill, at its next chunk: stopped()).
   void shutdown() {
+    stopped_.store(true, std::memory_order_release);
     to_target.close();
     to_draft.close();
     to_host.close();
   }
+  /// True once shutdown() was called (the request is over or cancelled).
+  bool stopped() const { return stopped_.load(std::memory_order_acquire); }
   /// Records the first error and shuts the session down.
   void fail(std::exception_ptr e) {
     {
@@ -72,6 +77,7 @@ struct Session {
   }
 
  private:
+  std::atomic<bool> stopped_{false};
   std::mutex error_mu_;
   std::exception_ptr error_;
 };

@@ -47,7 +47,8 @@ void run_target_leader(Model& target, Session& s, TimelineTrack* track, LeaderSt
   TreeVerifier verifier(target, cfg.sampling, s.options.speculative.verifier_bias);
 
   const double p0 = s.timeline.now();
-  const int32_t first = verifier.start(s.prompt, rng);
+  const int32_t first = verifier.start(s.prompt, rng, {cfg.prefill_chunk, [&s] { return s.stopped(); }});
+  if (first < 0) return;  // the host cancelled the request during the prefill
   const double p1 = s.timeline.now();
   out.prefill_time = p1 - p0;
   if (track) track->add(ev::kPrefill, p0, p1, 0, {{"tokens", static_cast<long long>(s.prompt.size())}});

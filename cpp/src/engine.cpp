@@ -84,9 +84,14 @@ GenerationResult Engine::generate_target_only(const std::vector<int32_t>& prompt
   Rng rng(config.sampling.seed);
   std::vector<float> logits, scratch;
 
+  auto cancelled = [&] { return config.cancel_requested && config.cancel_requested(); };
   model.truncate_committed(0);
   const auto t0 = std::chrono::steady_clock::now();
-  model.forward(ForwardBatch::append(prompt, 0, LogitsMode::Last), logits);
+  if (!prefill(model, prompt, LogitsMode::Last, logits, {config.prefill_chunk, config.cancel_requested})) {
+    st.prefill_time = seconds_since(t0);
+    st.finish_reason = "cancelled";
+    return result;
+  }
   int32_t token = sample_token(logits.data(), vocab, config.sampling, rng, scratch);
   st.prefill_time = seconds_since(t0);
   const auto t_decode = std::chrono::steady_clock::now();
@@ -106,6 +111,10 @@ GenerationResult Engine::generate_target_only(const std::vector<int32_t>& prompt
     }
     if (static_cast<int>(result.tokens.size()) >= config.max_new_tokens) {
       st.finish_reason = "length";
+      break;
+    }
+    if (cancelled()) {
+      st.finish_reason = "cancelled";
       break;
     }
     const auto ts = std::chrono::steady_clock::now();

@@ -78,13 +78,23 @@ GenerationResult generate_speculative_serial(Model& target, Model& draft, const 
   };
 
   const double t_start = now_s();
-  const int32_t first = verifier.start(prompt, rng);
-  drafter.start(prompt, first);
+  const PrefillControl prefill{config.prefill_chunk, config.cancel_requested};
+  const int32_t first = verifier.start(prompt, rng, prefill);
+  if (first < 0 || !drafter.start(prompt, first, prefill)) {
+    st.prefill_time = now_s() - t_start;
+    st.finish_reason = "cancelled";
+    if (report) *report = std::move(rep);
+    return result;
+  }
   const double t_first = now_s();
   st.prefill_time = t_first - t_start;
   emit({first});
 
   while (!done) {
+    if (config.cancel_requested && config.cancel_requested()) {
+      st.finish_reason = "cancelled";
+      break;
+    }
     const int remaining = config.max_new_tokens - static_cast<int>(result.tokens.size());
     // A verification emits at most (accepted + 1) tokens: deeper nodes are useless.
     const int depth_limit = std::min(config.max_depth, remaining - 1);

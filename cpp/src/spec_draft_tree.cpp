@@ -29,12 +29,12 @@ DraftTree::DraftTree(Model& draft, const GenerationConfig& config, const Specula
   if (branching_ < 1) throw InvalidArgument("branching must be >= 1, got " + std::to_string(branching_));
 }
 
-void DraftTree::start(const std::vector<int32_t>& prompt, int32_t first_token) {
+bool DraftTree::start(const std::vector<int32_t>& prompt, int32_t first_token, const PrefillControl& control) {
   cache_.clear();
   draft_->truncate_committed(0);
-  cache_.prefill(prompt, LogitsMode::None, logits_);
   tree_.reset(first_token);
   q_.clear();
+  return cache_.prefill(prompt, LogitsMode::None, logits_, control);
 }
 
 bool DraftTree::expandable(const TreeNode& n, int depth_limit) const {

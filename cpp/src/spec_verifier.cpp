@@ -17,10 +17,10 @@ double now_s() {
 TreeVerifier::TreeVerifier(Model& target, const SamplingParams& sampling, VerifierBias bias)
     : target_(&target), sampling_(sampling), bias_(bias), cache_(target) {}
 
-int32_t TreeVerifier::start(const std::vector<int32_t>& prompt, Rng& rng) {
+int32_t TreeVerifier::start(const std::vector<int32_t>& prompt, Rng& rng, const PrefillControl& control) {
   cache_.clear();
   target_->truncate_committed(0);
-  cache_.prefill(prompt, LogitsMode::Last, logits_);
+  if (!cache_.prefill(prompt, LogitsMode::Last, logits_, control)) return -1;
   return sample_token(logits_.data(), target_->config().vocab_size, sampling_, rng, scratch_);
 }
 

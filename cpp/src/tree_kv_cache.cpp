@@ -41,10 +41,11 @@ void TreeKvCache::clear() {
   for (int s = capacity() - 1; s >= 0; --s) free_.push_back(s);
 }
 
-void TreeKvCache::prefill(const std::vector<int32_t>& tokens, LogitsMode mode, std::vector<float>& logits) {
+bool TreeKvCache::prefill(const std::vector<int32_t>& tokens, LogitsMode mode, std::vector<float>& logits,
+                          const PrefillControl& control) {
   if (!pending_.empty())
     throw InvalidArgument("TreeKvCache::prefill: " + str(pending_.size()) + " pending tokens must be processed first");
-  model_->forward(ForwardBatch::append(tokens, model_->committed_len(), mode), logits);
+  return swiftspec::prefill(*model_, tokens, mode, logits, control);
 }
 
 ForwardBatch TreeKvCache::build_batch(const TokenTree& tree, const std::vector<int32_t>& nodes, LogitsMode mode,

@@ -278,6 +278,7 @@ class Engine:
         branching: int = 2,
         on_text=None,
         async_options: dict | None = None,
+        _cancel: threading.Event | None = None,
     ) -> GenerationResult:
         """Generates a continuation of ``prompt`` (text, chat messages or token ids).
 
@@ -292,9 +293,16 @@ class Engine:
         ``async_options`` (async mode): growth_depth, min_send_nodes,
         expand_width, min_expand_prob, record_timeline (swiftspec_core.generate_async).
 
+        Ctrl-C (SIGINT, when called from the main thread) stops the request
+        within about one prefill chunk or decode step, also during a long
+        prompt's prefill (processed in chunks of the backend's size: 64 tokens
+        on the CPU, with the same result as one pass), and raises
+        KeyboardInterrupt; the engine stays usable.
+
         Raises:
             InvalidRequestError: bad prompt or parameter (named in the message),
                 or a prompt plus max_new_tokens longer than the context.
+            KeyboardInterrupt: Ctrl-C during the request.
         """
         self._check_open()
         if mode is None:
@@ -372,6 +380,8 @@ class Engine:
                     max_depth=max_depth,
                     branching=branching,
                     on_tokens=on_tokens,
+                    # Ctrl-C is polled by the runtime itself; a stream() closed early sets _cancel.
+                    cancel_check=_cancel.is_set if _cancel is not None else None,
                 )
                 if mode == "async":  # parallel tree generation, with its timeline
                     from swiftspec import swiftspec_core as core
@@ -403,7 +413,8 @@ class Engine:
 
     def stream(self, prompt, **kwargs) -> Iterator[str]:
         """Like :meth:`generate`, but yields text pieces as they are final.
-        Closing the iterator early cancels the request."""
+        Closing the iterator early (or Ctrl-C while waiting for a piece) cancels
+        the request, also during the prompt's prefill."""
         if "on_text" in kwargs:
             raise InvalidRequestError("stream() yields the text itself; do not pass on_text")
         pieces: queue.Queue = queue.Queue()
@@ -417,7 +428,7 @@ class Engine:
 
         def run():
             try:
-                self.generate(prompt, on_text=on_text, **kwargs)
+                self.generate(prompt, on_text=on_text, _cancel=cancel, **kwargs)
             except BaseException as exc:  # surfaced in the consumer's thread
                 error.append(exc)
             finally:

@@ -42,10 +42,12 @@
 // sampling) is not offered here: it would need the draft distributions
 // shipped with every subtree.
 //
-// Cancellation and limits: EOS (config.stop_token_ids), max_new_tokens, and
-// a TokenCallback returning false all end the request; the threads are
-// joined before generate returns (a cancel waits for at most the
-// verification in flight), and both models are reusable for the next request.
+// Cancellation and limits: EOS (config.stop_token_ids), max_new_tokens, a
+// TokenCallback returning false, and config.cancel_requested (polled by the
+// host while it waits, at least every 20 ms) all end the request; the threads
+// are joined before generate returns (a cancel waits for at most the
+// verification or the prefill chunk in flight: both leaders prefill in chunks
+// and stop at the next one), and both models are reusable for the next request.
 #pragma once
 #include <cstdint>
 #include <vector>

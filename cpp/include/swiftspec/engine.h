@@ -29,7 +29,10 @@ class Engine {
 
   /// Decodes `prompt` (token ids, non-empty, each < vocab) under `config`.
   /// Each call starts from an empty KV cache. `on_tokens`, when given, is
-  /// called with newly final tokens and may cancel. Throws InvalidArgument for
+  /// called with newly final tokens and may cancel; config.cancel_requested,
+  /// when set, is polled between prefill chunks (config.prefill_chunk) and
+  /// decode steps and may cancel too, also before the first token (the result
+  /// then has no tokens, finish_reason "cancelled"). Throws InvalidArgument for
   /// an empty prompt, out-of-range ids, a prompt plus max_new_tokens longer
   /// than the context, invalid sampling/tree parameters, or a speculative
   /// mode without a draft model. The engine is ready for the next request

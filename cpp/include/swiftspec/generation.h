@@ -28,6 +28,17 @@ struct GenerationConfig {
   int max_depth = 8;     ///< depth limit of the token tree (>= 1)
   int branching = 2;     ///< children added per expanded node (top-k of the draft); 1 = chain
 
+  /// Tokens per prefill forward pass (>= 0; 0: the model's Model::prefill_chunk_tokens()).
+  /// The prompt is processed in chunks so that cancel_requested is seen during a long
+  /// prefill; on a batch-invariant backend the chunk size changes no result (model.h).
+  int prefill_chunk = 0;
+  /// Polled on the thread that called generate: before every prefill chunk, before every
+  /// decode step (serial: every round), and in async mode whenever that thread waits for
+  /// the worker groups (at least every 20 ms). Returning true cancels the request:
+  /// finish_reason "cancelled", the tokens emitted so far (none during the prefill), the
+  /// models reusable. Empty: never polled. What it throws propagates out of generate.
+  std::function<bool()> cancel_requested;
+
   /// Throws InvalidArgument naming the field and value.
   void validate() const;
 };
@@ -57,6 +68,8 @@ struct GenerationResult {
 
 /// Streaming callback: receives newly committed tokens, in order, as soon as
 /// they are final. Returning false cancels the request (finish_reason "cancelled").
+/// (To cancel before any token, e.g. during a long prefill, use
+/// GenerationConfig::cancel_requested.)
 using TokenCallback = std::function<bool(const std::vector<int32_t>& new_tokens)>;
 
 }  // namespace swiftspec

@@ -18,6 +18,7 @@
 // token decoded alone. This is what makes greedy speculation lossless.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -131,7 +132,31 @@ class Model {
   /// Same for the tree slots `slots`, [slots.size(), num_kv_heads, head_dim].
   virtual void read_tree_kv(int layer, const std::vector<int32_t>& slots, std::vector<float>& k,
                             std::vector<float>& v) const = 0;
+
+  /// Tokens per forward pass when a prompt is prefilled in chunks (prefill() below): a
+  /// backend picks a size whose pass takes well under a second yet keeps its arithmetic
+  /// efficient. Generation checks for cancellation between chunks.
+  virtual int prefill_chunk_tokens() const { return 512; }
 };
+
+/// How prefill() cuts a prompt into forward passes and when it stops early.
+struct PrefillControl {
+  /// Tokens per forward pass (> 0); 0: the model's prefill_chunk_tokens().
+  int chunk = 0;
+  /// Polled before every chunk; returning true stops the prefill there.
+  std::function<bool()> cancelled;
+};
+
+/// Appends `tokens` to `model`'s committed region in append-mode forward passes of at most
+/// `control.chunk` tokens each, in order. Each token attends the same keys in the same order
+/// as in one pass, so on a batch-invariant backend (see "Exactness") the K/V and the logits
+/// are bit-identical to a single forward over all of `tokens`. `logits` receives what that
+/// single pass would return for `mode` (Last: the last token's row; All: every row; None:
+/// nothing). Returns false when `control.cancelled` stopped it: the committed region then
+/// holds a prefix of `tokens` (whole chunks) and `logits` is empty. Throws what
+/// Model::forward throws, and InvalidArgument for a negative chunk.
+bool prefill(Model& model, const std::vector<int32_t>& tokens, LogitsMode mode, std::vector<float>& logits,
+             const PrefillControl& control = {});
 
 /// Creates a model on the named backend ("cpu"; "cuda" when built with CUDA).
 /// Throws InvalidArgument for an unknown or unavailable backend.

@@ -114,9 +114,11 @@ class DraftTree {
   DraftTree(Model& draft, const GenerationConfig& config, const SpeculativeOptions& options, uint64_t seed);
 
   /// Starts a request: clears the tree bookkeeping, truncates the draft's
-  /// committed region to 0, prefills `prompt` (no logits) and makes
-  /// `first_token` the root.
-  void start(const std::vector<int32_t>& prompt, int32_t first_token);
+  /// committed region to 0, prefills `prompt` (no logits; in chunks, polling
+  /// control.cancelled, as TreeKvCache::prefill) and makes `first_token` the
+  /// root. Returns false when cancelled (then call start() again before
+  /// anything else).
+  bool start(const std::vector<int32_t>& prompt, int32_t first_token, const PrefillControl& control = {});
 
   /// True when another expansion can add nodes: an unexpanded node of depth
   /// < depth_limit and cumulative probability >= min_expand_prob exists and
@@ -195,9 +197,11 @@ class TreeVerifier {
   TreeVerifier(Model& target, const SamplingParams& sampling, VerifierBias bias = VerifierBias::None);
 
   /// Starts a request: truncates the committed region to 0, prefills
-  /// `prompt`, and returns the first token drawn from the last logits with
-  /// `rng` (sample_token). Returns it; it is the first root.
-  int32_t start(const std::vector<int32_t>& prompt, Rng& rng);
+  /// `prompt` (in chunks, polling control.cancelled, as TreeKvCache::prefill),
+  /// and returns the first token drawn from the last logits with `rng`
+  /// (sample_token); it is the first root. Returns -1 when cancelled (nothing
+  /// drawn from `rng`).
+  int32_t start(const std::vector<int32_t>& prompt, Rng& rng, const PrefillControl& control = {});
 
   /// Verifies `tree` (root = the pending token, unprocessed by the target):
   /// one tree-mode forward over all its nodes, then greedy or stochastic

@@ -69,9 +69,13 @@ class TreeKvCache {
   /// that is not a re-rooted version of the last one.
   void clear();
 
-  /// Appends `tokens` to the committed region in one append-mode forward
-  /// (prefill). Requires no pending tokens. `logits` as Model::forward.
-  void prefill(const std::vector<int32_t>& tokens, LogitsMode mode, std::vector<float>& logits);
+  /// Appends `tokens` to the committed region (prefill) with swiftspec::prefill():
+  /// append-mode forward passes of control.chunk tokens (0: the model's), polling
+  /// control.cancelled before each. Requires no pending tokens. `logits` as one
+  /// Model::forward over all of `tokens`. Returns false when cancelled (the committed
+  /// region then holds a prefix of `tokens`, `logits` is empty).
+  bool prefill(const std::vector<int32_t>& tokens, LogitsMode mode, std::vector<float>& logits,
+               const PrefillControl& control = {});
 
   /// Builds the ForwardBatch that processes the pending tokens (rows 0..p-1)
   /// then `nodes` of `tree` (rows p..p+n-1), in tree mode; allocates their
