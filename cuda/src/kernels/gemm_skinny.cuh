@@ -585,7 +585,7 @@ GemmConfig plan_gemm_wgmma(int N, int K, int NT, int num_sms, const GemmPlanHint
       const int n_rb = (N + br - 1) / br;
       const int stages = hint.stages ? hint.stages : stg;
       for (int pa : {1, 0}) {
-        if (pa && hint.palias == 0) continue;
+        if (pa && (hint.palias == 0 || (hint.palias < 0 && !gemm_default_palias()))) continue;
         int xres = hint.xres >= 0 ? hint.xres : 0;
         size_t smem = gemm_wgmma_smem_bytes(NT, wg, stages, xres, nst_max, Epi::kSmemBytes, pa);
         if (smem > optin && xres) {

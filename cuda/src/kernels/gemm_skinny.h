@@ -99,6 +99,10 @@ int gemm_default_split_n();
 /// main loop (default).
 int gemm_pdl_early();
 
+/// Whether the planner may alias the partials onto the stages (palias) in one-round
+/// launches: yes unless SWIFTSPEC_GEMM_PALIAS=0 (A/B measurements).
+int gemm_default_palias();
+
 /// Default engine of an N x K matrix: Wgmma, unless the environment variable
 /// SWIFTSPEC_GEMM_ENGINE=mma asks for the mma.sync engine (A/B measurements).
 GemmEngine gemm_default_engine(int N, int K);

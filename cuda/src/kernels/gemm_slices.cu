@@ -53,6 +53,11 @@ int gemm_default_split_n() {
   return e && std::strcmp(e, "1") == 0 ? 1 : 0;
 }
 
+int gemm_default_palias() {
+  const char* e = std::getenv("SWIFTSPEC_GEMM_PALIAS");
+  return e && std::strcmp(e, "0") == 0 ? 0 : 1;
+}
+
 int gemm_pdl_early() {
   // Read at every launch (launches are captured once per graph bucket).
   const char* e = std::getenv("SWIFTSPEC_GEMM_PDL_EARLY");
