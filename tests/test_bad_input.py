@@ -159,6 +159,7 @@ def test_unknown_architecture(tmp_path):
     ("num_key_value_heads", 3, "multiple of num_key_value_heads"),
     ("hidden_size", 0, "hidden_size' must be > 0"),
     ("vocab_size", "many", "vocab_size' must be an integer"),
+    ("max_position_embeddings", 0, "max_position_embeddings' must be > 0, got 0"),
 ])
 def test_invalid_config_fields(tmp_path, field, value, pattern):
     ckpt = write_checkpoint(tmp_path / "bad", cfg={**TINY_CONFIG, field: value}, tensors=tiny_tensors(TINY_CONFIG))
@@ -484,3 +485,53 @@ def test_nan_weights_raise_instead_of_a_silently_wrong_answer(tmp_path, kwargs):
     with pytest.raises(SwiftspecError, match="the model produced NaN logits") as info:
         engine.generate([1, 2, 3], max_new_tokens=4, **kwargs)
     assert not isinstance(info.value, InvalidRequestError)  # the request is not at fault
+
+
+# ------------------------------------ max_position_embeddings bounds max_context (2026-12-01)
+def test_max_context_beyond_max_position_embeddings_is_refused(tiny):
+    """Accepted silently before: positions the model was never trained for. The default
+    context (4096) becomes the model's limit when that is smaller (here 128)."""
+    opts = core.ModelOptions()
+    opts.max_context = 129
+    with pytest.raises(InvalidRequestError, match=re.escape(
+            f"max_context 129 exceeds the model's max_position_embeddings 128 ({tiny / 'config.json'})")):
+        core.load_model(str(tiny), "cpu", opts)
+    opts.max_context = 128
+    assert core.load_model(str(tiny), "cpu", opts).max_context == 128
+    assert core.ModelOptions().max_context == 0  # the model's default
+    model = core.load_model(str(tiny))
+    assert model.max_context == 128
+    assert len(core.Engine(model).generate([5] * 120, max_new_tokens=8)["tokens"]) == 8
+
+
+@pytest.fixture
+def small_limited(checkpoint_dir, tmp_path):
+    """The small model with config.json saying max_position_embeddings 1024 (other files linked)."""
+    small = checkpoint_dir(SMALL, "bfloat16")
+    out = tmp_path / "small-1024"
+    out.mkdir()
+    for f in small.iterdir():
+        if f.name != "config.json":
+            (out / f.name).symlink_to(f)
+    cfg = json.loads((small / "config.json").read_text())
+    assert cfg["max_position_embeddings"] == 8192
+    (out / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 1024}))
+    return small, out
+
+
+@pytest.mark.parametrize("placement", [None, {"target": {"cores": [[0]]}, "draft": {"tp": 3}}])
+def test_engine_max_context_is_checked_for_the_target_and_the_draft(small_limited, placement):
+    import swiftspec
+
+    small, limited = small_limited
+    with pytest.raises(InvalidRequestError, match=re.escape(
+            f"max_context 9000 exceeds the model's max_position_embeddings 8192 ({small / 'config.json'})")):
+        swiftspec.Engine(small, max_context=9000, placement=placement)
+    with pytest.raises(InvalidRequestError, match=re.escape(
+            f"max_context 2000 exceeds the model's max_position_embeddings 1024 ({limited / 'config.json'})")):
+        swiftspec.Engine(small, limited, max_context=2000, placement=placement)
+    with swiftspec.Engine(small, limited, placement=placement) as engine:  # default: each model's
+        assert engine.target_model.max_context == 4096 and engine.draft_model.max_context == 1024
+        with pytest.raises(InvalidRequestError, match="exceeds the context of 1024 tokens"):
+            engine.generate([1] * 1000, max_new_tokens=30, mode="serial")
+        assert len(engine.generate([1] * 1000, max_new_tokens=30, mode="target").token_ids) == 30

@@ -248,8 +248,13 @@ std::unique_ptr<Model> load_group_model(const std::string& dir, const GroupPlace
         o.gemm_engine = g.gemm_engine;
         o.megakernel = g.megakernel;
         try {
-          if (cpu::ShardedCheckpoint::is_sharded(dir)) return make_tp_cuda_model_from_shards(dir, o, tpo);
-          return make_tp_cuda_model(Checkpoint::open(dir), o, tpo);
+          if (cpu::ShardedCheckpoint::is_sharded(dir)) {
+            const std::string config = dir + "/config.json";
+            return make_tp_cuda_model_from_shards(
+                dir, resolve_max_context(o, ModelConfig::from_json_file(config), config), tpo);
+          }
+          auto ckpt = Checkpoint::open(dir);
+          return make_tp_cuda_model(ckpt, resolve_max_context(o, ckpt->config(), ckpt->dir() + "/config.json"), tpo);
         } catch (const InvalidArgument& e) {
           throw InvalidArgument(where + ": " + e.what());  // name the group, as the TP-1 path does
         }

@@ -119,7 +119,11 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
     c.rope_theta = get_number(*rope_params, "rope_theta", origin + " rope_parameters");
   else
     fail(origin, "missing field 'rope_theta' (or rope_parameters.rope_theta)");
-  c.max_position_embeddings = get_or<int>(j, "max_position_embeddings", 4096, origin);
+  if (j.contains("max_position_embeddings") && !j["max_position_embeddings"].is_null()) {
+    c.max_position_embeddings = get_int(j, "max_position_embeddings", origin);
+    if (c.max_position_embeddings <= 0)
+      fail(origin, "field 'max_position_embeddings' must be > 0, got " + std::to_string(c.max_position_embeddings));
+  }
   c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false, origin);
   c.attention_bias = get_or<bool>(j, "attention_bias", c.architecture == "qwen2", origin);
   c.bos_token_id = get_or<int>(j, "bos_token_id", -1, origin);

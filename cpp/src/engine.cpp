@@ -37,6 +37,8 @@ Engine::~Engine() = default;
 GenerationResult Engine::generate(const std::vector<int32_t>& prompt, const GenerationConfig& config,
                                   const TokenCallback& on_tokens) {
   config.validate();
+  if (config.mode != DecodeMode::TargetOnly && !draft_)
+    throw InvalidArgument("speculative decoding needs a draft model: load the engine with one");
   if (prompt.empty()) throw InvalidArgument("the prompt is empty: give at least one token");
   const int vocab = target_->config().vocab_size;
   for (size_t i = 0; i < prompt.size(); ++i)

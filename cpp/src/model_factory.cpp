@@ -12,10 +12,10 @@
 namespace swiftspec {
 
 std::unique_ptr<Model> load_model(std::shared_ptr<const Checkpoint> checkpoint,
-                                  const std::string& backend, const ModelOptions& options) {
+                                  const std::string& backend, const ModelOptions& requested) {
   if (!checkpoint) throw InvalidArgument("load_model: checkpoint is null");
-  if (options.max_context < 1)
-    throw InvalidArgument("max_context must be >= 1, got " + std::to_string(options.max_context));
+  const ModelOptions options =
+      resolve_max_context(requested, checkpoint->config(), checkpoint->dir() + "/config.json");
   if (options.max_tree < 1)
     throw InvalidArgument("max_tree must be >= 1, got " + std::to_string(options.max_tree));
   if (options.num_threads < 0)

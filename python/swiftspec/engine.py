@@ -111,7 +111,9 @@ class Engine:
         backend: "cpu" or "cuda" (CUDA builds only).
         dtype: weight dtype used when a GGUF file or reference name must be
             converted: "bfloat16" (default) or "float32".
-        max_context: KV capacity in tokens (prompt + new tokens).
+        max_context: KV capacity in tokens (prompt + new tokens), per model; at
+            most the model's ``max_position_embeddings`` (config.json). None:
+            4096, or that limit when a model's is smaller.
         max_tree: tree KV capacity in nodes (>= the largest tree budget used).
         num_threads: CPU threads per model (0: all cores).
         placement: where the draft group and the target group run and their
@@ -121,7 +123,8 @@ class Engine:
 
     Raises:
         CheckpointError: a path is missing or not a valid model, naming it.
-        InvalidRequestError: an option is out of range, naming it.
+        InvalidRequestError: an option is out of range, naming it (a max_context
+            beyond a model's max_position_embeddings names both numbers).
     """
 
     def __init__(
@@ -131,14 +134,15 @@ class Engine:
         *,
         backend: str = "cpu",
         dtype: str = "bfloat16",
-        max_context: int = 4096,
+        max_context: int | None = None,
         max_tree: int = 256,
         num_threads: int = 0,
         placement=None,
     ):
         from swiftspec import swiftspec_core as core
 
-        max_context = _check_int("max_context", max_context, 1)
+        # 0 asks the runtime for each model's default (4096, or its max_position_embeddings if smaller).
+        max_context = 0 if max_context is None else _check_int("max_context", max_context, 1)
         max_tree = _check_int("max_tree", max_tree, 1)
         # Threads beyond a few per core only cost memory; far beyond, the system refuses them.
         num_threads = _check_int("num_threads", num_threads, 0, max(256, 8 * (os.cpu_count() or 1)))
@@ -170,8 +174,8 @@ class Engine:
                 self._draft = core.load_model(str(self.draft_dir), backend, options) if self.draft_dir else None
         except MemoryError:
             raise InvalidRequestError(
-                f"not enough memory to load the model(s) with max_context={max_context}, max_tree={max_tree}: "
-                "the KV cache is allocated for all of it at load time; lower them") from None
+                f"not enough memory to load the model(s) with max_context={max_context or 'default'}, "
+                f"max_tree={max_tree}: the KV cache is allocated for all of it at load time; lower them") from None
         self._engine = core.Engine(self._target, self._draft)
         self.backend = backend
         self._lock = threading.Lock()

@@ -91,9 +91,10 @@ def is_default_group(group: dict) -> bool:
             and not any(field in group for field in CUDA_ONLY_FIELDS))
 
 
-def load_models(target_dir, draft_dir, placement: dict, *, backend: str = "cpu", max_context: int = 4096,
+def load_models(target_dir, draft_dir, placement: dict, *, backend: str = "cpu", max_context: int = 0,
                 max_tree: int = 256, num_threads: int = 0):
     """Loads the target (and draft, unless ``draft_dir`` is None) where ``placement`` says.
+    ``max_context`` 0: each model's default (4096, or its max_position_embeddings when smaller).
 
     Returns ``(target, draft)`` as ``swiftspec_core.Model`` objects (draft may be None).
     """

@@ -342,9 +342,11 @@ void check_options(const ModelOptions& o, const TpCpuOptions& tp, int degree) {
 
 }  // namespace
 
-std::unique_ptr<Model> make_tp_cpu_model(std::shared_ptr<const Checkpoint> checkpoint, const ModelOptions& options,
+std::unique_ptr<Model> make_tp_cpu_model(std::shared_ptr<const Checkpoint> checkpoint, const ModelOptions& requested,
                                          const TpCpuOptions& tp) {
   if (!checkpoint) throw InvalidArgument("make_tp_cpu_model: checkpoint is null");
+  const ModelOptions options =
+      resolve_max_context(requested, checkpoint->config(), checkpoint->dir() + "/config.json");
   check_options(options, tp, tp.tp);
   const TpPlan plan = TpPlan::make(checkpoint->config(), tp.tp, tp.ffn_align);
   std::vector<cpu::TpRankShard> shards;
@@ -352,9 +354,10 @@ std::unique_ptr<Model> make_tp_cpu_model(std::shared_ptr<const Checkpoint> check
   return std::make_unique<TpCpuModel>(checkpoint->config(), plan, std::move(shards), options, tp);
 }
 
-std::unique_ptr<Model> make_tp_cpu_model_from_shards(const std::string& dir, const ModelOptions& options,
+std::unique_ptr<Model> make_tp_cpu_model_from_shards(const std::string& dir, const ModelOptions& requested,
                                                      const TpCpuOptions& tp_in) {
   auto ckpt = cpu::ShardedCheckpoint::open(dir);
+  const ModelOptions options = resolve_max_context(requested, ckpt->config(), dir + "/config.json");
   TpCpuOptions tp = tp_in;
   if (tp.tp == 0) tp.tp = ckpt->plan().tp;
   if (tp.tp != ckpt->plan().tp)

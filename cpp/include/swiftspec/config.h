@@ -38,7 +38,7 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   RopeStyle rope_style = RopeStyle::NeoX;
   RopeScaling rope_scaling;
-  int max_position_embeddings = 0;
+  int max_position_embeddings = 0;  ///< longest context the model was trained for; 0: not given
   bool tie_word_embeddings = false;
   bool attention_bias = false;    ///< q/k/v projections carry a bias (Qwen2)
   int bos_token_id = -1;

@@ -63,9 +63,16 @@ struct ForwardBatch {
                            int start_position, LogitsMode mode = LogitsMode::All);
 };
 
+/// The KV capacity a model gets when ModelOptions::max_context is 0 (unless its
+/// max_position_embeddings is smaller).
+constexpr int kDefaultMaxContext = 4096;
+
 /// Options a backend needs to instantiate a model.
 struct ModelOptions {
-  int max_context = 4096;   ///< committed KV capacity (tokens)
+  /// Committed KV capacity (tokens), at most the model's max_position_embeddings (the
+  /// positions it was trained for; resolve_max_context). 0 (default): kDefaultMaxContext,
+  /// or max_position_embeddings when smaller. A loaded model reports the resolved value.
+  int max_context = 0;
   int max_tree = 256;       ///< tree KV capacity (nodes)
   int num_threads = 0;      ///< CPU backend worker threads (0: all cores)
   std::vector<int> cpu_affinity;  ///< CPU backend: cores to pin its threads to (empty: none)
@@ -158,8 +165,16 @@ struct PrefillControl {
 bool prefill(Model& model, const std::vector<int32_t>& tokens, LogitsMode mode, std::vector<float>& logits,
              const PrefillControl& control = {});
 
+/// `options` with max_context resolved for a model of `config`: 0 becomes
+/// min(kDefaultMaxContext, config.max_position_embeddings); a value above
+/// max_position_embeddings (when config.json gives one) or below 0 throws
+/// InvalidArgument naming both numbers and `origin` (the config file). Every
+/// loader below calls it before allocating the KV cache.
+ModelOptions resolve_max_context(const ModelOptions& options, const ModelConfig& config, const std::string& origin);
+
 /// Creates a model on the named backend ("cpu"; "cuda" when built with CUDA).
-/// Throws InvalidArgument for an unknown or unavailable backend.
+/// Throws InvalidArgument for an unknown or unavailable backend, or for a
+/// max_context the model cannot take (resolve_max_context).
 std::unique_ptr<Model> load_model(std::shared_ptr<const Checkpoint> checkpoint,
                                   const std::string& backend, const ModelOptions& options);
 

@@ -39,8 +39,9 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
                    help="weight dtype when converting a GGUF/HF model")
     p.add_argument("--threads", type=int, default=0, help="CPU threads per model (0: all cores)")
-    p.add_argument("--max-context", type=int, default=4096,
-                   help="tokens of KV cache per model: prompt + new tokens must fit (default 4096)")
+    p.add_argument("--max-context", type=int, default=None,
+                   help="tokens of KV cache per model: prompt + new tokens must fit; at most the model's "
+                        "max_position_embeddings (default 4096, or that limit when smaller)")
     p.add_argument("--placement", metavar="JSON|FILE|auto",
                    help="where the draft and target groups run and with which options (swiftspec.placement): "
                         "JSON text, a JSON file or 'auto'. Per group: tp, cores (one list per rank), "
@@ -60,15 +61,17 @@ def check_options(args: argparse.Namespace) -> None:
                 "--max-depth": (args.max_depth, 1), "--branching": (args.branching, 1),
                 "--top-k": (args.top_k, 0), "--threads": (args.threads, 0), "--max-context": (args.max_context, 1)}
     for flag, (value, low) in at_least.items():
-        if value < low:
+        if value is not None and value < low:
             raise InvalidRequestError(f"{flag} must be >= {low}, got {value}")
     if not args.temperature >= 0.0 or args.temperature == float("inf"):
         raise InvalidRequestError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if not 0.0 < args.top_p <= 1.0:
         raise InvalidRequestError(f"--top-p must be in (0, 1], got {args.top_p}")
-    if args.max_new_tokens >= args.max_context:
+    context = args.max_context if args.max_context is not None else 4096  # the default is at most 4096
+    if args.max_new_tokens >= context:
         raise InvalidRequestError(f"--max-new-tokens {args.max_new_tokens} does not fit in --max-context "
-                                  f"{args.max_context} (the prompt needs room too): raise --max-context")
+                                  f"{context}" + (" (the default)" if args.max_context is None else "")
+                                  + " (the prompt needs room too): raise --max-context")
     if args.placement is not None:
         from swiftspec.errors import SwiftspecError
         from swiftspec.placement import normalize
