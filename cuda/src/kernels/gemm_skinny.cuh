@@ -299,7 +299,10 @@ __host__ __device__ constexpr size_t gemm_wgmma_smem_bytes(int NT, int WG, int s
 }
 
 template <int NT, int WG, class Epi>
-__global__ void __launch_bounds__(WG * 128)
+// Two warpgroups: at most 80 registers, so that three CTAs fit an SM (the
+// residual epilogue took 97: two CTAs per SM left the 8B down matrix's
+// 8-CTA clusters two rounds at M = 64, run 16).
+__global__ void __launch_bounds__(WG * 128, WG == 2 ? 3 : 1)
     gemm_wgmma_kernel(const __grid_constant__ CUtensorMap wmap,
                       const __grid_constant__ CUtensorMap xmap, const GemmArgs args,
                       const typename Epi::Params ep) {
@@ -585,7 +588,10 @@ GemmConfig plan_gemm_wgmma(int N, int K, int NT, int num_sms, const GemmPlanHint
       const int n_rb = (N + br - 1) / br;
       const int stages = hint.stages ? hint.stages : stg;
       for (int pa : {1, 0}) {
-        if (pa && (hint.palias == 0 || (hint.palias < 0 && !gemm_default_palias()))) continue;
+        // Cluster launches only: with S = 1 the resident CTAs it buys made
+        // the planner pick 64-row blocks for the 8B gate/up at M = 64, slower
+        // in the model than 128-row blocks (run 16, ncu: 107 vs 97 µs).
+        if (pa && (c.S == 1 || hint.palias == 0 || (hint.palias < 0 && !gemm_default_palias()))) continue;
         int xres = hint.xres >= 0 ? hint.xres : 0;
         size_t smem = gemm_wgmma_smem_bytes(NT, wg, stages, xres, nst_max, Epi::kSmemBytes, pa);
         if (smem > optin && xres) {
