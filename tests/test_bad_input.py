@@ -504,19 +504,24 @@ def test_max_context_beyond_max_position_embeddings_is_refused(tiny):
     assert len(core.Engine(model).generate([5] * 120, max_new_tokens=8)["tokens"]) == 8
 
 
+def linked_variant(src, out, **json_files):
+    """A checkpoint folder `out` whose files link to `src`'s, except the JSON files given (name ->
+    dict of fields replacing those of src's file)."""
+    out.mkdir()
+    for f in src.iterdir():
+        if f.name not in json_files:
+            (out / f.name).symlink_to(f)
+    for name, fields in json_files.items():
+        (out / name).write_text(json.dumps({**json.loads((src / name).read_text()), **fields}))
+    return out
+
+
 @pytest.fixture
 def small_limited(checkpoint_dir, tmp_path):
     """The small model with config.json saying max_position_embeddings 1024 (other files linked)."""
     small = checkpoint_dir(SMALL, "bfloat16")
-    out = tmp_path / "small-1024"
-    out.mkdir()
-    for f in small.iterdir():
-        if f.name != "config.json":
-            (out / f.name).symlink_to(f)
-    cfg = json.loads((small / "config.json").read_text())
-    assert cfg["max_position_embeddings"] == 8192
-    (out / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 1024}))
-    return small, out
+    assert json.loads((small / "config.json").read_text())["max_position_embeddings"] == 8192
+    return small, linked_variant(small, tmp_path / "small-1024", **{"config.json": {"max_position_embeddings": 1024}})
 
 
 @pytest.mark.parametrize("placement", [None, {"target": {"cores": [[0]]}, "draft": {"tp": 3}}])
@@ -535,3 +540,27 @@ def test_engine_max_context_is_checked_for_the_target_and_the_draft(small_limite
         with pytest.raises(InvalidRequestError, match="exceeds the context of 1024 tokens"):
             engine.generate([1] * 1000, max_new_tokens=30, mode="serial")
         assert len(engine.generate([1] * 1000, max_new_tokens=30, mode="target").token_ids) == 30
+
+
+# ------------------------------ an end-of-generation id outside the vocabulary (2026-12-01)
+@pytest.mark.parametrize("file,value,needle", [
+    ("generation_config.json", [2, 99999], "eos_token_id 99999 is outside the vocabulary [0, 49152)"),
+    ("generation_config.json", 49152, "eos_token_id 49152 is outside the vocabulary [0, 49152)"),
+    ("generation_config.json", -1, "eos_token_id -1 is outside the vocabulary [0, 49152)"),
+    ("generation_config.json", [2, "0"], 'eos_token_id must be an integer or a list of integers, got [2, "0"]'),
+    ("config.json", [2, 60000], "eos_token_id 60000 is outside the vocabulary [0, 49152)"),
+])
+def test_an_out_of_vocabulary_eos_id_is_reported_when_the_engine_loads(checkpoint_dir, tmp_path, file, value,
+                                                                       needle):
+    """Before: the engine loaded, and every request failed with 'stop token id 99999 is outside
+    the vocabulary' (the file never named). Now loading fails with the file, the id and the size."""
+    import swiftspec
+    from swiftspec.tokenizer import Tokenizer
+
+    bad = linked_variant(checkpoint_dir(SMALL, "bfloat16"), tmp_path / "bad-eos", **{file: {"eos_token_id": value}})
+    for load in (lambda: swiftspec.Engine(bad, max_context=64), lambda: Tokenizer.from_checkpoint(bad)):
+        with pytest.raises(CheckpointError, match=re.escape(f"{bad / file}: {needle}")):
+            load()
+    good = linked_variant(checkpoint_dir(SMALL, "bfloat16"), tmp_path / "null-eos", **{file: {"eos_token_id": None}})
+    with swiftspec.Engine(good, max_context=64) as engine:  # absent or null: no ids from that file
+        assert len(engine.generate("hi", max_new_tokens=2).token_ids) >= 1

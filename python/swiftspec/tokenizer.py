@@ -46,14 +46,21 @@ def _read_json(path: Path, required: bool) -> dict:
     return value
 
 
-def _id_list(value: Any) -> list[int]:
-    if isinstance(value, bool):
+def _eos_ids(value: Any, path: Path, vocab_size: int) -> list[int]:
+    """The ``eos_token_id`` of ``path`` (absent or null: none) as a list; CheckpointError naming the
+    file unless it is an id or a list of ids in [0, vocab_size): a bad one would only be noticed
+    when a request stops on it."""
+    if value is None:
         return []
-    if isinstance(value, int):
-        return [value]
-    if isinstance(value, list):
-        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
-    return []
+    ids = value if isinstance(value, list) else [value]
+    for e in ids:
+        if not isinstance(e, int) or isinstance(e, bool):
+            raise CheckpointError(f"{path}: eos_token_id must be an integer or a list of integers, got "
+                                  f"{json.dumps(value)}")
+        if not 0 <= e < vocab_size:
+            raise CheckpointError(f"{path}: eos_token_id {e} is outside the vocabulary [0, {vocab_size}) "
+                                  "(vocab_size of config.json)")
+    return list(ids)
 
 
 @lru_cache(maxsize=16)
@@ -130,7 +137,9 @@ class Tokenizer:
         """Load from a checkpoint folder: tokenizer.json (required), tokenizer_config.json,
         config.json and generation_config.json (for end-of-generation ids; optional).
 
-        Raises :class:`CheckpointError` naming the file if tokenizer.json is missing or invalid.
+        Raises :class:`CheckpointError` naming the file if tokenizer.json is missing or invalid, or
+        if an ``eos_token_id`` (config.json, generation_config.json) or the eos_token of
+        tokenizer_config.json is not an id in [0, vocab_size of config.json).
         """
         from tokenizers import Tokenizer as _Backend
 
@@ -143,10 +152,19 @@ class Tokenizer:
         except Exception as exc:
             raise CheckpointError(f"{path} is not a valid tokenizers file: {exc}") from None
         config = _read_json(folder / "tokenizer_config.json", required=False)
-        eos: list[int] = []
-        for name in ("config.json", "generation_config.json"):
-            eos += _id_list(_read_json(folder / name, required=False).get("eos_token_id"))
-        return cls(backend, config, eos, source=str(folder))
+        model_config = _read_json(folder / "config.json", required=False)
+        vocab = model_config.get("vocab_size")
+        if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab <= 0:  # (the model loader names it)
+            vocab = backend.get_vocab_size(with_added_tokens=True)
+        eos: list[int] = _eos_ids(model_config.get("eos_token_id"), folder / "config.json", vocab)
+        eos += _eos_ids(_read_json(folder / "generation_config.json", required=False).get("eos_token_id"),
+                        folder / "generation_config.json", vocab)
+        tokenizer = cls(backend, config, eos, source=str(folder))
+        bad = [e for e in tokenizer.eos_token_ids if e >= vocab]  # only tokenizer_config's eos_token is left
+        if bad:
+            raise CheckpointError(f"{folder / 'tokenizer_config.json'}: eos_token {tokenizer.special_tokens['eos_token']!r} is "
+                                  f"token {bad[0]}, outside the vocabulary [0, {vocab}) (vocab_size of config.json)")
+        return tokenizer
 
     # ----------------------------------------------------------------- ids <-> text
 
