@@ -267,6 +267,7 @@ double host_sync_decode_ms(CudaModel& m, int ctx, int n) {
 struct ModelRow {
   std::string shape;
   double weight_gb, limit_ms, decode_ms, decode_nopdl_ms, host_ms, tree32_ms, tree64_ms;
+  double tree32_nopdl_ms, tree64_nopdl_ms;  ///< the steps without programmatic dependent launch
   double mma_decode_ms, mma_tree32_ms, mma_tree64_ms;  ///< GEMM engine Mma (with PDL), if asked
   double early_decode_ms, early_tree32_ms, early_tree64_ms;  ///< GEMMs release dependents at entry
   double mk_decode_ms, mk_host_ms;  ///< the decode megakernel (CudaModelOptions::megakernel)
@@ -358,6 +359,13 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
       }
     } else if (!pdl) {
       r.decode_nopdl_ms = ms;
+      if (which == "llama3-8b") {
+        m->truncate_committed(ctx);
+        r.tree32_nopdl_ms = m->debug_replay_ms(m->debug_prepare(tree_batch(32, ctx, 5), false), iters);
+        r.tree64_nopdl_ms = m->debug_replay_ms(m->debug_prepare(tree_batch(64, ctx, 6), false), iters);
+        std::printf("model %-13s pdl=0 tree32 %.4f ms tree64 %.4f ms\n", which.c_str(), r.tree32_nopdl_ms,
+                    r.tree64_nopdl_ms);
+      }
     }
     std::printf("model %-13s pdl=%d decode %.4f ms\n", which.c_str(), pdl, ms);
     std::fflush(stdout);
@@ -543,6 +551,9 @@ int main(int argc, char** argv) {
              ", \"decode_ms\": " + num(m.decode_ms) + ", \"decode_no_pdl_ms\": " + num(m.decode_nopdl_ms) +
              ", \"host_sync_decode_ms\": " + num(m.host_ms) + ", \"frac_of_limit\": " + num(m.limit_ms / m.decode_ms) +
              (m.tree32_ms > 0 ? ", \"tree32_ms\": " + num(m.tree32_ms) + ", \"tree64_ms\": " + num(m.tree64_ms) : "") +
+             (m.tree32_nopdl_ms > 0 ? ", \"tree32_no_pdl_ms\": " + num(m.tree32_nopdl_ms) +
+                                          ", \"tree64_no_pdl_ms\": " + num(m.tree64_nopdl_ms)
+                                    : "") +
              (m.mma_decode_ms > 0 ? ", \"mma_engine_decode_ms\": " + num(m.mma_decode_ms) : "") +
              (m.mma_tree32_ms > 0 ? ", \"mma_engine_tree32_ms\": " + num(m.mma_tree32_ms) +
                                         ", \"mma_engine_tree64_ms\": " + num(m.mma_tree64_ms) : "") +

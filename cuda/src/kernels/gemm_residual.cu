@@ -4,5 +4,9 @@
 #include "kernels/gemm_skinny.cuh"
 
 namespace swiftspec::cuda {
+template <>
+struct GemmWgmmaMinBlocks<EpiResidual> {
+  static constexpr int value = 3;  // <= 80 registers (see gemm_skinny.cuh)
+};
 SS_INSTANTIATE_GEMM(EpiResidual)
 }  // namespace swiftspec::cuda

@@ -298,11 +298,18 @@ __host__ __device__ constexpr size_t gemm_wgmma_smem_bytes(int NT, int WG, int s
          (xres ? size_t(nst) * 8 * NT * 128 : 0) + 64 * 4 + 10 * 8 + size_t(epi_smem);
 }
 
+/// Resident two-warpgroup CTAs per SM that the compiler must allow (a register
+/// bound), per epilogue; specialized where an epilogue needs it. The residual
+/// epilogue took 97 registers: two CTAs per SM left the 8B down matrix's 8-CTA
+/// clusters two rounds at M = 64 (run 16: 89 -> 61 µs under ncu with three per
+/// SM). Not for all: the bound's spills made SwiGLU and the LM head ~5 % slower.
+template <class Epi>
+struct GemmWgmmaMinBlocks {
+  static constexpr int value = 1;
+};
+
 template <int NT, int WG, class Epi>
-// Two warpgroups: at most 80 registers, so that three CTAs fit an SM (the
-// residual epilogue took 97: two CTAs per SM left the 8B down matrix's
-// 8-CTA clusters two rounds at M = 64, run 16).
-__global__ void __launch_bounds__(WG * 128, WG == 2 ? 3 : 1)
+__global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::value : 1)
     gemm_wgmma_kernel(const __grid_constant__ CUtensorMap wmap,
                       const __grid_constant__ CUtensorMap xmap, const GemmArgs args,
                       const typename Epi::Params ep) {
