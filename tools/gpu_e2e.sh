@@ -8,7 +8,7 @@
 #   .whl/gguf-0.19.0-*.whl .whl/nlohmann_json-3.12.0-*.whl
 # Stages (env STAGES, comma list, run in this order; default prep,logits,bench,peers):
 #   build_bg  start the package build (as in prep) detached from this call (setsid), from a snapshot
-#             of the sources in /tmp/ss-src, and return at once: later calls that carry the model
+#             of the sources in /tmp/ss-src (or of SRC_TAR, a carried git archive), and return at once: later calls that carry the model
 #             chunks overlap it; prep then waits for it
 #   prep      join + sha256-check the GGUFs into the cache; build and install the package
 #             with CUDA on (sm_90a); convert both models to bf16. Skipped parts: a model
@@ -76,7 +76,10 @@ if has build_bg; then
   # Build from a snapshot of the sources: each later call of a chunked transfer copies the working
   # tree again and replaced headers under a build that read them (seen: checkpoint.h missing).
   rm -rf "$BG_SRC"; mkdir -p "$BG_SRC"
-  tar --exclude=./.xfer --exclude=./build --exclude=./.git -cf - . | tar -xf - -C "$BG_SRC"
+  # SRC_TAR (a carried `git archive` of a commit, e.g. .xfer/src.tar.gz): build that commit
+  # instead of the copied working tree (whose uncommitted edits then stay out of the build).
+  if [ -n "${SRC_TAR:-}" ]; then tar -xzf "$SRC_TAR" -C "$BG_SRC"
+  else tar --exclude=./.xfer --exclude=./build --exclude=./.git -cf - . | tar -xf - -C "$BG_SRC"; fi
   export -f build_cmd; export BUILD_DIR
   (cd "$BG_SRC" && setsid nohup bash -c "build_cmd > $BG_LOG 2>&1; echo \$? > $BG_DONE" > /dev/null 2>&1 < /dev/null &)
   log "build started in the background from a snapshot in $BG_SRC (log $BG_LOG)"
