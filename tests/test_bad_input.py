@@ -8,6 +8,8 @@ import shutil
 import struct
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -564,3 +566,86 @@ def test_an_out_of_vocabulary_eos_id_is_reported_when_the_engine_loads(checkpoin
     good = linked_variant(checkpoint_dir(SMALL, "bfloat16"), tmp_path / "null-eos", **{file: {"eos_token_id": None}})
     with swiftspec.Engine(good, max_context=64) as engine:  # absent or null: no ids from that file
         assert len(engine.generate("hi", max_new_tokens=2).token_ids) >= 1
+
+
+# ------------------------- the low-level speculative objects run one call at a time (2026-12-01)
+@pytest.fixture(scope="module")
+def qwen_small_model(checkpoint_dir):
+    opts = core.ModelOptions()
+    opts.max_context, opts.max_tree = 1024, 64
+    return core.load_model(str(checkpoint_dir("qwen2.5-coder-0.5b-instruct", "bfloat16")), "cpu", opts)
+
+
+def while_running(call, checks):
+    """Runs `call` on a thread (a prefill of a few seconds, the GIL released inside) and, while it
+    runs, each of `checks` (callable, message) on this thread: each must raise InvalidRequestError
+    containing its message. Before: no error (and state corrupted under the running call, or a crash)."""
+    errors = []
+
+    def run():
+        try:
+            call()
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    try:
+        time.sleep(0.5)
+        for check, message in checks:
+            with pytest.raises(InvalidRequestError, match=re.escape(message)):
+                check()
+        assert worker.is_alive(), "the long call ended before the checks: they did not run beside it"
+    finally:
+        worker.join()
+    assert not errors, errors
+
+
+LONG_IDS = [(i * 7919) % 30000 + 100 for i in range(300)]
+
+
+def test_a_tree_kv_cache_refuses_a_second_thread(qwen_small_model):
+    model = qwen_small_model
+    cache = core.spec.TreeKvCache(model)
+    tree = core.spec.TokenTree(5)
+    busy = "the TreeKvCache is in use by another call (a TreeKvCache runs one call at a time: give each thread its own)"
+    model.truncate_committed(0)
+    while_running(lambda: cache.prefill(LONG_IDS, logits="none"), [
+        (lambda: cache.slot(0), busy),
+        (lambda: cache.pending_tokens, busy),
+        (lambda: cache.clear(), busy),
+        (lambda: cache.forward_nodes(tree, [0]), busy),
+        (lambda: cache.prefill([1, 2]), busy),
+        (lambda: core.spec.TreeKvCache(model).prefill([1, 2]), "the model is in use by another request"),
+        (lambda: model.forward([1, 2]), "the model is in use by another request"),
+    ])
+    assert model.committed_len == len(LONG_IDS) and cache.free_slots == 64  # the one call went through whole
+    row0, logits = cache.forward_nodes(tree, [0])
+    assert row0 == 0 and logits.shape == (1, model.config["vocab_size"])
+
+
+def test_a_draft_tree_and_a_tree_verifier_refuse_a_second_thread(qwen_small_model):
+    model = qwen_small_model
+    drafter = core.spec.DraftTree(model, tree_budget=8)
+    busy = "the DraftTree is in use by another call (a DraftTree runs one call at a time: give each thread its own)"
+    while_running(lambda: drafter.start(LONG_IDS, 7), [
+        (lambda: drafter.tree, busy),
+        (lambda: drafter.can_grow(4), busy),
+        (lambda: drafter.grow_step(4), busy),
+        (lambda: drafter.advance([], 9), busy),
+        (lambda: drafter.cache.free_slots, "the TreeKvCache is in use"),  # its own cache, handed out
+        (lambda: model.forward([1, 2]), "the model is in use by another request"),
+    ])
+    drafter.grow_to(8, 4)
+    tree, to_draft = drafter.select(8, 4)
+    assert len(tree) == 9
+    model.truncate_committed(0)
+
+    verifier = core.spec.TreeVerifier(model)
+    busy = "the TreeVerifier is in use by another call"
+    while_running(lambda: verifier.start(LONG_IDS), [
+        (lambda: verifier.steps, busy),
+        (lambda: verifier.verify(tree), busy),
+        (lambda: drafter.grow_step(4), "the model is in use by another request"),  # both drive the model
+    ])
+    assert verifier.verify(tree)["bonus_token"] >= 0 and verifier.steps == 1

@@ -1,6 +1,7 @@
 // swiftspec_core.spec: the speculative core seen from Python (tests, tools and
 // the async engine's prototypes). Every numeric routine releases the GIL.
 #include "python/bind_speculative.h"
+#include "python/model_busy.h"
 #include "python/request_hooks.h"
 
 #include <nanobind/ndarray.h>
@@ -149,10 +150,23 @@ NodeDistribution table_rows(const Probs2D& table, const std::optional<std::vecto
 // The target side with its own random source (the runtime keeps Rng internal).
 struct PyTreeVerifier {
   PyTreeVerifier(Model& target, const SamplingParams& s, VerifierBias bias)
-      : verifier(target, s, bias), rng(s.seed) {}
+      : verifier(target, s, bias), rng(s.seed), model(&target) {}
   TreeVerifier verifier;
   Rng rng;
+  Model* model;
 };
+
+// Busy guards (model_busy.h) of the low-level objects, with the model when the call runs it.
+BusyGuard busy(const TreeKvCache& c, const Model* model = nullptr) {
+  return BusyGuard({{&c, "TreeKvCache"}, {model, nullptr}});
+}
+BusyGuard busy(const DraftTree& d, bool with_model = false) {
+  const Model* model = with_model ? &d.cache().model() : nullptr;
+  return BusyGuard({{&d, "DraftTree"}, {&d.cache(), "DraftTree"}, {model, nullptr}});
+}
+BusyGuard busy(const PyTreeVerifier& v, bool with_model, const DraftTree* drafter = nullptr) {
+  return BusyGuard({{&v, "TreeVerifier"}, {with_model ? v.model : nullptr, nullptr}, {drafter, "DraftTree"}});
+}
 
 }  // namespace
 
@@ -216,7 +230,8 @@ void bind_speculative(nb::module_& parent) {
   // ------------------------------------------------------------- verification
   m.def(
       "verify_greedy",
-      [](const TokenTree& tree, Probs2D logits) {
+      [](const TokenTree& tree_in, Probs2D logits) {
+        const TokenTree tree = tree_in;  // another thread may edit tree_in once the GIL is released
         if (static_cast<int>(logits.shape(0)) != tree.size())
           throw InvalidArgument("verify_greedy: logits must have one row per tree node");
         const int vocab = static_cast<int>(logits.shape(1));
@@ -231,9 +246,10 @@ void bind_speculative(nb::module_& parent) {
 
   m.def(
       "verify_stochastic",
-      [](const TokenTree& tree, Probs2D target_probs, std::optional<Probs2D> draft_probs, uint64_t seed,
+      [](const TokenTree& tree_in, Probs2D target_probs, std::optional<Probs2D> draft_probs, uint64_t seed,
          const std::string& bias, std::optional<std::vector<int32_t>> target_rows,
          std::optional<std::vector<int32_t>> draft_rows) {
+        const TokenTree tree = tree_in;  // another thread may edit tree_in once the GIL is released
         const int vocab = static_cast<int>(target_probs.shape(1));
         NodeDistribution tp = table_rows(target_probs, target_rows, vocab, "target_probs");
         NodeDistribution dp;
@@ -281,25 +297,35 @@ void bind_speculative(nb::module_& parent) {
       "values"_a, "k"_a);
 
   // -------------------------------------------------------------- TreeKvCache
-  nb::class_<TreeKvCache>(m, "TreeKvCache", "Tree-slot bookkeeping of one model (tree_kv_cache.h).")
+  // Every method holds a busy guard (model_busy.h): a second thread gets InvalidRequestError
+  // instead of racing the bookkeeping (or, for the calls that run it, the model). Trees are
+  // copied before the GIL is released, so a thread editing one cannot change it under a call.
+  nb::class_<TreeKvCache>(m, "TreeKvCache",
+                          "Tree-slot bookkeeping of one model (tree_kv_cache.h). One call at a time: a call while\n"
+                          "another thread's call runs raises InvalidRequestError ('the TreeKvCache is in use').")
       .def(nb::init<Model&>(), "model"_a, nb::keep_alive<1, 2>())
       .def_prop_ro("capacity", &TreeKvCache::capacity)
-      .def_prop_ro("free_slots", &TreeKvCache::free_slots)
-      .def_prop_ro("base_position", &TreeKvCache::base_position)
-      .def_prop_ro("pending_tokens", &TreeKvCache::pending_tokens)
-      .def_prop_ro("processed_count", &TreeKvCache::processed_count)
-      .def("processed", &TreeKvCache::processed, "node"_a)
-      .def("slot", &TreeKvCache::slot, "node"_a)
-      .def("clear", &TreeKvCache::clear)
+      .def_prop_ro("free_slots", [](const TreeKvCache& c) { BusyGuard g = busy(c); return c.free_slots(); })
+      .def_prop_ro("base_position", [](const TreeKvCache& c) { BusyGuard g = busy(c); return c.base_position(); })
+      .def_prop_ro("pending_tokens", [](const TreeKvCache& c) { BusyGuard g = busy(c); return c.pending_tokens(); })
+      .def_prop_ro("processed_count",
+                   [](const TreeKvCache& c) { BusyGuard g = busy(c); return c.processed_count(); })
+      .def(
+          "processed", [](const TreeKvCache& c, int node) { BusyGuard g = busy(c); return c.processed(node); },
+          "node"_a)
+      .def("slot", [](const TreeKvCache& c, int node) { BusyGuard g = busy(c); return c.slot(node); }, "node"_a)
+      .def("clear", [](TreeKvCache& c) { BusyGuard g = busy(c); c.clear(); })
       .def(
           "prefill",
           [](TreeKvCache& c, const std::vector<int32_t>& tokens, const std::string& logits, int chunk) {
             std::vector<float> out;
             RequestHooks hooks{nb::none(), nb::none()};  // Ctrl-C between chunks
             const PrefillControl control{chunk, hooks.cancel_requested()};
+            const LogitsMode mode = parse_logits(logits);
             {
+              BusyGuard g = busy(c, &c.model());
               nb::gil_scoped_release release;
-              c.prefill(tokens, parse_logits(logits), out, control);
+              c.prefill(tokens, mode, out, control);
             }
             hooks.rethrow();
             const size_t v = c.model().config().vocab_size, rows = out.size() / v;
@@ -312,7 +338,11 @@ void bind_speculative(nb::module_& parent) {
           "build_batch",
           [](const TreeKvCache& c, const TokenTree& tree, const std::vector<int32_t>& nodes) {
             std::vector<int32_t> slots;
-            ForwardBatch b = c.build_batch(tree, nodes, LogitsMode::All, slots);
+            ForwardBatch b;
+            {
+              BusyGuard g = busy(c);
+              b = c.build_batch(tree, nodes, LogitsMode::All, slots);
+            }
             nb::dict d;
             d["tokens"] = b.tokens;
             d["positions"] = b.positions;
@@ -324,23 +354,40 @@ void bind_speculative(nb::module_& parent) {
           "tree"_a, "nodes"_a, "The tree-mode batch forward_nodes would run (nothing recorded).")
       .def(
           "forward_nodes",
-          [](TreeKvCache& c, const TokenTree& tree, const std::vector<int32_t>& nodes, const std::string& logits) {
+          [](TreeKvCache& c, const TokenTree& tree_in, const std::vector<int32_t>& nodes, const std::string& logits) {
+            const TokenTree tree = tree_in;
+            const LogitsMode mode = parse_logits(logits);
             std::vector<float> out;
             int row0;
             {
+              BusyGuard g = busy(c, &c.model());
               nb::gil_scoped_release release;
-              row0 = c.forward_nodes(tree, nodes, parse_logits(logits), out);
+              row0 = c.forward_nodes(tree, nodes, mode, out);
             }
             const size_t v = c.model().config().vocab_size, rows = out.size() / v;
             return nb::make_tuple(row0, to_numpy<float>(std::move(out), {rows, v}));
           },
           "tree"_a, "nodes"_a, "logits"_a = "all",
           "Processes pending tokens + nodes in one forward; returns (row of nodes[0], logits).")
-      .def("commit_path", &TreeKvCache::commit_path, "tree"_a, "path"_a, nb::call_guard<nb::gil_scoped_release>())
-      .def("remap", &TreeKvCache::remap, "old_to_new"_a);
+      .def(
+          "commit_path",
+          [](TreeKvCache& c, const TokenTree& tree_in, const std::vector<int32_t>& path) {
+            const TokenTree tree = tree_in;
+            BusyGuard g = busy(c, &c.model());
+            nb::gil_scoped_release release;
+            return c.commit_path(tree, path);
+          },
+          "tree"_a, "path"_a)
+      .def(
+          "remap", [](TreeKvCache& c, const std::vector<int32_t>& map) { BusyGuard g = busy(c); c.remap(map); },
+          "old_to_new"_a);
 
   // ---------------------------------------------------------------- DraftTree
-  nb::class_<DraftTree>(m, "DraftTree", "The draft side: grows, selects and re-roots the token tree.")
+  // Guarded like TreeKvCache; the guard covers the DraftTree's own cache too (`cache` hands
+  // it out) and, in the calls that run it, the draft model.
+  nb::class_<DraftTree>(m, "DraftTree",
+                        "The draft side: grows, selects and re-roots the token tree. One call at a time: a call\n"
+                        "while another thread's call runs raises InvalidRequestError ('the DraftTree is in use').")
       .def(
           "__init__",
           [](DraftTree* self, Model& draft, int tree_budget, int max_depth, int branching, float temperature,
@@ -363,20 +410,40 @@ void bind_speculative(nb::module_& parent) {
             RequestHooks hooks{nb::none(), nb::none()};  // Ctrl-C between prefill chunks
             const PrefillControl control{0, hooks.cancel_requested()};
             {
+              BusyGuard g = busy(d, true);
               nb::gil_scoped_release release;
               d.start(prompt, first_token, control);
             }
             hooks.rethrow();
           },
           "prompt"_a, "first_token"_a, "Prefills the prompt and roots the tree at first_token.")
-      .def("can_grow", &DraftTree::can_grow, "depth_limit"_a)
-      .def("selectable_nodes", &DraftTree::selectable_nodes, "depth_limit"_a)
-      .def("grow_step", &DraftTree::grow_step, "depth_limit"_a, "max_new_nodes"_a = -1,
-           nb::call_guard<nb::gil_scoped_release>())
-      .def("grow_to", &DraftTree::grow_to, "budget"_a, "depth_limit"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "can_grow", [](const DraftTree& d, int depth) { BusyGuard g = busy(d); return d.can_grow(depth); },
+          "depth_limit"_a)
+      .def(
+          "selectable_nodes",
+          [](const DraftTree& d, int depth) { BusyGuard g = busy(d); return d.selectable_nodes(depth); },
+          "depth_limit"_a)
+      .def(
+          "grow_step",
+          [](DraftTree& d, int depth_limit, int max_new_nodes) {
+            BusyGuard g = busy(d, true);
+            nb::gil_scoped_release release;
+            return d.grow_step(depth_limit, max_new_nodes);
+          },
+          "depth_limit"_a, "max_new_nodes"_a = -1)
+      .def(
+          "grow_to",
+          [](DraftTree& d, int budget, int depth_limit) {
+            BusyGuard g = busy(d, true);
+            nb::gil_scoped_release release;
+            d.grow_to(budget, depth_limit);
+          },
+          "budget"_a, "depth_limit"_a)
       .def(
           "select",
           [](const DraftTree& d, int budget, int depth_limit) {
+            BusyGuard g = busy(d);
             std::vector<int32_t> to_draft;
             TokenTree t = d.select(budget, depth_limit, to_draft);
             return std::make_pair(std::move(t), std::move(to_draft));
@@ -385,24 +452,35 @@ void bind_speculative(nb::module_& parent) {
       .def(
           "draft_probs",
           [](const DraftTree& d, int node) -> nb::object {
+            BusyGuard g = busy(d);
             const float* q = d.draft_probs(node);
             if (!q) return nb::none();
             const size_t v = d.cache().model().config().vocab_size;
             return nb::cast(to_numpy<float>(std::vector<float>(q, q + v), {v}));
           },
           "node"_a)
-      .def("advance", &DraftTree::advance, "accepted_tokens"_a, "bonus"_a, nb::call_guard<nb::gil_scoped_release>())
-      .def_prop_ro("tree", [](const DraftTree& d) { return TokenTree(d.tree()); }, "A copy of the current tree.")
+      .def(
+          "advance",
+          [](DraftTree& d, const std::vector<int32_t>& accepted_tokens, int32_t bonus) {
+            BusyGuard g = busy(d, true);
+            nb::gil_scoped_release release;
+            return d.advance(accepted_tokens, bonus);
+          },
+          "accepted_tokens"_a, "bonus"_a)
+      .def_prop_ro("tree", [](const DraftTree& d) { BusyGuard g = busy(d); return TokenTree(d.tree()); },
+                   "A copy of the current tree.")
       .def_prop_ro("cache", &DraftTree::cache, nb::rv_policy::reference_internal)
       .def_prop_ro("growth", [](const DraftTree& d) { return tree_growth_name(d.growth()); })
       .def_prop_ro("expand_width", &DraftTree::expand_width)
-      .def_prop_ro("steps", &DraftTree::steps)
-      .def_prop_ro("time", &DraftTree::time)
-      .def_prop_ro("drafted_nodes", &DraftTree::drafted_nodes)
-      .def_prop_ro("batch_rows", &DraftTree::batch_rows);
+      .def_prop_ro("steps", [](const DraftTree& d) { BusyGuard g = busy(d); return d.steps(); })
+      .def_prop_ro("time", [](const DraftTree& d) { BusyGuard g = busy(d); return d.time(); })
+      .def_prop_ro("drafted_nodes", [](const DraftTree& d) { BusyGuard g = busy(d); return d.drafted_nodes(); })
+      .def_prop_ro("batch_rows", [](const DraftTree& d) { BusyGuard g = busy(d); return d.batch_rows(); });
 
   // ------------------------------------------------------------- TreeVerifier
-  nb::class_<PyTreeVerifier>(m, "TreeVerifier", "The target side: verifies a tree in one forward, commits.")
+  nb::class_<PyTreeVerifier>(m, "TreeVerifier",
+                             "The target side: verifies a tree in one forward, commits. One call at a time, as\n"
+                             "DraftTree ('the TreeVerifier is in use').")
       .def(
           "__init__",
           [](PyTreeVerifier* self, Model& target, float temperature, int top_k, float top_p, uint64_t seed,
@@ -418,6 +496,7 @@ void bind_speculative(nb::module_& parent) {
             const PrefillControl control{0, hooks.cancel_requested()};
             int32_t first;
             {
+              BusyGuard g = busy(v, true);
               nb::gil_scoped_release release;
               first = v.verifier.start(prompt, v.rng, control);
             }
@@ -427,16 +506,18 @@ void bind_speculative(nb::module_& parent) {
           "prompt"_a, "Prefills; returns the first token.")
       .def(
           "verify",
-          [](PyTreeVerifier& v, const TokenTree& tree, std::optional<const DraftTree*> drafter,
+          [](PyTreeVerifier& v, const TokenTree& tree_in, std::optional<const DraftTree*> drafter,
              std::optional<std::vector<int32_t>> to_draft) {
+            const TokenTree tree = tree_in;
             NodeDistribution dp;
-            if (drafter && *drafter && to_draft) {
-              const DraftTree* d = *drafter;
+            const DraftTree* d = drafter && *drafter && to_draft ? *drafter : nullptr;
+            if (d) {
               std::vector<int32_t> map = *to_draft;
               dp = [d, map](int u) { return d->draft_probs(map.at(u)); };
             }
             VerificationResult r;
             {
+              BusyGuard g = busy(v, true, d);  // the drafter's distributions are read during the call
               nb::gil_scoped_release release;
               r = v.verifier.verify(tree, dp, v.rng);
             }
@@ -444,8 +525,8 @@ void bind_speculative(nb::module_& parent) {
           },
           "tree"_a, "drafter"_a = nb::none(), "to_draft"_a = nb::none(),
           "Verifies and commits; draft distributions come from drafter via to_draft (Sampled growth).")
-      .def_prop_ro("steps", [](const PyTreeVerifier& v) { return v.verifier.steps(); })
-      .def_prop_ro("time", [](const PyTreeVerifier& v) { return v.verifier.time(); });
+      .def_prop_ro("steps", [](const PyTreeVerifier& v) { BusyGuard g = busy(v, false); return v.verifier.steps(); })
+      .def_prop_ro("time", [](const PyTreeVerifier& v) { BusyGuard g = busy(v, false); return v.verifier.time(); });
 
   // ------------------------------------------------------ serial generation
   m.def(
@@ -468,6 +549,7 @@ void bind_speculative(nb::module_& parent) {
         GenerationResult res;
         SpeculationReport rep;
         {
+          ModelBusy busy({&target, &draft});
           nb::gil_scoped_release release;
           res = generate_speculative_serial(target, draft, prompt, cfg, cb, opt, &rep);
         }

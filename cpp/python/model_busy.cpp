@@ -1,6 +1,7 @@
 #include "python/model_busy.h"
 
 #include <mutex>
+#include <string>
 #include <unordered_set>
 
 #include "swiftspec/error.h"
@@ -8,27 +9,40 @@
 namespace swiftspec::python {
 namespace {
 std::mutex g_mu;
-std::unordered_set<const Model*>& busy_models() {
-  static std::unordered_set<const Model*> s;
+std::unordered_set<const void*>& busy_objects() {
+  static std::unordered_set<const void*> s;
   return s;
 }
 }  // namespace
 
-ModelBusy::ModelBusy(std::initializer_list<const Model*> models) {
+BusyGuard::BusyGuard(const std::vector<BusyItem>& items) {
   std::lock_guard<std::mutex> lock(g_mu);
-  auto& busy = busy_models();
-  for (const Model* m : models)
-    if (m != nullptr && busy.count(m))
+  auto& busy = busy_objects();
+  for (const BusyItem& it : items) {
+    if (it.object == nullptr || !busy.count(it.object)) continue;
+    if (it.name == nullptr)
       throw InvalidArgument(
           "the model is in use by another request (a model runs one request at a time: use one engine per "
           "thread, and do not call into a model from a callback of its own request)");
-  for (const Model* m : models)
-    if (m != nullptr && busy.insert(m).second) held_.push_back(m);
+    const std::string name = it.name;
+    throw InvalidArgument("the " + name + " is in use by another call (a " + name +
+                          " runs one call at a time: give each thread its own)");
+  }
+  for (const BusyItem& it : items)
+    if (it.object != nullptr && busy.insert(it.object).second) held_.push_back(it.object);
 }
 
-ModelBusy::~ModelBusy() {
+BusyGuard::~BusyGuard() {
   std::lock_guard<std::mutex> lock(g_mu);
-  for (const Model* m : held_) busy_models().erase(m);
+  for (const void* p : held_) busy_objects().erase(p);
 }
+
+std::vector<BusyItem> ModelBusy::items(std::initializer_list<const Model*> models) {
+  std::vector<BusyItem> out;
+  for (const Model* m : models) out.push_back({m, nullptr});
+  return out;
+}
+
+ModelBusy::ModelBusy(std::initializer_list<const Model*> models) : guard_(items(models)) {}
 
 }  // namespace swiftspec::python
