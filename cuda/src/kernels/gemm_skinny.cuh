@@ -374,17 +374,11 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
 
   const uint64_t wpolicy = l2_policy_evict_first();
   const int pre = items < ST ? items : ST;
-  // Stage st of row block rb reads k columns kb + kst(rb, st) * 64: with
-  // args.krot the row blocks start their K loops at different stages, so the
-  // CTAs of a slice do not all request the same activation tile at once.
-  // The order is a function of the row block only: batch invariant.
-  const int krot = args.krot;
-  auto kst = [nst, krot](int rb_, int st_) { return krot ? (st_ + rb_) % nst : st_; };
   if (tid == 0) {
     for (int i = 0; i < pre; ++i) {
       const int rb = blockIdx.x + (i / nst) * gridDim.x;
       mbar_arrive_expect_tx(&bars[i], STAGE_BYTES);
-      tma_load_2d_hint(smem + i * STAGE_BYTES, &wmap, kb + kst(rb, i % nst) * 64, rb * BR, &bars[i], wpolicy);
+      tma_load_2d_hint(smem + i * STAGE_BYTES, &wmap, kb + (i % nst) * 64, rb * BR, &bars[i], wpolicy);
     }
   }
   griddep_wait();
@@ -400,8 +394,7 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
         tma_load_2d(xbuf + st * X_BYTES, &xmap, kb + st * 64, x_row0, &bars[8]);
     } else {
       for (int i = 0; i < pre; ++i)
-        tma_load_2d(smem + i * STAGE_BYTES + W_BYTES, &xmap,
-                    kb + kst(blockIdx.x + (i / nst) * gridDim.x, i % nst) * 64, x_row0, &bars[i]);
+        tma_load_2d(smem + i * STAGE_BYTES + W_BYTES, &xmap, kb + (i % nst) * 64, x_row0, &bars[i]);
     }
   }
   gemm_rms_prologue<Epi>(args, rinv, x_row0, m_active, rank, S, warp, lane, WR);
@@ -423,11 +416,10 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
     for (int st = 0; st < nst; ++st, ++it) {
       const int s = it % ST;
       mbar_wait(&bars[s], static_cast<uint32_t>((it / ST) & 1));
-      const int kstage = kst(rb, st);
-      const int nk = min(4, (ke - kb - kstage * 64) >> 4);
+      const int nk = min(4, (ke - kb - st * 64) >> 4);
       const uint32_t wbase = smem_u32(smem + s * STAGE_BYTES);
       const uint32_t abase = wbase + wg * (64 * 128);
-      const uint32_t bbase = xres ? smem_u32(xbuf + kstage * X_BYTES) : wbase + W_BYTES;
+      const uint32_t bbase = xres ? smem_u32(xbuf + st * X_BYTES) : wbase + W_BYTES;
       wgmma_fence();
       if (split_n) {
         // One n8 instruction per 8-token block (token block j's tile starts
@@ -456,7 +448,7 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
         const int ps = pv % ST;
         const int nx = pv + ST;
         const int nrb = blockIdx.x + (nx / nst) * gridDim.x;
-        const int nst_i = kst(nrb, nx % nst);
+        const int nst_i = nx % nst;
         mbar_arrive_expect_tx(&bars[ps], STAGE_BYTES);
         tma_load_2d_hint(smem + ps * STAGE_BYTES, &wmap, kb + nst_i * 64, nrb * BR, &bars[ps], wpolicy);
         if (!xres) tma_load_2d(smem + ps * STAGE_BYTES + W_BYTES, &xmap, kb + nst_i * 64, x_row0, &bars[ps]);
@@ -701,7 +693,6 @@ void launch_gemm(const GemmConfig& cfg, const CUtensorMap& wmap, const CUtensorM
   args.stages = cfg.stages;
   args.xres = cfg.xres;
   args.split_n = cfg.split_n;
-  args.krot = cfg.engine == GemmEngine::Wgmma ? gemm_krot() : 0;
   args.palias = cfg.palias;
   args.pdl_early = gemm_pdl_early();
   cudaLaunchConfig_t lc = {};

@@ -75,7 +75,6 @@ struct GemmArgs {
   int split_n = 0; ///< wgmma engine: n8 instructions only
   int palias = 0;  ///< wgmma engine: partials alias the stage buffers (every CTA one row block)
   int pdl_early = 0; ///< release the dependent kernel at entry (else after the main loop)
-  int krot = 0;    ///< wgmma engine: row block rb starts its K loop at stage rb mod (stages of a slice)
 };
 
 /// Optional overrides of plan_gemm's choices (benchmarks, tests). The engine
@@ -103,9 +102,6 @@ int gemm_pdl_early();
 /// Whether the planner may alias the partials onto the stages (palias) in one-round
 /// launches: yes unless SWIFTSPEC_GEMM_PALIAS=0 (A/B measurements).
 int gemm_default_palias();
-
-/// Whether the wgmma engine rotates each row block's K loop (SWIFTSPEC_GEMM_KROT=1).
-int gemm_krot();
 
 /// Default engine of an N x K matrix: Wgmma, unless the environment variable
 /// SWIFTSPEC_GEMM_ENGINE=mma asks for the mma.sync engine (A/B measurements).

@@ -58,11 +58,6 @@ int gemm_default_palias() {
   return e && std::strcmp(e, "0") == 0 ? 0 : 1;
 }
 
-int gemm_krot() {
-  const char* e = std::getenv("SWIFTSPEC_GEMM_KROT");
-  return e && std::strcmp(e, "1") == 0 ? 1 : 0;
-}
-
 int gemm_pdl_early() {
   // Read at every launch (launches are captured once per graph bucket).
   const char* e = std::getenv("SWIFTSPEC_GEMM_PDL_EARLY");
