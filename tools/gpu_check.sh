@@ -108,6 +108,8 @@ if [ -n "${NCU_GEMM:-}" ] && [ -x "$BIN/swiftspec-cuda-bench" ]; then
     timeout 120 ncu --set full -k regex:gemm_wgmma -s 3 -c 1 -f -o "/tmp/ncu_$tag" \
       "$BIN/swiftspec-cuda-bench" --gemm-only "$GSHAPE" --gemm-m "$GM" > "$OUT/ncu_$tag.log" 2>&1
     ncu -i "/tmp/ncu_$tag.ncu-rep" --page details >> "$OUT/ncu_$tag.txt" 2>&1
+    # every collected metric (warp stall reasons included), for what the details page summarizes away
+    ncu -i "/tmp/ncu_$tag.ncu-rep" --page raw --csv 2>/dev/null | gzip -9 > "$OUT/ncu_raw_$tag.csv.gz"
     timeout 120 ncu --set full -k 'regex:^(?!gemm_|fill).*' -s 3 -c 2 -f -o "/tmp/ncu_cublas_$tag" \
       "$BIN/swiftspec-cuda-bench" --gemm-only "$GSHAPE" --gemm-m "$GM" >> "$OUT/ncu_$tag.log" 2>&1
     ncu -i "/tmp/ncu_cublas_$tag.ncu-rep" --page details >> "$OUT/ncu_cublas_$tag.txt" 2>&1
