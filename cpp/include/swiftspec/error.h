@@ -4,7 +4,10 @@
 // module maps them to Python exceptions:
 //   CheckpointError  -> swiftspec.CheckpointError (a ValueError)
 //   InvalidArgument  -> swiftspec.InvalidRequestError (a ValueError)
-//   Cancelled        -> never escapes Engine::generate (it ends generation)
+// Cancellation is not an error: a request cancelled through
+// GenerationConfig::cancel_requested or an on_token callback returning false
+// ends with finish_reason "cancelled" (generation.h); the Python bindings turn
+// a pending SIGINT into KeyboardInterrupt.
 #pragma once
 #include <stdexcept>
 #include <string>
