@@ -334,3 +334,29 @@ def test_config_megakernel_options():
         parse_config("target:mk:mk", "cuda")
     with pytest.raises(BenchConfigError, match="got 'tree16'"):
         parse_config("target:tree16", "cuda")
+
+
+def test_default_max_context_follows_the_model_limit(checkpoint_dir, tmp_path):
+    """Without --max-context the bench uses each model's default (4096, or its
+    max_position_embeddings when smaller) and records the resolved value; it used to pass 4096,
+    which a model with a smaller limit refuses."""
+    small = checkpoint_dir(SMALL, "bfloat16")
+    limited = tmp_path / "small-1024"
+    limited.mkdir()
+    for f in small.iterdir():
+        if f.name != "config.json":
+            (limited / f.name).symlink_to(f)
+    config = json.loads((small / "config.json").read_text())
+    (limited / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 1024}))
+    doc = run_bench(datasets=["humaneval"], num_prompts=1, max_new_tokens=4, configs="target",
+                    target=str(limited), warmup=0, out_dir=tmp_path / "bench", progress=False, plots=False)
+    assert doc["settings"]["max_context"] == 1024
+    assert doc["requests"][0]["new_tokens"] >= 1
+    doc = run_bench(datasets=["humaneval"], num_prompts=1, max_new_tokens=4, configs="target",
+                    target=str(small), warmup=0, out_dir=None, progress=False)
+    assert doc["settings"]["max_context"] == 4096
+    from swiftspec.bench.runner import ConfigUnavailable
+
+    with pytest.raises(ConfigUnavailable, match="max_context 2000 exceeds the model's max_position_embeddings 1024"):
+        run_bench(datasets=["humaneval"], num_prompts=1, max_new_tokens=4, configs="target", target=str(limited),
+                  warmup=0, max_context=2000, out_dir=None, progress=False)

@@ -19,7 +19,7 @@ class BenchResultError(BenchConfigError):
 def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, configs: str,
               peers: str | None = None, backend: str = "cpu", target: str | None = None,
               draft: str | None = None, dtype: str = "bfloat16", threads: int = 0, hf_threads: int = 0,
-              warmup: int = 1, max_context: int = 4096, out_dir: str | Path | None = None,
+              warmup: int = 1, max_context: int | None = None, out_dir: str | Path | None = None,
               progress: bool = True, skip_unavailable: bool = False, plots: bool = True,
               command: str | None = None, log=None, resume: bool = False) -> dict:
     """Runs a benchmark and returns its result document (see :mod:`swiftspec.bench.schema`).
@@ -35,7 +35,8 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
         dtype: "bfloat16" or "float32" weights (swiftspec and HF alike).
         threads: CPU threads per swiftspec model; hf_threads: torch threads (0: all cores).
         warmup: untimed warm-up requests per configuration (the first also probes availability).
-        max_context: KV capacity in tokens.
+        max_context: KV capacity in tokens; None: each model's default (4096, or its
+            max_position_embeddings when smaller). bench.json records the target's resolved value.
         out_dir: if given, writes bench.json, bench.md, requests.jsonl and the PNG plots there.
         skip_unavailable: record configurations the runtime rejects instead of failing.
         plots: make the PNG plots (needs matplotlib) when ``out_dir`` is given.
@@ -56,6 +57,8 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
     for name, value, low in (("num_prompts", num_prompts, 1), ("max_new_tokens", max_new_tokens, 1),
                              ("threads", threads, 0), ("hf_threads", hf_threads, 0), ("warmup", warmup, 0),
                              ("max_context", max_context, 2)):
+        if name == "max_context" and value is None:
+            continue
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise BenchConfigError(f"{name} must be an integer >= {low}, got {value!r}")
     if dtype not in ("bfloat16", "float32"):
@@ -95,7 +98,7 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
         "backend": backend, "dtype": dtype, "threads": threads, "warmup": warmup,
         "target": settings.target, "draft": settings.draft,
         "target_checkpoint": runner.target_checkpoint, "draft_checkpoint": runner.draft_checkpoint,
-        "max_context": max_context,
+        "max_context": runner.resolved_max_context(),
         "hf": ({b: peer.settings() for b, peer in runner.hf.items()} if runner.hf else None),
         "prompt_format": "chat template of the target; MT-Bench first turns; HumanEval wrapped by "
                          "swiftspec.datasets.prompt_messages",

@@ -41,7 +41,8 @@ class BenchSettings:
         hf_threads: torch threads of the HF peer (0: torch's default).
         warmup: untimed warm-up requests per configuration.
         target, draft: model names or paths (``swiftspec.models.resolve_checkpoint``).
-        max_context: KV capacity, tokens.
+        max_context: KV capacity, tokens; None: each model's default (4096, or its
+            max_position_embeddings when smaller).
     """
 
     datasets: list[str]
@@ -54,7 +55,7 @@ class BenchSettings:
     warmup: int = 1
     target: str = ""
     draft: str | None = None
-    max_context: int = 4096
+    max_context: int | None = None
 
 
 @dataclass
@@ -256,6 +257,12 @@ class Runner:
         if estimate > 0:
             self.log(f"estimated measuring time: ~{estimate * len(items) / 60:.0f} min for {len(items)} prompts "
                      "(from the warm-up requests; the machine's load changes it)")
+
+    def resolved_max_context(self) -> int | None:
+        """The KV capacity the swiftspec engines run with (the target's; the requested value
+        resolved by the runtime), or the requested value when no swiftspec engine was loaded."""
+        engine = next(iter(self.engines.values()), None)
+        return engine.target_model.max_context if engine is not None else self.settings.max_context
 
     def _run_identity(self) -> dict:
         """What a resumed run must share with the run it continues (``run_identity.json``)."""

@@ -231,7 +231,7 @@ SCHEMA: dict = {
                                                                     "max_new_tokens) tokens on the first prompt"},
                 "target": {"type": "string"}, "draft": _NSTR,
                 "target_checkpoint": {"type": "string"}, "draft_checkpoint": _NSTR,
-                "max_context": {"type": "integer"},
+                "max_context": {"type": ["integer", "null"]},
                 "hf": {"type": ["object", "null"], "description": "HF peer settings per backend, e.g. {\"cpu\": {dtype, device, "
                                                                  "torch_threads, versions, assisted: {...}}} (null: no peer)"},
             },

@@ -52,7 +52,8 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", default="0", help="CPU threads per swiftspec model (0: all cores)")
     p.add_argument("--hf-threads", default="0", help="torch threads of the HF peer (0: torch default)")
     p.add_argument("--warmup", default="1", help="untimed warm-up requests per configuration (default 1)")
-    p.add_argument("--max-context", default="4096", help="KV capacity in tokens (default 4096)")
+    p.add_argument("--max-context", default=None,
+                   help="KV capacity in tokens (default: 4096, or the model's max_position_embeddings when smaller)")
     p.add_argument("--out", help="output folder (default: bench-results/<UTC time>)")
     p.add_argument("--skip-unavailable", action="store_true",
                    help="record configurations the runtime rejects (e.g. async in a build without it) "
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     threads = _int("--threads", args.threads, 0)
     hf_threads = _int("--hf-threads", args.hf_threads, 0)
     warmup = _int("--warmup", args.warmup, 0)
-    max_context = _int("--max-context", args.max_context, 2)
+    max_context = None if args.max_context is None else _int("--max-context", args.max_context, 2)
     if args.backend not in ("cpu", "cuda"):
         raise BenchConfigError(f"--backend must be cpu or cuda, got {args.backend!r}")
     if args.dtype not in ("bfloat16", "float32"):
