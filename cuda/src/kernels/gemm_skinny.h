@@ -28,6 +28,10 @@
 //    keeping the CTA's activation slice resident in shared memory (loaded
 //    once instead of once per row block; costs resident CTAs), and n8
 //    instructions only (split_n).
+//  * In a cluster launch where every CTA has one row block (one round), the
+//    wgmma engine writes the row block's fp32 partials over its stage buffers
+//    (palias): the bytes saved keep more CTAs resident (run 16: the 8B down
+//    matrix at M = 32 / 64 in one round instead of two).
 // Shapes: N % 16 == 0, K % 16 == 0, M <= 64. Errors: InvalidArgument.
 #pragma once
 #include <cuda.h>
