@@ -568,6 +568,17 @@ def test_an_out_of_vocabulary_eos_id_is_reported_when_the_engine_loads(checkpoin
         assert len(engine.generate("hi", max_new_tokens=2).token_ids) >= 1
 
 
+@pytest.mark.parametrize("value,shown", [(2**32 + 2, 2**32 + 2), ([2, 2**32 + 3], 2**32 + 3), (-(2**32) + 2, -(2**32) + 2),
+                                         (2**63, 2**63)])
+def test_an_eos_id_beyond_int32_in_config_json_is_refused_not_wrapped(tmp_path, value, shown):
+    """The runtime's own config.json reader (core.load_model, the C++ API, whose stop ids these are)
+    read eos_token_id 2^32 + 2 as the id 2 (a real token: generation would stop on it) and loaded."""
+    ckpt = write_checkpoint(tmp_path / "bad", cfg={**TINY_CONFIG, "eos_token_id": value},
+                            tensors=tiny_tensors(TINY_CONFIG))
+    with pytest.raises(CheckpointError, match=re.escape(f"eos_token_id {shown} is outside the vocabulary [0, 64)")):
+        core.load_model(str(ckpt))
+
+
 # ------------------------- the low-level speculative objects run one call at a time (2026-12-01)
 @pytest.fixture(scope="module")
 def qwen_small_model(checkpoint_dir):

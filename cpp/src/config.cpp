@@ -130,13 +130,22 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
 
   if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
     const json& e = j["eos_token_id"];
-    if (e.is_number_integer())
-      c.eos_token_ids.push_back(e.get<int>());
-    else if (e.is_array())
-      for (const auto& x : e) {
-        if (!x.is_number_integer()) fail(origin, "field 'eos_token_id' must hold integers, got " + e.dump());
-        c.eos_token_ids.push_back(x.get<int>());
+    // read_int32, not get<int>(): 2^32 + 2 would become the id 2 and pass the vocabulary check.
+    auto add = [&](const json& x) {
+      int id = 0;
+      switch (read_int32(x, id)) {
+        case JsonInt::NotInteger: fail(origin, "field 'eos_token_id' must hold integers, got " + e.dump());
+        case JsonInt::OutOfRange:
+          fail(origin, "eos_token_id " + x.dump() + " is outside the vocabulary [0, " + std::to_string(c.vocab_size) +
+                           ")");
+        case JsonInt::Ok: break;
       }
+      c.eos_token_ids.push_back(id);
+    };
+    if (e.is_number_integer())
+      add(e);
+    else if (e.is_array())
+      for (const auto& x : e) add(x);
     else
       fail(origin, "field 'eos_token_id' must be an integer or a list, got " + e.dump());
   }
