@@ -7,14 +7,18 @@ KeyboardInterrupt 11.6 s after SIGINT target-only, 22 s serial, 31 s async on th
 Now the prompt is processed in chunks (64 tokens on the CPU backend) and the request's
 cancellation check runs before each."""
 
+import gc
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import numpy as np
 import pytest
 
+from swiftspec import InvalidRequestError
 from swiftspec import swiftspec_core as core
 from swiftspec.engine import Engine
 
@@ -190,3 +194,151 @@ def test_ctrl_c_while_a_stream_waits_for_its_first_piece(pair, sigint_raises_key
         timer.join()
     assert latency < BOUND_S, f"stream: KeyboardInterrupt {latency:.2f} s after SIGINT"
     assert pair.generate("def add(a, b):", max_new_tokens=3, mode="target").finish_reason == "length"
+
+
+# ----------------------------------------- hooks, close() and the interpreter's exit (2026-12-01)
+SMALL = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def small_ckpt(checkpoint_dir):
+    return checkpoint_dir(SMALL, "bfloat16")
+
+
+def test_hooks_that_are_not_callable_are_refused_by_name(small_ckpt):
+    """Before: "'int' object is not callable" from the first poll, and for on_tokens / on_text only
+    once the whole prompt was prefilled. Now refused when the request starts, naming the parameter."""
+    with Engine(small_ckpt, small_ckpt, max_context=256) as engine:
+        ids = engine.encode_prompt("def f(x):")
+        calls = {
+            "generate": lambda **kw: engine._engine.generate(ids, max_new_tokens=2, mode="serial", **kw),
+            "generate_async": lambda **kw: core.generate_async(engine._engine, ids, max_new_tokens=2, **kw),
+            "generate_serial": lambda **kw: core.spec.generate_serial(engine.target_model, engine.draft_model, ids,
+                                                                      max_new_tokens=2, **kw),
+        }
+        for name, call in calls.items():
+            with pytest.raises(InvalidRequestError, match="cancel_check must be callable or None, got int"):
+                call(cancel_check=5)
+            with pytest.raises(InvalidRequestError, match="on_tokens must be callable or None, got str"):
+                call(on_tokens="x")
+            assert len(call(cancel_check=None, on_tokens=None)["tokens"]) == 2, name
+        with pytest.raises(InvalidRequestError, match="on_text must be callable or None, got int"):
+            engine.generate("def f(x):", max_new_tokens=2, on_text=3)
+
+
+def test_close_from_a_callback_of_the_running_request_is_refused(small_ckpt):
+    """Before: close() inside on_text waited for the engine's lock, which its own request held: the
+    process hung for ever. Now it is refused by name (as generate() from a callback is): the request
+    is cancelled with that error, and the engine stays open and usable."""
+    engine = Engine(small_ckpt, small_ckpt, max_context=256)
+    outcome = []
+
+    def run():
+        try:
+            engine.generate("def f(x):", max_new_tokens=4, on_text=lambda delta: engine.close())
+        except BaseException as exc:  # checked below
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)  # a regression hangs this thread, not the suite
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "close() called from on_text hung"
+    assert len(outcome) == 1 and isinstance(outcome[0], InvalidRequestError), outcome
+    assert "close() was called from a callback of a request running on this engine" in str(outcome[0])
+    assert len(engine.generate("def f(x):", max_new_tokens=3, mode="target").token_ids) == 3
+    engine.close()
+    with pytest.raises(InvalidRequestError, match="the engine is closed"):
+        engine.generate("def f(x):", max_new_tokens=3)
+
+
+def test_a_stream_collected_on_its_own_thread_does_not_wait_for_itself(small_ckpt, monkeypatch):
+    """An abandoned stream in a reference cycle is closed by the thread the cyclic GC runs on, which
+    may be the stream's own worker, inside its request. Before: the stream's cleanup joined that very
+    thread ('Exception ignored ... RuntimeError: cannot join current thread'). Now it cancels only."""
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    collect = threading.Event()
+
+    class CollectingEngine(Engine):
+        def generate(self, prompt, on_text=None, **kwargs):  # stream() runs it on its worker thread
+            if on_text is None:
+                return super().generate(prompt, **kwargs)
+
+            def text(delta):
+                keep = on_text(delta)
+                if collect.is_set():
+                    gc.collect()
+                return keep
+
+            return super().generate(prompt, on_text=text, **kwargs)
+
+    engine = CollectingEngine(small_ckpt, small_ckpt, max_context=256)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # only the worker's gc.collect() may collect the cycle
+    try:
+        stream = engine.stream("def f(x):", max_new_tokens=60, mode="target")
+        next(stream)
+        cycle = [stream]
+        cycle.append(cycle)
+        del stream, cycle
+        collect.set()
+        for thread in threading.enumerate():
+            if thread.name == "swiftspec-stream":
+                thread.join(60)
+                assert not thread.is_alive()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    assert not unraisable, [u.exc_value for u in unraisable]
+    assert len(engine.generate("def f(x):", max_new_tokens=3, mode="target").token_ids) == 3
+    engine.close()
+
+
+EXIT_SCRIPT = """
+import sys
+from swiftspec.engine import Engine
+engine = Engine(sys.argv[1], sys.argv[1], max_context=512)
+stream = engine.stream("def fibonacci(n):" * 20, max_new_tokens=300, mode=sys.argv[2])
+print(repr(next(stream)), flush=True)
+"""  # ends with the stream unfinished: its request still decoding on the stream's thread
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_interpreter_exits_cleanly_with_a_stream_left_unfinished(small_ckpt, mode):
+    """Before: the stream's worker (a daemon thread) was still decoding when the interpreter
+    finalized; Python ended that thread when its next callback took the GIL, in the middle of the
+    C++ frames: the process aborted ('terminate called without an active exception', status 134;
+    async every time, serial at times) or nanobind reported leaked objects (target). Now every
+    running request is cancelled at exit and waited for (one decode step)."""
+    proc = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(small_ckpt), mode], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "terminate called" not in proc.stderr and "leaked" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_prompt_one_pass_would_refuse_is_refused_before_the_first_chunk(small_ckpt):
+    """Before: a prompt longer than the context (or with an id outside the vocabulary further on)
+    was prefilled chunk by chunk until the chunk that did not fit (up to a whole context of work)
+    and failed there, leaving that much committed ('256 committed + 44 new tokens exceed ...').
+    One pass refused it with nothing computed; now the chunked prefill does too."""
+    options = core.ModelOptions()
+    options.max_context, options.max_tree = 256, 16
+    model = core.load_model(str(small_ckpt), "cpu", options)
+    too_long = [(i * 7919) % 30000 + 100 for i in range(300)]
+    bad_id = too_long[:100] + [10**6]
+    starts = {
+        "TreeKvCache.prefill": lambda ids: core.spec.TreeKvCache(model).prefill(ids, logits="none", chunk=16),
+        "DraftTree.start": lambda ids: core.spec.DraftTree(model, tree_budget=4).start(ids, 5),
+        "TreeVerifier.start": lambda ids: core.spec.TreeVerifier(model).start(ids),
+    }
+    for name, start in starts.items():
+        model.truncate_committed(0)
+        with pytest.raises(InvalidRequestError, match=r"prefill: 0 committed \+ 300 new tokens exceed the context "
+                                                      r"of 256 tokens \(max_context\)"):
+            start(too_long)
+        assert model.committed_len == 0, name
+        with pytest.raises(InvalidRequestError, match=r"token id 1000000 at index 100 is outside the vocabulary"):
+            start(bad_id)
+        assert model.committed_len == 0, name
+    assert core.spec.TreeKvCache(model).prefill(too_long[:256], chunk=16).shape == (1, model.config["vocab_size"])
+    assert model.committed_len == 256  # a prompt that fits exactly

@@ -2,14 +2,30 @@
 
 #include <nanobind/stl/vector.h>
 
+#include <string>
 #include <utility>
+
+#include "swiftspec/error.h"
 
 namespace nb = nanobind;
 
 namespace swiftspec::python {
+namespace {
+
+// Refused when the request starts, naming the parameter (was: "'int' object is not callable"
+// from the first poll, or for on_tokens only once the prompt was prefilled).
+void check_callable(const nb::object& hook, const char* name) {
+  if (hook.is_none() || PyCallable_Check(hook.ptr())) return;
+  throw InvalidArgument(std::string(name) + " must be callable or None, got " + Py_TYPE(hook.ptr())->tp_name);
+}
+
+}  // namespace
 
 RequestHooks::RequestHooks(nb::object on_tokens, nb::object cancel_check)
-    : on_tokens_(std::move(on_tokens)), cancel_check_(std::move(cancel_check)) {}
+    : on_tokens_(std::move(on_tokens)), cancel_check_(std::move(cancel_check)) {
+  check_callable(on_tokens_, "on_tokens");
+  check_callable(cancel_check_, "cancel_check");
+}
 
 TokenCallback RequestHooks::token_callback() {
   if (on_tokens_.is_none()) return {};

@@ -22,7 +22,8 @@ namespace swiftspec::python {
 
 class RequestHooks {
  public:
-  /// `on_tokens` and `cancel_check` may be None. Construct with the GIL held.
+  /// `on_tokens` and `cancel_check` may be None; anything else that is not callable throws
+  /// InvalidArgument naming the parameter. Construct with the GIL held.
   RequestHooks(nanobind::object on_tokens, nanobind::object cancel_check);
 
   /// The TokenCallback to pass to the runtime (empty when on_tokens is None).

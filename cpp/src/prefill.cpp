@@ -19,6 +19,18 @@ bool prefill(Model& model, const std::vector<int32_t>& tokens, LogitsMode mode, 
     model.forward(ForwardBatch::append(tokens, model.committed_len(), mode), logits);
     return true;
   }
+  // What one pass would refuse is refused before the first chunk, as one pass did: not after the
+  // chunks that fit were computed (up to a whole context of work) and committed.
+  const int vocab = model.config().vocab_size;
+  for (size_t i = 0; i < n; ++i)
+    if (tokens[i] < 0 || tokens[i] >= vocab)
+      throw InvalidArgument("prefill: token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
+                            " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+  const long long committed = model.committed_len();
+  if (committed + static_cast<long long>(n) > model.options().max_context)
+    throw InvalidArgument("prefill: " + std::to_string(committed) + " committed + " + std::to_string(n) +
+                          " new tokens exceed the context of " + std::to_string(model.options().max_context) +
+                          " tokens (max_context)");
   std::vector<float> part;
   for (size_t begin = 0; begin < n; begin += chunk) {
     if (control.cancelled && control.cancelled()) {

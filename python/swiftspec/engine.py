@@ -8,6 +8,7 @@ back, handles stop strings and streaming, and reports timing.
 
 from __future__ import annotations
 
+import atexit
 import numbers
 import os
 import queue
@@ -29,6 +30,35 @@ _INT32_MAX = 2**31 - 1
 _UINT64_MAX = 2**64 - 1
 _FLOAT32_MAX = 3.4028234663852886e38
 _FLOAT32_MIN_NORMAL = 1.1754943508222875e-38
+
+# Requests inside the runtime (the GIL released) on any thread, and the interpreter's exit. A thread
+# still inside the runtime when the interpreter finalizes (a stream() left unfinished: its worker is
+# a daemon thread) is killed by Python when its next callback takes the GIL, in the middle of the
+# C++ frames, which aborts the process ("terminate called without an active exception"). So at exit
+# every running request is cancelled (its cancel check sees _exiting) and waited for: it returns
+# within one prefill chunk or decode step.
+_exiting = threading.Event()
+_running = 0
+_running_changed = threading.Condition()
+_EXIT_WAIT_S = 10.0
+
+
+def _cancel_requests_at_exit() -> None:
+    _exiting.set()
+    with _running_changed:
+        _running_changed.wait_for(lambda: _running <= 0, timeout=_EXIT_WAIT_S)
+
+
+def _forget_requests_in_child() -> None:
+    """A fork()ed child has none of its parent's other threads, hence none of their requests."""
+    global _running, _running_changed
+    _running = 0
+    _running_changed = threading.Condition()
+
+
+atexit.register(_cancel_requests_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_requests_in_child)
 
 
 def _check_int(name: str, value, low: int, high: int = _INT32_MAX) -> int:
@@ -197,7 +227,15 @@ class Engine:
     def close(self) -> None:
         """Releases the models (weights, KV caches, worker threads) now rather than at garbage
         collection; waits for a running request to finish. Later calls raise InvalidRequestError.
-        Idempotent; ``with Engine(...) as engine:`` closes at the end of the block."""
+        Idempotent; ``with Engine(...) as engine:`` closes at the end of the block.
+
+        Raises:
+            InvalidRequestError: called from a callback (``on_text``, a signal handler) of a request
+                running on this engine, on that request's thread: it would wait for itself.
+        """
+        if getattr(self, "_request_thread", None) == threading.get_ident():
+            raise InvalidRequestError("close() was called from a callback of a request running on this engine (it "
+                                      "would wait for itself); close the engine after that request returns")
         with self._lock:
             self._engine = self._target = self._draft = None
             self._closed = True
@@ -320,6 +358,8 @@ class Engine:
             raise InvalidRequestError("stop must be a non-empty string or a list of non-empty strings")
         for s_ in stops:
             _check_text("a stop string", s_)
+        if on_text is not None and not callable(on_text):  # else a TypeError once the prompt is prefilled
+            raise InvalidRequestError(f"on_text must be callable or None, got {type(on_text).__name__}")
         # Ranges the runtime can hold (int32 counts, a uint64 seed): beyond them the binding
         # would refuse the call without naming the parameter. The runtime checks the
         # meaningful ranges again (max_new_tokens >= 1, ...).
@@ -368,34 +408,46 @@ class Engine:
                 return False
             return not text_stream.stopped
 
-        with self._lock:  # one request at a time per engine
-            self._check_open()  # closed while this request waited for the lock
-            self._request_thread = threading.get_ident()
-            try:
-                t0 = time.perf_counter()
-                request = dict(
-                    max_new_tokens=max_new_tokens,
-                    temperature=float(temperature),
-                    top_k=top_k,
-                    top_p=float(top_p),
-                    seed=seed,
-                    stop_token_ids=self.tokenizer.eos_token_ids,
-                    tree_budget=tree_budget,
-                    max_depth=max_depth,
-                    branching=branching,
-                    on_tokens=on_tokens,
-                    # Ctrl-C is polled by the runtime itself; a stream() closed early sets _cancel.
-                    cancel_check=_cancel.is_set if _cancel is not None else None,
-                )
-                if mode == "async":  # parallel tree generation, with its timeline
-                    from swiftspec import swiftspec_core as core
+        def cancel_check() -> bool:  # polled by the runtime between prefill chunks and decode steps
+            return _exiting.is_set() or (_cancel is not None and _cancel.is_set())
 
-                    out = core.generate_async(self._engine, prompt_ids, **request, **(async_options or {}))
-                else:
-                    out = self._engine.generate(prompt_ids, mode=mode, **request)
-                wall = time.perf_counter() - t0
-            finally:
-                self._request_thread = None
+        global _running
+        with _running_changed:  # counted while it waits for the engine too: see _cancel_requests_at_exit
+            _running += 1
+        try:
+            with self._lock:  # one request at a time per engine
+                self._check_open()  # closed while this request waited for the lock
+                self._request_thread = threading.get_ident()
+                try:
+                    t0 = time.perf_counter()
+                    request = dict(
+                        max_new_tokens=max_new_tokens,
+                        temperature=float(temperature),
+                        top_k=top_k,
+                        top_p=float(top_p),
+                        seed=seed,
+                        stop_token_ids=self.tokenizer.eos_token_ids,
+                        tree_budget=tree_budget,
+                        max_depth=max_depth,
+                        branching=branching,
+                        on_tokens=on_tokens,
+                        # Ctrl-C is polled by the runtime itself; a stream() closed early sets _cancel,
+                        # the interpreter's exit _exiting.
+                        cancel_check=cancel_check,
+                    )
+                    if mode == "async":  # parallel tree generation, with its timeline
+                        from swiftspec import swiftspec_core as core
+
+                        out = core.generate_async(self._engine, prompt_ids, **request, **(async_options or {}))
+                    else:
+                        out = self._engine.generate(prompt_ids, mode=mode, **request)
+                    wall = time.perf_counter() - t0
+                finally:
+                    self._request_thread = None
+        finally:
+            with _running_changed:
+                _running -= 1
+                _running_changed.notify_all()
         stats = dict(out["stats"])
         stats["wall_time"] = wall
         finish = stats["finish_reason"]
@@ -418,7 +470,8 @@ class Engine:
     def stream(self, prompt, **kwargs) -> Iterator[str]:
         """Like :meth:`generate`, but yields text pieces as they are final.
         Closing the iterator early (or Ctrl-C while waiting for a piece) cancels
-        the request, also during the prompt's prefill."""
+        the request, also during the prompt's prefill; so does the interpreter's
+        exit with the stream unfinished (the request runs on a daemon thread)."""
         if "on_text" in kwargs:
             raise InvalidRequestError("stream() yields the text itself; do not pass on_text")
         pieces: queue.Queue = queue.Queue()
@@ -450,4 +503,7 @@ class Engine:
                 raise error[0]
         finally:
             cancel.set()
-            worker.join()
+            # An abandoned stream may be collected (cyclic GC) on its own worker thread, inside a
+            # callback: that thread cannot wait for itself; its request sees the cancel and returns.
+            if threading.current_thread() is not worker:
+                worker.join()

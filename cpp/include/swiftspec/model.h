@@ -161,7 +161,9 @@ struct PrefillControl {
 /// single pass would return for `mode` (Last: the last token's row; All: every row; None:
 /// nothing). Returns false when `control.cancelled` stopped it: the committed region then
 /// holds a prefix of `tokens` (whole chunks) and `logits` is empty. Throws what
-/// Model::forward throws, and InvalidArgument for a negative chunk.
+/// Model::forward throws, and InvalidArgument for a negative chunk; an id outside the
+/// vocabulary or a prompt beyond max_context is refused before the first chunk (nothing
+/// computed or committed, as with one pass).
 bool prefill(Model& model, const std::vector<int32_t>& tokens, LogitsMode mode, std::vector<float>& logits,
              const PrefillControl& control = {});
 
