@@ -602,7 +602,17 @@ def while_running(call, checks):
     worker = threading.Thread(target=run)
     worker.start()
     try:
-        time.sleep(0.5)
+        # Wait until the call holds its object (the first check refuses), not a fixed time: on a
+        # loaded machine the worker may take longer than any fixed delay to enter the call.
+        first, first_message = checks[0]
+        deadline = time.monotonic() + 30
+        while worker.is_alive() and time.monotonic() < deadline:
+            try:
+                first()
+            except InvalidRequestError as exc:  # another refusal: the call has not started yet
+                if first_message in str(exc):
+                    break
+            time.sleep(0.02)
         for check, message in checks:
             with pytest.raises(InvalidRequestError, match=re.escape(message)):
                 check()
