@@ -72,14 +72,13 @@ GenerationResult generate_speculative_async(Model& target, Model& draft, const s
   // The caller's cancellation check runs here, on the caller's thread, never on a group's:
   // while a group prefills or verifies, the host polls it every kCancelPoll.
   constexpr auto kCancelPoll = std::chrono::milliseconds(20);
-  auto cancelled = [&] { return config.cancel_requested && config.cancel_requested(); };
   try {
     for (;;) {
       std::optional<TokensMessage> m;
       if (config.cancel_requested) {
         m = s.to_host.receive_for(kCancelPoll);
         if (!m && !s.to_host.closed()) {  // nothing yet
-          if (cancelled()) {
+          if (config.cancelled()) {
             st.finish_reason = "cancelled";
             break;
           }
@@ -103,7 +102,7 @@ GenerationResult generate_speculative_async(Model& target, Model& draft, const s
         }
       }
       if (m->finished) break;
-      if (cancelled()) {
+      if (config.cancelled()) {
         st.finish_reason = "cancelled";
         break;
       }

@@ -91,7 +91,7 @@ GenerationResult generate_speculative_serial(Model& target, Model& draft, const 
   emit({first});
 
   while (!done) {
-    if (config.cancel_requested && config.cancel_requested()) {
+    if (config.cancelled()) {
       st.finish_reason = "cancelled";
       break;
     }

@@ -69,10 +69,7 @@ class CpuModel final : public Model {
   const ModelConfig& config() const override { return config_; }
   const ModelOptions& options() const override { return options_; }
   std::string backend_name() const override { return "cpu"; }
-  // 64 tokens: measured as fast per token as longer passes on this backend (a 1024-token
-  // prompt of the 0.5B: 10.3 s in chunks of 64, 14.2 s in one pass, 2 cores), while a pass
-  // of the 1.5B stays near 2 s at most (the Ctrl-C latency during a prefill).
-  int prefill_chunk_tokens() const override { return 64; }
+  int prefill_chunk_tokens() const override { return kCpuPrefillChunkTokens; }
   int committed_len() const override { return committed_; }
 
   void forward(const ForwardBatch& batch, std::vector<float>& logits) override;

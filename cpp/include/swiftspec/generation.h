@@ -39,6 +39,9 @@ struct GenerationConfig {
   /// models reusable. Empty: never polled. What it throws propagates out of generate.
   std::function<bool()> cancel_requested;
 
+  /// Whether cancel_requested is set and returns true now (what it throws propagates).
+  bool cancelled() const { return cancel_requested && cancel_requested(); }
+
   /// Throws InvalidArgument naming the field and value.
   void validate() const;
 };
