@@ -473,10 +473,12 @@ def test_a_placement_with_a_value_json_cannot_hold(checkpoint_dir):
         swiftspec.Engine(checkpoint_dir(SMALL, "bfloat16"), placement={"target": {"cores": {0, 1}}})
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"temperature": 1.0, "seed": 3}, {"mode": "serial", "temperature": 1.0}])
+@pytest.mark.parametrize("kwargs", [{}, {"temperature": 1.0, "seed": 3}, {"mode": "serial", "temperature": 1.0},
+                                    {"mode": "serial"}])
 def test_nan_weights_raise_instead_of_a_silently_wrong_answer(tmp_path, kwargs):
     """A NaN in the weights used to give token 0 ('' with finish 'stop') greedily, or blame the
-    request in stochastic verification; every decode path now stops with an error naming it."""
+    request in stochastic verification; every decode path now stops with an error naming it
+    (greedy ones read the logits through Model.forward_top_k, which checks every row)."""
     from swiftspec import SwiftspecError
 
     tensors = tiny_tensors(TINY_CONFIG)
@@ -487,6 +489,9 @@ def test_nan_weights_raise_instead_of_a_silently_wrong_answer(tmp_path, kwargs):
     with pytest.raises(SwiftspecError, match="the model produced NaN logits") as info:
         engine.generate([1, 2, 3], max_new_tokens=4, **kwargs)
     assert not isinstance(info.value, InvalidRequestError)  # the request is not at fault
+    model.truncate_committed(0)
+    with pytest.raises(SwiftspecError, match="the model produced NaN logits"):
+        model.forward_top_k([1, 2, 3], 2, log_normalizer=True, logits="all")
 
 
 # ------------------------------------ max_position_embeddings bounds max_context (2026-12-01)

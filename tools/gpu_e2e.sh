@@ -14,12 +14,14 @@
 #             with CUDA on (sm_90a); convert both models to bf16. Skipped parts: a model
 #             already joined, a package already built in this machine's life (SKIP_BUILD=1
 #             forces skipping; the device machine keeps /usr/local between calls while warm)
+#   check     swiftspec-cuda-check of the package build (kernels, tiny models, forward_top_k; CHECK_ARGS)
 #   green     swiftspec-cuda-green-bench: SM isolation, exactness and draft/target interference
 #             of green-context splits, random weights (GREEN_SPLITS, default 8,16,24,32,48,64)
 #   logits    tools/check_cuda_logits.py: CUDA vs CPU logits of both models
 #   bench     `swiftspec bench --backend cuda` over HumanEval + MT-Bench (CONFIGS, NUM_PROMPTS,
 #             NEW_TOKENS); configs with :smN run the draft in a green context on N SMs (the target
-#             on the rest), :hp the target's stream at the highest priority
+#             on the rest), :hp the target's stream at the highest priority; BENCH_TAG names the
+#             result folder (default bench; e.g. an A/B with SWIFTSPEC_TOP_K_ON_HOST=1 in another)
 #   peers     the HF transformers peers on PEER_PROMPTS prompts
 #   lossless  tools/check_lossless.py --backend cuda: target-only vs serial vs async greedy on
 #             LOSSLESS_MTBENCH (80) MT-Bench first turns + LOSSLESS_HUMANEVAL (40) HumanEval
@@ -122,6 +124,15 @@ PY
   log "converted"
 fi
 
+if has check; then
+  CB=$(find "$BUILD_DIR" "$BG_SRC/$BUILD_DIR" -name swiftspec-cuda-check -type f 2>/dev/null | head -1)
+  if [ -z "$CB" ]; then log "no swiftspec-cuda-check under $BUILD_DIR or $BG_SRC/$BUILD_DIR"; else
+    timeout "${CHECK_TIMEOUT_S:-300}" "$CB" --json "$OUT/check.json" ${CHECK_ARGS:-} > "$OUT/check.log" 2>&1
+    log "check rc=$?: $(tail -1 "$OUT/check.log")"
+    grep FAIL "$OUT/check.log" | head -20
+  fi
+fi
+
 if has green; then
   GB=$(find "$BUILD_DIR" "$BG_SRC/$BUILD_DIR" -name swiftspec-cuda-green-bench -type f 2>/dev/null | head -1)
   if [ -z "$GB" ]; then log "no swiftspec-cuda-green-bench under $BUILD_DIR or $BG_SRC/$BUILD_DIR"; else
@@ -138,7 +149,7 @@ fi
 if has bench; then
   CONFIGS=${CONFIGS:-target,serial:tree16,async:tree16,async:tree16:hp,async:tree16:sm16,async:tree16:sm32,async:tree16:sm48}
   swiftspec bench --backend cuda --datasets humaneval,mtbench --num-prompts "$NUM" --max-new-tokens "$NEW" \
-    --configs "$CONFIGS" --skip-unavailable --no-progress --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -40
+    --configs "$CONFIGS" --skip-unavailable --no-progress --out "$OUT/${BENCH_TAG:-bench}" 2>&1 | tee "$OUT/${BENCH_TAG:-bench}.log" | tail -40
   log "bench done"
 fi
 

@@ -54,10 +54,37 @@ DecodeMode parse_mode(const std::string& s) {
   throw InvalidArgument("mode must be 'target', 'serial' or 'async', got '" + s + "'");
 }
 
-nb::ndarray<nb::numpy, float, nb::ndim<2>> to_numpy_2d(std::vector<float>&& data, size_t rows, size_t cols) {
-  auto* heap = new std::vector<float>(std::move(data));
-  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
-  return nb::ndarray<nb::numpy, float, nb::ndim<2>>(heap->data(), {rows, cols}, owner);
+template <typename T>
+nb::ndarray<nb::numpy, T, nb::ndim<2>> to_numpy_2d(std::vector<T>&& data, size_t rows, size_t cols) {
+  auto* heap = new std::vector<T>(std::move(data));
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::ndarray<nb::numpy, T, nb::ndim<2>>(heap->data(), {rows, cols}, owner);
+}
+
+template <typename T>
+nb::ndarray<nb::numpy, T, nb::ndim<1>> to_numpy_1d(std::vector<T>&& data) {
+  auto* heap = new std::vector<T>(std::move(data));
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), {heap->size()}, owner);
+}
+
+/// The ForwardBatch of Model.forward / Model.forward_top_k's arguments (see their docstrings).
+ForwardBatch python_batch(const Model& mdl, std::vector<int32_t> tokens, std::optional<std::vector<int32_t>> positions,
+                          const std::string& logits, std::vector<int32_t> tree_slots,
+                          std::vector<int32_t> attend_offsets, std::vector<int32_t> attend_slots, const char* who) {
+  ForwardBatch b;
+  b.logits = parse_logits_mode(logits);
+  b.tokens = std::move(tokens);
+  if (positions) {
+    b.positions = std::move(*positions);
+  } else {
+    if (!tree_slots.empty()) throw InvalidArgument(std::string(who) + ": tree mode needs explicit positions");
+    b = ForwardBatch::append(b.tokens, mdl.committed_len(), b.logits);
+  }
+  b.tree_slots = std::move(tree_slots);
+  b.attend_offsets = std::move(attend_offsets);
+  b.attend_slots = std::move(attend_slots);
+  return b;
 }
 
 nb::dict config_dict(const ModelConfig& c) {
@@ -152,19 +179,9 @@ void bind_runtime(nb::module_& m) {
           [](Model& mdl, std::vector<int32_t> tokens, std::optional<std::vector<int32_t>> positions,
              const std::string& logits, std::vector<int32_t> tree_slots, std::vector<int32_t> attend_offsets,
              std::vector<int32_t> attend_slots) {
-            ForwardBatch b;
-            b.logits = parse_logits_mode(logits);
-            b.tokens = std::move(tokens);
-            if (positions) {
-              b.positions = std::move(*positions);
-            } else {
-              if (!tree_slots.empty())
-                throw InvalidArgument("forward: tree mode needs explicit positions");
-              b = ForwardBatch::append(b.tokens, mdl.committed_len(), b.logits);
-            }
-            b.tree_slots = std::move(tree_slots);
-            b.attend_offsets = std::move(attend_offsets);
-            b.attend_slots = std::move(attend_slots);
+            const ForwardBatch b = python_batch(mdl, std::move(tokens), std::move(positions), logits,
+                                                std::move(tree_slots), std::move(attend_offsets),
+                                                std::move(attend_slots), "forward");
             std::vector<float> out;
             {
               ModelBusy busy({&mdl});
@@ -181,6 +198,35 @@ void bind_runtime(nb::module_& m) {
           "positions committed_len, committed_len+1, ... Tree mode: give tree_slots (one per token),\n"
           "positions and the CSR attend_offsets/attend_slots (ancestors in depth order, own slot last).\n"
           "Returns fp32 logits [rows, vocab] for logits='last' (1 row), 'all' (n rows) or 'none' (0).")
+      .def(
+          "forward_top_k",
+          [](Model& mdl, std::vector<int32_t> tokens, int k, bool log_normalizer,
+             std::optional<std::vector<int32_t>> positions, const std::string& logits,
+             std::vector<int32_t> tree_slots, std::vector<int32_t> attend_offsets,
+             std::vector<int32_t> attend_slots) {
+            const ForwardBatch b = python_batch(mdl, std::move(tokens), std::move(positions), logits,
+                                                std::move(tree_slots), std::move(attend_offsets),
+                                                std::move(attend_slots), "forward_top_k");
+            TopKLogits top;
+            {
+              ModelBusy busy({&mdl});
+              nb::gil_scoped_release release;
+              mdl.forward_top_k(b, k, log_normalizer, top);
+            }
+            const size_t rows = top.rows();
+            nb::object lse = nb::none();
+            if (log_normalizer) lse = nb::cast(to_numpy_1d(std::move(top.log_normalizer)));
+            return nb::make_tuple(to_numpy_2d(std::move(top.ids), rows, k), to_numpy_2d(std::move(top.logits), rows, k),
+                                  lse);
+          },
+          "tokens"_a, "k"_a, "log_normalizer"_a = false, "positions"_a = nb::none(), "logits"_a = "last",
+          "tree_slots"_a = std::vector<int32_t>{}, "attend_offsets"_a = std::vector<int32_t>{},
+          "attend_slots"_a = std::vector<int32_t>{},
+          "forward() reduced to each logits row's k largest entries (Model::forward_top_k; the cuda backend\n"
+          "selects them on the GPU). Same arguments and KV effects as forward(). Returns (ids int32 [rows, k],\n"
+          "largest logit first, ties to the smaller id; logits fp32 [rows, k]; log_normalizer float64 [rows]\n"
+          "= ln sum exp(logits) of each row, or None unless asked). Raises InvalidArgumentError for k outside\n"
+          "[1, vocab] (before the pass), SwiftspecError for NaN logits.")
       .def(
           "commit_tree_slots",
           [](Model& mdl, const std::vector<int32_t>& slots) {

@@ -243,6 +243,15 @@ void bind_speculative(nb::module_& parent) {
         return result_dict(r);
       },
       "tree"_a, "logits"_a, "Greedy verification; logits fp32 [tree size, vocab].");
+  m.def(
+      "verify_greedy_argmax",
+      [](const TokenTree& tree_in, const std::vector<int32_t>& argmax) {
+        const TokenTree tree = tree_in;
+        return result_dict(verify_greedy(tree, argmax));
+      },
+      "tree"_a, "argmax"_a,
+      "Greedy verification from the target's arg-max id per node ([tree size] ints, e.g. the ids of\n"
+      "Model.forward_top_k with k=1): the same result as verify_greedy on the logits.");
 
   m.def(
       "verify_stochastic",

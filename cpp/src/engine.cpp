@@ -85,8 +85,8 @@ GenerationResult Engine::generate_target_only(const std::vector<int32_t>& prompt
   st.prompt_tokens = static_cast<int>(prompt.size());
   Rng rng(config.sampling.seed);
   std::vector<float> logits, scratch;
+  TopKLogits top;
 
-  auto cancelled = [&] { return config.cancel_requested && config.cancel_requested(); };
   model.truncate_committed(0);
   const auto t0 = std::chrono::steady_clock::now();
   if (!prefill(model, prompt, LogitsMode::Last, logits, {config.prefill_chunk, config.cancel_requested})) {
@@ -115,15 +115,23 @@ GenerationResult Engine::generate_target_only(const std::vector<int32_t>& prompt
       st.finish_reason = "length";
       break;
     }
-    if (cancelled()) {
+    if (config.cancelled()) {
       st.finish_reason = "cancelled";
       break;
     }
     const auto ts = std::chrono::steady_clock::now();
-    model.forward(ForwardBatch::append({token}, model.committed_len(), LogitsMode::Last), logits);
-    st.target_time += seconds_since(ts);
+    const ForwardBatch step = ForwardBatch::append({token}, model.committed_len(), LogitsMode::Last);
+    if (config.sampling.greedy()) {
+      // Greedy decoding reads one arg-max: selected where the logits are (Model::forward_top_k).
+      model.forward_top_k(step, 1, false, top);
+      token = top.ids[0];
+      st.target_time += seconds_since(ts);
+    } else {
+      model.forward(step, logits);
+      st.target_time += seconds_since(ts);
+      token = sample_token(logits.data(), vocab, config.sampling, rng, scratch);
+    }
     st.verification_steps += 1;
-    token = sample_token(logits.data(), vocab, config.sampling, rng, scratch);
   }
   st.decode_time = seconds_since(t_decode);
   st.new_tokens = static_cast<int>(result.tokens.size());

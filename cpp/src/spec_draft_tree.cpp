@@ -84,18 +84,36 @@ int DraftTree::grow_step(int depth_limit, int max_new_nodes) {
       throw InvalidArgument("DraftTree: node " + std::to_string(i) + " has K/V but was never expanded");
 
   batch_rows_.push_back(width + static_cast<int>(cache_.pending_tokens().size()));
+  const int vocab = draft_->config().vocab_size;
+  // Greedy top-k growth reads only each row's `branching` best tokens and its normalizer: the
+  // backend selects them where the logits are (on the GPU for cuda) instead of handing over
+  // [rows, vocab] fp32 (Model::forward_top_k).
+  const bool top_k_only = growth_ == TreeGrowth::TopK && sampling_.greedy();
   const double t0 = now_s();
-  const int row0 = cache_.forward_nodes(tree_, cand, LogitsMode::All, logits_);
+  const int row0 = top_k_only ? cache_.forward_nodes_top_k(tree_, cand, LogitsMode::All,
+                                                           std::min(branching_, vocab), true, top_)
+                              : cache_.forward_nodes(tree_, cand, LogitsMode::All, logits_);
   time_ += now_s() - t0;
   ++steps_;
   drafted_nodes_ += width;
 
-  const int vocab = draft_->config().vocab_size;
   const int before = tree_.size();
   for (int k = 0; k < width; ++k) {
-    const float* row = logits_.data() + static_cast<size_t>(row0 + k) * vocab;
-    const int count = draws_per_node.empty() ? branching_ : draws_per_node[k];
     const int node = cand[k];
+    const int count = draws_per_node.empty() ? branching_ : draws_per_node[k];
+    if (top_k_only) {
+      // log softmax at temperature 1 of the top tokens
+      const int row = row0 + k;
+      for (int j = 0; j < std::min(count, top_.k); ++j) {
+        const size_t e = static_cast<size_t>(row) * top_.k + j;
+        tree_.add_child(node, top_.ids[e],
+                        std::min(0.0f, static_cast<float>(static_cast<double>(top_.logits[e]) -
+                                                          top_.log_normalizer[row])));
+      }
+      tree_.set_expanded(node);
+      continue;
+    }
+    const float* row = logits_.data() + static_cast<size_t>(row0 + k) * vocab;
     if (growth_ == TreeGrowth::Sampled) {
       auto q = std::make_shared<std::vector<float>>();
       sampling_distribution(row, vocab, sampling_, *q);
@@ -105,17 +123,7 @@ int DraftTree::grow_step(int depth_limit, int max_new_nodes) {
       tree_.set_expanded(node, std::move(draws));
       if (static_cast<int>(q_.size()) <= node) q_.resize(node + 1);
       q_[node] = std::move(q);
-    } else if (sampling_.greedy()) {
-      // log softmax at temperature 1 for the top tokens only
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int i = 0; i < vocab; ++i) mx = std::max(mx, row[i]);
-      double sum = 0.0;
-      for (int i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(row[i]) - mx);
-      const double lse = mx + std::log(sum);
-      for (int32_t t : top_k_indices(row, vocab, count))
-        tree_.add_child(node, t, std::min(0.0f, static_cast<float>(static_cast<double>(row[t]) - lse)));
-      tree_.set_expanded(node);
-    } else {
+    } else {  // top-k growth of a stochastic request: the top tokens of its sampling distribution
       sampling_distribution(row, vocab, sampling_, scratch_);
       for (int32_t t : top_k_indices(scratch_.data(), vocab, count))
         if (scratch_[t] > 0.0f) tree_.add_child(node, t, std::min(0.0f, std::log(scratch_[t])));

@@ -30,14 +30,18 @@ VerificationResult TreeVerifier::verify(const TokenTree& tree, const NodeDistrib
   std::vector<int32_t> nodes(n);
   std::iota(nodes.begin(), nodes.end(), 0);
   cache_.clear();
+  // Greedy verification reads one arg-max per node: the backend selects it where the logits
+  // are (on the GPU for cuda) instead of handing over [n, vocab] fp32 (Model::forward_top_k).
+  const bool greedy = sampling_.greedy() && bias_ == VerifierBias::None;
   const double t0 = now_s();
-  const int row0 = cache_.forward_nodes(tree, nodes, LogitsMode::All, logits_);
+  const int row0 = greedy ? cache_.forward_nodes_top_k(tree, nodes, LogitsMode::All, 1, false, top_)
+                          : cache_.forward_nodes(tree, nodes, LogitsMode::All, logits_);
   time_ += now_s() - t0;
   ++steps_;
   if (row0 != 0) throw InvalidArgument("TreeVerifier: the target cache had pending tokens");
   VerificationResult r;
-  if (sampling_.greedy() && bias_ == VerifierBias::None) {
-    r = verify_greedy(tree, logits_.data(), vocab);
+  if (greedy) {
+    r = verify_greedy(tree, top_.ids);
   } else {
     LazyDistributions target(logits_.data(), n, vocab, sampling_);
     r = verify_stochastic(tree, vocab, std::ref(target), draft_probs, rng, bias_);

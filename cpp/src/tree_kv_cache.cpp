@@ -95,14 +95,25 @@ ForwardBatch TreeKvCache::build_batch(const TokenTree& tree, const std::vector<i
 
 int TreeKvCache::forward_nodes(const TokenTree& tree, const std::vector<int32_t>& nodes, LogitsMode mode,
                                std::vector<float>& logits) {
+  logits.clear();
+  return record_pass(tree, nodes, mode, [&](const ForwardBatch& batch) { model_->forward(batch, logits); });
+}
+
+int TreeKvCache::forward_nodes_top_k(const TokenTree& tree, const std::vector<int32_t>& nodes, LogitsMode mode,
+                                     int k, bool with_log_normalizer, TopKLogits& top) {
+  top = TopKLogits{};
+  return record_pass(tree, nodes, mode, [&](const ForwardBatch& batch) {
+    model_->forward_top_k(batch, k, with_log_normalizer, top);
+  });
+}
+
+int TreeKvCache::record_pass(const TokenTree& tree, const std::vector<int32_t>& nodes, LogitsMode mode,
+                             const std::function<void(const ForwardBatch&)>& pass) {
   const int p = static_cast<int>(pending_.size());
-  if (nodes.empty() && p == 0) {
-    logits.clear();
-    return 0;
-  }
+  if (nodes.empty() && p == 0) return 0;
   std::vector<int32_t> slots;
   ForwardBatch batch = build_batch(tree, nodes, mode, slots);
-  model_->forward(batch, logits);
+  pass(batch);
   // Record: the slots handed out are the last p + n entries of free_, in order.
   free_.resize(free_.size() - slots.size());
   for (int j = 0; j < p; ++j) slot_owner_[slots[j]] = kPendingOwner;

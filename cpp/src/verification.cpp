@@ -74,6 +74,19 @@ VerificationResult verify_greedy(const TokenTree& tree, const float* target_logi
   return r;
 }
 
+VerificationResult verify_greedy(const TokenTree& tree, const std::vector<int32_t>& target_argmax) {
+  if (tree.empty()) throw InvalidArgument("verify_greedy: the token tree is empty");
+  if (target_argmax.size() != static_cast<size_t>(tree.size()))
+    throw InvalidArgument("verify_greedy: " + std::to_string(target_argmax.size()) + " arg-max ids for a tree of " +
+                          std::to_string(tree.size()) + " nodes");
+  VerificationResult r;
+  r.accepted_path.push_back(0);
+  int u = 0;
+  while (step(tree, u, target_argmax[u], r)) {
+  }
+  return r;
+}
+
 VerificationResult verify_stochastic(const TokenTree& tree, int vocab, const NodeDistribution& target_probs,
                                      const NodeDistribution& draft_probs, Rng& rng, VerifierBias bias) {
   check_tree(tree, vocab, "verify_stochastic");
@@ -118,26 +131,9 @@ const float* LazyDistributions::operator()(int row) {
   return d.data();
 }
 
-std::vector<int32_t> top_k_indices(const float* values, int n, int k) {
-  k = std::max(0, std::min(k, n));
-  std::vector<int32_t> best;  // kept sorted: largest first, ties smaller index first
-  best.reserve(k + 1);
-  auto better = [values](int32_t a, int32_t b) { return values[a] > values[b] || (values[a] == values[b] && a < b); };
-  for (int32_t i = 0; i < n && k > 0; ++i) {
-    if (static_cast<int>(best.size()) == k && !better(i, best.back())) continue;
-    best.insert(std::upper_bound(best.begin(), best.end(), i, better), i);
-    if (static_cast<int>(best.size()) > k) best.pop_back();
-  }
-  return best;
-}
-
 void log_softmax(const float* logits, int n, std::vector<float>& out) {
   out.resize(n);
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int i = 0; i < n; ++i) mx = std::max(mx, logits[i]);
-  double sum = 0.0;
-  for (int i = 0; i < n; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
-  const double lse = mx + std::log(sum);
+  const double lse = log_normalizer(logits, n);
   for (int i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<double>(logits[i]) - lse);
 }
 

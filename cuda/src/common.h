@@ -304,15 +304,25 @@ __device__ __forceinline__ void cp_async_commit_wait_all() {
 }
 
 /// Orderable 64-bit key of (value, index): a larger value wins, then a
-/// smaller index. Used with atomicMax for a deterministic arg-max.
+/// smaller index (the host's swiftspec::argmax / top_k_indices order). Used
+/// with atomicMax for a deterministic arg-max. -0 is keyed as +0 (equal values
+/// tie to the smaller index, as on the host); every NaN gets the largest value
+/// key (kNanValueKey), so a NaN anywhere in a row wins its arg-max and the host
+/// can refuse the row (argmax_key_is_nan) instead of returning a wrong token.
 __device__ __forceinline__ unsigned long long argmax_key(float v, int idx) {
-  uint32_t u = __float_as_uint(v);
+  uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
   u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  if (v != v) u = 0xFFFFFFFFu;
   return (static_cast<unsigned long long>(u) << 32) |
          static_cast<unsigned long long>(0xFFFFFFFFu - static_cast<uint32_t>(idx));
 }
 
 #endif  // __CUDACC__
+
+/// True when an arg-max key came from a NaN (argmax_key).
+inline __host__ __device__ bool argmax_key_is_nan(unsigned long long key) {
+  return static_cast<uint32_t>(key >> 32) == 0xFFFFFFFFu;
+}
 
 /// Index of the token in an arg-max key (host and device).
 inline __host__ __device__ int argmax_key_index(unsigned long long key) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -92,6 +93,12 @@ std::vector<float> host_to_float(const HostWeight& w, const std::string& name) {
     }
   }
   return out;
+}
+
+/// True when the environment variable `name` is set to "1".
+bool env_flag(const char* name) {
+  const char* e = std::getenv(name);
+  return e && std::string(e) == "1";
 }
 
 int bucket_nt(int n) {
@@ -274,12 +281,51 @@ class CudaModelImpl final : public CudaModel {
 
   void forward(const ForwardBatch& batch, std::vector<float>& logits) override {
     ModelScope scope(copt_.device, green_.get());
-    run(batch, true, &logits, nullptr);
+    RowSink sink;
+    sink.logits = &logits;
+    run(batch, sink);
   }
 
   void forward_argmax(const ForwardBatch& batch, std::vector<int32_t>& argmax) override {
     ModelScope scope(copt_.device, green_.get());
-    run(batch, false, nullptr, &argmax);
+    std::vector<unsigned long long> keys;
+    RowSink sink;
+    sink.keys = &keys;
+    run(batch, sink);
+    argmax.clear();
+    for (unsigned long long key : keys) argmax.push_back(checked_key_index(key));
+  }
+
+  void forward_top_k(const ForwardBatch& batch, int k, bool with_log_normalizer, TopKLogits& out) override {
+    const int vocab = cfg_.vocab_size;
+    if (k < 1 || k > vocab)
+      throw InvalidArgument("forward_top_k: k must be in [1, vocab=" + std::to_string(vocab) + "], got " +
+                            std::to_string(k));
+    // Beyond kTopKMax, or when asked for the A/B of the host path: the default (all rows to the host).
+    if (top_k_on_host_ || k > kTopKMax || vocab < kTopKSegments) {
+      Model::forward_top_k(batch, k, with_log_normalizer, out);
+      return;
+    }
+    ModelScope scope(copt_.device, green_.get());
+    out = TopKLogits{};
+    out.k = k;
+    if (k == 1 && !with_log_normalizer) {
+      // The arg-max the LM head's epilogue already keyed: no logits written at all.
+      std::vector<unsigned long long> keys;
+      RowSink sink;
+      sink.keys = &keys;
+      run(batch, sink);
+      for (unsigned long long key : keys) {
+        out.ids.push_back(checked_key_index(key));
+        out.logits.push_back(key_value(key));
+      }
+      return;
+    }
+    RowSink sink;
+    sink.top = &out;
+    sink.k = k;
+    sink.log_normalizer = with_log_normalizer;
+    run(batch, sink);
   }
 
   void commit_tree_slots(const std::vector<int32_t>& slots) override {
@@ -578,6 +624,12 @@ class CudaModelImpl final : public CudaModel {
     act_.allocate(sizeof(__nv_bfloat16) * kRows * I);
     logits_.allocate(sizeof(float) * kRows * static_cast<size_t>(cfg_.vocab_size));
     keys_.allocate(sizeof(unsigned long long) * kRows);
+    top_part_keys_.allocate(sizeof(unsigned long long) * kRows * kTopKSegments * kTopKMax);
+    top_part_ms_.allocate(sizeof(double2) * kRows * kTopKSegments);
+    top_part_nan_.allocate(sizeof(int) * kRows * kTopKSegments);
+    top_scratch_ = {top_part_keys_.as<unsigned long long>(), top_part_ms_.as<double2>(), top_part_nan_.as<int>()};
+    top_rows_.allocate(sizeof(TopKRow) * kRows);
+    top_host_.allocate(sizeof(TopKRow) * kRows);
     max_chunks_ = (slots_ + kAttnChunk - 1) / kAttnChunk;
     part_o_.allocate(sizeof(float) * static_cast<size_t>(kRows) * cfg_.num_heads * max_chunks_ * hd);
     if (copt_.attention_trace) {
@@ -796,12 +848,41 @@ class CudaModelImpl final : public CudaModel {
     SS_CUDA_CHECK(cudaEventRecord(desc_ev_[i], stream_));
   }
 
-  void run(const ForwardBatch& b, bool want_logits, std::vector<float>* logits, std::vector<int32_t>* argmax) {
+  /// Where run() puts each logits row: the whole row (`logits`), the arg-max key the LM
+  /// head's epilogue made (`keys`), or its top-k selected on the GPU (`top`, with `k`
+  /// and `log_normalizer`). Exactly one is set.
+  struct RowSink {
+    std::vector<float>* logits = nullptr;
+    std::vector<unsigned long long>* keys = nullptr;
+    TopKLogits* top = nullptr;
+    int k = 0;
+    bool log_normalizer = false;
+  };
+
+  /// The token id of an arg-max key; Error when the row held a NaN (argmax_key).
+  static int checked_key_index(unsigned long long key) {
+    if (argmax_key_is_nan(key)) throw Error(kNanLogitsMessage);
+    return argmax_key_index(key);
+  }
+  /// The fp32 value of an arg-max key (-0 comes back as +0: argmax_key).
+  static float key_value(unsigned long long key) {
+    uint32_t u = static_cast<uint32_t>(key >> 32);
+    u = (u & 0x80000000u) ? (u & 0x7FFFFFFFu) : ~u;
+    float v;
+    std::memcpy(&v, &u, sizeof v);
+    return v;
+  }
+  static constexpr const char* kNanLogitsMessage =
+      "the model produced NaN logits: its weights (or inputs) hold non-finite values; check the checkpoint "
+      "(e.g. convert it again)";
+
+  void run(const ForwardBatch& b, const RowSink& sink) {
     validate(b);
     const int n = static_cast<int>(b.tokens.size());
     const size_t V = static_cast<size_t>(cfg_.vocab_size);
-    if (logits) logits->clear();
-    if (argmax) argmax->clear();
+    const bool want_logits = sink.logits || sink.top;
+    if (sink.logits) sink.logits->clear();
+    if (sink.keys) sink.keys->clear();
     StepDesc& d = *scratch_desc_;
     for (int begin = 0; begin < n; begin += kMaxStepTokens) {
       const int cnt = std::min(kMaxStepTokens, n - begin);
@@ -816,17 +897,32 @@ class CudaModelImpl final : public CudaModel {
       if (!b.is_tree()) committed_ += cnt;
       if (mode == LogitsMode::None) continue;
       const int rows = mode == LogitsMode::All ? cnt : 1;
-      if (want_logits) {
+      if (sink.logits) {
         SS_CUDA_CHECK(cudaMemcpyAsync(logits_host_.as<void>(), logits_.get(), sizeof(float) * rows * V,
                                       cudaMemcpyDeviceToHost, stream_));
         SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
         const float* h = logits_host_.as<float>();
-        logits->insert(logits->end(), h, h + rows * V);
+        sink.logits->insert(sink.logits->end(), h, h + rows * V);
+      } else if (sink.top) {
+        // Only [rows, k] entries cross PCIe, not [rows, vocab] fp32 (top_k_logits.h).
+        launch_logits_top_k(logits_.as<float>(), rows, cfg_.vocab_size, sink.k, sink.log_normalizer, top_scratch_,
+                            top_rows_.as<TopKRow>(), stream_);
+        SS_CUDA_CHECK(cudaMemcpyAsync(top_host_.as<void>(), top_rows_.get(), sizeof(TopKRow) * rows,
+                                      cudaMemcpyDeviceToHost, stream_));
+        SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        for (int r = 0; r < rows; ++r) {
+          const TopKRow& t = top_host_.as<TopKRow>()[r];
+          if (t.nan) throw Error(kNanLogitsMessage);
+          sink.top->ids.insert(sink.top->ids.end(), t.ids, t.ids + sink.k);
+          sink.top->logits.insert(sink.top->logits.end(), t.values, t.values + sink.k);
+          if (sink.log_normalizer) sink.top->log_normalizer.push_back(t.log_normalizer);
+        }
       } else {
         SS_CUDA_CHECK(cudaMemcpyAsync(keys_host_.as<void>(), keys_.get(), sizeof(unsigned long long) * rows,
                                       cudaMemcpyDeviceToHost, stream_));
         SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
-        for (int r = 0; r < rows; ++r) argmax->push_back(argmax_key_index(keys_host_.as<unsigned long long>()[r]));
+        const unsigned long long* h = keys_host_.as<unsigned long long>();
+        sink.keys->insert(sink.keys->end(), h, h + rows);
       }
     }
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -1050,6 +1146,12 @@ class CudaModelImpl final : public CudaModel {
   cudaEvent_t desc_ev_[2] = {nullptr, nullptr};
   int desc_i_ = 0;
   PinnedBuffer logits_host_, keys_host_, commit_host_;
+  // forward_top_k on the GPU (launch_logits_top_k); SWIFTSPEC_TOP_K_ON_HOST=1 takes the
+  // default host path instead (an A/B switch for benchmarks).
+  DeviceBuffer top_part_keys_, top_part_ms_, top_part_nan_, top_rows_;
+  PinnedBuffer top_host_;
+  TopKScratch top_scratch_;
+  const bool top_k_on_host_ = env_flag("SWIFTSPEC_TOP_K_ON_HOST");
   cudaEvent_t commit_ev_ = nullptr;
   std::unique_ptr<StepDesc> scratch_desc_ = std::make_unique<StepDesc>();
 

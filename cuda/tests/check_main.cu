@@ -13,6 +13,8 @@
 //     and K/V bit-identical to decoding the same path alone, batch-of-64 rows
 //     bit-identical to batch-of-1, commit_tree_slots copying K/V exactly.
 // Relative error = ||out - ref||_F / ||ref||_F, limit 1e-2 (bf16).
+//     Model::forward_top_k on the GPU against the host selection from the same
+//     logits, and the top-k kernel alone on rows with ties, +-0, -inf and NaN.
 //  3. The decode megakernel: single-token steps vs the fp32 reference and vs
 //     the layered path (tiny models, 30..200 steps; the benchmark shapes).
 // Usage: swiftspec-cuda-check [--json PATH] [--megakernel-only]. Exit status 1 if
@@ -348,6 +350,87 @@ int argmax_of(const float* v, int n) {
   return best;
 }
 
+/// Mismatches of `got` against the host reference select_top_k_logits(`logits`): ids and
+/// the number of rows exactly, values bitwise (or as floats with `values_as_floats`: the
+/// fused arg-max returns -0 as +0), log-normalizers to `lse_tol` relative. Returns the
+/// worst relative log-normalizer error in `lse_err`.
+int top_k_mismatches(const TopKLogits& got, const std::vector<float>& logits, int vocab, int k, bool lse,
+                     bool values_as_floats, double& lse_err) {
+  TopKLogits want;
+  select_top_k_logits(logits.data(), static_cast<int>(logits.size() / vocab), vocab, k, lse, want);
+  lse_err = 0.0;
+  if (got.k != want.k || got.ids.size() != want.ids.size() || got.logits.size() != want.logits.size() ||
+      got.log_normalizer.size() != want.log_normalizer.size())
+    return 1 << 20;
+  int bad = 0;
+  for (size_t i = 0; i < want.ids.size(); ++i) {
+    const bool same_value = values_as_floats ? got.logits[i] == want.logits[i]
+                                             : std::memcmp(&got.logits[i], &want.logits[i], sizeof(float)) == 0;
+    bad += (got.ids[i] != want.ids[i] || !same_value) ? 1 : 0;
+  }
+  for (size_t r = 0; r < want.log_normalizer.size(); ++r)
+    lse_err = std::max(lse_err, std::fabs(got.log_normalizer[r] - want.log_normalizer[r]) /
+                                    std::max(1.0, std::fabs(want.log_normalizer[r])));
+  return bad;
+}
+
+/// launch_logits_top_k on synthetic rows of a 151936-token vocabulary against the host
+/// reference: random rows, ties at the maximum (equal values at scattered ids, a row of one
+/// value), -0 and +0 as the maximum, -inf entries, and a NaN row that must be flagged.
+void check_logits_top_k(Rng& rng, cudaStream_t st) {
+  const int V = 151936, rows = 64;
+  std::vector<float> h(static_cast<size_t>(rows) * V);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  for (auto& x : h) x = nd(rng.g);
+  auto row = [&](int r) { return h.data() + static_cast<size_t>(r) * V; };
+  for (int id : {5, 100, 77777, V - 1}) row(1)[id] = 40.f;          // 4-way tie at the maximum
+  for (int id : {6, 101}) row(1)[id] = 39.f;
+  std::fill(row(2), row(2) + V, 1.25f);                            // every id ties
+  std::fill(row(3), row(3) + V, -1.f);
+  row(3)[10] = -0.0f;
+  row(3)[7] = 0.0f;                                                // -0 == +0: ids 7 then 10
+  row(3)[9] = -0.0f;
+  for (int i = 0; i < V; i += 3) row(4)[i] = -INFINITY;            // -inf entries
+  row(5)[1234] = NAN;                                              // flagged
+  for (int i = 0; i < 1000; ++i) row(6)[rng.below(V)] = 100.f;     // ties spread over segments
+  DeviceBuffer d_logits, d_keys, d_ms, d_nan, d_out;
+  d_logits.allocate(sizeof(float) * h.size());
+  d_keys.allocate(sizeof(unsigned long long) * kMaxStepTokens * kTopKSegments * kTopKMax);
+  d_ms.allocate(sizeof(double2) * kMaxStepTokens * kTopKSegments);
+  d_nan.allocate(sizeof(int) * kMaxStepTokens * kTopKSegments);
+  d_out.allocate(sizeof(TopKRow) * kMaxStepTokens);
+  SS_CUDA_CHECK(cudaMemcpy(d_logits.get(), h.data(), sizeof(float) * h.size(), cudaMemcpyHostToDevice));
+  const TopKScratch scratch{d_keys.as<unsigned long long>(), d_ms.as<double2>(), d_nan.as<int>()};
+  std::vector<TopKRow> out(rows);
+  for (int k : {1, 3, kTopKMax}) {
+    SS_CUDA_CHECK(cudaMemset(d_out.get(), 0xFF, d_out.bytes()));  // poisoned
+    launch_logits_top_k(d_logits.as<float>(), rows, V, k, true, scratch, d_out.as<TopKRow>(), st);
+    SS_CUDA_CHECK(cudaMemcpyAsync(out.data(), d_out.get(), sizeof(TopKRow) * rows, cudaMemcpyDeviceToHost, st));
+    SS_CUDA_CHECK(cudaStreamSynchronize(st));
+    int bad = 0;
+    double lse_err = 0.0;
+    for (int r = 0; r < rows; ++r) {
+      if (r == 5) {
+        bad += out[r].nan == 1 ? 0 : 1;
+        continue;
+      }
+      TopKLogits got;
+      got.k = k;
+      got.ids.assign(out[r].ids, out[r].ids + k);
+      got.logits.assign(out[r].values, out[r].values + k);
+      got.log_normalizer.push_back(out[r].log_normalizer);
+      double e = 0.0;
+      const std::vector<float> one(row(r), row(r) + V);
+      bad += out[r].nan != 0 ? 1 : top_k_mismatches(got, one, V, k, true, false, e);
+      lse_err = std::max(lse_err, e);
+    }
+    char name[128], det[128];
+    std::snprintf(name, sizeof name, "logits top-k kernel, 64 rows x 151936, k=%d (ties, +-0, -inf, NaN)", k);
+    std::snprintf(det, sizeof det, "(%d mismatched entries/rows; worst ln Z rel. error %.2e)", bad, lse_err);
+    record(name, lse_err, 1e-12, bad == 0 && lse_err < 1e-12, det);
+  }
+}
+
 /// A CUDA model of the tiny weights `tw` (checkpoint names, bf16).
 std::unique_ptr<CudaModel> tiny_model(const ModelConfig& cfg, TinyWeights& tw, const ModelOptions& opt,
                                       const CudaModelOptions& copt) {
@@ -500,6 +583,47 @@ void check_model(const std::string& tag, const ModelConfig& cfg, uint64_t seed) 
     std::snprintf(name, sizeof name, "model[%s] decode after committing a %zu-node path", tag.c_str(), path.size());
     record(name, err, 1e-2, err < 1e-2 && bad == 0);
     ++C;
+  }
+
+  // (g) forward_top_k (Model::forward_top_k on the GPU) == the host selection from forward()'s logits:
+  // a 20-node tree (k = 1 fused arg-max, 2, 8, kTopKMax on the GPU, kTopKMax + 1 on the host path) and a
+  // decode step; a k outside [1, vocab] is refused before the pass (the committed length stays).
+  {
+    Tree t = make_tree(20, C, V, opt.max_tree, rng);
+    std::vector<float> tl;
+    m->forward(t.batch, tl);
+    int bad = 0;
+    double worst = 0.0;
+    for (int k : {1, 2, 8, kTopKMax, kTopKMax + 1}) {
+      for (bool lse : {false, true}) {
+        TopKLogits top;
+        m->forward_top_k(t.batch, k, lse, top);
+        double e = 0.0;
+        bad += top_k_mismatches(top, tl, V, k, lse, k == 1 && !lse, e);
+        worst = std::max(worst, e);
+      }
+    }
+    const int tok = rng.below(V);
+    std::vector<float> one;
+    m->forward(append_batch({tok}, C, LogitsMode::Last), one);
+    m->truncate_committed(C);
+    TopKLogits top;
+    m->forward_top_k(append_batch({tok}, C, LogitsMode::Last), 2, true, top);
+    double e = 0.0;
+    bad += top_k_mismatches(top, one, V, 2, true, false, e);
+    worst = std::max(worst, e);
+    bad += m->committed_len() == C + 1 ? 0 : 1;
+    m->truncate_committed(C);
+    bool refused = false;
+    try {
+      m->forward_top_k(append_batch({tok}, C, LogitsMode::Last), 0, false, top);
+    } catch (const InvalidArgument&) {
+      refused = m->committed_len() == C;
+    }
+    std::snprintf(name, sizeof name, "model[%s] forward_top_k == top-k of forward() logits", tag.c_str());
+    std::snprintf(det, sizeof det, "(%d mismatches; worst ln Z rel. error %.2e; k=0 refused: %d)", bad, worst,
+                  refused ? 1 : 0);
+    record(name, worst, 1e-12, bad == 0 && worst < 1e-12 && refused, det);
   }
 
   // bad input is rejected
@@ -935,6 +1059,7 @@ int main(int argc, char** argv) {
       check_gemm(896, 4864, {1, 40}, rng, prop.multiProcessorCount, st, hm);
       check_gemm_rms(2048, 1536, {1, 64}, rng, prop.multiProcessorCount, st, hm);
     }
+    check_logits_top_k(rng, st);
     check_model("llama-like", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 1);
     check_model("qwen2-like", tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false), 2);
     check_model("gqa7", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 3);

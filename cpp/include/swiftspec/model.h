@@ -25,6 +25,7 @@
 
 #include "swiftspec/checkpoint.h"
 #include "swiftspec/config.h"
+#include "swiftspec/top_k_logits.h"
 
 namespace swiftspec {
 
@@ -124,6 +125,18 @@ class Model {
   /// naming the field for out-of-range tokens, positions, slots, or a batch
   /// that would overflow the committed region.
   virtual void forward(const ForwardBatch& batch, std::vector<float>& logits) = 0;
+
+  /// forward() reduced to what greedy decoding and top-k tree growth read: each
+  /// logits row's `k` largest entries (TopKLogits: ids and fp32 values, ties to the
+  /// smaller id) and, when `with_log_normalizer`, its ln sum exp. Same pass, same
+  /// KV effects, same logits as forward(): ids and values equal
+  /// select_top_k_logits() of forward()'s rows exactly; the log-normalizer agrees
+  /// to ~1e-12 relative (a backend may sum in another order). The default runs
+  /// forward() and selects on the host; the CUDA backend selects on the GPU and
+  /// copies [rows, k] entries instead of [rows, vocab] (top_k_logits.h says why).
+  /// Throws InvalidArgument for k outside [1, vocab] (before the pass) and what
+  /// forward() throws; Error when a row holds NaN.
+  virtual void forward_top_k(const ForwardBatch& batch, int k, bool with_log_normalizer, TopKLogits& out);
 
   /// Number of committed KV entries.
   virtual int committed_len() const = 0;

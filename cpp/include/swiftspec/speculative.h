@@ -183,6 +183,7 @@ class DraftTree {
   TreeKvCache cache_;
   std::vector<std::shared_ptr<std::vector<float>>> q_;  ///< per node: draft distribution (Sampled)
   std::vector<float> logits_, scratch_;
+  TopKLogits top_;  ///< the last greedy top-k growth step's rows
   int steps_ = 0;
   double time_ = 0.0;
   int drafted_nodes_ = 0;
@@ -219,6 +220,7 @@ class TreeVerifier {
   VerifierBias bias_;
   TreeKvCache cache_;
   std::vector<float> logits_, scratch_;
+  TopKLogits top_;  ///< the last greedy verification's arg-max per node
   int steps_ = 0;
   double time_ = 0.0;
 };

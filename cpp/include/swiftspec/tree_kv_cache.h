@@ -33,6 +33,7 @@
 // group its own cache).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "swiftspec/model.h"
@@ -95,6 +96,12 @@ class TreeKvCache {
   /// pending tokens, does nothing and returns 0.
   int forward_nodes(const TokenTree& tree, const std::vector<int32_t>& nodes, LogitsMode mode,
                     std::vector<float>& logits);
+  /// forward_nodes() through Model::forward_top_k: `top` receives each logits row's
+  /// `k` largest entries (and log-normalizer when asked) instead of the rows. With an
+  /// empty `nodes` and no pending tokens, does nothing (top.rows() == 0) and returns 0.
+  /// Throws what Model::forward_top_k throws (a bad k before any slot is recorded).
+  int forward_nodes_top_k(const TokenTree& tree, const std::vector<int32_t>& nodes, LogitsMode mode, int k,
+                          bool with_log_normalizer, TopKLogits& top);
 
   /// Commits the accepted path `path` (tree indices, root first, each the
   /// parent of the next): the longest processed prefix is appended to the
@@ -114,6 +121,10 @@ class TreeKvCache {
   void remap(const std::vector<int32_t>& old_to_new);
 
  private:
+  /// forward_nodes' body: `pass` runs the model over the built batch.
+  int record_pass(const TokenTree& tree, const std::vector<int32_t>& nodes, LogitsMode mode,
+                  const std::function<void(const ForwardBatch&)>& pass);
+
   Model* model_;
   std::vector<int32_t> node_slot_;   ///< node index -> slot, -1 (sized by the largest index seen)
   std::vector<int32_t> slot_owner_;  ///< slot -> node index, -1 free, -2 pending token

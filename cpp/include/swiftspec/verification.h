@@ -52,6 +52,7 @@
 
 #include "swiftspec/sampling.h"
 #include "swiftspec/token_tree.h"
+#include "swiftspec/top_k_logits.h"  // top_k_indices
 
 namespace swiftspec {
 
@@ -74,6 +75,10 @@ struct VerificationResult {
 /// Greedy verification. `target_logits`: fp32 [tree.size(), vocab], row i for
 /// node i. Throws InvalidArgument for an empty tree or vocab <= 0.
 VerificationResult verify_greedy(const TokenTree& tree, const float* target_logits, int vocab);
+/// Greedy verification from the target's arg-max per node (`target_argmax` [tree.size()],
+/// e.g. TopKLogits::ids with k = 1): the same walk without the logits. Throws
+/// InvalidArgument for an empty tree or a size that is not tree.size().
+VerificationResult verify_greedy(const TokenTree& tree, const std::vector<int32_t>& target_argmax);
 
 /// A probability row for a tree node: fp32 [vocab], non-negative, summing to
 /// 1 (within fp32 rounding). Must stay valid until the verifier returns.
@@ -116,10 +121,6 @@ class LazyDistributions {
   SamplingParams params_;
   std::vector<std::vector<float>> cache_;
 };
-
-/// The `k` largest entries of `values` [n] as indices, largest first (ties:
-/// smaller index first); fewer when n < k.
-std::vector<int32_t> top_k_indices(const float* values, int n, int k);
 
 /// log-softmax of `logits` [n] into `out` (natural log, fp32; computed in
 /// double for the normaliser).

@@ -68,6 +68,37 @@ int attn_tokens_per_block(int group);
 void launch_attention(const AttnParams& p, int rows, bool pdl, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------
+// logits_top_k.cu — Model::forward_top_k on the GPU: each logits row's k best
+// (value, id) and its log-normalizer, without copying the row to the host.
+// ---------------------------------------------------------------------------
+/// The most entries per row selected on the GPU (larger k: the host path).
+constexpr int kTopKMax = 16;
+/// CTAs per row of the first pass (each scans vocab / kTopKSegments entries).
+constexpr int kTopKSegments = 16;
+
+/// One row's result (device memory, copied to the host as a block).
+struct TopKRow {
+  int ids[kTopKMax];        ///< the k best ids, largest logit first, ties to the smaller id
+  float values[kTopKMax];   ///< their logits, bit-identical to the logits buffer
+  double log_normalizer;    ///< ln sum_v exp(logit_v) (0 when not asked for)
+  int nan;                  ///< 1 when the row holds a NaN (ids / values are then meaningless)
+  int pad;
+};
+
+/// Scratch of launch_logits_top_k, sized for kMaxStepTokens rows.
+struct TopKScratch {
+  unsigned long long* part_keys = nullptr;  ///< [kMaxStepTokens][kTopKSegments][kTopKMax]
+  double2* part_ms = nullptr;               ///< [kMaxStepTokens][kTopKSegments] (max, sum exp(x - max))
+  int* part_nan = nullptr;                  ///< [kMaxStepTokens][kTopKSegments]
+};
+
+/// out[r] = the top-k and log-normalizer (when asked) of logits row r, r < rows, of fp32
+/// `logits` [rows][vocab]. Deterministic. Throws InvalidArgument unless 1 <= rows <=
+/// kMaxStepTokens, 1 <= k <= kTopKMax and vocab >= kTopKSegments.
+void launch_logits_top_k(const float* logits, int rows, int vocab, int k, bool with_log_normalizer,
+                         const TopKScratch& scratch, TopKRow* out, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------
 // kv_cache.cu
 // ---------------------------------------------------------------------------
 /// For every layer and kv head: cache[dst0 + i] = cache[src_index[i]], i < n,

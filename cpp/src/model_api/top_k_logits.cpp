@@ -1,0 +1,72 @@
+// Host top-k of logits rows (top_k_logits.h) and the default Model::forward_top_k.
+//
+// In the model-API library (not the runtime) because the CUDA kernel core, which does not
+// link the runtime, implements Model and so needs the default's definition.
+#include "swiftspec/top_k_logits.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "swiftspec/error.h"
+#include "swiftspec/model.h"
+
+namespace swiftspec {
+
+std::vector<int32_t> top_k_indices(const float* values, int n, int k) {
+  k = std::max(0, std::min(k, n));
+  std::vector<int32_t> best;  // kept sorted: largest first, ties smaller index first
+  best.reserve(k + 1);
+  auto better = [values](int32_t a, int32_t b) { return values[a] > values[b] || (values[a] == values[b] && a < b); };
+  for (int32_t i = 0; i < n && k > 0; ++i) {
+    if (std::isnan(values[i])) continue;
+    if (static_cast<int>(best.size()) == k && !better(i, best.back())) continue;
+    best.insert(std::upper_bound(best.begin(), best.end(), i, better), i);
+    if (static_cast<int>(best.size()) > k) best.pop_back();
+  }
+  return best;
+}
+
+double log_normalizer(const float* values, int n) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int i = 0; i < n; ++i) mx = std::max(mx, values[i]);
+  if (mx == -std::numeric_limits<float>::infinity()) return -std::numeric_limits<double>::infinity();
+  double sum = 0.0;
+  for (int i = 0; i < n; ++i) sum += std::exp(static_cast<double>(values[i]) - mx);
+  return mx + std::log(sum);
+}
+
+void select_top_k_logits(const float* logits, int rows, int vocab, int k, bool with_log_normalizer,
+                         TopKLogits& out) {
+  if (k < 1 || k > vocab)
+    throw InvalidArgument("top-k logits: k must be in [1, vocab=" + std::to_string(vocab) + "], got " +
+                          std::to_string(k));
+  out.k = k;
+  out.ids.clear();
+  out.logits.clear();
+  out.log_normalizer.clear();
+  for (int r = 0; r < rows; ++r) {
+    const float* row = logits + static_cast<size_t>(r) * vocab;
+    if (std::any_of(row, row + vocab, [](float v) { return std::isnan(v); }))
+      throw Error("the model produced NaN logits: its weights (or inputs) hold non-finite values; check the "
+                  "checkpoint (e.g. convert it again)");
+    for (int32_t t : top_k_indices(row, vocab, k)) {
+      out.ids.push_back(t);
+      out.logits.push_back(row[t]);
+    }
+    if (with_log_normalizer) out.log_normalizer.push_back(log_normalizer(row, vocab));
+  }
+}
+
+void Model::forward_top_k(const ForwardBatch& batch, int k, bool with_log_normalizer, TopKLogits& out) {
+  const int vocab = config().vocab_size;
+  if (k < 1 || k > vocab)  // before the pass: a bad k must not advance the KV cache
+    throw InvalidArgument("forward_top_k: k must be in [1, vocab=" + std::to_string(vocab) + "], got " +
+                          std::to_string(k));
+  std::vector<float> logits;
+  forward(batch, logits);
+  select_top_k_logits(logits.data(), static_cast<int>(logits.size() / vocab), vocab, k, with_log_normalizer, out);
+}
+
+}  // namespace swiftspec

@@ -1,0 +1,196 @@
+// Per-row top-k and log-normalizer of the fp32 logits a step wrote (Model::forward_top_k on
+// the GPU; why: cpp/include/swiftspec/top_k_logits.h).
+//
+// Two launches, both deterministic (no atomics; every reduction in a fixed order):
+//   pass 1, grid (kTopKSegments, rows) x 256 threads: a CTA scans one segment of a row. Each
+//     thread keeps its k best (value, id) keys in registers, then the CTA merges them in k
+//     rounds of a block-wide max; the segment's max m and sum of exp(x - m) (double) follow
+//     in a second sweep over the same (L1-resident) segment;
+//   pass 2, one warp per row: the segments' keys merged in k rounds of a warp max, and their
+//     (m, sum) pairs combined in segment order: ln Z = M + ln sum_s sum_s * exp(m_s - M).
+// Keys are argmax_key()s (common.h): larger value first, ties to the smaller id, exactly the
+// host's top_k_indices order; the values returned are re-read from the logits, so they are
+// bit-identical to what forward() copies out. A NaN anywhere in a row sets its `nan` flag.
+#include <cfloat>
+#include <cmath>
+
+#include "common.h"
+#include "kernels/kernels.h"
+
+namespace swiftspec::cuda {
+
+namespace {
+
+constexpr int kTopKThreads = 256;
+
+__device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const unsigned long long w = __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    v = w > v ? w : v;
+  }
+  return v;
+}
+
+__device__ __forceinline__ double warp_sum_f64(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  return v;
+}
+
+__global__ void __launch_bounds__(kTopKThreads) top_k_segments_kernel(const float* __restrict__ logits, int vocab,
+                                                                     int k, int with_lse,
+                                                                     unsigned long long* __restrict__ part_keys,
+                                                                     double2* __restrict__ part_ms,
+                                                                     int* __restrict__ part_nan) {
+  __shared__ unsigned long long cand[kTopKThreads * kTopKMax];
+  __shared__ unsigned long long warp_best[kTopKThreads / 32];
+  __shared__ float warp_mx[kTopKThreads / 32];
+  __shared__ double warp_sum[kTopKThreads / 32];
+  const int seg = blockIdx.x, row = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int seg_len = (vocab + kTopKSegments - 1) / kTopKSegments;
+  const int begin = seg * seg_len, end = min(vocab, begin + seg_len);
+  const float* x = logits + static_cast<size_t>(row) * vocab;
+
+  // Sweep 1: the thread's k best keys (descending; 0 = empty, below every real key), max, NaN.
+  unsigned long long best[kTopKMax];
+#pragma unroll
+  for (int j = 0; j < kTopKMax; ++j) best[j] = 0ull;
+  unsigned long long kth = 0ull;  // best[k - 1], kept apart: a dynamic index would spill `best`
+  float mx = -INFINITY;
+  int nan = 0;
+  for (int i = begin + tid; i < end; i += kTopKThreads) {
+    const float v = x[i];
+    if (v != v) {
+      nan = 1;
+      continue;
+    }
+    mx = fmaxf(mx, v);
+    unsigned long long key = argmax_key(v, i);
+    if (key <= kth) continue;
+#pragma unroll
+    for (int j = 0; j < kTopKMax; ++j) {  // insertion: the displaced key moves down
+      if (j < k && key > best[j]) {
+        const unsigned long long t = best[j];
+        best[j] = key;
+        key = t;
+      }
+      if (j == k - 1) kth = best[j];
+    }
+  }
+  nan = __syncthreads_or(nan);
+
+  // The CTA's k best: k rounds of a block max over each thread's next unused key.
+#pragma unroll
+  for (int j = 0; j < kTopKMax; ++j)
+    if (j < k) cand[tid * k + j] = best[j];
+  int head = 0;
+  unsigned long long* out_keys = part_keys + (static_cast<size_t>(row) * kTopKSegments + seg) * kTopKMax;
+  for (int r = 0; r < k; ++r) {
+    __syncthreads();
+    const unsigned long long mine = head < k ? cand[tid * k + head] : 0ull;
+    const unsigned long long w = warp_max_u64(mine);
+    if (lane == 0) warp_best[warp] = w;
+    __syncthreads();
+    unsigned long long top = warp_best[0];
+#pragma unroll
+    for (int i = 1; i < kTopKThreads / 32; ++i) top = warp_best[i] > top ? warp_best[i] : top;
+    if (top != 0ull && mine == top) ++head;  // keys are unique (the id is in them)
+    if (tid == 0) out_keys[r] = top;
+  }
+
+  if (tid == 0) part_nan[row * kTopKSegments + seg] = nan;
+  if (!with_lse) return;
+  // Sweep 2: sum of exp(x - m) in double over the segment, m the segment's max.
+  float m = -INFINITY;
+  {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
+    if (lane == 0) warp_mx[warp] = mx;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kTopKThreads / 32; ++i) m = fmaxf(m, warp_mx[i]);
+  }
+  double sum = 0.0;
+  if (m != -INFINITY) {
+    for (int i = begin + tid; i < end; i += kTopKThreads) {
+      const float v = x[i];
+      if (v == v) sum += exp(static_cast<double>(v) - static_cast<double>(m));
+    }
+  }
+  sum = warp_sum_f64(sum);
+  if (lane == 0) warp_sum[warp] = sum;
+  __syncthreads();
+  if (tid == 0) {
+    double total = 0.0;
+    for (int i = 0; i < kTopKThreads / 32; ++i) total += warp_sum[i];  // fixed order
+    part_ms[row * kTopKSegments + seg] = make_double2(static_cast<double>(m), total);
+  }
+}
+
+__global__ void top_k_merge_kernel(const float* __restrict__ logits, int vocab, int k, int with_lse,
+                                   const unsigned long long* __restrict__ part_keys,
+                                   const double2* __restrict__ part_ms, const int* __restrict__ part_nan,
+                                   TopKRow* __restrict__ out) {
+  const int row = blockIdx.x, lane = threadIdx.x;
+  constexpr int kCand = kTopKSegments * kTopKMax;
+  const unsigned long long* keys = part_keys + static_cast<size_t>(row) * kCand;
+  TopKRow& o = out[row];
+  // Round r: the largest key below the previous winner (keys are unique).
+  unsigned long long below = ~0ull;
+  for (int r = 0; r < k; ++r) {
+    unsigned long long mine = 0ull;
+    for (int c = lane; c < kCand; c += 32) {
+      if (c % kTopKMax >= k) continue;  // the segment wrote only k keys
+      const unsigned long long key = keys[c];
+      if (key < below && key > mine) mine = key;
+    }
+    const unsigned long long top = warp_max_u64(mine);
+    below = top;
+    if (lane == 0) {
+      // top == 0: fewer than k non-NaN entries in the row (only possible with NaN: flagged below)
+      const int id = top == 0ull ? 0 : argmax_key_index(top);
+      o.ids[r] = id;
+      o.values[r] = logits[static_cast<size_t>(row) * vocab + id];
+    }
+  }
+  if (lane == 0) {
+    int nan = 0;
+    for (int s = 0; s < kTopKSegments; ++s) nan |= part_nan[row * kTopKSegments + s];
+    o.nan = nan;
+    double lse = 0.0;
+    if (with_lse) {
+      const double2* ms = part_ms + row * kTopKSegments;
+      double M = -INFINITY;
+      for (int s = 0; s < kTopKSegments; ++s) M = fmax(M, ms[s].x);
+      if (M == -INFINITY) {
+        lse = -INFINITY;
+      } else {
+        double total = 0.0;
+        for (int s = 0; s < kTopKSegments; ++s)
+          if (ms[s].x != -INFINITY) total += ms[s].y * exp(ms[s].x - M);
+        lse = M + log(total);
+      }
+    }
+    o.log_normalizer = lse;
+  }
+}
+
+}  // namespace
+
+void launch_logits_top_k(const float* logits, int rows, int vocab, int k, bool with_log_normalizer,
+                         const TopKScratch& scratch, TopKRow* out, cudaStream_t stream) {
+  if (rows < 1 || rows > kMaxStepTokens || k < 1 || k > kTopKMax || vocab < kTopKSegments)
+    throw InvalidArgument("launch_logits_top_k: rows " + std::to_string(rows) + " (1.." +
+                          std::to_string(kMaxStepTokens) + "), k " + std::to_string(k) + " (1.." +
+                          std::to_string(kTopKMax) + "), vocab " + std::to_string(vocab) + " (>= " +
+                          std::to_string(kTopKSegments) + ")");
+  top_k_segments_kernel<<<dim3(kTopKSegments, rows), kTopKThreads, 0, stream>>>(
+      logits, vocab, k, with_log_normalizer ? 1 : 0, scratch.part_keys, scratch.part_ms, scratch.part_nan);
+  SS_CUDA_CHECK_LAUNCH("top_k_segments_kernel");
+  top_k_merge_kernel<<<rows, 32, 0, stream>>>(logits, vocab, k, with_log_normalizer ? 1 : 0, scratch.part_keys,
+                                              scratch.part_ms, scratch.part_nan, out);
+  SS_CUDA_CHECK_LAUNCH("top_k_merge_kernel");
+}
+
+}  // namespace swiftspec::cuda

@@ -1,0 +1,129 @@
+"""Model.forward_top_k: each logits row's k best entries and its log-normalizer, without the
+[rows, vocab] logits (what greedy decoding, greedy verification and top-k tree growth read).
+
+The CPU backend's forward_top_k is the host reference (select_top_k_logits over forward()'s
+rows); the CUDA backend's GPU selection is checked against the same reference on the GPU
+machine (swiftspec-cuda-check, "forward_top_k == top-k of forward() logits"). Real model
+(Qwen2.5-Coder 0.5B, bf16) and a real MT-Bench prompt.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from swiftspec import InvalidRequestError
+from swiftspec.datasets import prompt_messages
+from swiftspec.swiftspec_core import ModelOptions, load_model, spec
+from swiftspec.tokenizer import Tokenizer
+
+DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+
+@pytest.fixture(scope="module")
+def model_and_prompt(checkpoint_dir, mtbench):
+    opts = ModelOptions()
+    opts.max_context = 512
+    opts.max_tree = 32
+    folder = checkpoint_dir(DRAFT, "bfloat16")
+    model = load_model(str(folder), "cpu", opts)
+    tok = Tokenizer.from_checkpoint(folder)
+    ids = tok.encode_chat(prompt_messages("mtbench", mtbench[0]))
+    return model, ids[:40]
+
+
+def reference_top_k(logits: np.ndarray, k: int):
+    """Top-k ids per row by (value descending, id ascending), their values, ln sum exp (float64)."""
+    rows = logits.shape[0]
+    ids = np.empty((rows, k), dtype=np.int32)
+    for r in range(rows):
+        order = np.lexsort((np.arange(logits.shape[1]), -logits[r].astype(np.float64)))
+        ids[r] = order[:k]
+    vals = np.take_along_axis(logits, ids.astype(np.int64), axis=1)
+    x = logits.astype(np.float64)
+    m = x.max(axis=1, keepdims=True)
+    lse = (m + np.log(np.exp(x - m).sum(axis=1, keepdims=True)))[:, 0]
+    return ids, vals, lse
+
+
+@pytest.mark.parametrize("k", [1, 2, 8])
+def test_append_rows_equal_the_top_k_of_forward(model_and_prompt, k):
+    model, ids = model_and_prompt
+    model.truncate_committed(0)
+    full = model.forward(ids, logits="all")
+    model.truncate_committed(0)
+    top_ids, top_vals, lse = model.forward_top_k(ids, k, log_normalizer=True, logits="all")
+    assert model.committed_len == len(ids)
+    want_ids, want_vals, want_lse = reference_top_k(full, k)
+    assert top_ids.shape == (len(ids), k) and top_ids.dtype == np.int32
+    np.testing.assert_array_equal(top_ids, want_ids)
+    np.testing.assert_array_equal(top_vals, want_vals)  # exactly the logits forward() returns
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-12)
+    # the distribution is peaked: the first id is the model's greedy choice and carries real mass
+    assert np.all(lse >= top_vals[:, 0])
+
+
+def test_last_row_without_normalizer(model_and_prompt):
+    model, ids = model_and_prompt
+    model.truncate_committed(0)
+    last = model.forward(ids)[0]
+    model.truncate_committed(0)
+    top_ids, top_vals, lse = model.forward_top_k(ids, 1)
+    assert lse is None
+    assert top_ids.shape == (1, 1) and int(top_ids[0, 0]) == int(np.argmax(last))
+    assert top_vals[0, 0] == last.max()
+
+
+def test_tree_rows_and_greedy_verification_from_the_argmax(model_and_prompt):
+    model, ids = model_and_prompt
+    model.truncate_committed(0)
+    model.forward(ids, logits="none")
+    base = model.committed_len
+    # root + two children + a grandchild, in tree slots 3, 0, 1, 2
+    tokens, parents = [ids[-1], 1, 2, 3], [-1, 0, 0, 1]
+    depth = [0, 1, 1, 2]
+    slots = [3, 0, 1, 2]
+    offsets, attend = [0], []
+    for i in range(4):
+        chain, j = [], i
+        while j >= 0:
+            chain.append(slots[j])
+            j = parents[j]
+        attend += chain[::-1]
+        offsets.append(len(attend))
+    kw = dict(positions=[base + d for d in depth], logits="all", tree_slots=slots, attend_offsets=offsets,
+              attend_slots=attend)
+    full = model.forward(tokens, **kw)
+    top_ids, top_vals, _ = model.forward_top_k(tokens, 3, **kw)
+    assert model.committed_len == base  # tree mode commits nothing
+    want_ids, want_vals, _ = reference_top_k(full, 3)
+    np.testing.assert_array_equal(top_ids, want_ids)
+    np.testing.assert_array_equal(top_vals, want_vals)
+    # a tree whose first child is the target's greedy token: both verifiers accept it
+    tree = spec.TokenTree(tokens[0])
+    child = tree.add_child(0, int(want_ids[0, 0]), -0.1)
+    tree.add_child(0, int(want_ids[0, 1]), -1.0)
+    tree.add_child(child, 7, -2.0)
+    rows = [0, 0, 0, 0]  # any rows: only the root's decides here (node 1's row is the next step)
+    by_logits = spec.verify_greedy(tree, np.ascontiguousarray(full[rows]))
+    by_argmax = spec.verify_greedy_argmax(tree, [int(top_ids[r, 0]) for r in rows])
+    assert by_argmax == by_logits
+    assert by_argmax["accepted_path"][:2] == [0, child]
+
+
+def test_bad_k_is_refused_before_the_pass(model_and_prompt):
+    model, ids = model_and_prompt
+    model.truncate_committed(0)
+    vocab = model.config["vocab_size"]
+    for k in (0, -1, vocab + 1):
+        with pytest.raises(InvalidRequestError, match=r"k must be in \[1, vocab=151936\]"):
+            model.forward_top_k(ids[:3], k)
+        assert model.committed_len == 0
+    with pytest.raises(InvalidRequestError, match="2 arg-max ids for a tree of 1 nodes"):
+        spec.verify_greedy_argmax(spec.TokenTree(5), [1, 2])
+
+
+def test_host_selection_skips_nan_and_keeps_id_order_on_ties():
+    v = np.array([0.5, np.nan, 2.0, 2.0, -np.inf, 2.0, np.nan], dtype=np.float32)
+    assert spec.top_k_indices(v, 4) == [2, 3, 5, 0]
+    assert spec.top_k_indices(np.full(3, np.nan, dtype=np.float32), 2) == []
