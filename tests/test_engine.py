@@ -77,10 +77,13 @@ def test_closing_a_stream_cancels(engine, mtbench):
     assert len(engine.generate("def add(a, b):", max_new_tokens=4).token_ids) == 4
 
 
-def test_sampling_is_seeded(engine):
-    a = engine.generate("Once upon a time", max_new_tokens=16, temperature=0.8, top_p=0.9, seed=7)
-    b = engine.generate("Once upon a time", max_new_tokens=16, temperature=0.8, top_p=0.9, seed=7)
-    c = engine.generate("Once upon a time", max_new_tokens=16, temperature=0.8, top_p=0.9, seed=8)
+@pytest.mark.parametrize("top_k", [0, 40])
+def test_sampling_is_seeded(engine, top_k):
+    """top_k=40: target-only decoding samples from each step's 40 best logits (Model.forward_top_k)."""
+    kw = dict(max_new_tokens=16, temperature=0.8, top_p=0.9, top_k=top_k)
+    a = engine.generate("Once upon a time", seed=7, **kw)
+    b = engine.generate("Once upon a time", seed=7, **kw)
+    c = engine.generate("Once upon a time", seed=8, **kw)
     assert a.token_ids == b.token_ids
     assert a.token_ids != c.token_ids
 

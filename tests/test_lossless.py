@@ -137,11 +137,14 @@ def test_limits_cut_the_same_sequence(pair, prompts, reference):
     assert out["tokens"] == streamed == ref[: len(streamed)] and len(streamed) >= 7
 
 
-@pytest.mark.parametrize("growth,scheme", [("sampled", "rejection_sampling"), ("top_k", "target_sampling")])
-def test_stochastic_generation_is_seeded_and_reports_scheme(pair, prompts, growth, scheme):
+@pytest.mark.parametrize("growth,scheme,top_k", [("sampled", "rejection_sampling", 0), ("top_k", "target_sampling", 0),
+                                                 ("top_k", "target_sampling", 20)])
+def test_stochastic_generation_is_seeded_and_reports_scheme(pair, prompts, growth, scheme, top_k):
+    """top_k=20 with top-k growth: the verifier samples from each row's 20 best logits
+    (Model.forward_top_k, sample_from_top_k) instead of the [n, vocab] distributions."""
     _, target, draft, _ = pair
     ids = prompts[("mtbench", 5)]
-    kw = dict(max_new_tokens=8, temperature=0.8, top_p=0.95, tree_budget=8, max_depth=4, branching=2,
+    kw = dict(max_new_tokens=8, temperature=0.8, top_p=0.95, top_k=top_k, tree_budget=8, max_depth=4, branching=2,
               growth=growth)
     a = spec.generate_serial(target, draft, ids, seed=11, **kw)
     b = spec.generate_serial(target, draft, ids, seed=11, **kw)

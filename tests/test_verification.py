@@ -153,12 +153,14 @@ def distributions_at(models, prompt, children, temperature, top_k, top_p):
     tree = spec.TokenTree(prompt[-1])
     for c in children:
         tree.add_child(0, int(c), -1.0)
-    rows = {}
+    rows, raw = {}, {}
     for name, model in (("p", target), ("q", draft)):
         cache = spec.TreeKvCache(model)
         _, logits = cache.forward_nodes(tree, list(range(len(tree))), "all")
         cache.clear()
+        raw[name] = logits
         rows[name] = np.stack([spec.sampling_distribution(l, temperature, top_k, top_p) for l in logits])
+    distributions_at.target_logits = raw["p"]  # the rows behind p (for the top-k sampling scheme)
     return prompt[-1], rows["p"], rows["q"]
 
 
@@ -175,8 +177,11 @@ def position(models, mtbench):
     root2, p, q = distributions_at(models, prompt, support, T, K, P)
     assert root2 == root
     row_of = {tok_id: i + 1 for i, tok_id in enumerate(support)}
+    logits = distributions_at.target_logits
+    top_ids = np.stack([np.asarray(spec.top_k_indices(l, K), dtype=np.int32) for l in logits])
+    top_logits = np.ascontiguousarray(np.take_along_axis(logits, top_ids.astype(np.int64), axis=1), dtype=np.float32)
     return dict(root=root, p=np.ascontiguousarray(p), q=np.ascontiguousarray(q), row_of=row_of,
-                temperature=T, top_k=K, top_p=P)
+                temperature=T, top_k=K, top_p=P, top_ids=top_ids, top_logits=top_logits)
 
 
 def run_trials(pos, scheme, bias, trials, seed0):
@@ -213,11 +218,15 @@ def run_trials(pos, scheme, bias, trials, seed0):
                     trows.append(0)
                     drows.append(0)
             tree.set_expanded(c, sub if scheme == "rejection" else [])
-        r = spec.verify_stochastic(tree, p, q if scheme == "rejection" else None, seed=seed0 + 7919 * i + 3,
-                                   bias=bias, target_rows=trows, draft_rows=drows)
+        if scheme == "target_top_k":  # TreeVerifier's path for top-k sampled requests: the rows' top-k only
+            r = spec.verify_top_k_sampling(tree, pos["top_ids"], pos["top_logits"], 1.0, seed=seed0 + 7919 * i + 3,
+                                           target_rows=trows)
+        else:
+            r = spec.verify_stochastic(tree, p, q if scheme == "rejection" else None, seed=seed0 + 7919 * i + 3,
+                                       bias=bias, target_rows=trows, draft_rows=drows)
         if scheme == "rejection" and bias == "none":  # depth-2 nodes have no draws: target sampling
             assert r["rejection_sampling_nodes"] >= 1
-        if scheme == "target" and bias == "none":
+        if scheme.startswith("target") and bias == "none":
             assert r["rejection_sampling_nodes"] == 0 and r["target_sampling_nodes"] >= 1
         toks = r["tokens"]
         out.append((toks[0], toks[1] if r["accepted"] >= 1 else None))
@@ -254,7 +263,7 @@ def second_token_test(pos, outcomes, min_group=50):
     return stat, df, chi2_sf(stat, df)
 
 
-@pytest.mark.parametrize("scheme", ["rejection", "target"])
+@pytest.mark.parametrize("scheme", ["rejection", "target", "target_top_k"])
 def test_stochastic_verification_is_lossless(position, scheme):
     outcomes = run_trials(position, scheme, "none", TRIALS, seed0=12345)
     stat1, df1, pv1 = first_token_test(position, outcomes)

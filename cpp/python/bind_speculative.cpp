@@ -254,6 +254,58 @@ void bind_speculative(nb::module_& parent) {
       "Model.forward_top_k with k=1): the same result as verify_greedy on the logits.");
 
   m.def(
+      "verify_top_k_sampling",
+      [](const TokenTree& tree_in, nb::ndarray<const int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> top_ids,
+         Probs2D top_logits, float temperature, float top_p, uint64_t seed, std::vector<int32_t> target_rows) {
+        const TokenTree tree = tree_in;
+        const int k = static_cast<int>(top_ids.shape(1));
+        const int rows = static_cast<int>(top_ids.shape(0));
+        if (top_logits.shape(0) != top_ids.shape(0) || top_logits.shape(1) != top_ids.shape(1))
+          throw InvalidArgument("verify_top_k_sampling: top_ids and top_logits must have the same shape");
+        if (target_rows.size() != static_cast<size_t>(tree.size()))
+          throw InvalidArgument("verify_top_k_sampling: target_rows must give one row per tree node");
+        for (int32_t row : target_rows)
+          if (row < 0 || row >= rows)
+            throw InvalidArgument("verify_top_k_sampling: target row " + std::to_string(row) + " outside [0, " +
+                                  std::to_string(rows) + ")");
+        SamplingParams params;
+        params.temperature = temperature;
+        params.top_k = k;
+        params.top_p = top_p;
+        params.validate();
+        if (params.greedy()) throw InvalidArgument("verify_top_k_sampling: temperature must be > 0");
+        Rng rng(seed);
+        return result_dict(verify_by_target_sampling(tree, [&](int u) {
+          const size_t e = static_cast<size_t>(target_rows[u]) * k;
+          return sample_from_top_k(top_ids.data() + e, top_logits.data() + e, k, params, rng);
+        }));
+      },
+      "tree"_a, "top_ids"_a, "top_logits"_a, "temperature"_a, "top_p"_a = 1.0f, "seed"_a = 0,
+      "target_rows"_a,
+      "What TreeVerifier does for a top-k sampled request on a tree without draws: target sampling at\n"
+      "each visited node from its row's k best logits (top_ids int32 / top_logits fp32 [rows, k], as\n"
+      "Model.forward_top_k returns; node u uses row target_rows[u]) with sample_from_top_k.");
+  m.def(
+      "sample_from_top_k",
+      [](std::vector<int32_t> ids, std::vector<float> top_logits, float temperature, int top_k, float top_p,
+         uint64_t seed, int n) {
+        if (ids.size() != top_logits.size() || ids.empty())
+          throw InvalidArgument("sample_from_top_k: ids and top_logits must be non-empty and of one length");
+        SamplingParams params;
+        params.temperature = temperature;
+        params.top_k = top_k;
+        params.top_p = top_p;
+        params.validate();
+        Rng rng(seed);
+        std::vector<int32_t> out;
+        for (int i = 0; i < n; ++i)
+          out.push_back(sample_from_top_k(ids.data(), top_logits.data(), static_cast<int>(ids.size()), params, rng));
+        return out;
+      },
+      "ids"_a, "top_logits"_a, "temperature"_a, "top_k"_a, "top_p"_a = 1.0f, "seed"_a = 0, "n"_a = 1,
+      "n draws of sample_from_top_k from one Rng(seed): ids / top_logits are a row's k best (largest first).");
+
+  m.def(
       "verify_stochastic",
       [](const TokenTree& tree_in, Probs2D target_probs, std::optional<Probs2D> draft_probs, uint64_t seed,
          const std::string& bias, std::optional<std::vector<int32_t>> target_rows,

@@ -123,4 +123,35 @@ int sample_token(const float* logits, int vocab, const SamplingParams& params, R
   return rng.categorical(scratch.data(), vocab);
 }
 
+int sample_from_top_k(const int32_t* ids, const float* top_logits, int k, const SamplingParams& params, Rng& rng) {
+  if (k < 1) throw InvalidArgument("sample_from_top_k: k must be >= 1, got " + std::to_string(k));
+  const double inv_t = 1.0 / params.temperature;
+  std::vector<double> w(k);
+  double total = 0;
+  for (int j = 0; j < k; ++j) {
+    w[j] = std::exp((static_cast<double>(top_logits[j]) - static_cast<double>(top_logits[0])) * inv_t);
+    total += w[j];
+  }
+  int keep = k;
+  if (params.top_p < 1.0f) {
+    double cum = 0;
+    for (int j = 0; j < k; ++j) {
+      cum += w[j];
+      if (cum >= params.top_p * total) {
+        keep = j + 1;
+        break;
+      }
+    }
+  }
+  double kept = 0;
+  for (int j = 0; j < keep; ++j) kept += w[j];
+  const double u = rng.uniform() * kept;
+  double cum = 0;
+  for (int j = 0; j < keep; ++j) {
+    cum += w[j];
+    if (u < cum) return ids[j];
+  }
+  return ids[keep - 1];  // rounding left u at the very top
+}
+
 }  // namespace swiftspec

@@ -1,4 +1,5 @@
 // TreeVerifier: the target side of speculation — one tree-mode forward, verify, commit.
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <numeric>
@@ -33,15 +34,27 @@ VerificationResult TreeVerifier::verify(const TokenTree& tree, const NodeDistrib
   // Greedy verification reads one arg-max per node: the backend selects it where the logits
   // are (on the GPU for cuda) instead of handing over [n, vocab] fp32 (Model::forward_top_k).
   const bool greedy = sampling_.greedy() && bias_ == VerifierBias::None;
+  // A tree of top-k growth (no expansion draws) under top-k sampling is verified by sampling
+  // each visited node's target distribution, which the row's top_k best logits determine.
+  const bool top_k_sampling = !sampling_.greedy() && bias_ == VerifierBias::None && sampling_.top_k >= 1 &&
+                              std::none_of(tree.nodes().begin(), tree.nodes().end(),
+                                           [](const TreeNode& nd) { return !nd.draws.empty(); });
+  const int k = greedy ? 1 : std::min(sampling_.top_k, vocab);
   const double t0 = now_s();
-  const int row0 = greedy ? cache_.forward_nodes_top_k(tree, nodes, LogitsMode::All, 1, false, top_)
-                          : cache_.forward_nodes(tree, nodes, LogitsMode::All, logits_);
+  const int row0 = greedy || top_k_sampling
+                       ? cache_.forward_nodes_top_k(tree, nodes, LogitsMode::All, k, false, top_)
+                       : cache_.forward_nodes(tree, nodes, LogitsMode::All, logits_);
   time_ += now_s() - t0;
   ++steps_;
   if (row0 != 0) throw InvalidArgument("TreeVerifier: the target cache had pending tokens");
   VerificationResult r;
   if (greedy) {
     r = verify_greedy(tree, top_.ids);
+  } else if (top_k_sampling) {
+    r = verify_by_target_sampling(tree, [&](int u) {
+      const size_t e = static_cast<size_t>(u) * top_.k;
+      return sample_from_top_k(top_.ids.data() + e, top_.logits.data() + e, top_.k, sampling_, rng);
+    });
   } else {
     LazyDistributions target(logits_.data(), n, vocab, sampling_);
     r = verify_stochastic(tree, vocab, std::ref(target), draft_probs, rng, bias_);

@@ -87,6 +87,23 @@ VerificationResult verify_greedy(const TokenTree& tree, const std::vector<int32_
   return r;
 }
 
+VerificationResult verify_by_target_sampling(const TokenTree& tree, const std::function<int32_t(int)>& draw) {
+  if (tree.empty()) throw InvalidArgument("verify_by_target_sampling: the token tree is empty");
+  VerificationResult r;
+  r.accepted_path.push_back(0);
+  int u = 0;
+  for (;;) {
+    const TreeNode& nd = tree.node(u);
+    if (!nd.draws.empty())
+      throw InvalidArgument("verify_by_target_sampling: node " + std::to_string(u) +
+                            " has expansion draws (verify it by rejection sampling: verify_stochastic)");
+    const int32_t x = draw(u);
+    if (!nd.children.empty()) ++r.target_sampling_nodes;
+    if (!step(tree, u, x, r)) break;
+  }
+  return r;
+}
+
 VerificationResult verify_stochastic(const TokenTree& tree, int vocab, const NodeDistribution& target_probs,
                                      const NodeDistribution& draft_probs, Rng& rng, VerifierBias bias) {
   check_tree(tree, vocab, "verify_stochastic");

@@ -46,4 +46,12 @@ class Rng {
 int sample_token(const float* logits, int vocab, const SamplingParams& params, Rng& rng,
                  std::vector<float>& scratch);
 
+/// Draws one token under non-greedy `params` with top_k >= 1 from a row's k = min(top_k, vocab)
+/// best logits alone (`ids`, `top_logits` [k]: largest first, ties to the smaller id, as
+/// Model::forward_top_k returns them): the distribution of sampling_distribution, since top-k's
+/// renormalisation cancels the normaliser of the whole vocabulary (softmax(x / T) over the k,
+/// then top-p in rank order, renormalised; weights in double). One rng draw, in rank order.
+/// What lets a sampled step skip the [vocab] logits row. Throws InvalidArgument for k < 1.
+int sample_from_top_k(const int32_t* ids, const float* top_logits, int k, const SamplingParams& params, Rng& rng);
+
 }  // namespace swiftspec

@@ -102,6 +102,14 @@ enum class VerifierBias {
 /// sampling and a childless node use one rng.categorical(). Throws InvalidArgument for an empty
 /// tree, vocab <= 0, a missing draft_probs for a node with draws, or a draw
 /// whose draft probability is 0.
+/// Stochastic verification of a tree without expansion draws (top-k growth) by target sampling:
+/// at node u the next token is `draw(u)`, a sample from the target's distribution there, as
+/// verify_stochastic draws it from target_probs(u) (one draw per visited node; draws at inner
+/// nodes count as target_sampling_nodes). Lets a verifier sample from each row's top-k
+/// (sample_from_top_k) without the [n, vocab] distributions. Throws InvalidArgument for an empty
+/// tree or a node that has draws.
+VerificationResult verify_by_target_sampling(const TokenTree& tree, const std::function<int32_t(int)>& draw);
+
 VerificationResult verify_stochastic(const TokenTree& tree, int vocab, const NodeDistribution& target_probs,
                                      const NodeDistribution& draft_probs, Rng& rng,
                                      VerifierBias bias = VerifierBias::None);
