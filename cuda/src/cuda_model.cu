@@ -302,7 +302,8 @@ class CudaModelImpl final : public CudaModel {
       throw InvalidArgument("forward_top_k: k must be in [1, vocab=" + std::to_string(vocab) + "], got " +
                             std::to_string(k));
     // Beyond kTopKMax, or when asked for the A/B of the host path: the default (all rows to the host).
-    if (top_k_on_host_ || k > kTopKMax || vocab < kTopKSegments) {
+    if (top_k_on_host_ || k > kTopKMax || vocab < kTopKMinVocab ||
+        (k > kTopKListMax && vocab > kTopKSortSegments * kTopKSortKeys)) {
       Model::forward_top_k(batch, k, with_log_normalizer, out);
       return;
     }

@@ -402,7 +402,7 @@ void check_logits_top_k(Rng& rng, cudaStream_t st) {
   SS_CUDA_CHECK(cudaMemcpy(d_logits.get(), h.data(), sizeof(float) * h.size(), cudaMemcpyHostToDevice));
   const TopKScratch scratch{d_keys.as<unsigned long long>(), d_ms.as<double2>(), d_nan.as<int>()};
   std::vector<TopKRow> out(rows);
-  for (int k : {1, 3, kTopKMax}) {
+  for (int k : {1, 3, kTopKListMax, kTopKListMax + 1, 50, kTopKMax}) {
     SS_CUDA_CHECK(cudaMemset(d_out.get(), 0xFF, d_out.bytes()));  // poisoned
     launch_logits_top_k(d_logits.as<float>(), rows, V, k, true, scratch, d_out.as<TopKRow>(), st);
     SS_CUDA_CHECK(cudaMemcpyAsync(out.data(), d_out.get(), sizeof(TopKRow) * rows, cudaMemcpyDeviceToHost, st));
@@ -586,7 +586,8 @@ void check_model(const std::string& tag, const ModelConfig& cfg, uint64_t seed) 
   }
 
   // (g) forward_top_k (Model::forward_top_k on the GPU) == the host selection from forward()'s logits:
-  // a 20-node tree (k = 1 fused arg-max, 2, 8, kTopKMax on the GPU, kTopKMax + 1 on the host path) and a
+  // a 20-node tree (k = 1 fused arg-max; 2 .. kTopKMax on the GPU, register lists up to 16, sorted segments
+  // beyond; kTopKMax + 1 on the host path) and a
   // decode step; a k outside [1, vocab] is refused before the pass (the committed length stays).
   {
     Tree t = make_tree(20, C, V, opt.max_tree, rng);
@@ -594,7 +595,7 @@ void check_model(const std::string& tag, const ModelConfig& cfg, uint64_t seed) 
     m->forward(t.batch, tl);
     int bad = 0;
     double worst = 0.0;
-    for (int k : {1, 2, 8, kTopKMax, kTopKMax + 1}) {
+    for (int k : {1, 2, 8, kTopKListMax, 50, kTopKMax, kTopKMax + 1}) {
       for (bool lse : {false, true}) {
         TopKLogits top;
         m->forward_top_k(t.batch, k, lse, top);

@@ -72,9 +72,18 @@ void launch_attention(const AttnParams& p, int rows, bool pdl, cudaStream_t stre
 // (value, id) and its log-normalizer, without copying the row to the host.
 // ---------------------------------------------------------------------------
 /// The most entries per row selected on the GPU (larger k: the host path).
-constexpr int kTopKMax = 16;
-/// CTAs per row of the first pass (each scans vocab / kTopKSegments entries).
-constexpr int kTopKSegments = 16;
+constexpr int kTopKMax = 64;
+/// k <= kTopKListMax: kTopKListSegments CTAs per row keep per-thread k-best lists in registers.
+constexpr int kTopKListMax = 16;
+constexpr int kTopKListSegments = 16;
+/// Larger k: kTopKSortSegments CTAs per row sort their segment (<= kTopKSortKeys keys) in shared
+/// memory; the merge sorts the segments' k best (kTopKSortSegments * kTopKMax <= kTopKSortKeys).
+constexpr int kTopKSortSegments = 64;
+constexpr int kTopKSortKeys = 4096;
+/// The smallest vocabulary the GPU selection takes (smaller: the host path).
+constexpr int kTopKMinVocab = 64;
+/// Largest segment count of either pass (scratch sizing).
+constexpr int kTopKSegments = kTopKSortSegments;
 
 /// One row's result (device memory, copied to the host as a block).
 struct TopKRow {
@@ -94,7 +103,8 @@ struct TopKScratch {
 
 /// out[r] = the top-k and log-normalizer (when asked) of logits row r, r < rows, of fp32
 /// `logits` [rows][vocab]. Deterministic. Throws InvalidArgument unless 1 <= rows <=
-/// kMaxStepTokens, 1 <= k <= kTopKMax and vocab >= kTopKSegments.
+/// kMaxStepTokens, 1 <= k <= kTopKMax and vocab >= kTopKMinVocab (and, for k > kTopKListMax,
+/// vocab <= kTopKSortSegments * kTopKSortKeys = 262144).
 void launch_logits_top_k(const float* logits, int rows, int vocab, int k, bool with_log_normalizer,
                          const TopKScratch& scratch, TopKRow* out, cudaStream_t stream);
 
