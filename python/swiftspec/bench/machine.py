@@ -7,6 +7,7 @@ Nothing here fails: a fact that cannot be read is reported as None.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import platform
 import shlex
@@ -89,11 +90,29 @@ def _int_or_none(text: str) -> int | None:
 
 
 def repo_root() -> Path | None:
-    """The git work tree holding this package (editable installs), or None."""
+    """The git work tree this package comes from, or None: the tree holding it (editable
+    installs, a source checkout on sys.path), else the local folder pip installed it from when
+    that is a git work tree (pip records it in the distribution's direct_url.json, PEP 610)."""
     here = Path(__file__).resolve()
     for parent in here.parents:
         if (parent / ".git").exists():
             return parent
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        text = distribution("swiftspec").read_text("direct_url.json")
+    except (PackageNotFoundError, OSError):
+        return None
+    try:
+        url = json.loads(text or "{}").get("url", "")
+    except ValueError:
+        return None
+    if url.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        source = Path(unquote(urlparse(url).path))
+        if (source / ".git").exists():
+            return source
     return None
 
 
