@@ -88,6 +88,16 @@ def test_sampling_is_seeded(engine, top_k):
     assert a.token_ids != c.token_ids
 
 
+def test_a_top_k_of_the_whole_vocabulary_is_no_top_k(engine):
+    """top_k >= vocab keeps every token, as sampling_distribution treats it: the same seeded tokens as
+    top_k=0 (before: each step ranked all 152k logits, 0.7 s on this machine, and drew in rank order)."""
+    kw = dict(max_new_tokens=8, temperature=0.8, top_p=0.9, seed=5)
+    vocab = engine.target_model.config["vocab_size"]
+    want = engine.generate("Once upon a time", top_k=0, **kw).token_ids
+    assert engine.generate("Once upon a time", top_k=vocab, **kw).token_ids == want
+    assert engine.generate("Once upon a time", top_k=10**6, **kw).token_ids == want
+
+
 @pytest.mark.parametrize("prompt,pattern", [
     ("", "non-empty"),
     ([], "non-empty"),

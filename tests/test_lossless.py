@@ -162,6 +162,18 @@ def test_stochastic_generation_is_seeded_and_reports_scheme(pair, prompts, growt
         assert rep["rejection_sampling_nodes"] == 0 and rep["target_sampling_nodes"] >= 1
 
 
+def test_a_top_k_of_the_whole_vocabulary_verifies_like_no_top_k(pair, prompts):
+    """top_k >= vocab keeps every token: the verifier samples the [n, vocab] distributions as for
+    top_k=0, with the same seeded tokens (before: it ranked every row's 152k logits, 0.7 s a row, and
+    drew in rank order)."""
+    _, target, draft, _ = pair
+    ids = prompts[("mtbench", 5)]
+    kw = dict(max_new_tokens=8, temperature=0.8, top_p=0.95, tree_budget=8, max_depth=4, branching=2,
+              growth="top_k", seed=11)
+    want = spec.generate_serial(target, draft, ids, top_k=0, **kw)["tokens"]
+    assert spec.generate_serial(target, draft, ids, top_k=target.config["vocab_size"], **kw)["tokens"] == want
+
+
 def test_bad_tree_parameters_are_rejected(pair, prompts):
     engine, target, draft, _ = pair
     ids = prompts[("humaneval", 0)]

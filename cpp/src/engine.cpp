@@ -126,8 +126,9 @@ GenerationResult Engine::generate_target_only(const std::vector<int32_t>& prompt
       model.forward_top_k(step, 1, false, top);
       token = top.ids[0];
       st.target_time += seconds_since(ts);
-    } else if (config.sampling.top_k >= 1) {
+    } else if (config.sampling.top_k >= 1 && config.sampling.top_k < vocab) {
       // Top-k sampling reads the k best logits only (sample_from_top_k: the same distribution).
+      // (top_k >= vocab keeps every token: ranking them all is only extra work, as in sampling_distribution.)
       model.forward_top_k(step, std::min(config.sampling.top_k, vocab), false, top);
       st.target_time += seconds_since(ts);
       token = sample_from_top_k(top.ids.data(), top.logits.data(), top.k, config.sampling, rng);

@@ -35,8 +35,10 @@ VerificationResult TreeVerifier::verify(const TokenTree& tree, const NodeDistrib
   // are (on the GPU for cuda) instead of handing over [n, vocab] fp32 (Model::forward_top_k).
   const bool greedy = sampling_.greedy() && bias_ == VerifierBias::None;
   // A tree of top-k growth (no expansion draws) under top-k sampling is verified by sampling
-  // each visited node's target distribution, which the row's top_k best logits determine.
+  // each visited node's target distribution, which the row's top_k best logits determine
+  // (top_k < vocab: a top_k that keeps every token would only rank whole rows for nothing).
   const bool top_k_sampling = !sampling_.greedy() && bias_ == VerifierBias::None && sampling_.top_k >= 1 &&
+                              sampling_.top_k < vocab &&
                               std::none_of(tree.nodes().begin(), tree.nodes().end(),
                                            [](const TreeNode& nd) { return !nd.draws.empty(); });
   const int k = greedy ? 1 : std::min(sampling_.top_k, vocab);

@@ -16,9 +16,21 @@ namespace swiftspec {
 
 std::vector<int32_t> top_k_indices(const float* values, int n, int k) {
   k = std::max(0, std::min(k, n));
+  auto better = [values](int32_t a, int32_t b) { return values[a] > values[b] || (values[a] == values[b] && a < b); };
+  if (k > 256) {
+    // A large k (top-k sampling with top_k near the vocabulary): inserting into the sorted list
+    // moves O(k) entries per token, 0.7 s for a 152k row at k = vocab; a partial sort is O(n log k).
+    std::vector<int32_t> all;
+    all.reserve(n);
+    for (int32_t i = 0; i < n; ++i)
+      if (!std::isnan(values[i])) all.push_back(i);
+    const auto kept = std::min(all.size(), static_cast<size_t>(k));
+    std::partial_sort(all.begin(), all.begin() + kept, all.end(), better);
+    all.resize(kept);
+    return all;
+  }
   std::vector<int32_t> best;  // kept sorted: largest first, ties smaller index first
   best.reserve(k + 1);
-  auto better = [values](int32_t a, int32_t b) { return values[a] > values[b] || (values[a] == values[b] && a < b); };
   for (int32_t i = 0; i < n && k > 0; ++i) {
     if (std::isnan(values[i])) continue;
     if (static_cast<int>(best.size()) == k && !better(i, best.back())) continue;
