@@ -675,3 +675,26 @@ def test_a_draft_tree_and_a_tree_verifier_refuse_a_second_thread(qwen_small_mode
         (lambda: drafter.grow_step(4), "the model is in use by another request"),  # both drive the model
     ])
     assert verifier.verify(tree)["bonus_token"] >= 0 and verifier.steps == 1
+
+
+def test_forward_top_k_refuses_a_second_thread_and_changes_nothing(qwen_small_model):
+    """Model.forward_top_k holds the model like forward(): a second thread's call, either way round,
+    gets InvalidRequestError and leaves the committed KV as the running call makes it."""
+    model = qwen_small_model
+    busy = "the model is in use by another request"
+    model.truncate_committed(0)
+    while_running(lambda: model.forward(LONG_IDS, logits="none"), [
+        (lambda: model.forward_top_k([1, 2], 1), busy),
+        (lambda: model.forward_top_k([1, 2], 0), busy),  # refused before k is looked at
+    ])
+    assert model.committed_len == len(LONG_IDS)
+    model.truncate_committed(0)
+    while_running(lambda: model.forward_top_k(LONG_IDS, 4, log_normalizer=True, logits="all"), [
+        (lambda: model.forward([1, 2]), busy),
+        (lambda: model.forward_top_k([1, 2], 1), busy),
+        (lambda: model.truncate_committed(0), busy),
+    ])
+    assert model.committed_len == len(LONG_IDS)
+    ids, values, lse = model.forward_top_k([LONG_IDS[0]], 2, log_normalizer=True)
+    assert ids.shape == (1, 2) and values[0, 0] >= values[0, 1] and lse[0] >= values[0, 0]
+    assert model.committed_len == len(LONG_IDS) + 1

@@ -87,3 +87,48 @@ def test_sampling_from_the_top_k_alone_follows_the_sampling_distribution(real_lo
             expected = 20000 * p
             sigma = np.sqrt(np.maximum(expected * (1 - p), 1.0))
             assert np.all(np.abs(counts - expected) < 5 * sigma), (temperature, top_k, top_p)
+
+
+def test_sample_from_top_k_refuses_entries_it_cannot_draw_from():
+    """The k entries must be a row's min(top_k, vocab) best, largest first. Before: temperature 0
+    drew the last id (0 * inf = NaN weight on the best one), unsorted or NaN logits the last id,
+    entries beyond top_k were drawn, a negative id came back as a token, n < 0 gave []."""
+    from swiftspec import InvalidRequestError, SwiftspecError
+
+    ids, logits = [5, 3, 9], [2.0, 1.0, 0.5]
+    bad = [
+        (dict(temperature=0.0, top_k=3), "sample_from_top_k: temperature must be > 0"),
+        (dict(temperature=1.0, top_k=0), "sample_from_top_k: 3 entries for top_k=0"),
+        (dict(temperature=1.0, top_k=2), "sample_from_top_k: 3 entries for top_k=2"),
+        (dict(temperature=1.0, top_k=3, n=-5), "sample_from_top_k: n must be >= 0, got -5"),
+    ]
+    for kwargs, needle in bad:
+        with pytest.raises(InvalidRequestError, match=needle):
+            spec.sample_from_top_k(ids, logits, **kwargs)
+    for row_ids, row, needle in (
+            ([1, 2, 3], [0.0, 100.0, 1000.0], r"largest first without NaN, got top_logits\[1\] = 100.000000 after 0"),
+            ([1, 2, 3], [1.0, float("nan"), 0.0], r"got top_logits\[1\] = nan"),
+            ([1, 2, 3], [float("nan"), 1.0, 0.0], r"got top_logits\[0\] = nan"),
+            ([-1, 2, 3], [3.0, 1.0, 0.0], r"ids\[0\] is -1")):
+        with pytest.raises(InvalidRequestError, match=needle):
+            spec.sample_from_top_k(row_ids, row, 1.0, 3, n=10)
+    for first in (float("inf"), float("-inf")):  # non-finite logits are the model's, not the request's
+        with pytest.raises(SwiftspecError, match="the largest logit is -?inf") as info:
+            spec.sample_from_top_k([1, 2, 3], [first, float("-inf"), float("-inf")], 1.0, 3)
+        assert not isinstance(info.value, InvalidRequestError)
+    # what stays valid: fewer entries than top_k (a vocabulary below top_k), -inf after the first,
+    # exact ties, a temperature or top_p near float's smallest (the best token alone)
+    assert set(spec.sample_from_top_k(ids, logits, 1.0, 40, seed=1, n=200)) == {5, 3, 9}
+    assert set(spec.sample_from_top_k([4, 6, 8], [1.0, float("-inf"), float("-inf")], 1.0, 3, n=50)) == {4}
+    assert set(spec.sample_from_top_k([4, 6, 8], [1.0, 1.0, 1.0], 1.0, 3, seed=2, n=300)) == {4, 6, 8}
+    assert set(spec.sample_from_top_k(ids, logits, 1e-45, 3, n=50)) == {5}
+    assert set(spec.sample_from_top_k(ids, logits, 1.0, 3, 1e-45, n=50)) == {5}
+    assert spec.sample_from_top_k(ids, logits, 1.0, 3, n=0) == []
+
+
+def test_an_empty_logits_row_is_refused_not_read():
+    """sampling_distribution of an empty row read logits[0] (a segmentation fault from Python)."""
+    from swiftspec import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match=r"sampling_distribution: the logits row is empty \(vocab 0\)"):
+        spec.sampling_distribution(np.zeros(0, np.float32), 1.0, 0, 0.9)

@@ -106,6 +106,37 @@ def test_greedy_semantics_on_handmade_tree():
     assert r["accepted_path"] == [0] and r["tokens"] == [0]
 
 
+def test_top_k_verifiers_refuse_what_they_cannot_verify():
+    """verify_top_k_sampling refused a tree with draws only when its walk reached the node (seed
+    dependent: some seeds verified the tree); rows that are not largest first, hold NaN or a
+    negative id, and a negative arg-max id, came back as tokens (the bonus -1, or the last id)."""
+    from swiftspec import InvalidRequestError
+
+    t = spec.TokenTree(5)
+    a = t.add_child(0, 3, -0.1)
+    t.add_child(a, 4, -0.1)
+    t.set_expanded(a, [4])  # draws below the root
+    ids = np.array([[3, 4, 9], [4, 1, 2], [1, 2, 3]], np.int32)
+    logits = np.array([[0.0, -0.5, -1.0], [3.0, 1.0, 0.0], [1.0, 0.0, -1.0]], np.float32)
+    for seed in range(20):  # about half the seeds walk 0 -> 1; the others stopped at the root (no error)
+        with pytest.raises(InvalidRequestError, match="node 1 has expansion draws"):
+            spec.verify_top_k_sampling(t, ids, logits, 1.0, seed=seed, target_rows=[0, 1, 2])
+
+    tree = spec.TokenTree(5)
+    tree.add_child(0, 3, -0.1)
+    for bad_ids, bad_logits, needle in ((ids, np.ascontiguousarray(logits[:, ::-1]), "largest first without NaN"),
+                                        (ids, np.where(logits > 2, np.nan, logits).astype(np.float32), "= nan"),
+                                        (-ids, logits, r"ids\[0\] is -4")):
+        with pytest.raises(InvalidRequestError, match=needle):
+            spec.verify_top_k_sampling(tree, bad_ids, bad_logits, 1.0, seed=1, target_rows=[1, 1])
+    r = spec.verify_top_k_sampling(tree, ids, logits, 1.0, seed=1, target_rows=[1, 1])
+    assert r["tokens"][0] in (4, 1, 2) and r["accepted"] == 0
+
+    with pytest.raises(InvalidRequestError, match="verify_greedy: arg-max id -1 of node 0 is negative"):
+        spec.verify_greedy_argmax(tree, [-1, 2])
+    assert spec.verify_greedy_argmax(tree, [3, 2])["tokens"] == [3, 2]
+
+
 # ---------------------------------------------------------------- real models
 @pytest.fixture(scope="module")
 def models(checkpoint_dir):

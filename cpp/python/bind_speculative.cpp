@@ -291,6 +291,7 @@ void bind_speculative(nb::module_& parent) {
          uint64_t seed, int n) {
         if (ids.size() != top_logits.size() || ids.empty())
           throw InvalidArgument("sample_from_top_k: ids and top_logits must be non-empty and of one length");
+        if (n < 0) throw InvalidArgument("sample_from_top_k: n must be >= 0, got " + std::to_string(n));
         SamplingParams params;
         params.temperature = temperature;
         params.top_k = top_k;

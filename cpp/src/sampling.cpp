@@ -35,6 +35,8 @@ int argmax(const float* logits, int vocab) {
 
 void sampling_distribution(const float* logits, int vocab, const SamplingParams& params,
                            std::vector<float>& probs) {
+  if (vocab < 1)  // argmax would read logits[0]
+    throw InvalidArgument("sampling_distribution: the logits row is empty (vocab " + std::to_string(vocab) + ")");
   probs.assign(vocab, 0.0f);
   if (params.greedy()) {
     probs[argmax(logits, vocab)] = 1.0f;
@@ -125,6 +127,25 @@ int sample_token(const float* logits, int vocab, const SamplingParams& params, R
 
 int sample_from_top_k(const int32_t* ids, const float* top_logits, int k, const SamplingParams& params, Rng& rng) {
   if (k < 1) throw InvalidArgument("sample_from_top_k: k must be >= 1, got " + std::to_string(k));
+  // The k entries must be what the distribution keeps: a row's min(top_k, vocab) best, largest first
+  // (otherwise the draw is silently from another distribution, or NaN weights pick the last id).
+  if (params.greedy())
+    throw InvalidArgument("sample_from_top_k: temperature must be > 0 (greedy decoding takes ids[0]), got 0");
+  if (params.top_k < 1 || k > params.top_k)
+    throw InvalidArgument("sample_from_top_k: " + std::to_string(k) + " entries for top_k=" +
+                          std::to_string(params.top_k) + " (give a row's min(top_k, vocab) best)");
+  for (int j = 0; j < k; ++j) {
+    if (ids[j] < 0)
+      throw InvalidArgument("sample_from_top_k: ids[" + std::to_string(j) + "] is " + std::to_string(ids[j]) +
+                            " (token ids are >= 0)");
+    if (std::isnan(top_logits[j]) || (j > 0 && top_logits[j] > top_logits[j - 1]))
+      throw InvalidArgument("sample_from_top_k: top_logits must be largest first without NaN, got top_logits[" +
+                            std::to_string(j) + "] = " + std::to_string(top_logits[j]) +
+                            (j > 0 ? " after " + std::to_string(top_logits[j - 1]) : std::string()));
+  }
+  if (!std::isfinite(top_logits[0]))  // every weight would be NaN
+    throw Error("sample_from_top_k: the largest logit is " + std::to_string(top_logits[0]) +
+                " (the model produced non-finite logits)");
   const double inv_t = 1.0 / params.temperature;
   std::vector<double> w(k);
   double total = 0;

@@ -79,6 +79,10 @@ VerificationResult verify_greedy(const TokenTree& tree, const std::vector<int32_
   if (target_argmax.size() != static_cast<size_t>(tree.size()))
     throw InvalidArgument("verify_greedy: " + std::to_string(target_argmax.size()) + " arg-max ids for a tree of " +
                           std::to_string(tree.size()) + " nodes");
+  for (size_t u = 0; u < target_argmax.size(); ++u)
+    if (target_argmax[u] < 0)  // would be accepted as the bonus token
+      throw InvalidArgument("verify_greedy: arg-max id " + std::to_string(target_argmax[u]) + " of node " +
+                            std::to_string(u) + " is negative");
   VerificationResult r;
   r.accepted_path.push_back(0);
   int u = 0;
@@ -89,14 +93,16 @@ VerificationResult verify_greedy(const TokenTree& tree, const std::vector<int32_
 
 VerificationResult verify_by_target_sampling(const TokenTree& tree, const std::function<int32_t(int)>& draw) {
   if (tree.empty()) throw InvalidArgument("verify_by_target_sampling: the token tree is empty");
+  // Every node, not only the visited ones: whether a tree is refused must not depend on the draws.
+  for (int u = 0; u < tree.size(); ++u)
+    if (!tree.node(u).draws.empty())
+      throw InvalidArgument("verify_by_target_sampling: node " + std::to_string(u) +
+                            " has expansion draws (verify it by rejection sampling: verify_stochastic)");
   VerificationResult r;
   r.accepted_path.push_back(0);
   int u = 0;
   for (;;) {
     const TreeNode& nd = tree.node(u);
-    if (!nd.draws.empty())
-      throw InvalidArgument("verify_by_target_sampling: node " + std::to_string(u) +
-                            " has expansion draws (verify it by rejection sampling: verify_stochastic)");
     const int32_t x = draw(u);
     if (!nd.children.empty()) ++r.target_sampling_nodes;
     if (!step(tree, u, x, r)) break;

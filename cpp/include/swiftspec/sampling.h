@@ -51,7 +51,9 @@ int sample_token(const float* logits, int vocab, const SamplingParams& params, R
 /// Model::forward_top_k returns them): the distribution of sampling_distribution, since top-k's
 /// renormalisation cancels the normaliser of the whole vocabulary (softmax(x / T) over the k,
 /// then top-p in rank order, renormalised; weights in double). One rng draw, in rank order.
-/// What lets a sampled step skip the [vocab] logits row. Throws InvalidArgument for k < 1.
+/// What lets a sampled step skip the [vocab] logits row. Throws InvalidArgument for k < 1, greedy
+/// params, k > params.top_k (or top_k 0), a negative id, NaN or increasing top_logits; Error
+/// when top_logits[0] is +-inf.
 int sample_from_top_k(const int32_t* ids, const float* top_logits, int k, const SamplingParams& params, Rng& rng);
 
 }  // namespace swiftspec

@@ -77,7 +77,7 @@ struct VerificationResult {
 VerificationResult verify_greedy(const TokenTree& tree, const float* target_logits, int vocab);
 /// Greedy verification from the target's arg-max per node (`target_argmax` [tree.size()],
 /// e.g. TopKLogits::ids with k = 1): the same walk without the logits. Throws
-/// InvalidArgument for an empty tree or a size that is not tree.size().
+/// InvalidArgument for an empty tree, a size that is not tree.size() or a negative id.
 VerificationResult verify_greedy(const TokenTree& tree, const std::vector<int32_t>& target_argmax);
 
 /// A probability row for a tree node: fp32 [vocab], non-negative, summing to
@@ -107,7 +107,7 @@ enum class VerifierBias {
 /// verify_stochastic draws it from target_probs(u) (one draw per visited node; draws at inner
 /// nodes count as target_sampling_nodes). Lets a verifier sample from each row's top-k
 /// (sample_from_top_k) without the [n, vocab] distributions. Throws InvalidArgument for an empty
-/// tree or a node that has draws.
+/// tree or a node that has draws (any node, visited or not).
 VerificationResult verify_by_target_sampling(const TokenTree& tree, const std::function<int32_t(int)>& draw);
 
 VerificationResult verify_stochastic(const TokenTree& tree, int vocab, const NodeDistribution& target_probs,
