@@ -124,8 +124,11 @@ PY
   log "converted"
 fi
 
+# A tool the package build made: in BUILD_DIR here, or in the background build's snapshot.
+package_tool() { find "$BUILD_DIR" "$BG_SRC/$BUILD_DIR" -name "$1" -type f 2>/dev/null | head -1; }
+
 if has check; then
-  CB=$(find "$BUILD_DIR" "$BG_SRC/$BUILD_DIR" -name swiftspec-cuda-check -type f 2>/dev/null | head -1)
+  CB=$(package_tool swiftspec-cuda-check)
   if [ -z "$CB" ]; then log "no swiftspec-cuda-check under $BUILD_DIR or $BG_SRC/$BUILD_DIR"; else
     timeout "${CHECK_TIMEOUT_S:-300}" "$CB" --json "$OUT/check.json" ${CHECK_ARGS:-} > "$OUT/check.log" 2>&1
     log "check rc=$?: $(tail -1 "$OUT/check.log")"
@@ -134,7 +137,7 @@ if has check; then
 fi
 
 if has green; then
-  GB=$(find "$BUILD_DIR" "$BG_SRC/$BUILD_DIR" -name swiftspec-cuda-green-bench -type f 2>/dev/null | head -1)
+  GB=$(package_tool swiftspec-cuda-green-bench)
   if [ -z "$GB" ]; then log "no swiftspec-cuda-green-bench under $BUILD_DIR or $BG_SRC/$BUILD_DIR"; else
     "$GB" --splits "${GREEN_SPLITS:-8,16,24,32,48,64}" --json "$OUT/green_bench.json" 2>&1 | tee "$OUT/green_bench.log"
     log "green bench done"

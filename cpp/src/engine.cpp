@@ -129,7 +129,7 @@ GenerationResult Engine::generate_target_only(const std::vector<int32_t>& prompt
     } else if (config.sampling.top_k >= 1 && config.sampling.top_k < vocab) {
       // Top-k sampling reads the k best logits only (sample_from_top_k: the same distribution).
       // (top_k >= vocab keeps every token: ranking them all is only extra work, as in sampling_distribution.)
-      model.forward_top_k(step, std::min(config.sampling.top_k, vocab), false, top);
+      model.forward_top_k(step, config.sampling.top_k, false, top);
       st.target_time += seconds_since(ts);
       token = sample_from_top_k(top.ids.data(), top.logits.data(), top.k, config.sampling, rng);
     } else {

@@ -28,8 +28,7 @@ int argmax(const float* logits, int vocab) {
   // NaN compares false with everything: the "largest" logit would be an
   // arbitrary token (token 0 when all are NaN), a silently wrong answer.
   if (nan)
-    throw Error("the model produced NaN logits: its weights (or inputs) hold non-finite values; check the "
-                "checkpoint (e.g. convert it again)");
+    throw Error(kNanLogitsMessage);
   return best;
 }
 

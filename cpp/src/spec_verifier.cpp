@@ -41,7 +41,7 @@ VerificationResult TreeVerifier::verify(const TokenTree& tree, const NodeDistrib
                               sampling_.top_k < vocab &&
                               std::none_of(tree.nodes().begin(), tree.nodes().end(),
                                            [](const TreeNode& nd) { return !nd.draws.empty(); });
-  const int k = greedy ? 1 : std::min(sampling_.top_k, vocab);
+  const int k = greedy ? 1 : sampling_.top_k;  // top_k < vocab when it is used
   const double t0 = now_s();
   const int row0 = greedy || top_k_sampling
                        ? cache_.forward_nodes_top_k(tree, nodes, LogitsMode::All, k, false, top_)

@@ -288,22 +288,15 @@ class CudaModelImpl final : public CudaModel {
 
   void forward_argmax(const ForwardBatch& batch, std::vector<int32_t>& argmax) override {
     ModelScope scope(copt_.device, green_.get());
-    std::vector<unsigned long long> keys;
-    RowSink sink;
-    sink.keys = &keys;
-    run(batch, sink);
     argmax.clear();
-    for (unsigned long long key : keys) argmax.push_back(checked_key_index(key));
+    for (unsigned long long key : run_argmax_keys(batch)) argmax.push_back(checked_key_index(key));
   }
 
   void forward_top_k(const ForwardBatch& batch, int k, bool with_log_normalizer, TopKLogits& out) override {
     const int vocab = cfg_.vocab_size;
-    if (k < 1 || k > vocab)
-      throw InvalidArgument("forward_top_k: k must be in [1, vocab=" + std::to_string(vocab) + "], got " +
-                            std::to_string(k));
-    // Beyond kTopKMax, or when asked for the A/B of the host path: the default (all rows to the host).
-    if (top_k_on_host_ || k > kTopKMax || vocab < kTopKMinVocab ||
-        (k > kTopKListMax && vocab > kTopKSortSegments * kTopKSortKeys)) {
+    check_top_k(k, vocab, "forward_top_k");
+    // What the GPU selection does not take, or the A/B of the host path: the default (rows to the host).
+    if (top_k_on_host_ || !logits_top_k_supported(k, vocab)) {
       Model::forward_top_k(batch, k, with_log_normalizer, out);
       return;
     }
@@ -312,11 +305,7 @@ class CudaModelImpl final : public CudaModel {
     out.k = k;
     if (k == 1 && !with_log_normalizer) {
       // The arg-max the LM head's epilogue already keyed: no logits written at all.
-      std::vector<unsigned long long> keys;
-      RowSink sink;
-      sink.keys = &keys;
-      run(batch, sink);
-      for (unsigned long long key : keys) {
+      for (unsigned long long key : run_argmax_keys(batch)) {
         out.ids.push_back(checked_key_index(key));
         out.logits.push_back(key_value(key));
       }
@@ -860,6 +849,15 @@ class CudaModelImpl final : public CudaModel {
     bool log_normalizer = false;
   };
 
+  /// run() reading each logits row's arg-max key from the LM head's epilogue (no logits written).
+  std::vector<unsigned long long> run_argmax_keys(const ForwardBatch& batch) {
+    std::vector<unsigned long long> keys;
+    RowSink sink;
+    sink.keys = &keys;
+    run(batch, sink);
+    return keys;
+  }
+
   /// The token id of an arg-max key; Error when the row held a NaN (argmax_key).
   static int checked_key_index(unsigned long long key) {
     if (argmax_key_is_nan(key)) throw Error(kNanLogitsMessage);
@@ -873,9 +871,6 @@ class CudaModelImpl final : public CudaModel {
     std::memcpy(&v, &u, sizeof v);
     return v;
   }
-  static constexpr const char* kNanLogitsMessage =
-      "the model produced NaN logits: its weights (or inputs) hold non-finite values; check the checkpoint "
-      "(e.g. convert it again)";
 
   void run(const ForwardBatch& b, const RowSink& sink) {
     validate(b);

@@ -20,6 +20,12 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// The Error every decode path (host arg-max and top-k, the CUDA backend's GPU selection)
+/// throws for NaN logits: not the request's fault, and never a silently wrong token.
+inline constexpr const char* kNanLogitsMessage =
+    "the model produced NaN logits: its weights (or inputs) hold non-finite values; check the checkpoint "
+    "(e.g. convert it again)";
+
 /// A checkpoint, config or manifest on disk is missing, truncated or inconsistent.
 class CheckpointError : public Error {
  public:

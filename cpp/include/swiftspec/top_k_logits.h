@@ -30,6 +30,9 @@ std::vector<int32_t> top_k_indices(const float* values, int n, int k);
 /// double with m the largest value; -inf when every value is -inf.
 double log_normalizer(const float* values, int n);
 
+/// Throws InvalidArgument "<who>: k must be in [1, vocab=<vocab>], got <k>" unless 1 <= k <= vocab.
+void check_top_k(int k, int vocab, const char* who);
+
 /// The host reference of Model::forward_top_k: fills `out` from fp32 `logits`
 /// [rows, vocab] (row-major) with each row's top_k_indices(row, vocab, k), their
 /// values and, when `with_log_normalizer`, log_normalizer(row, vocab).

@@ -102,6 +102,10 @@ enum class VerifierBias {
 /// sampling and a childless node use one rng.categorical(). Throws InvalidArgument for an empty
 /// tree, vocab <= 0, a missing draft_probs for a node with draws, or a draw
 /// whose draft probability is 0.
+VerificationResult verify_stochastic(const TokenTree& tree, int vocab, const NodeDistribution& target_probs,
+                                     const NodeDistribution& draft_probs, Rng& rng,
+                                     VerifierBias bias = VerifierBias::None);
+
 /// Stochastic verification of a tree without expansion draws (top-k growth) by target sampling:
 /// at node u the next token is `draw(u)`, a sample from the target's distribution there, as
 /// verify_stochastic draws it from target_probs(u) (one draw per visited node; draws at inner
@@ -109,10 +113,6 @@ enum class VerifierBias {
 /// (sample_from_top_k) without the [n, vocab] distributions. Throws InvalidArgument for an empty
 /// tree or a node that has draws (any node, visited or not).
 VerificationResult verify_by_target_sampling(const TokenTree& tree, const std::function<int32_t(int)>& draw);
-
-VerificationResult verify_stochastic(const TokenTree& tree, int vocab, const NodeDistribution& target_probs,
-                                     const NodeDistribution& draft_probs, Rng& rng,
-                                     VerifierBias bias = VerifierBias::None);
 
 /// Sampling distributions of logits rows, computed on first use and cached:
 /// sampling_distribution(logits + row * vocab, vocab, params). Keeps a

@@ -49,11 +49,15 @@ double log_normalizer(const float* values, int n) {
   return mx + std::log(sum);
 }
 
+void check_top_k(int k, int vocab, const char* who) {
+  if (k < 1 || k > vocab)
+    throw InvalidArgument(std::string(who) + ": k must be in [1, vocab=" + std::to_string(vocab) + "], got " +
+                          std::to_string(k));
+}
+
 void select_top_k_logits(const float* logits, int rows, int vocab, int k, bool with_log_normalizer,
                          TopKLogits& out) {
-  if (k < 1 || k > vocab)
-    throw InvalidArgument("top-k logits: k must be in [1, vocab=" + std::to_string(vocab) + "], got " +
-                          std::to_string(k));
+  check_top_k(k, vocab, "top-k logits");
   out.k = k;
   out.ids.clear();
   out.logits.clear();
@@ -61,8 +65,7 @@ void select_top_k_logits(const float* logits, int rows, int vocab, int k, bool w
   for (int r = 0; r < rows; ++r) {
     const float* row = logits + static_cast<size_t>(r) * vocab;
     if (std::any_of(row, row + vocab, [](float v) { return std::isnan(v); }))
-      throw Error("the model produced NaN logits: its weights (or inputs) hold non-finite values; check the "
-                  "checkpoint (e.g. convert it again)");
+      throw Error(kNanLogitsMessage);
     for (int32_t t : top_k_indices(row, vocab, k)) {
       out.ids.push_back(t);
       out.logits.push_back(row[t]);
@@ -73,9 +76,7 @@ void select_top_k_logits(const float* logits, int rows, int vocab, int k, bool w
 
 void Model::forward_top_k(const ForwardBatch& batch, int k, bool with_log_normalizer, TopKLogits& out) {
   const int vocab = config().vocab_size;
-  if (k < 1 || k > vocab)  // before the pass: a bad k must not advance the KV cache
-    throw InvalidArgument("forward_top_k: k must be in [1, vocab=" + std::to_string(vocab) + "], got " +
-                          std::to_string(k));
+  check_top_k(k, vocab, "forward_top_k");  // before the pass: a bad k must not advance the KV cache
   std::vector<float> logits;
   forward(batch, logits);
   select_top_k_logits(logits.data(), static_cast<int>(logits.size() / vocab), vocab, k, with_log_normalizer, out);

@@ -101,6 +101,9 @@ struct TopKScratch {
   int* part_nan = nullptr;                  ///< [kMaxStepTokens][kTopKSegments]
 };
 
+/// Whether launch_logits_top_k takes k for a vocabulary of `vocab` (otherwise select on the host).
+bool logits_top_k_supported(int k, int vocab);
+
 /// out[r] = the top-k and log-normalizer (when asked) of logits row r, r < rows, of fp32
 /// `logits` [rows][vocab]. Deterministic. Throws InvalidArgument unless 1 <= rows <=
 /// kMaxStepTokens, 1 <= k <= kTopKMax and vocab >= kTopKMinVocab (and, for k > kTopKListMax,

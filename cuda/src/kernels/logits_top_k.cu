@@ -266,13 +266,19 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_merge_sorted_kernel(
 
 }  // namespace
 
+bool logits_top_k_supported(int k, int vocab) {
+  return k >= 1 && k <= kTopKMax && vocab >= kTopKMinVocab &&
+         (k <= kTopKListMax || vocab <= kTopKSortSegments * kTopKSortKeys);
+}
+
 void launch_logits_top_k(const float* logits, int rows, int vocab, int k, bool with_log_normalizer,
                          const TopKScratch& scratch, TopKRow* out, cudaStream_t stream) {
-  if (rows < 1 || rows > kMaxStepTokens || k < 1 || k > kTopKMax || vocab < kTopKMinVocab)
+  if (rows < 1 || rows > kMaxStepTokens || !logits_top_k_supported(k, vocab))
     throw InvalidArgument("launch_logits_top_k: rows " + std::to_string(rows) + " (1.." +
                           std::to_string(kMaxStepTokens) + "), k " + std::to_string(k) + " (1.." +
                           std::to_string(kTopKMax) + "), vocab " + std::to_string(vocab) + " (>= " +
-                          std::to_string(kTopKMinVocab) + ")");
+                          std::to_string(kTopKMinVocab) + "; <= " + std::to_string(kTopKSortSegments * kTopKSortKeys) +
+                          " for k > " + std::to_string(kTopKListMax) + ")");
   const int lse = with_log_normalizer ? 1 : 0;
   if (k <= kTopKListMax) {
     top_k_lists_kernel<<<dim3(kTopKListSegments, rows), kTopKThreads, 0, stream>>>(
@@ -283,10 +289,6 @@ void launch_logits_top_k(const float* logits, int rows, int vocab, int k, bool w
     SS_CUDA_CHECK_LAUNCH("top_k_merge_lists_kernel");
     return;
   }
-  if (vocab > kTopKSortSegments * kTopKSortKeys)
-    throw InvalidArgument("launch_logits_top_k: k " + std::to_string(k) + " > " + std::to_string(kTopKListMax) +
-                          " needs vocab <= " + std::to_string(kTopKSortSegments * kTopKSortKeys) + ", got " +
-                          std::to_string(vocab));
   top_k_sort_kernel<<<dim3(kTopKSortSegments, rows), kTopKThreads, 0, stream>>>(
       logits, vocab, k, lse, scratch.part_keys, scratch.part_ms, scratch.part_nan);
   SS_CUDA_CHECK_LAUNCH("top_k_sort_kernel");
