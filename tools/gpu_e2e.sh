@@ -23,6 +23,9 @@
 #             on the rest), :hp the target's stream at the highest priority; BENCH_TAG names the
 #             result folder (default bench; e.g. an A/B with SWIFTSPEC_TOP_K_ON_HOST=1 in another)
 #   peers     the HF transformers peers on PEER_PROMPTS prompts
+#   peers_bg  the HF peers detached, one `swiftspec bench` per data set on its own GPU and cores
+#             (PEER_DATASETS, PEER_CONFIGS, PEER_PROMPTS 20); waits PEER_WAIT_S (540) and copies
+#             finished parts to $OUT/peers-<dataset>; peers_wait (a later call) waits and copies again
 #   lossless  tools/check_lossless.py --backend cuda: target-only vs serial vs async greedy on
 #             LOSSLESS_MTBENCH (80) MT-Bench first turns + LOSSLESS_HUMANEVAL (40) HumanEval
 #             prompts, LOSSLESS_TOKENS (128) new tokens, configs LOSSLESS_CONFIGS (tree16:16:8:2),
@@ -162,6 +165,53 @@ if has peers; then
     --out "$OUT/peers" 2>&1 | tee "$OUT/peers.log" | tail -30
   log "peers done"
 fi
+
+# The HF peers decode at ~30-90 ms/token (eager PyTorch, host-bound): 20 + 20 prompts x 256 tokens
+# take ~20 min on one GPU, more than one device call. peers_bg starts one detached `swiftspec bench`
+# per data set (PEER_DATASETS), each on its own GPU (round robin over the visible GPUs) and its
+# own disjoint block of cores (taskset; cores / GPUs each, the one-GPU machine's 16 on an x2),
+# with the same settings as the bench stage; then waits up to PEER_WAIT_S (540) and copies what
+# finished to $OUT/peers-<dataset>. peers_wait (a later call) waits again and copies. Merge the
+# parts with ours afterwards: `swiftspec bench --merge DIR,DIR,... --out DIR` (no GPU needed).
+PEER_RUN=/tmp/ss-peers
+peers_collect() {  # wait up to PEER_WAIT_S for every started part, copy the finished ones
+  local deadline=$(( $(date +%s) + ${PEER_WAIT_S:-540} )) d pending
+  while :; do
+    pending=0
+    for d in "$PEER_RUN"/*/; do [ -f "$d/rc" ] || pending=1; done
+    [ "$pending" = 0 ] || [ "$(date +%s)" -ge "$deadline" ] && break
+    sleep 5
+  done
+  for d in "$PEER_RUN"/*/; do
+    local name; name=$(basename "$d")
+    if [ -f "$d/rc" ]; then
+      rm -rf "$OUT/$name"; cp -r "$d/out" "$OUT/$name"; cp "$d/log" "$OUT/$name.log"
+      log "peer part $name finished: exit $(cat "$d/rc")"
+    else
+      log "peer part $name still running: $(tail -c 300 "$d/log" | tr '\r' '\n' | tail -1)"
+    fi
+  done
+}
+if has peers_bg; then
+  rm -rf "$PEER_RUN"; mkdir -p "$PEER_RUN"
+  NGPU=$(nvidia-smi -L | grep -c '^GPU')
+  NCORE=$(nproc); PER=$(( NCORE / NGPU ))
+  i=0
+  for ds in ${PEER_DATASETS:-humaneval mtbench}; do
+    gpu=$(( i % NGPU )); lo=$(( gpu * PER )); hi=$(( lo + PER - 1 ))
+    mkdir -p "$PEER_RUN/peers-$ds"
+    # Each part: its own GPU and cores; HF's torch threads = its cores (as on the 16-core one-GPU kind).
+    ( setsid nohup bash -c "CUDA_VISIBLE_DEVICES=$gpu taskset -c $lo-$hi swiftspec bench --backend cuda \
+        --datasets $ds --num-prompts ${PEER_PROMPTS:-20} --max-new-tokens $NEW \
+        --configs ${PEER_CONFIGS:-hf:target,hf:assisted} --hf-threads $PER --no-progress \
+        --out $PEER_RUN/peers-$ds/out > $PEER_RUN/peers-$ds/log 2>&1; echo \$? > $PEER_RUN/peers-$ds/rc" \
+        > /dev/null 2>&1 < /dev/null & )
+    log "peer part peers-$ds started on GPU $gpu, cores $lo-$hi"
+    i=$(( i + 1 ))
+  done
+  peers_collect
+fi
+if has peers_wait; then peers_collect; fi
 
 if has lossless; then
   # Resumable: a second call with the same LOSSLESS_DIR continues where a cut-off one stopped.
