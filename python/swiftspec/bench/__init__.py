@@ -9,14 +9,15 @@ One job per module:
 * :mod:`~swiftspec.bench.plots`    PNG plots (matplotlib)
 * :mod:`~swiftspec.bench.schema`   the JSON schema (the format's documentation) and validation
 * :mod:`~swiftspec.bench.machine`  machine, CPU/GPU, software and commit information
-* :mod:`~swiftspec.bench.api`      :func:`run_bench`, the whole pipeline
+* :mod:`~swiftspec.bench.api`      :func:`run_bench`, the whole pipeline; :func:`merge_bench`,
+                                   several finished runs combined into one result
 
     from swiftspec.bench import run_bench
     doc = run_bench(datasets=["humaneval"], num_prompts=2, max_new_tokens=16,
                     configs="target,serial:tree16", out_dir="bench-out")
 """
 
-from swiftspec.bench.api import run_bench
+from swiftspec.bench.api import merge_bench, run_bench
 from swiftspec.bench.config import BenchConfig, BenchConfigError, parse_config, parse_config_list
 
-__all__ = ["run_bench", "BenchConfig", "BenchConfigError", "parse_config", "parse_config_list"]
+__all__ = ["run_bench", "merge_bench", "BenchConfig", "BenchConfigError", "parse_config", "parse_config_list"]

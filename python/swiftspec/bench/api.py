@@ -76,13 +76,8 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
                              max_context=max_context)
     items = load_prompts(settings.datasets, num_prompts, progress=progress)
     out = Path(out_dir) if out_dir is not None else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise BenchConfigError(f"--out {out} exists and is not a folder")
-    if out is not None and not resume:
-        earlier = [n for n in ("bench.json", "requests.jsonl") if (out / n).exists()]
-        if earlier:  # never replace measured results silently
-            raise BenchConfigError(f"--out {out} holds the results of an earlier run ({', '.join(earlier)}): pass "
-                                   "--resume to continue it, or give another folder")
+    if out is not None:
+        _check_out(out, None if resume else "pass --resume to continue it, or give another folder")
     machine = mach.machine_info()
     # The code this process runs is the checkout as it is now: a commit made while a long run goes
     # on must not be recorded as the measured one.
@@ -110,10 +105,35 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
         commit=commit, machine=machine, settings=settings_block, configs=runner.configs_block(),
         rows=runner.rows, wall_time_s=time.perf_counter() - t0, load_average_end=mach.load_average(),
         interrupted=runner.interrupted, decode=(lambda ids: tok.decode(ids)) if tok is not None else None)
+    _check_and_write(doc, out, plots)
+    if runner.interrupted:
+        raise KeyboardInterrupt
+    return doc
+
+
+def _check_out(out: Path, advice: str | None) -> None:
+    """Raises :class:`BenchConfigError` if ``out`` is a file, or (``advice`` given: not a resumed
+    run) holds the results of an earlier run, whose message then ends with ``advice``: measured
+    results are never replaced silently."""
+    if out.exists() and not out.is_dir():
+        raise BenchConfigError(f"--out {out} exists and is not a folder")
+    if advice is not None:
+        earlier = [n for n in ("bench.json", "requests.jsonl") if (out / n).exists()]
+        if earlier:
+            raise BenchConfigError(f"--out {out} holds the results of an earlier run ({', '.join(earlier)}): "
+                                   + advice)
+
+
+def _check_and_write(doc: dict, out: Path | None, plots: bool) -> None:
+    """Validates ``doc`` (schema, then numbers) and writes bench.json, bench.md and the plots
+    into ``out`` (if given). Raises :class:`BenchResultError` if the schema fails (the data go to
+    bench.invalid.json) or, after writing (the problems recorded in ``settings``), if the numbers
+    disagree."""
     try:
         validate(doc)
     except Exception as exc:  # jsonschema.ValidationError; keep the data for inspection
         if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
             write_json(doc, out / "bench.invalid.json")
         raise BenchResultError(f"the bench result does not match its schema: {exc}") from None
     problems = consistency_problems(doc)
@@ -131,6 +151,300 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
         (out / "bench.md").write_text(markdown(doc, [str(p) for p in made]))
     if problems:
         raise BenchResultError(f"the bench result is inconsistent ({len(problems)} problem(s)): {problems[0]}")
-    if runner.interrupted:
-        raise KeyboardInterrupt
+
+
+
+#: Settings the parts of a merge must share for their rows to be comparable (None: not recorded
+#: there, e.g. ``max_context`` of a run without a swiftspec engine, ``draft`` of a run without one).
+#: ``backend`` is among them because configuration names without ``@backend`` mean the run's backend.
+MERGE_AGREE = ("num_prompts", "max_new_tokens", "dtype", "backend", "target", "draft", "max_context", "decoding")
+_OPTIONAL_AGREE = ("draft", "max_context", "decoding")
+
+
+def read_part(folder: str | Path) -> dict:
+    """The complete result document of one finished bench run in ``folder`` (its bench.json).
+
+    Raises:
+        BenchConfigError: (one line naming the folder) ``folder`` is not a folder, has no
+            bench.json, bench.json is not JSON, not a bench result of this schema version, does
+            not match the schema, or records an interrupted run (partial results: finish it with
+            ``--resume`` first).
+    """
+    import json
+
+    import jsonschema
+
+    from swiftspec.bench.schema import SCHEMA_VERSION
+
+    folder = Path(folder)
+    path = folder / "bench.json"
+    if not folder.is_dir():
+        raise BenchConfigError(f"--merge: {folder} is not a folder")
+    if not path.is_file():
+        why = ("its bench.invalid.json failed the schema" if (folder / "bench.invalid.json").exists()
+               else "a run writes it when it ends")
+        raise BenchConfigError(f"--merge: {folder} has no bench.json ({why}); is it the --out folder of a "
+                               "finished swiftspec bench run?")
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise BenchConfigError(f"--merge: {path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except (UnicodeDecodeError, OSError) as exc:
+        raise BenchConfigError(f"--merge: cannot read {path}: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("kind") != "swiftspec-bench":
+        raise BenchConfigError(f"--merge: {path} is not a swiftspec bench result (no kind 'swiftspec-bench')")
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        raise BenchConfigError(f"--merge: {path} has schema_version {doc.get('schema_version')!r}, this swiftspec "
+                               f"reads {SCHEMA_VERSION}")
+    if doc.get("interrupted"):
+        raise BenchConfigError(f"--merge: {folder} holds an interrupted run (partial results); finish it first "
+                               "(its command again, plus --resume)")
+    try:
+        validate(doc)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "the top level"
+        raise BenchConfigError(f"--merge: {path} does not match the bench schema at {where}: "
+                               f"{exc.message[:200]}") from None
+    return doc
+
+
+def _part_entries(folder: Path, doc: dict) -> list[dict]:
+    """The ``merge.parts`` entries of one part: itself, or the parts it was merged from."""
+    if doc.get("merge"):
+        return [dict(p) for p in doc["merge"]["parts"]]
+    return [{
+        "folder": str(folder), "command": doc["command"], "created": doc["created"], "commit": doc["commit"],
+        "wall_time_s": doc["wall_time_s"], "datasets": list(doc["settings"]["datasets"]),
+        "configs": [c["name"] for c in doc["configs"] if c["status"] == "ok"],
+        "hostname": doc["machine"]["hostname"],
+        "settings": {k: v for k, v in doc["settings"].items() if k != "consistency_problems"},
+    }]
+
+
+def _parse_time(text: str):
+    import datetime as dt
+
+    try:
+        return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+    except (TypeError, ValueError):
+        return None
+
+
+def _machine_identity(machine: dict) -> tuple:
+    return (machine["cpu"].get("model"),
+            [(g.get("name"), g.get("memory_mib")) for g in machine["gpus"]])
+
+
+def _default_decode(settings: dict):
+    """Token text for divergence records: the target's tokenizer when its checkpoint is on this
+    machine, else None (token ids)."""
+    path = settings.get("target_checkpoint")
+    if not path or not Path(path).is_dir():
+        return None
+    try:
+        from swiftspec.tokenizer import Tokenizer
+
+        tok = Tokenizer.from_checkpoint(path)
+    except Exception:  # noqa: BLE001 -- text is cosmetic; ids are shown instead
+        return None
+    return lambda ids: tok.decode(ids)
+
+
+def merge_documents(parts: list[tuple[str | Path, dict]], *, command: str, created: str | None = None,
+                    decode=None) -> dict:
+    """One result document from the documents of several bench runs, as if they were one run.
+
+    ``parts``: ``(folder, document)`` pairs, documents as :func:`read_part` returns them. Rows
+    keep their measurements; speedups, output checks (:func:`swiftspec.bench.report.compare_outputs`)
+    and aggregates are recomputed over the union, with each configuration's baseline and reference
+    chosen among the union of the parts' configurations (:func:`swiftspec.bench.runner.configs_block`).
+    Data sets and configurations appear in the order the parts first name them; rows are ordered
+    as a run orders them (data set, prompt, configuration). The document's machine and commit
+    are the first part's, ``created`` the earliest part's start, ``wall_time_s`` the span from
+    the first start to the last end; ``merge`` records each part (a part that is itself a merge
+    contributes its parts).
+
+    Raises:
+        BenchConfigError: (naming the field or row and the two folders) fewer than two parts;
+            the parts disagree on a setting of :data:`MERGE_AGREE` or run on different machines
+            (CPU model, GPU list); a configuration is recorded differently by two parts or its
+            name no longer parses to the recorded configuration; one (data set, prompt,
+            configuration) is measured in two parts; one prompt has another id or token count
+            in two parts; a part has a row of a data set or configuration it does not list.
+    """
+    import copy
+
+    from swiftspec.bench import machine as mach
+    from swiftspec.bench.config import parse_config
+    from swiftspec.bench.runner import configs_block
+
+    if len(parts) < 2:
+        raise BenchConfigError(f"--merge needs at least two folders, got {len(parts)}")
+    folders = [str(f) for f, _ in parts]
+    docs = [d for _, d in parts]
+    first = docs[0]["settings"]
+    agreed: dict = {}
+    for key in MERGE_AGREE:
+        owner = None
+        for folder, doc in zip(folders, docs):
+            value = doc["settings"].get(key)
+            if value is None and key in _OPTIONAL_AGREE:
+                continue
+            if owner is None:
+                owner, agreed[key] = folder, value
+            elif value != agreed[key]:
+                raise BenchConfigError(f"--merge: the parts disagree on {key}: {agreed[key]!r} in {owner}, "
+                                       f"{value!r} in {folder}; merge only runs with the same {key}")
+        if owner is None:
+            agreed[key] = first.get(key)
+    ident0 = _machine_identity(docs[0]["machine"])
+    for folder, doc in zip(folders[1:], docs[1:]):
+        ident = _machine_identity(doc["machine"])
+        for what, a, b in (("CPU model", ident0[0], ident[0]), ("GPUs", ident0[1], ident[1])):
+            if a != b:
+                raise BenchConfigError(f"--merge: the parts ran on different machines: {what} {a!r} in "
+                                       f"{folders[0]}, {b!r} in {folder}; merge only runs of one machine")
+
+    backend = agreed["backend"]
+    datasets: list[str] = []
+    blocks: dict[str, tuple[str, dict]] = {}  # name -> (folder, block)
+    status: dict[str, tuple[str, str | None]] = {}
+    _derived = ("baseline", "reference", "status", "error")
+    for folder, doc in zip(folders, docs):
+        for ds in doc["settings"]["datasets"]:
+            if ds not in datasets:
+                datasets.append(ds)
+        for block in doc["configs"]:
+            name = block["name"]
+            shape = {k: v for k, v in block.items() if k not in _derived}
+            if name in blocks:
+                other_folder, other = blocks[name]
+                for k in sorted(set(shape) | set(other)):
+                    if shape.get(k) != other.get(k):
+                        raise BenchConfigError(f"--merge: configuration {name} has {k}={other.get(k)!r} in "
+                                               f"{other_folder}, {shape.get(k)!r} in {folder}")
+            else:
+                blocks[name] = (folder, shape)
+            if block["status"] == "ok":
+                status[name] = ("ok", None)
+            elif name not in status:
+                status[name] = ("unavailable", block["error"])
+    configs = []
+    for name, (folder, shape) in blocks.items():
+        parsed = parse_config(name, backend)
+        wrong = {k: (v, shape[k]) for k, v in parsed.to_dict().items() if k in shape and shape[k] != v}
+        if parsed.name != name or wrong:
+            k, (v, recorded) = next(iter(wrong.items())) if wrong else ("name", (parsed.name, name))
+            raise BenchConfigError(f"--merge: configuration {name} in {folder} records {k}={recorded!r}, but "
+                                   f"the name parses to {k}={v!r} now (a run of another swiftspec version?)")
+        configs.append(parsed)
+
+    rows: list[dict] = []
+    seen: dict[tuple, str] = {}
+    prompts: dict[tuple, tuple] = {}
+    for folder, doc in zip(folders, docs):
+        listed = {c["name"] for c in doc["configs"]}
+        for r in doc["requests"]:
+            key = (r["dataset"], r["prompt_index"], r["config"])
+            if key[0] not in doc["settings"]["datasets"] or key[2] not in listed:
+                raise BenchConfigError(f"--merge: {folder} has a row {key[0]}[{key[1]}] {key[2]} of a data set or "
+                                       "configuration its bench.json does not list (an edited file?)")
+            if key in seen:
+                raise BenchConfigError(f"--merge: {key[0]}[{key[1]}] {key[2]} is measured in both {seen[key]} and "
+                                       f"{folder}; merge runs that measured different (data set, configuration) "
+                                       "pairs")
+            seen[key] = folder
+            prompt = (r["prompt_id"], r["prompt_tokens"])
+            earlier = prompts.setdefault(key[:2], prompt + (folder,))
+            if earlier[:2] != prompt:
+                raise BenchConfigError(f"--merge: prompt {key[0]}[{key[1]}] is {earlier[0]} of {earlier[1]} tokens "
+                                       f"in {earlier[2]}, {prompt[0]} of {prompt[1]} tokens in {folder} (another "
+                                       "data set file or chat template)")
+            row = copy.deepcopy(r)
+            row["speedup"] = row["latency_speedup"] = row["matches_reference"] = None  # recomputed below
+            rows.append(row)
+    ds_order = {d: i for i, d in enumerate(datasets)}
+    cfg_order = {c.name: i for i, c in enumerate(configs)}
+    rows.sort(key=lambda r: (ds_order[r["dataset"]], r["prompt_index"], cfg_order[r["config"]]))
+
+    settings = {k: copy.deepcopy(v) for k, v in first.items() if k != "consistency_problems"}
+    settings.update({k: v for k, v in agreed.items() if v is not None or k in first})
+    settings["datasets"] = datasets
+    for key in ("target_checkpoint", "draft_checkpoint"):
+        settings[key] = next((d["settings"][key] for d in docs if d["settings"].get(key)), first.get(key))
+    swift = next((d for d in docs if any(c["engine"] == "swiftspec" and c["status"] == "ok" for c in d["configs"])),
+                 None)
+    if swift is not None:  # the threads of swiftspec's models: a peers-only part records the default
+        settings["threads"] = swift["settings"]["threads"]
+    hf: dict = {}
+    for d in docs:
+        for b, block in (d["settings"].get("hf") or {}).items():
+            hf.setdefault(b, block)
+    settings["hf"] = hf or None
+
+    entries = [e for f, d in zip(folders, docs) for e in _part_entries(Path(f), d)]
+    starts = [_parse_time(d["created"]) for d in docs]
+    if all(starts):
+        import datetime as dt
+
+        begin = min(starts)
+        ends = [s + dt.timedelta(seconds=d["wall_time_s"]) for s, d in zip(starts, docs)]
+        wall = (max(ends) - begin).total_seconds()
+        last = docs[ends.index(max(ends))]
+        doc_created = min(d["created"] for d in docs)
+    else:
+        wall, last, doc_created = sum(d["wall_time_s"] for d in docs), docs[-1], docs[0]["created"]
+    machine = copy.deepcopy(docs[0]["machine"])
+    machine["busy_processes_end"] = last["machine"].get("busy_processes_end")
+    if decode is None:
+        decode = _default_decode(settings)
+    doc = build_document(created=doc_created, command=command, commit=copy.deepcopy(docs[0]["commit"]),
+                         machine=machine, settings=settings, configs=configs_block(configs, status), rows=rows,
+                         wall_time_s=wall, load_average_end=last["load_average_end"], decode=decode)
+    doc["merge"] = {"created": created or mach.now_utc(), "parts": entries}
+    return doc
+
+
+def merge_bench(folders: list[str | Path], out_dir: str | Path, *, plots: bool = True, command: str | None = None,
+                decode=None) -> dict:
+    """``swiftspec bench --merge``: combines the results of several bench runs made separately on
+    one machine (e.g. the slow HF peers as detached parts, one data set per GPU, and swiftspec's
+    configurations in another invocation) into one result in ``out_dir`` (bench.json, bench.md,
+    requests.jsonl, plots), as if they had been one run (:func:`merge_documents`).
+
+    Args:
+        folders: the parts' --out folders (each holding a finished run's bench.json).
+        out_dir: where the merged result goes; must not hold results already.
+        plots: make the PNG plots.
+        command: the command line to record (default: this process's argv).
+        decode: ``decode(ids) -> str`` for divergence text (default: the target's tokenizer
+            when its checkpoint is on this machine, else the token ids).
+
+    Raises:
+        BenchConfigError: a part is unreadable, interrupted or disagrees with another
+            (:func:`read_part`, :func:`merge_documents`), a folder is named twice, or ``out_dir``
+            holds results or is a file.
+        BenchResultError: the merged document fails validation (the numbers' problems are
+            recorded in its settings and the files are written first).
+    """
+    import json
+
+    from swiftspec.bench import machine as mach
+
+    folders = [Path(f) for f in folders]
+    out = Path(out_dir)
+    resolved = [f.resolve() for f in folders]
+    for i, f in enumerate(resolved):
+        if f in resolved[:i]:
+            raise BenchConfigError(f"--merge names {folders[i]} twice")
+        if f == out.resolve():
+            raise BenchConfigError(f"--out {out} is one of the --merge folders; give a new folder")
+    _check_out(out, "give another folder")
+    parts = [(f, read_part(f)) for f in folders]
+    doc = merge_documents(parts, command=command if command is not None else mach.command_line(), decode=decode)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "requests.jsonl", "w") as jsonl:  # as a run writes them: measured fields, nothing compared
+        for r in doc["requests"]:
+            jsonl.write(json.dumps({**r, "speedup": None, "latency_speedup": None, "matches_reference": None}) + "\n")
+    _check_and_write(doc, out, plots)
     return doc

@@ -153,11 +153,13 @@ def markdown(document: dict, plots: list[str] | None = None) -> str:
     c = document["commit"]
     cpu = m["cpu"]
     gpus = ", ".join(g["name"] for g in m["gpus"]) or "none"
+    merged = document.get("merge")
     lines = [
         f"# swiftspec bench — {document['created']}",
         "",
         f"- command: `{document['command']}`",
-        f"- commit (the checkout when the run started): `{c['sha'] or 'unknown (not a git checkout)'}`" + (" (dirty: " + ", ".join(c["dirty_files"][:8]) + ")" if c.get("dirty") else ""),
+        f"- commit (the checkout when the {'first part' if merged else 'run'} started): "
+        f"`{c['sha'] or 'unknown (not a git checkout)'}`" + (" (dirty: " + ", ".join(c["dirty_files"][:8]) + ")" if c.get("dirty") else ""),
         f"- machine: {m['hostname']}, {cpu['model']}, {cpu['usable_cpus']} usable CPUs, "
         f"{m['memory_gib']} GiB RAM, GPUs: {gpus}; load average at start {m['load_average_start']}, "
         f"at end {document['load_average_end']}",
@@ -168,8 +170,16 @@ def markdown(document: dict, plots: list[str] | None = None) -> str:
         f"- prompts: {s['num_prompts']} per data set ({', '.join(s['datasets'])}), "
         f"{s['max_new_tokens']} new tokens max, greedy, {s['warmup']} warm-up request(s) per configuration",
         f"- wall time: {document['wall_time_s'] / 60:.1f} min"
+        + (" (from the first part's start to the last part's end)" if merged else "")
         + (" — **interrupted, partial results**" if document.get("interrupted") else ""),
     ]
+    if merged:
+        lines.append(f"- merged from {len(merged['parts'])} runs on {merged['created']} (rows compared across "
+                     "runs as if they were one):")
+        for p in merged["parts"]:
+            lines.append(f"  - `{p['folder']}`: {', '.join(p['datasets'])}; {', '.join(p['configs']) or 'none'}; "
+                         f"started {p['created']}, {p['wall_time_s'] / 60:.1f} min, commit "
+                         f"`{p['commit'].get('short') or 'unknown'}`; `{p['command']}`")
     if s.get("hf"):
         lines.append(f"- HF peer: {json.dumps(s['hf'])}")
     unavailable = [cf for cf in document["configs"] if cf["status"] != "ok"]

@@ -366,16 +366,25 @@ class Runner:
 
     def configs_block(self) -> list[dict]:
         """The result's ``configs`` list: each configuration with its baseline, reference and status."""
-        out = []
-        for c in self.configs:
-            d = c.to_dict()
-            base = find_baseline(c, self.configs)
-            d["baseline"] = base.name if base is not None else None
-            ref = reference_config(c, self.configs)
-            d["reference"] = ref.name if ref is not None else None
-            d["status"], d["error"] = self.status[c.name]
-            out.append(d)
-        return out
+        return configs_block(self.configs, self.status)
+
+
+def configs_block(configs: list[BenchConfig], status: dict[str, tuple[str, str | None]]) -> list[dict]:
+    """The result's ``configs`` list: each configuration with its baseline and reference among
+    ``configs`` (:func:`find_baseline`, :func:`reference_config`) and its ``status[name]``
+    (``("ok", None)`` or ``("unavailable", why)``). A normal run passes its own configurations;
+    ``swiftspec bench --merge`` the union of its parts', so a configuration's baseline may have been
+    measured in another part."""
+    out = []
+    for c in configs:
+        d = c.to_dict()
+        base = find_baseline(c, configs)
+        d["baseline"] = base.name if base is not None else None
+        ref = reference_config(c, configs)
+        d["reference"] = ref.name if ref is not None else None
+        d["status"], d["error"] = status[c.name]
+        out.append(d)
+    return out
 
 
 def reference_config(config: BenchConfig, configs: list[BenchConfig]) -> BenchConfig | None:

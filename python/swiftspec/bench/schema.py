@@ -21,6 +21,12 @@ second. Definitions used throughout (the same for swiftspec and the HF peers):
   latency / this latency, only where both produced the same number of tokens (else null). It
   credits what TPOT cannot see, e.g. HF assisted generation emitting many tokens at once at TTFT.
 
+A document made by ``swiftspec bench --merge DIR,DIR,...`` (several runs on one machine, e.g.
+the slow HF peers as detached parts, combined as if they were one run) has a ``merge`` block
+naming its parts; its speedups, output checks and aggregates are computed over the union of the
+parts' rows, so a configuration's baseline or reference may come from another part. Documents
+without ``merge`` are single runs.
+
 Bump :data:`SCHEMA_VERSION` on any incompatible change.
 """
 
@@ -179,6 +185,26 @@ _DIVERGENCE = {
     },
 }
 
+_PART = {
+    "type": "object",
+    "description": "one bench run merged into this document (its own bench.json)",
+    "required": ["folder", "command", "created", "commit", "wall_time_s", "datasets", "configs"],
+    "properties": {
+        "folder": {"type": "string", "description": "the part's output folder, as given to --merge"},
+        "command": {"type": "string", "description": "the part's command line"},
+        "created": {"type": "string", "description": "start of the part's run, ISO 8601 UTC"},
+        "commit": {"type": "object", "description": "the part's commit block (see commit)"},
+        "wall_time_s": {"type": "number", "minimum": 0, "description": "the part's wall time, s"},
+        "datasets": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                     "description": "the data sets the part ran"},
+        "configs": {"type": "array", "items": {"type": "string"},
+                    "description": "the configurations the part measured (status ok there): its rows are "
+                                   "every prompt of each of its data sets under each of these"},
+        "hostname": {"type": "string"},
+        "settings": {"type": "object", "description": "the part's settings block as it recorded it"},
+    },
+}
+
 SCHEMA: dict = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": "https://swiftspec.invalid/schemas/bench-v1.json",
@@ -243,6 +269,19 @@ SCHEMA: dict = {
         "wall_time_s": {"type": "number", "minimum": 0, "description": "whole run including model loading"},
         "load_average_end": {"type": ["array", "null"], "items": _NUM},
         "interrupted": {"type": "boolean", "description": "true if the run was stopped early (partial rows)"},
+        "merge": {
+            "type": "object",
+            "description": "present when `swiftspec bench --merge` combined several runs into this document: "
+                           "created is then the earliest part's start, wall_time_s the span from the first "
+                           "part's start to the last part's end, commit and machine the first part's, "
+                           "command the merge command",
+            "required": ["created", "parts"],
+            "additionalProperties": False,
+            "properties": {
+                "created": {"type": "string", "description": "when the parts were merged, ISO 8601 UTC"},
+                "parts": {"type": "array", "items": _PART, "minItems": 1},
+            },
+        },
     },
 }
 
@@ -272,7 +311,9 @@ def consistency_problems(document: dict) -> list[str]:
     * acceptance length >= 1 wherever there was a verification step, exactly 1 for target-only,
       and ``first_emission_tokens + acceptance_length * verification_steps == new_tokens``;
     * ``tokens_per_s * decode_s == new_tokens - first_emission_tokens`` (1e-6 relative);
-    * every ok configuration has one row per prompt and data set, unavailable ones have none;
+    * every ok configuration has one row per prompt and data set, unavailable ones have none
+      (a merged document: one row per prompt for each part that ran the data set and measured
+      the configuration, so parts may cover different data sets and configurations);
     * the divergence counts of the aggregates match the divergence list.
     """
     problems: list[str] = []
@@ -307,11 +348,16 @@ def consistency_problems(document: dict) -> list[str]:
     counts: dict[tuple, int] = {}
     for r in document["requests"]:
         counts[(r["dataset"], r["config"])] = counts.get((r["dataset"], r["config"]), 0) + 1
+    parts = document["merge"]["parts"] if document.get("merge") else None
     if not document.get("interrupted"):
         for name, c in configs.items():
             for ds in settings["datasets"]:
                 got = counts.get((ds, name), 0)
-                want = settings["num_prompts"] if c["status"] == "ok" else 0
+                if parts is None:
+                    want = settings["num_prompts"] if c["status"] == "ok" else 0
+                else:
+                    want = settings["num_prompts"] * sum(1 for p in parts if ds in p["datasets"]
+                                                         and name in p["configs"])
                 if got != want:
                     problems.append(f"{ds} {name}: {got} rows, expected {want}")
     div_counts: dict[tuple, int] = {}

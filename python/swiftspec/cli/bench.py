@@ -8,6 +8,14 @@ PNG plots into --out. Exit status: 0 on success; 1 if a speculative configuratio
 output differs from target-only decoding (the correctness promise is broken; the result is
 still written); 2 for bad input (one line naming the bad value); 130 if interrupted (partial
 results are written).
+
+    swiftspec bench --merge benchmarks/x/bench,benchmarks/x/peers-humaneval,benchmarks/x/peers-mtbench \
+        --out benchmarks/x/merged
+
+combines finished runs of one machine (same prompts, token budget, models, dtype) into one
+result as if they were one run: speedups, output checks and aggregates across the parts
+(:func:`swiftspec.bench.api.merge_bench`). It takes no run options (exit 2 if given); exit
+status 1 and 2 as above.
 """
 
 from __future__ import annotations
@@ -19,6 +27,9 @@ import sys
 from swiftspec.bench.config import BenchConfigError
 
 _DEFAULT_CONFIGS = "target,serial:chain,serial:tree16"
+#: Options that set up a measuring run; --merge takes none of them (the parts' settings count).
+_RUN_ONLY = ("datasets", "num_prompts", "max_new_tokens", "configs", "peers", "backend", "target", "draft", "dtype",
+             "threads", "hf_threads", "warmup", "max_context", "skip_unavailable", "resume")
 
 
 def add_parser(sub) -> None:
@@ -63,7 +74,11 @@ def add_parser(sub) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--print-schema", action="store_true", help="print the result JSON schema and exit")
-    p.set_defaults(run=run)
+    p.add_argument("--merge", metavar="DIR,DIR,...",
+                   help="combine the results of finished runs (their --out folders; same prompts, token budget, "
+                        "models and dtype, one machine) into one result in --out, as if they were one run; "
+                        "takes no run options")
+    p.set_defaults(run=run, _run_defaults={d: p.get_default(d) for d in _RUN_ONLY})
 
 
 def _int(name: str, text: str, low: int) -> int:
@@ -88,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
     from swiftspec.bench.api import run_bench
     from swiftspec.bench.config import parse_config_list
 
+    if args.merge is not None:
+        return _merge(args)
     datasets = [d.strip() for d in args.datasets.split(",")]
     for d in datasets:
         if d not in ("mtbench", "humaneval"):
@@ -119,6 +136,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"[bench] interrupted; partial results in {out}", file=sys.stderr)
         return 130
     print((out / "bench.md").read_text())
+    return _exit_status(doc)
+
+
+def _exit_status(doc: dict) -> int:
+    """1 (with one line on stderr) if a speculative output differs from target-only decoding, else 0."""
     lossless = [d for d in doc["divergences"] if d["kind"] == "lossless"]
     if lossless:
         d = lossless[0]
@@ -127,3 +149,28 @@ def run(args: argparse.Namespace) -> int:
               f"({d['token']} vs {d['reference_token']})", file=sys.stderr)
         return 1
     return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    """``--merge DIR,DIR,... --out DIR``: see :func:`swiftspec.bench.api.merge_bench`."""
+    from pathlib import Path
+
+    from swiftspec.bench.api import merge_bench
+
+    defaults = getattr(args, "_run_defaults", {})
+    given = ["--" + d.replace("_", "-") for d in _RUN_ONLY if d in defaults and getattr(args, d) != defaults[d]]
+    if given:
+        raise BenchConfigError(f"--merge combines finished runs with their own settings; it takes no run options "
+                               f"(got {', '.join(given)})")
+    folders = [f.strip() for f in args.merge.split(",")]
+    if any(not f for f in folders):
+        raise BenchConfigError(f"--merge {args.merge!r} has an empty entry (expected DIR,DIR,...)")
+    if len(folders) < 2:
+        raise BenchConfigError(f"--merge needs at least two folders (DIR,DIR,...), got {args.merge!r}")
+    if not args.out:
+        raise BenchConfigError("--merge needs --out (a new folder for the merged result)")
+    out = Path(args.out)
+    print(f"[bench] merging {len(folders)} runs into {out}", file=sys.stderr)
+    doc = merge_bench(folders, out, plots=not args.no_plots)
+    print((out / "bench.md").read_text())
+    return _exit_status(doc)

@@ -1,0 +1,287 @@
+"""`swiftspec bench --merge`: several finished bench runs combined into one result.
+
+The parts are built the way a run builds its document (rows from ``runner.make_row``, the
+configuration blocks from ``runner.configs_block``, the document from ``report.build_document``)
+with made-up measurements, so no model is loaded. The reference for a merge is the same rows
+measured in one run: merging the parts must give the same speedups, output checks and
+aggregates.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+import pytest
+
+from swiftspec.bench.api import merge_bench, merge_documents
+from swiftspec.bench.config import BenchConfigError, parse_config
+from swiftspec.bench.report import build_document, write_json
+from swiftspec.bench.runner import PromptItem, configs_block, make_row
+from swiftspec.bench.schema import consistency_problems, validate
+
+NEW = 8
+PROMPTS = 2
+DATASETS = ("humaneval", "mtbench")
+ALL_CONFIGS = ("target", "serial:tree16", "hf:target", "hf:assisted")
+#: Decode seconds per configuration: 7 decode tokens each, so TPOT = decode_s / 7.
+DECODE_S = {"target": 0.7, "serial:tree16": 0.35, "hf:target": 1.4, "hf:assisted": 0.7}
+
+
+def _tokens(dataset: str, index: int, config: str) -> list[int]:
+    ids = [10 * index + k + (100 if dataset == "mtbench" else 0) for k in range(NEW)]
+    if (dataset, index, config) == ("mtbench", 1, "hf:target"):
+        ids[3] = 999  # HF target-only differs from swiftspec target-only here (implementation)
+    if (dataset, index, config) == ("humaneval", 1, "hf:assisted"):
+        ids[5] = 998  # HF assisted differs from HF target-only here (peer)
+    return ids
+
+
+def _row(dataset: str, index: int, config: str, tokens: list[int] | None = None) -> dict:
+    c = parse_config(config, "cuda")
+    ids = tokens if tokens is not None else _tokens(dataset, index, config)
+    steps = 2 if c.speculative else len(ids) - 1
+    item = PromptItem(dataset, index, f"{dataset}/{index}", [], prompt_ids=list(range(5 + index)))
+    return make_row(item, c, dict(
+        token_ids=ids, counted_tokens=len(ids), first_emission_tokens=1, finish_reason="length", ttft_s=0.01,
+        decode_s=DECODE_S[config], verification_steps=steps, draft_steps=6 if c.speculative else None,
+        acceptance_length=(len(ids) - 1) / steps, target_time_s=None, draft_time_s=None, wall_s=0.02))
+
+
+def _machine(gpus=("NVIDIA H200",)) -> dict:
+    return {"hostname": "box", "os": "Linux 6", "cpu": {"model": "Xeon", "logical_cpus": 16, "usable_cpus": 16},
+            "memory_gib": 128.0, "gpus": [{"name": g, "memory_mib": 143771} for g in gpus], "software": {},
+            "load_average_start": [0.1, 0.1, 0.1]}
+
+
+def _doc(configs, datasets, *, rows=None, max_new=NEW, created="2026-11-30T10:00:00Z", wall=60.0, machine=None,
+         command="swiftspec bench", hf_threads=None) -> dict:
+    """A run's document, as run_bench builds it (made-up measurements)."""
+    parsed = [parse_config(c, "cuda") for c in configs]
+    if rows is None:
+        rows = [_row(ds, i, c) for ds in datasets for i in range(PROMPTS) for c in configs]
+    hf = {"cuda": {"dtype": "bfloat16", "torch_threads": hf_threads}} if any(c.engine == "hf" for c in parsed) else None
+    settings = {
+        "datasets": list(datasets), "num_prompts": PROMPTS, "max_new_tokens": max_new, "backend": "cuda",
+        "dtype": "bfloat16", "threads": 0, "warmup": 1, "target": "tgt", "draft": "drf",
+        "target_checkpoint": "/nonexistent/tgt", "draft_checkpoint": "/nonexistent/drf",
+        "max_context": 4096 if any(c.engine == "swiftspec" for c in parsed) else None, "hf": hf,
+        "prompt_format": "chat", "decoding": "greedy"}
+    doc = build_document(created=created, command=command,
+                         commit={"sha": "abc", "short": "abc", "branch": "main", "dirty": False, "dirty_files": []},
+                         machine=machine or _machine(), settings=settings,
+                         configs=configs_block(parsed, {c.name: ("ok", None) for c in parsed}), rows=rows,
+                         wall_time_s=wall, load_average_end=[1.0, 1.0, 1.0])
+    validate(doc)
+    assert consistency_problems(doc) == []
+    return doc
+
+
+def _write(folder, doc):
+    folder.mkdir(parents=True)
+    write_json(doc, folder / "bench.json")
+    return folder
+
+
+def _three_parts(tmp_path):
+    """Ours (swiftspec, both data sets) and the HF peers as one part per data set."""
+    return [
+        _write(tmp_path / "ours", _doc(["target", "serial:tree16"], DATASETS, wall=100.0)),
+        _write(tmp_path / "peers-humaneval", _doc(["hf:target", "hf:assisted"], ["humaneval"], hf_threads=8,
+                                                  created="2026-11-30T10:01:00Z", wall=200.0)),
+        _write(tmp_path / "peers-mtbench", _doc(["hf:target", "hf:assisted"], ["mtbench"], hf_threads=8,
+                                                created="2026-11-30T10:00:30Z", wall=30.0)),
+    ]
+
+
+def test_merge_equals_one_run(tmp_path):
+    parts = _three_parts(tmp_path)
+    out = tmp_path / "merged"
+    doc = merge_bench(parts, out, plots=False, command="swiftspec bench --merge x --out y")
+    single = _doc(ALL_CONFIGS, DATASETS)
+    assert len(doc["requests"]) == 2 * 2 * 4
+    assert doc["requests"] == single["requests"]  # same rows, speedups, checks, in a run's order
+    assert doc["configs"] == single["configs"]
+    assert doc["aggregates"] == single["aggregates"]
+    assert doc["divergences"] == single["divergences"]
+    kinds = sorted((d["kind"], d["dataset"], d["prompt_index"], d["position"]) for d in doc["divergences"])
+    # hf:target's changed token also makes hf:assisted (which kept the swiftspec tokens) differ from it
+    assert kinds == [("implementation", "mtbench", 1, 3), ("peer", "humaneval", 1, 5), ("peer", "mtbench", 1, 3)]
+    hf_target = {c["name"]: c for c in doc["configs"]}["hf:target"]
+    assert hf_target["reference"] == "target"  # its reference was measured in another part
+    # provenance: created = the earliest start; wall time = first start to last end (10:01:00 + 200 s)
+    assert doc["created"] == "2026-11-30T10:00:00Z" and doc["wall_time_s"] == 260.0
+    assert [p["folder"] for p in doc["merge"]["parts"]] == [str(p) for p in parts]
+    assert doc["merge"]["parts"][1]["configs"] == ["hf:target", "hf:assisted"]
+    assert doc["merge"]["parts"][2]["datasets"] == ["mtbench"] and doc["merge"]["parts"][0]["wall_time_s"] == 100.0
+    assert doc["command"] == "swiftspec bench --merge x --out y"
+    s = doc["settings"]
+    assert s["datasets"] == ["humaneval", "mtbench"] and s["max_context"] == 4096 and s["hf"]["cuda"]["torch_threads"] == 8
+    on_disk = json.loads((out / "bench.json").read_text())
+    validate(on_disk)
+    assert consistency_problems(on_disk) == []
+    assert on_disk == json.loads(json.dumps(doc))
+    jsonl = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(jsonl) == 16 and all(r["speedup"] is None for r in jsonl)  # as a run writes them
+    md = (out / "bench.md").read_text()
+    assert "merged from 3 runs" in md and "`" + str(parts[1]) + "`: humaneval; hf:target, hf:assisted" in md
+    assert "- HF target-only vs swiftspec target-only (different kernels): 1 divergence(s)" in md
+    assert "- HF assisted vs HF target-only: 2 divergence(s)" in md
+
+
+def test_speedup_and_lossless_check_against_a_baseline_in_another_part(tmp_path):
+    bad = _tokens("mtbench", 0, "serial:tree16")
+    bad[6] = 777
+    spec_rows = [_row(ds, i, "serial:tree16", bad if (ds, i) == ("mtbench", 0) else None)
+                 for ds in DATASETS for i in range(PROMPTS)]
+    spec = _doc(["serial:tree16"], DATASETS, rows=spec_rows)
+    assert all(r["speedup"] is None for r in spec["requests"])  # alone: no baseline
+    parts = [(tmp_path / "a", _doc(["target"], DATASETS)), (tmp_path / "b", spec)]
+    doc = merge_documents(parts, command="merge")
+    cfg = {c["name"]: c for c in doc["configs"]}["serial:tree16"]
+    assert cfg["baseline"] == "target" and cfg["reference"] == "target"
+    rows = [r for r in doc["requests"] if r["config"] == "serial:tree16"]
+    assert [r["speedup"] for r in rows] == pytest.approx([2.0] * 4)  # TPOT 0.1 s / 0.05 s
+    assert [r["matches_reference"] for r in rows] == [True, True, False, True]
+    assert [(d["kind"], d["dataset"], d["prompt_index"], d["position"], d["token"]) for d in doc["divergences"]] == [
+        ("lossless", "mtbench", 0, 6, 777)]
+    agg = {(a["dataset"], a["config"]): a for a in doc["aggregates"]}
+    assert agg[("all", "serial:tree16")]["speedup"]["mean"] == pytest.approx(2.0)
+    assert agg[("all", "serial:tree16")]["outputs_checked"] == 4 and agg[("all", "serial:tree16")]["divergences"] == 1
+    validate(doc)
+    assert consistency_problems(doc) == []
+
+
+def test_consistency_of_a_merge_counts_rows_per_part(tmp_path):
+    parts = [(tmp_path / "a", _doc(["target"], DATASETS)), (tmp_path / "b", _doc(["hf:target"], ["humaneval"]))]
+    doc = merge_documents(parts, command="merge")
+    assert consistency_problems(doc) == []  # hf:target ran only on humaneval: no mtbench rows expected
+    doc["requests"] = [r for r in doc["requests"] if (r["dataset"], r["config"]) != ("humaneval", "hf:target")
+                       or r["prompt_index"] != 0]
+    assert consistency_problems(doc) == ["humaneval hf:target: 1 rows, expected 2"]
+
+
+def test_merge_of_a_merge_keeps_the_original_parts(tmp_path):
+    a, b, c = _three_parts(tmp_path)
+    first = tmp_path / "first"
+    merge_bench([a, b], first, plots=False)
+    doc = merge_bench([first, c], tmp_path / "second", plots=False)
+    assert [p["folder"] for p in doc["merge"]["parts"]] == [str(a), str(b), str(c)]
+    assert doc["aggregates"] == _doc(ALL_CONFIGS, DATASETS)["aggregates"]
+
+
+def test_mismatched_max_new_tokens_is_named(tmp_path):
+    a = _write(tmp_path / "a", _doc(["target"], DATASETS))
+    b = _write(tmp_path / "b", _doc(["hf:target"], DATASETS, max_new=16))
+    with pytest.raises(BenchConfigError) as e:
+        merge_bench([a, b], tmp_path / "out", plots=False)
+    assert str(e.value) == (f"--merge: the parts disagree on max_new_tokens: 8 in {a}, 16 in {b}; "
+                            "merge only runs with the same max_new_tokens")
+    assert not (tmp_path / "out").exists()
+
+
+def test_duplicate_row_is_named(tmp_path):
+    a = _write(tmp_path / "a", _doc(["target", "serial:tree16"], DATASETS))
+    b = _write(tmp_path / "b", _doc(["target", "hf:target"], ["mtbench"]))
+    with pytest.raises(BenchConfigError,
+                       match=rf"mtbench\[0\] target is measured in both {re.escape(str(a))} and {re.escape(str(b))};"):
+        merge_bench([a, b], tmp_path / "out", plots=False)
+
+
+def test_other_machine_is_named(tmp_path):
+    a = _write(tmp_path / "a", _doc(["target"], DATASETS))
+    b = _write(tmp_path / "b", _doc(["hf:target"], DATASETS, machine=_machine(("NVIDIA H100",))))
+    with pytest.raises(BenchConfigError,
+                       match=rf"different machines: GPUs .*H200.* in {re.escape(str(a))}, .*H100.* in {re.escape(str(b))};"):
+        merge_bench([a, b], tmp_path / "out", plots=False)
+
+
+def test_missing_invalid_and_interrupted_parts(tmp_path):
+    good = _write(tmp_path / "good", _doc(["target"], DATASETS))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(BenchConfigError, match=rf"^--merge: {re.escape(str(empty))} has no bench.json \("):
+        merge_bench([good, empty], tmp_path / "out", plots=False)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "bench.json").write_text('{"kind": "swiftspec-bench",')
+    with pytest.raises(BenchConfigError, match=rf"^--merge: {re.escape(str(broken))}/bench.json is not valid JSON"):
+        merge_bench([good, broken], tmp_path / "out", plots=False)
+    partial = _doc(["hf:target"], DATASETS)
+    partial["interrupted"] = True
+    stopped = _write(tmp_path / "stopped", partial)
+    with pytest.raises(BenchConfigError, match=rf"^--merge: {re.escape(str(stopped))} holds an interrupted run"):
+        merge_bench([good, stopped], tmp_path / "out", plots=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_out_must_be_new(tmp_path):
+    a, b, c = _three_parts(tmp_path)
+    with pytest.raises(BenchConfigError, match=r"holds the results of an earlier run \(bench.json\): give another"):
+        merge_bench([a, b], c, plots=False)
+    with pytest.raises(BenchConfigError, match=r"is one of the --merge folders"):
+        merge_bench([a, b], a, plots=False)
+    with pytest.raises(BenchConfigError, match=r"names .* twice"):
+        merge_bench([a, a], tmp_path / "out", plots=False)
+
+
+def _cli(argv, capsys):
+    from swiftspec.cli import main
+
+    rc = main(["bench", *argv])
+    return rc, capsys.readouterr()
+
+
+def test_cli_merge_writes_the_result(tmp_path, capsys):
+    parts = _three_parts(tmp_path)
+    out = tmp_path / "merged"
+    rc, cap = _cli(["--merge", ",".join(map(str, parts)), "--out", str(out)], capsys)
+    assert rc == 0, cap.err
+    assert "## all" in cap.out
+    for name in ("bench.json", "bench.md", "requests.jsonl", "tokens_per_s.png", "speedup.png"):
+        assert (out / name).stat().st_size > 0, name
+
+
+def test_cli_merge_exits_1_on_a_lossless_divergence(tmp_path, capsys):
+    bad = _tokens("humaneval", 1, "serial:tree16")
+    bad[2] = 5
+    rows = [_row(ds, i, "serial:tree16", bad if (ds, i) == ("humaneval", 1) else None)
+            for ds in DATASETS for i in range(PROMPTS)]
+    a = _write(tmp_path / "a", _doc(["target"], DATASETS))
+    b = _write(tmp_path / "b", _doc(["serial:tree16"], DATASETS, rows=rows))
+    rc, cap = _cli(["--merge", f"{a},{b}", "--out", str(tmp_path / "m"), "--no-plots"], capsys)
+    assert rc == 1
+    assert "1 speculative output(s) differ from target-only decoding; first: humaneval humaneval/1 serial:tree16 " \
+           "at token 2" in cap.err
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--configs", "target"], "it takes no run options (got --configs)"),
+    (["--datasets", "mtbench", "--resume"], "(got --datasets, --resume)"),
+    ([], "--merge needs --out"),
+])
+def test_cli_merge_bad_input_exits_2_with_one_line(tmp_path, capsys, extra, needle):
+    a, b, _ = _three_parts(tmp_path)
+    out = [] if needle.startswith("--merge needs --out") else ["--out", str(tmp_path / "m")]
+    rc, cap = _cli(["--merge", f"{a},{b}", *out, *extra], capsys)
+    err = cap.err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and needle in err[0], err
+    assert not (tmp_path / "m").exists()
+
+
+def test_cli_merge_of_a_missing_part_exits_2(tmp_path, capsys):
+    a, _, _ = _three_parts(tmp_path)
+    rc, cap = _cli(["--merge", f"{a},{tmp_path / 'nope'}", "--out", str(tmp_path / "m")], capsys)
+    err = [line for line in cap.err.strip().splitlines() if not line.startswith("[bench]")]
+    assert rc == 2 and err == [f"swiftspec bench: error: --merge: {tmp_path / 'nope'} is not a folder"]
+
+
+def test_a_config_recorded_differently_is_named(tmp_path):
+    a = _doc(["target", "hf:target"], ["humaneval"])
+    b = _doc(["hf:assisted"], ["mtbench"])
+    b = copy.deepcopy(b)
+    b["configs"][0]["backend"] = "cpu"  # an older bench recorded the HF peers' backend wrongly
+    with pytest.raises(BenchConfigError, match=r"configuration hf:assisted in .*b records backend='cpu', but the "
+                                               r"name parses to backend='cuda'"):
+        merge_documents([(tmp_path / "a", a), (tmp_path / "b", b)], command="merge")
