@@ -285,3 +285,30 @@ def test_a_config_recorded_differently_is_named(tmp_path):
     with pytest.raises(BenchConfigError, match=r"configuration hf:assisted in .*b records backend='cpu', but the "
                                                r"name parses to backend='cuda'"):
         merge_documents([(tmp_path / "a", a), (tmp_path / "b", b)], command="merge")
+
+
+def test_megakernel_target_differences_are_implementation_not_lossless(tmp_path):
+    """target:mk (the decode megakernel) against plain target-only is two kernels of one model
+    (another summation order): its differences are informational, while a speculative run's are
+    broken losslessness (the CLI's exit 1)."""
+    from swiftspec.bench.report import markdown
+
+    DECODE_S["target:mk"] = 0.5
+    try:
+        rows = []
+        for ds in DATASETS:
+            for i in range(PROMPTS):
+                for c in ("target", "target:mk", "serial:tree16"):
+                    ids = _tokens(ds, i, c)
+                    if (ds, i, c) in (("humaneval", 0, "target:mk"), ("mtbench", 1, "serial:tree16")):
+                        ids[4] = 777
+                    rows.append(_row(ds, i, c, ids))
+        doc = _doc(["target", "target:mk", "serial:tree16"], DATASETS, rows=rows)
+    finally:
+        del DECODE_S["target:mk"]
+    kinds = sorted((d["kind"], d["config"], d["dataset"]) for d in doc["divergences"])
+    assert kinds == [("implementation", "target:mk", "humaneval"), ("lossless", "serial:tree16", "mtbench")]
+    text = markdown(doc)
+    assert "swiftspec speculation vs swiftspec target-only (must be identical): 1 divergence(s)" in text
+    assert "target:mk (decode megakernel) vs swiftspec target-only" in text and "order: near-ties may resolve " \
+        "the other way): 1 divergence(s)" in text

@@ -169,7 +169,8 @@ _DIVERGENCE = {
         "kind": {"enum": ["lossless", "peer", "implementation"],
                  "description": "lossless: swiftspec speculation vs swiftspec target-only (must never "
                                 "happen); peer: hf:assisted vs hf:target; implementation: hf:target vs "
-                                "swiftspec target (different kernels, informational)"},
+                                "swiftspec target, or target:mk (decode megakernel) vs target (different "
+                                "kernels, informational)"},
         "dataset": {"type": "string"},
         "prompt_index": {"type": "integer"},
         "prompt_id": {"type": "string"},
