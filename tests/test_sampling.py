@@ -132,3 +132,115 @@ def test_an_empty_logits_row_is_refused_not_read():
 
     with pytest.raises(InvalidRequestError, match=r"sampling_distribution: the logits row is empty \(vocab 0\)"):
         spec.sampling_distribution(np.zeros(0, np.float32), 1.0, 0, 0.9)
+
+
+# ---------------------------------------------------------------------------------------------
+# sample_from_head: temperature / top-p alone from a row's 64 best logits and its normaliser at T
+# (what target-only sampled decoding reads now: Model.forward_top_k(k=64, inv_temperature=1/T)),
+# the whole row read only when the head does not decide.
+
+HEAD_K = 64
+
+
+def head_of(row: np.ndarray, temperature: float):
+    """The row's HEAD_K best (ids, values) and ln sum exp(row / T) computed directly in float64
+    (T rounded to fp32 as the runtime holds it)."""
+    ids = spec.top_k_indices(row, HEAD_K)
+    inv_t = 1.0 / float(np.float32(temperature))
+    x = row.astype(np.float64)
+    m = x.max()
+    lse = m * inv_t + float(np.log(np.exp((x - m) * inv_t).sum()))
+    return ids, [float(row[i]) for i in ids], lse, inv_t
+
+
+def head_mass(row: np.ndarray, temperature: float) -> float:
+    ids, vals, lse, inv_t = head_of(row, temperature)
+    return float(np.exp(np.asarray(vals, np.float64) * inv_t - lse).sum())
+
+
+@pytest.mark.parametrize("temperature,top_p", [(0.7, 0.8), (0.7, 0.95), (1.0, 1.0), (0.7, 1.0), (1.5, 0.95)])
+def test_sample_from_head_draws_the_sampling_distribution(real_logits, temperature, top_p):
+    """Stratified uniforms u_i = (i + 1/2) / N: every token of the draw is one interval of u, so its
+    frequency is its probability to 1/N. Against sampling_distribution of the whole row, on the two
+    real rows (peaked: the head decides most draws) and the flattened one (the tail is read): a draw
+    that, say, redrew from the whole row on a tail u, or ignored the tail, is off by far more."""
+    vocab = real_logits[0].size
+    for row, n in ((real_logits[0], 20000), (real_logits[1], 20000), (real_logits[2], 1500)):
+        ids, vals, lse, _ = head_of(row, temperature)
+        us = ((np.arange(n) + 0.5) / n).tolist()
+        tokens, read = spec.sample_from_head(ids, vals, lse, vocab, temperature, top_p, us, row)
+        p = spec.sampling_distribution(row, temperature, 0, top_p).astype(np.float64)
+        freq = np.bincount(np.asarray(tokens), minlength=vocab) / n
+        assert np.all(p[np.asarray(tokens)] > 0)
+        assert np.max(np.abs(freq - p)) <= 1.0 / n + 1e-6, (temperature, top_p)
+        # the head's share and the tail's, as masses
+        in_head = np.isin(np.asarray(tokens), ids)
+        assert abs(in_head.mean() - p[ids].sum()) <= len(ids) / n + 1e-6
+        # the row was read exactly when the head did not decide
+        c_k = head_mass(row, temperature)
+        read = np.asarray(read)
+        if top_p < 1.0:
+            assert read.all() if c_k < top_p else not read.any(), (c_k, top_p)
+        else:
+            u = np.asarray(us)
+            assert np.array_equal(read[np.abs(u - c_k) > 1e-7], (u >= c_k)[np.abs(u - c_k) > 1e-7])
+
+
+def test_sample_from_head_reads_the_row_exactly_when_the_head_does_not_decide(real_logits):
+    """Rows built from a real one (logits / s) whose 64 best hold just below and just above top_p of
+    the mass: the whole row is needed (and read) exactly when they hold less; without a row given, such
+    a draw raises instead of guessing. Temperature alone: a u past the head's mass C_k reads the row and
+    draws from the tail (a token outside the head), a u below it never does."""
+    from swiftspec import InvalidRequestError
+
+    base = real_logits[0]
+    vocab = base.size
+    masses = {s: head_mass(base / s, 1.0) for s in (1.0, 2.0, 4.0, 6.0, 8.0, 12.0)}
+    assert min(masses.values()) < 0.8 < max(masses.values())  # both sides of the cut are built
+    for s, c_k in masses.items():
+        row = np.ascontiguousarray(base / s, dtype=np.float32)
+        ids, vals, lse, _ = head_of(row, 1.0)
+        if abs(c_k - 0.8) < 1e-5:
+            continue
+        if c_k >= 0.8:
+            tokens, read = spec.sample_from_head(ids, vals, lse, vocab, 1.0, 0.8, [0.3, 0.9])  # no row needed
+            assert read == [False, False] and set(tokens) <= set(ids)
+        else:
+            with pytest.raises(InvalidRequestError, match="the whole row is needed"):
+                spec.sample_from_head(ids, vals, lse, vocab, 1.0, 0.8, [0.3])
+            tokens, read = spec.sample_from_head(ids, vals, lse, vocab, 1.0, 0.8, [0.3], row)
+            assert read == [True]
+        # temperature alone: u below C_k is the head's, u above it the tail's
+        lo, hi = c_k * 0.5, c_k + (1 - c_k) * 0.5
+        tokens, read = spec.sample_from_head(ids, vals, lse, vocab, 1.0, 1.0, [lo, hi], row)
+        assert read == [False, True]
+        assert tokens[0] in ids and tokens[1] not in ids
+        with pytest.raises(InvalidRequestError, match="the whole row is needed"):
+            spec.sample_from_head(ids, vals, lse, vocab, 1.0, 1.0, [hi])
+
+
+def test_sample_from_head_refuses_bad_input(real_logits):
+    from swiftspec import InvalidRequestError, SwiftspecError
+
+    row = real_logits[1]
+    vocab = row.size
+    ids, vals, lse, _ = head_of(row, 0.7)
+    for kwargs, needle in (
+            (dict(temperature=0.0), "temperature must be > 0"),
+            (dict(temperature=-1.0), "temperature must be a finite number >= 0"),
+            (dict(temperature=0.7, top_p=0.0), r"top_p must be in \(0, 1\]"),
+            (dict(temperature=0.7, top_p=1.5), r"top_p must be in \(0, 1\]"),
+            (dict(temperature=0.7, top_k=40), "top_k=40 keeps fewer than the vocabulary"),
+            (dict(temperature=0.7, us=[1.0]), r"u must be in \[0, 1\)"),
+            (dict(temperature=0.7, log_normalizer=vals[0] / 0.7 - 1.0), "is below the largest logit / T"),
+            (dict(temperature=0.7, vocab=10), r"k must be in \[1, vocab=10\]")):
+        args = dict(ids=ids, top_logits=vals, log_normalizer=lse, vocab=vocab, top_p=1.0, us=[0.5], row=row)
+        args.update(kwargs)
+        with pytest.raises(InvalidRequestError, match=needle):
+            spec.sample_from_head(**args)
+    # NaN logits in the row read for the tail: the runtime's NaN error (the model's fault, not the request's)
+    bad = row.copy()
+    bad[[i for i in range(vocab) if i not in set(ids)][0]] = np.nan
+    with pytest.raises(SwiftspecError, match="NaN") as info:
+        spec.sample_from_head(ids, vals, lse, vocab, 0.7, 1.0, [0.999999999], bad)
+    assert not isinstance(info.value, InvalidRequestError)

@@ -144,3 +144,57 @@ def test_host_selection_of_a_large_k_equals_the_full_ranking():
         assert got == want[:k].tolist(), k
     assert len(spec.top_k_indices(v, 20000)) == 19997  # the 3 NaN are never selected
     assert spec.top_k_indices(np.full(300, np.nan, dtype=np.float32), 299) == []
+
+
+def test_log_normalizer_at_a_temperature_and_reading_a_row_back(model_and_prompt, checkpoint_dir):
+    """forward_top_k(inv_temperature=1/T): ln sum exp(logits / T) of each row (what sample_from_head
+    reads), the selection unchanged, inv_temperature=1 bit-identical to the default; read_logits_row(r)
+    returns forward()'s row r bit for bit, and refuses a row out of range, a pass that kept none (k = 1
+    without normaliser), one replaced by a later forward(), and a model that ran no forward_top_k."""
+    model, ids = model_and_prompt
+    model.truncate_committed(0)
+    full = model.forward(ids, logits="all")
+    base = model.forward_top_k
+    model.truncate_committed(0)
+    ids1, vals1, lse1 = base(ids, 64, log_normalizer=True, logits="all")
+    for temperature in (0.7, 1.5, 0.05):
+        inv_t = 1.0 / float(np.float32(temperature))
+        model.truncate_committed(0)
+        top_ids, top_vals, lse = model.forward_top_k(ids, 64, log_normalizer=True, logits="all", inv_temperature=inv_t)
+        np.testing.assert_array_equal(top_ids, ids1)
+        np.testing.assert_array_equal(top_vals, vals1)
+        x = full.astype(np.float64)
+        m = x.max(axis=1, keepdims=True)
+        want = (m * inv_t + np.log(np.exp((x - m) * inv_t).sum(axis=1, keepdims=True)))[:, 0]
+        np.testing.assert_allclose(lse, want, rtol=1e-12)
+        assert not np.allclose(lse, lse1)  # a different normaliser than T = 1's
+        for r in (0, len(ids) // 2, len(ids) - 1):
+            np.testing.assert_array_equal(model.read_logits_row(r).view(np.uint32), full[r].view(np.uint32))
+    model.truncate_committed(0)
+    _, _, lse_one = model.forward_top_k(ids, 64, log_normalizer=True, logits="all", inv_temperature=1.0)
+    np.testing.assert_array_equal(lse_one, lse1)
+    with pytest.raises(InvalidRequestError, match=r"read_logits_row: row 40 is outside \[0, rows=40\)"):
+        model.read_logits_row(len(ids))
+    with pytest.raises(InvalidRequestError, match=r"row -1 is outside"):
+        model.read_logits_row(-1)
+    model.truncate_committed(0)
+    model.forward_top_k(ids, 1)
+    with pytest.raises(InvalidRequestError, match=r"k = 1 without log-normalizer\) kept no logits"):
+        model.read_logits_row(0)
+    model.truncate_committed(0)
+    model.forward_top_k(ids, 1, log_normalizer=True)  # the last row only
+    np.testing.assert_array_equal(model.read_logits_row(0), full[-1])
+    model.truncate_committed(0)
+    model.forward(ids)
+    with pytest.raises(InvalidRequestError, match="a later pass of this model replaced"):
+        model.read_logits_row(0)
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        model.truncate_committed(0)
+        with pytest.raises(InvalidRequestError, match="inv_temperature must be a finite number > 0"):
+            model.forward_top_k(ids, 4, log_normalizer=True, inv_temperature=bad)
+        assert model.committed_len == 0  # refused before the pass
+    opts = ModelOptions()
+    opts.max_context = 64
+    fresh = load_model(str(checkpoint_dir(DRAFT, "bfloat16")), "cpu", opts)
+    with pytest.raises(InvalidRequestError, match="no forward_top_k has run on this model yet"):
+        fresh.read_logits_row(0)

@@ -203,7 +203,7 @@ void bind_runtime(nb::module_& m) {
           [](Model& mdl, std::vector<int32_t> tokens, int k, bool log_normalizer,
              std::optional<std::vector<int32_t>> positions, const std::string& logits,
              std::vector<int32_t> tree_slots, std::vector<int32_t> attend_offsets,
-             std::vector<int32_t> attend_slots) {
+             std::vector<int32_t> attend_slots, double inv_temperature) {
             const ForwardBatch b = python_batch(mdl, std::move(tokens), std::move(positions), logits,
                                                 std::move(tree_slots), std::move(attend_offsets),
                                                 std::move(attend_slots), "forward_top_k");
@@ -211,7 +211,7 @@ void bind_runtime(nb::module_& m) {
             {
               ModelBusy busy({&mdl});
               nb::gil_scoped_release release;
-              mdl.forward_top_k(b, k, log_normalizer, top);
+              mdl.forward_top_k(b, k, log_normalizer, top, inv_temperature);
             }
             const size_t rows = top.rows();
             nb::object lse = nb::none();
@@ -221,12 +221,28 @@ void bind_runtime(nb::module_& m) {
           },
           "tokens"_a, "k"_a, "log_normalizer"_a = false, "positions"_a = nb::none(), "logits"_a = "last",
           "tree_slots"_a = std::vector<int32_t>{}, "attend_offsets"_a = std::vector<int32_t>{},
-          "attend_slots"_a = std::vector<int32_t>{},
+          "attend_slots"_a = std::vector<int32_t>{}, "inv_temperature"_a = 1.0,
           "forward() reduced to each logits row's k largest entries (Model::forward_top_k; the cuda backend\n"
           "selects them on the GPU). Same arguments and KV effects as forward(). Returns (ids int32 [rows, k],\n"
           "largest logit first, ties to the smaller id; logits fp32 [rows, k]; log_normalizer float64 [rows]\n"
-          "= ln sum exp(logits) of each row, or None unless asked). Raises InvalidArgumentError for k outside\n"
-          "[1, vocab] (before the pass), SwiftspecError for NaN logits.")
+          "= ln sum exp(logits * inv_temperature) of each row, or None unless asked). Raises\n"
+          "InvalidArgumentError for k outside [1, vocab] or inv_temperature not finite and > 0 (before the\n"
+          "pass), SwiftspecError for NaN logits. read_logits_row(r) then reads a whole row of this pass.")
+      .def(
+          "read_logits_row",
+          [](Model& mdl, int row) {
+            std::vector<float> out;
+            {
+              ModelBusy busy({&mdl});
+              nb::gil_scoped_release release;
+              mdl.read_logits_row(row, out);
+            }
+            return to_numpy_1d(std::move(out));
+          },
+          "row"_a,
+          "Row `row` (fp32 [vocab]) of the logits of this model's last forward_top_k (Model::read_logits_row):\n"
+          "bit-identical to forward()'s row. Raises InvalidArgumentError when no forward_top_k ran, a later\n"
+          "pass replaced it, that pass kept no logits (k = 1 without log_normalizer) or row is out of range.")
       .def(
           "commit_tree_slots",
           [](Model& mdl, const std::vector<int32_t>& slots) {

@@ -347,6 +347,40 @@ void bind_speculative(nb::module_& parent) {
       "The runtime's sampling distribution of one logits row (fp32 [vocab]).");
 
   m.def(
+      "sample_from_head",
+      [](std::vector<int32_t> ids, std::vector<float> top_logits, double log_normalizer, int vocab, float temperature,
+         float top_p, std::vector<double> us, std::optional<Vec1D> row, int top_k) {
+        if (ids.size() != top_logits.size() || ids.empty())
+          throw InvalidArgument("sample_from_head: ids and top_logits must be non-empty and of one length");
+        const SamplingParams params = make_sampling(temperature, top_k, top_p, 0);
+        const bool have_row = row.has_value();
+        const float* whole = have_row ? row->data() : nullptr;  // copied only when read (`row` outlives the loop)
+        const size_t whole_n = have_row ? row->shape(0) : 0;
+        std::vector<int32_t> tokens;
+        std::vector<bool> read;
+        {
+          nb::gil_scoped_release release;
+          for (double u : us) {
+            bool fell = false;
+            tokens.push_back(sample_from_head(
+                ids.data(), top_logits.data(), static_cast<int>(ids.size()), log_normalizer, vocab, params, u,
+                [&](std::vector<float>& out) {
+                  if (!have_row) throw InvalidArgument("sample_from_head: the whole row is needed, but none was given");
+                  out.assign(whole, whole + whole_n);
+                },
+                &fell));
+            read.push_back(fell);
+          }
+        }
+        return nb::make_tuple(tokens, read);
+      },
+      "ids"_a, "top_logits"_a, "log_normalizer"_a, "vocab"_a, "temperature"_a, "top_p"_a = 1.0f,
+      "us"_a = std::vector<double>{}, "row"_a = nb::none(), "top_k"_a = 0,
+      "sample_from_head for each uniform u of `us`: a row's k best (ids, top_logits, largest first) and\n"
+      "log_normalizer = ln sum exp(logits / T) of the whole row; `row` (fp32 [vocab]) is what the draw reads\n"
+      "when the head does not decide (None: InvalidRequestError then). Returns (tokens, read_whole_row).");
+
+  m.def(
       "draw_iid",
       [](Vec1D q, int count, uint64_t seed) {
         Rng rng(seed);

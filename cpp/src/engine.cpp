@@ -133,9 +133,13 @@ GenerationResult Engine::generate_target_only(const std::vector<int32_t>& prompt
       st.target_time += seconds_since(ts);
       token = sample_from_top_k(top.ids.data(), top.logits.data(), top.k, config.sampling, rng);
     } else {
-      model.forward(step, logits);
+      // Temperature / top-p alone: the step's kSampleHeadK best logits and its normaliser at T decide
+      // the draw at most steps (sample_from_head: the same distribution); the whole row is read
+      // (Model::read_logits_row) only when they do not.
+      model.forward_top_k(step, std::min(kSampleHeadK, vocab), true, top, 1.0 / config.sampling.temperature);
       st.target_time += seconds_since(ts);
-      token = sample_token(logits.data(), vocab, config.sampling, rng, scratch);
+      token = sample_from_head(top, 0, vocab, config.sampling, rng,
+                               [&](std::vector<float>& row) { model.read_logits_row(0, row); });
     }
     st.verification_steps += 1;
   }

@@ -103,10 +103,12 @@ void sampling_distribution(const float* logits, int vocab, const SamplingParams&
   probs.swap(out);
 }
 
-int Rng::categorical(const float* p, int n) {
+int Rng::categorical(const float* p, int n) { return categorical_at(p, n, uniform()); }
+
+int categorical_at(const float* p, int n, double u01) {
   double total = 0;
   for (int i = 0; i < n; ++i) total += p[i];
-  double u = uniform() * total, cum = 0;
+  double u = u01 * total, cum = 0;
   int last_nonzero = 0;
   for (int i = 0; i < n; ++i) {
     if (p[i] <= 0) continue;
@@ -124,6 +126,26 @@ int sample_token(const float* logits, int vocab, const SamplingParams& params, R
   return rng.categorical(scratch.data(), vocab);
 }
 
+namespace {
+
+// The k entries of a row's head: ids >= 0 (and < vocab when vocab >= 0), logits largest first, no NaN.
+void check_head(const int32_t* ids, const float* top_logits, int k, int vocab, const char* who) {
+  for (int j = 0; j < k; ++j) {
+    if (ids[j] < 0)
+      throw InvalidArgument(std::string(who) + ": ids[" + std::to_string(j) + "] is " + std::to_string(ids[j]) +
+                            " (token ids are >= 0)");
+    if (vocab >= 0 && ids[j] >= vocab)
+      throw InvalidArgument(std::string(who) + ": ids[" + std::to_string(j) + "] is " + std::to_string(ids[j]) +
+                            ", outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    if (std::isnan(top_logits[j]) || (j > 0 && top_logits[j] > top_logits[j - 1]))
+      throw InvalidArgument(std::string(who) + ": top_logits must be largest first without NaN, got top_logits[" +
+                            std::to_string(j) + "] = " + std::to_string(top_logits[j]) +
+                            (j > 0 ? " after " + std::to_string(top_logits[j - 1]) : std::string()));
+  }
+}
+
+}  // namespace
+
 int sample_from_top_k(const int32_t* ids, const float* top_logits, int k, const SamplingParams& params, Rng& rng) {
   if (k < 1) throw InvalidArgument("sample_from_top_k: k must be >= 1, got " + std::to_string(k));
   // The k entries must be what the distribution keeps: a row's min(top_k, vocab) best, largest first
@@ -133,15 +155,7 @@ int sample_from_top_k(const int32_t* ids, const float* top_logits, int k, const 
   if (params.top_k < 1 || k > params.top_k)
     throw InvalidArgument("sample_from_top_k: " + std::to_string(k) + " entries for top_k=" +
                           std::to_string(params.top_k) + " (give a row's min(top_k, vocab) best)");
-  for (int j = 0; j < k; ++j) {
-    if (ids[j] < 0)
-      throw InvalidArgument("sample_from_top_k: ids[" + std::to_string(j) + "] is " + std::to_string(ids[j]) +
-                            " (token ids are >= 0)");
-    if (std::isnan(top_logits[j]) || (j > 0 && top_logits[j] > top_logits[j - 1]))
-      throw InvalidArgument("sample_from_top_k: top_logits must be largest first without NaN, got top_logits[" +
-                            std::to_string(j) + "] = " + std::to_string(top_logits[j]) +
-                            (j > 0 ? " after " + std::to_string(top_logits[j - 1]) : std::string()));
-  }
+  check_head(ids, top_logits, k, -1, "sample_from_top_k");
   if (!std::isfinite(top_logits[0]))  // every weight would be NaN
     throw Error("sample_from_top_k: the largest logit is " + std::to_string(top_logits[0]) +
                 " (the model produced non-finite logits)");
@@ -172,6 +186,140 @@ int sample_from_top_k(const int32_t* ids, const float* top_logits, int k, const 
     if (u < cum) return ids[j];
   }
   return ids[keep - 1];  // rounding left u at the very top
+}
+
+namespace {
+
+// Margins of sample_from_head: how close to a boundary the head's masses (double, from a
+// log-normalizer good to ~1e-12 relative) may come before the whole row decides instead.
+// Top-p's cut is compared with sampling_distribution's, whose probabilities are fp32 (each
+// ~6e-8 relative): 1e-6 keeps both on the same side. The temperature walk is compared with its
+// own full-row version in double: 1e-8.
+constexpr double kTopPMargin = 1e-6;
+constexpr double kWalkMargin = 1e-8;
+
+// The temperature-only draw from the whole row: the token whose interval holds u, intervals of
+// weight exp((l - max) / T) laid out with the head's k ids first (rank order), then every other
+// id in id order; the last nonzero weight when rounding leaves u at the very top.
+int walk_whole_row(const float* row, int vocab, const int32_t* ids, int k, double inv_t, double u) {
+  const float mx = row[argmax(row, vocab)];  // (throws on NaN)
+  std::vector<double> w(vocab);
+  double total = 0;
+  for (int i = 0; i < vocab; ++i) {
+    w[i] = std::exp((static_cast<double>(row[i]) - mx) * inv_t);
+    total += w[i];
+  }
+  const double target = u * total;
+  double cum = 0;
+  int last = ids[0];
+  std::vector<char> in_head(vocab, 0);
+  for (int j = 0; j < k; ++j) {
+    in_head[ids[j]] = 1;
+    if (w[ids[j]] <= 0) continue;
+    cum += w[ids[j]];
+    last = ids[j];
+    if (target < cum) return ids[j];
+  }
+  for (int i = 0; i < vocab; ++i) {
+    if (in_head[i] || w[i] <= 0) continue;
+    cum += w[i];
+    last = i;
+    if (target < cum) return i;
+  }
+  return last;
+}
+
+}  // namespace
+
+int sample_from_head(const int32_t* ids, const float* top_logits, int k, double log_normalizer, int vocab,
+                     const SamplingParams& params, double u, const LogitsRowReader& read_row, bool* read_whole_row) {
+  const char* who = "sample_from_head";
+  if (read_whole_row) *read_whole_row = false;
+  if (k < 1 || k > vocab)
+    throw InvalidArgument(std::string(who) + ": k must be in [1, vocab=" + std::to_string(vocab) + "], got " +
+                          std::to_string(k));
+  if (params.greedy())
+    throw InvalidArgument(std::string(who) + ": temperature must be > 0 (greedy decoding takes ids[0]), got 0");
+  if (params.top_k >= 1 && params.top_k < vocab)
+    throw InvalidArgument(std::string(who) + ": top_k=" + std::to_string(params.top_k) +
+                          " keeps fewer than the vocabulary (draw with sample_from_top_k)");
+  if (!(u >= 0.0 && u < 1.0))
+    throw InvalidArgument(std::string(who) + ": u must be in [0, 1), got " + std::to_string(u));
+  check_head(ids, top_logits, k, vocab, who);
+  const double inv_t = 1.0 / params.temperature;
+  const double v0 = top_logits[0];
+  // c = ln sum_v exp((l_v - v0) / T) >= 0: q_j = exp((v_j - v0) / T - c)
+  const double c = log_normalizer - v0 * inv_t;
+  const bool usable = std::isfinite(v0) && std::isfinite(log_normalizer);
+  if (usable && c < -1e-9 * std::max(1.0, std::fabs(log_normalizer)))
+    throw InvalidArgument(std::string(who) + ": log_normalizer " + std::to_string(log_normalizer) +
+                          " is below the largest logit / T = " + std::to_string(v0 * inv_t) +
+                          " (not the row's normaliser at temperature " + std::to_string(params.temperature) + ")");
+  auto whole_row = [&](std::vector<float>& row) {
+    if (read_whole_row) *read_whole_row = true;
+    read_row(row);
+    if (static_cast<int>(row.size()) != vocab)
+      throw InvalidArgument(std::string(who) + ": the logits row has " + std::to_string(row.size()) +
+                            " entries for a vocabulary of " + std::to_string(vocab));
+  };
+  std::vector<float> row;
+  if (params.top_p < 1.0f) {
+    if (usable) {
+      const double top_p = params.top_p;
+      double cum = 0;
+      int keep = 0;  // 0: undecided (the nucleus reaches past the head, or a mass near the cut)
+      for (int j = 0; j < k; ++j) {
+        cum += std::exp((static_cast<double>(top_logits[j]) - v0) * inv_t - c);
+        if (cum >= top_p - kTopPMargin) {
+          if (cum >= top_p + kTopPMargin) keep = j + 1;
+          break;
+        }
+      }
+      if (keep > 0) {
+        double kept = 0;
+        std::vector<double> w(keep);
+        for (int j = 0; j < keep; ++j) kept += w[j] = std::exp((static_cast<double>(top_logits[j]) - v0) * inv_t);
+        const double x = u * kept;
+        double acc = 0;
+        for (int j = 0; j < keep; ++j) {
+          acc += w[j];
+          if (x < acc) return ids[j];
+        }
+        return ids[keep - 1];  // rounding left x at the very top
+      }
+    }
+    whole_row(row);
+    std::vector<float> probs;
+    sampling_distribution(row.data(), vocab, params, probs);
+    return categorical_at(probs.data(), vocab, u);
+  }
+  if (usable) {
+    double cum = 0;
+    for (int j = 0; j < k; ++j) {
+      if (j > 0 && std::fabs(u - cum) <= kWalkMargin) break;  // u near an interval's end: the row decides
+      cum += std::exp((static_cast<double>(top_logits[j]) - v0) * inv_t - c);
+      if (u < cum - kWalkMargin) return ids[j];
+    }
+    // here u >= C_k - margin: the tail, or too close to call
+  }
+  whole_row(row);
+  return walk_whole_row(row.data(), vocab, ids, k, inv_t, u);
+}
+
+int sample_from_head(const TopKLogits& top, int row, int vocab, const SamplingParams& params, Rng& rng,
+                     const LogitsRowReader& read_row, bool* read_whole_row) {
+  if (row < 0 || row >= top.rows())
+    throw InvalidArgument("sample_from_head: row " + std::to_string(row) + " is outside [0, rows=" +
+                          std::to_string(top.rows()) + ") of the top-k");
+  if (static_cast<int>(top.log_normalizer.size()) != top.rows())
+    throw InvalidArgument("sample_from_head: the top-k holds no log-normalizer (forward_top_k with_log_normalizer)");
+  if (params.greedy() || top.inv_temperature != 1.0 / params.temperature)
+    throw InvalidArgument("sample_from_head: the log-normalizer is at inverse temperature " +
+                          std::to_string(top.inv_temperature) + ", the request samples at temperature " +
+                          std::to_string(params.temperature) + " (forward_top_k with inv_temperature = 1 / T)");
+  const size_t e = static_cast<size_t>(row) * top.k;
+  return sample_from_head(top.ids.data() + e, top.logits.data() + e, top.k, top.log_normalizer[row], vocab, params,
+                          rng.uniform(), read_row, read_whole_row);
 }
 
 }  // namespace swiftspec

@@ -279,7 +279,7 @@ class CudaModelImpl final : public CudaModel {
   std::string backend_name() const override { return "cuda"; }
   int committed_len() const override { return committed_; }
 
-  void forward(const ForwardBatch& batch, std::vector<float>& logits) override {
+  void run_forward(const ForwardBatch& batch, std::vector<float>& logits) override {
     ModelScope scope(copt_.device, green_.get());
     RowSink sink;
     sink.logits = &logits;
@@ -292,17 +292,20 @@ class CudaModelImpl final : public CudaModel {
     for (unsigned long long key : run_argmax_keys(batch)) argmax.push_back(checked_key_index(key));
   }
 
-  void forward_top_k(const ForwardBatch& batch, int k, bool with_log_normalizer, TopKLogits& out) override {
+  void forward_top_k(const ForwardBatch& batch, int k, bool with_log_normalizer, TopKLogits& out,
+                     double inv_temperature = 1.0) override {
     const int vocab = cfg_.vocab_size;
     check_top_k(k, vocab, "forward_top_k");
+    check_inv_temperature(inv_temperature, "forward_top_k");
     // What the GPU selection does not take, or the A/B of the host path: the default (rows to the host).
     if (top_k_on_host_ || !logits_top_k_supported(k, vocab)) {
-      Model::forward_top_k(batch, k, with_log_normalizer, out);
+      Model::forward_top_k(batch, k, with_log_normalizer, out, inv_temperature);
       return;
     }
     ModelScope scope(copt_.device, green_.get());
     out = TopKLogits{};
     out.k = k;
+    out.inv_temperature = inv_temperature;
     if (k == 1 && !with_log_normalizer) {
       // The arg-max the LM head's epilogue already keyed: no logits written at all.
       for (unsigned long long key : run_argmax_keys(batch)) {
@@ -315,7 +318,33 @@ class CudaModelImpl final : public CudaModel {
     sink.top = &out;
     sink.k = k;
     sink.log_normalizer = with_log_normalizer;
+    sink.inv_temperature = inv_temperature;
     run(batch, sink);
+  }
+
+  void read_logits_row(int row, std::vector<float>& out) override {
+    // The last forward_top_k took the host path (or forgot everything): the default's rows.
+    if (!device_rows_kept_) {
+      Model::read_logits_row(row, out);
+      return;
+    }
+    if (row < 0 || row >= device_rows_total_)
+      throw InvalidArgument("read_logits_row: row " + std::to_string(row) + " is outside [0, rows=" +
+                            std::to_string(device_rows_total_) + ") of the last forward_top_k");
+    const int first = device_rows_total_ - device_rows_in_buffer_;  // rows of the pass's last piece
+    if (row < first)
+      throw InvalidArgument("read_logits_row: row " + std::to_string(row) + " of the last forward_top_k was overwritten "
+                            "by a later piece of the same pass (the device keeps its last " +
+                            std::to_string(device_rows_in_buffer_) + " rows: a pass runs in pieces of " +
+                            std::to_string(kMaxStepTokens) + " tokens)");
+    ModelScope scope(copt_.device, green_.get());
+    const size_t V = static_cast<size_t>(cfg_.vocab_size);
+    out.resize(V);
+    // run() synchronised the stream after the pass: logits_ holds its last piece's rows.
+    SS_CUDA_CHECK(cudaMemcpyAsync(logits_host_.as<void>(), logits_.as<float>() + static_cast<size_t>(row - first) * V,
+                                  sizeof(float) * V, cudaMemcpyDeviceToHost, stream_));
+    SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::memcpy(out.data(), logits_host_.as<void>(), sizeof(float) * V);
   }
 
   void commit_tree_slots(const std::vector<int32_t>& slots) override {
@@ -399,6 +428,7 @@ class CudaModelImpl final : public CudaModel {
     if (id < 0 || id >= static_cast<int>(prepared_.size())) throw InvalidArgument("debug_replay_ms: bad step id");
     const Prepared& p = prepared_[id];
     ModelScope scope(copt_.device, green_.get());
+    forget_logits_rows();  // the replayed steps rewrite logits_
     upload_desc(*p.desc, p.n_attend);
     auto step = [&] {
       if (p.megakernel) run_megakernel_step(p.mode, p.write_logits);
@@ -422,6 +452,7 @@ class CudaModelImpl final : public CudaModel {
 
   void debug_poison_buffers() override {
     ModelScope scope(copt_.device, green_.get());
+    forget_logits_rows();
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
     for (auto* b : {&h32_, &h16_, &ssq_, &q_, &attn_, &act_, &logits_, &part_o_, &part_ml_, &mk_part_o_, &mk_part_ml_})
       if (b->bytes() > 0) SS_CUDA_CHECK(cudaMemsetAsync(b->get(), 0xFF, b->bytes(), stream_));
@@ -847,6 +878,7 @@ class CudaModelImpl final : public CudaModel {
     TopKLogits* top = nullptr;
     int k = 0;
     bool log_normalizer = false;
+    double inv_temperature = 1.0;  ///< of the log-normalizer
   };
 
   /// run() reading each logits row's arg-max key from the LM head's epilogue (no logits written).
@@ -872,8 +904,16 @@ class CudaModelImpl final : public CudaModel {
     return v;
   }
 
+  /// Forgets the logits rows read_logits_row() reads (both the device's and the default's).
+  void forget_logits_rows() {
+    forget_kept_logits();
+    device_rows_kept_ = false;
+    device_rows_total_ = device_rows_in_buffer_ = 0;
+  }
+
   void run(const ForwardBatch& b, const RowSink& sink) {
     validate(b);
+    forget_logits_rows();  // every pass may rewrite logits_
     const int n = static_cast<int>(b.tokens.size());
     const size_t V = static_cast<size_t>(cfg_.vocab_size);
     const bool want_logits = sink.logits || sink.top;
@@ -902,7 +942,7 @@ class CudaModelImpl final : public CudaModel {
       } else if (sink.top) {
         // Only [rows, k] entries cross PCIe, not [rows, vocab] fp32 (top_k_logits.h).
         launch_logits_top_k(logits_.as<float>(), rows, cfg_.vocab_size, sink.k, sink.log_normalizer, top_scratch_,
-                            top_rows_.as<TopKRow>(), stream_);
+                            top_rows_.as<TopKRow>(), stream_, sink.inv_temperature);
         SS_CUDA_CHECK(cudaMemcpyAsync(top_host_.as<void>(), top_rows_.get(), sizeof(TopKRow) * rows,
                                       cudaMemcpyDeviceToHost, stream_));
         SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -913,6 +953,9 @@ class CudaModelImpl final : public CudaModel {
           sink.top->logits.insert(sink.top->logits.end(), t.values, t.values + sink.k);
           if (sink.log_normalizer) sink.top->log_normalizer.push_back(t.log_normalizer);
         }
+        // read_logits_row: logits_ now holds this piece's rows, the pass's last ones so far.
+        device_rows_total_ += rows;
+        device_rows_in_buffer_ = rows;
       } else {
         SS_CUDA_CHECK(cudaMemcpyAsync(keys_host_.as<void>(), keys_.get(), sizeof(unsigned long long) * rows,
                                       cudaMemcpyDeviceToHost, stream_));
@@ -922,6 +965,7 @@ class CudaModelImpl final : public CudaModel {
       }
     }
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    device_rows_kept_ = sink.top != nullptr;  // the whole pass went through: its rows are readable
   }
 
   void run_step(int nt, LogitsMode mode, bool write_logits) {
@@ -1148,6 +1192,10 @@ class CudaModelImpl final : public CudaModel {
   PinnedBuffer top_host_;
   TopKScratch top_scratch_;
   const bool top_k_on_host_ = env_flag("SWIFTSPEC_TOP_K_ON_HOST");
+  // read_logits_row after a forward_top_k selected on the GPU: the pass's rows so far
+  // (device_rows_total_), the last device_rows_in_buffer_ of them still in logits_.
+  bool device_rows_kept_ = false;
+  int device_rows_total_ = 0, device_rows_in_buffer_ = 0;
   cudaEvent_t commit_ev_ = nullptr;
   std::unique_ptr<StepDesc> scratch_desc_ = std::make_unique<StepDesc>();
 

@@ -355,12 +355,12 @@ int argmax_of(const float* v, int n) {
 /// fused arg-max returns -0 as +0), log-normalizers to `lse_tol` relative. Returns the
 /// worst relative log-normalizer error in `lse_err`.
 int top_k_mismatches(const TopKLogits& got, const std::vector<float>& logits, int vocab, int k, bool lse,
-                     bool values_as_floats, double& lse_err) {
+                     bool values_as_floats, double& lse_err, double inv_t = 1.0) {
   TopKLogits want;
-  select_top_k_logits(logits.data(), static_cast<int>(logits.size() / vocab), vocab, k, lse, want);
+  select_top_k_logits(logits.data(), static_cast<int>(logits.size() / vocab), vocab, k, lse, want, inv_t);
   lse_err = 0.0;
   if (got.k != want.k || got.ids.size() != want.ids.size() || got.logits.size() != want.logits.size() ||
-      got.log_normalizer.size() != want.log_normalizer.size())
+      got.log_normalizer.size() != want.log_normalizer.size() || got.inv_temperature != want.inv_temperature)
     return 1 << 20;
   int bad = 0;
   for (size_t i = 0; i < want.ids.size(); ++i) {
@@ -427,6 +427,39 @@ void check_logits_top_k(Rng& rng, cudaStream_t st) {
     char name[128], det[128];
     std::snprintf(name, sizeof name, "logits top-k kernel, 64 rows x 151936, k=%d (ties, +-0, -inf, NaN)", k);
     std::snprintf(det, sizeof det, "(%d mismatched entries/rows; worst ln Z rel. error %.2e)", bad, lse_err);
+    record(name, lse_err, 1e-12, bad == 0 && lse_err < 1e-12, det);
+  }
+  // The normaliser at a temperature (sample_from_head: ln sum exp(x / T)): inverse temperatures
+  // 1 / 0.7, 1 / 1.5 and 1 / 0.05 against the host log_normalizer(row, V, inv_t); the selection
+  // unchanged (ids and values bitwise); inv_t = 1 bit-identical to the launch without it.
+  for (int k : {8, kTopKMax}) {
+    std::vector<TopKRow> base(rows);
+    launch_logits_top_k(d_logits.as<float>(), rows, V, k, true, scratch, d_out.as<TopKRow>(), st);
+    SS_CUDA_CHECK(cudaMemcpyAsync(base.data(), d_out.get(), sizeof(TopKRow) * rows, cudaMemcpyDeviceToHost, st));
+    SS_CUDA_CHECK(cudaStreamSynchronize(st));
+    int bad = 0;
+    double lse_err = 0.0;
+    for (double inv_t : {1.0, 1.0 / 0.7, 1.0 / 1.5, 1.0 / 0.05}) {
+      SS_CUDA_CHECK(cudaMemset(d_out.get(), 0xFF, d_out.bytes()));  // poisoned
+      launch_logits_top_k(d_logits.as<float>(), rows, V, k, true, scratch, d_out.as<TopKRow>(), st, inv_t);
+      SS_CUDA_CHECK(cudaMemcpyAsync(out.data(), d_out.get(), sizeof(TopKRow) * rows, cudaMemcpyDeviceToHost, st));
+      SS_CUDA_CHECK(cudaStreamSynchronize(st));
+      for (int r = 0; r < rows; ++r) {
+        if (r == 5) {
+          bad += out[r].nan == 1 ? 0 : 1;
+          continue;
+        }
+        bad += std::memcmp(out[r].ids, base[r].ids, sizeof(int) * k) != 0 ? 1 : 0;
+        bad += std::memcmp(out[r].values, base[r].values, sizeof(float) * k) != 0 ? 1 : 0;
+        if (inv_t == 1.0)
+          bad += std::memcmp(&out[r].log_normalizer, &base[r].log_normalizer, sizeof(double)) != 0 ? 1 : 0;
+        const double want = log_normalizer(row(r), V, inv_t);
+        lse_err = std::max(lse_err, std::fabs(out[r].log_normalizer - want) / std::max(1.0, std::fabs(want)));
+      }
+    }
+    char name[128], det[128];
+    std::snprintf(name, sizeof name, "logits top-k kernel, k=%d: ln sum exp(x / T) at T = 1, 0.7, 1.5, 0.05", k);
+    std::snprintf(det, sizeof det, "(%d mismatched rows; worst ln Z_T rel. error %.2e)", bad, lse_err);
     record(name, lse_err, 1e-12, bad == 0 && lse_err < 1e-12, det);
   }
 }
@@ -625,6 +658,79 @@ void check_model(const std::string& tag, const ModelConfig& cfg, uint64_t seed) 
     std::snprintf(det, sizeof det, "(%d mismatches; worst ln Z rel. error %.2e; k=0 refused: %d)", bad, worst,
                   refused ? 1 : 0);
     record(name, worst, 1e-12, bad == 0 && worst < 1e-12 && refused, det);
+  }
+
+  // (g2) the normaliser at a temperature (forward_top_k's inv_temperature, what sample_from_head reads)
+  // and Model::read_logits_row: the same 20-node tree's rows at T = 0.7 (k = 8 and kTopKMax on the GPU,
+  // kTopKMax + 1 on the host path) against the host log_normalizer(row, V, 1 / T); every row read back
+  // bitwise equal to forward()'s; the errors: a row out of range, after a k = 1 pass without
+  // normaliser, after a later forward(); a 70-node tree (two pieces of at most kMaxStepTokens): rows of
+  // its last piece readable, an earlier piece's refused.
+  {
+    Tree t = make_tree(20, C, V, opt.max_tree, rng);
+    std::vector<float> tl;
+    m->forward(t.batch, tl);
+    const int rows = static_cast<int>(tl.size() / V);
+    const double inv_t = 1.0 / 0.7;
+    int bad = 0;
+    double worst = 0.0;
+    for (int k : {8, kTopKMax, kTopKMax + 1}) {
+      TopKLogits top;
+      m->forward_top_k(t.batch, k, true, top, inv_t);
+      double e = 0.0;
+      bad += top_k_mismatches(top, tl, V, k, true, false, e, inv_t);
+      worst = std::max(worst, e);
+      std::vector<float> one;
+      for (int r = 0; r < rows; ++r) {
+        m->read_logits_row(r, one);
+        bad += (one.size() == static_cast<size_t>(V) &&
+                std::memcmp(one.data(), tl.data() + static_cast<size_t>(r) * V, sizeof(float) * V) == 0)
+                   ? 0
+                   : 1;
+      }
+    }
+    auto refuses = [&](int r, const char* needle) {
+      std::vector<float> one;
+      try {
+        m->read_logits_row(r, one);
+      } catch (const InvalidArgument& ex) {
+        return std::strstr(ex.what(), needle) != nullptr ? 0 : 1;
+      }
+      return 1;
+    };
+    bad += refuses(rows, "is outside [0, rows=20)");
+    bad += refuses(-1, "is outside [0, rows=20)");
+    TopKLogits top;
+    m->forward_top_k(t.batch, 1, false, top);
+    bad += refuses(0, "kept no logits");
+    m->forward_top_k(t.batch, 8, true, top, inv_t);
+    bad += refuses(0, "") == 0 ? 1 : 0;  // readable again
+    m->forward(t.batch, tl);
+    bad += refuses(0, "a later pass of this model replaced");
+    int pieces_bad = 0;
+    if (opt.max_tree >= 70) {
+      Tree big = make_tree(70, C, V, opt.max_tree, rng);
+      std::vector<float> bl;
+      m->forward(big.batch, bl);
+      m->forward_top_k(big.batch, kTopKMax, true, top, inv_t);
+      double e = 0.0;
+      pieces_bad += top_k_mismatches(top, bl, V, kTopKMax, true, false, e, inv_t);
+      worst = std::max(worst, e);
+      std::vector<float> one;
+      const int first_kept = 70 - (70 % kMaxStepTokens == 0 ? kMaxStepTokens : 70 % kMaxStepTokens);
+      for (int r = 0; r < 70; ++r) {
+        if (r < first_kept) {
+          pieces_bad += refuses(r, "overwritten by a later piece");
+          continue;
+        }
+        m->read_logits_row(r, one);
+        pieces_bad += std::memcmp(one.data(), bl.data() + static_cast<size_t>(r) * V, sizeof(float) * V) == 0 ? 0 : 1;
+      }
+    }
+    std::snprintf(name, sizeof name, "model[%s] forward_top_k at T = 0.7 and read_logits_row", tag.c_str());
+    std::snprintf(det, sizeof det, "(%d mismatches, %d in the 70-node tree; worst ln Z_T rel. error %.2e)", bad,
+                  pieces_bad, worst);
+    record(name, worst, 1e-12, bad == 0 && pieces_bad == 0 && worst < 1e-12, det);
   }
 
   // bad input is rejected

@@ -72,7 +72,7 @@ class CpuModel final : public Model {
   int prefill_chunk_tokens() const override { return kCpuPrefillChunkTokens; }
   int committed_len() const override { return committed_; }
 
-  void forward(const ForwardBatch& batch, std::vector<float>& logits) override;
+  void run_forward(const ForwardBatch& batch, std::vector<float>& logits) override;
   void commit_tree_slots(const std::vector<int32_t>& tree_slots) override;
   void truncate_committed(int len) override {
     if (len < 0 || len > committed_)
@@ -228,7 +228,7 @@ void CpuModel::attention(int layer, const ForwardBatch& b, int committed_before,
   });
 }
 
-void CpuModel::forward(const ForwardBatch& b, std::vector<float>& logits) {
+void CpuModel::run_forward(const ForwardBatch& b, std::vector<float>& logits) {
   validate(b);
   const int n = static_cast<int>(b.tokens.size());
   const int H = config_.hidden_size, I = config_.intermediate_size;

@@ -59,7 +59,7 @@ class TpCpuModel final : public Model {
   int prefill_chunk_tokens() const override { return kCpuPrefillChunkTokens; }
   int committed_len() const override { return committed_; }
 
-  void forward(const ForwardBatch& b, std::vector<float>& logits) override {
+  void run_forward(const ForwardBatch& b, std::vector<float>& logits) override {
     validate(b);
     const int committed_before = committed_;
     group_->run([&](int r) { rank_forward(r, b, committed_before, logits); });

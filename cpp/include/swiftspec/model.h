@@ -123,20 +123,38 @@ class Model {
   /// [rows, vocab_size] into `logits` (rows: 0, 1 or n by batch.logits).
   /// Append mode grows the committed region by n. Throws InvalidArgument
   /// naming the field for out-of-range tokens, positions, slots, or a batch
-  /// that would overflow the committed region.
-  virtual void forward(const ForwardBatch& batch, std::vector<float>& logits) = 0;
+  /// that would overflow the committed region. (Non-virtual: it forgets the rows
+  /// read_logits_row() keeps, then runs the backend's run_forward().)
+  void forward(const ForwardBatch& batch, std::vector<float>& logits);
 
   /// forward() reduced to what greedy decoding and top-k tree growth read: each
   /// logits row's `k` largest entries (TopKLogits: ids and fp32 values, ties to the
-  /// smaller id) and, when `with_log_normalizer`, its ln sum exp. Same pass, same
-  /// KV effects, same logits as forward(): ids and values equal
+  /// smaller id) and, when `with_log_normalizer`, its ln sum exp(logit * inv_temperature)
+  /// (the normaliser of softmax(logits / T) for inv_temperature = 1 / T; out.inv_temperature
+  /// records it). Same pass, same KV effects, same logits as forward(): ids and values equal
   /// select_top_k_logits() of forward()'s rows exactly; the log-normalizer agrees
   /// to ~1e-12 relative (a backend may sum in another order). The default runs
   /// forward() and selects on the host; the CUDA backend selects on the GPU and
   /// copies [rows, k] entries instead of [rows, vocab] (top_k_logits.h says why).
-  /// Throws InvalidArgument for k outside [1, vocab] (before the pass) and what
-  /// forward() throws; Error when a row holds NaN.
-  virtual void forward_top_k(const ForwardBatch& batch, int k, bool with_log_normalizer, TopKLogits& out);
+  /// Afterwards read_logits_row() can copy out a whole row of the same pass.
+  /// Throws InvalidArgument for k outside [1, vocab] or inv_temperature not finite and > 0
+  /// (before the pass) and what forward() throws; Error when a row holds NaN.
+  /// (Every override declares the same default inv_temperature = 1.)
+  virtual void forward_top_k(const ForwardBatch& batch, int k, bool with_log_normalizer, TopKLogits& out,
+                             double inv_temperature = 1.0);
+
+  /// Copies row `row` (0-based among the rows that pass returned) of the fp32 logits of this
+  /// model's most recent forward_top_k() into `out` [vocab_size]: bit-identical to the row
+  /// forward() would have returned. What a sampler reads when a row's top-k does not determine
+  /// its draw (sample_from_head). Valid until the next pass of this model: any later
+  /// forward(), forward_top_k() (or other pass) replaces or forgets the rows. The default keeps
+  /// the rows forward() returned to forward_top_k; the CUDA backend copies one row from its
+  /// device logits buffer, which holds the pass's last piece of up to 64 tokens (a pass over
+  /// more tokens runs in pieces). Throws InvalidArgument, naming the case, when no
+  /// forward_top_k ran yet, a later pass forgot its rows, that pass kept none (a k = 1
+  /// pass without log-normalizer: the CUDA backend then writes no logits, so no backend keeps
+  /// them), `row` is outside [0, rows), or (CUDA) a later piece of the pass overwrote it.
+  virtual void read_logits_row(int row, std::vector<float>& out);
 
   /// Number of committed KV entries.
   virtual int committed_len() const = 0;
@@ -157,6 +175,24 @@ class Model {
   /// backend picks a size whose pass takes well under a second yet keeps its arithmetic
   /// efficient. Generation checks for cancellation between chunks.
   virtual int prefill_chunk_tokens() const { return 512; }
+
+ protected:
+  /// The backend's forward pass (forward() above documents it).
+  virtual void run_forward(const ForwardBatch& batch, std::vector<float>& logits) = 0;
+  /// Forgets the rows the default forward_top_k keeps for read_logits_row. forward() calls
+  /// it; a backend calls it too when a pass of its own (not through forward()) reuses the
+  /// logits, so that no stale row is ever read.
+  void forget_kept_logits() {
+    kept_rows_ = 0;
+    kept_state_ = kept_state_ == KeptState::NeverRan ? KeptState::NeverRan : KeptState::Forgotten;
+    kept_logits_.clear();
+  }
+
+ private:
+  enum class KeptState { NeverRan, Kept, NoneKept, Forgotten };
+  KeptState kept_state_ = KeptState::NeverRan;
+  int kept_rows_ = 0;
+  std::vector<float> kept_logits_;  ///< [kept_rows_, vocab] of the default forward_top_k's pass
 };
 
 /// How prefill() cuts a prompt into forward passes and when it stops early.

@@ -1,8 +1,11 @@
 // Token sampling: greedy, temperature, top-k and top-p (nucleus), seeded.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <vector>
+
+#include "swiftspec/top_k_logits.h"
 
 namespace swiftspec {
 
@@ -35,12 +38,17 @@ class Rng {
   explicit Rng(uint64_t seed) : gen_(seed) {}
   /// Uniform double in [0, 1).
   double uniform() { return static_cast<double>(gen_() >> 11) * 0x1.0p-53; }
-  /// Draws an index from the (not necessarily normalised) weights `p`.
+  /// Draws an index from the (not necessarily normalised) weights `p`: categorical_at(p, n, uniform()).
   int categorical(const float* p, int n);
 
  private:
   std::mt19937_64 gen_;
 };
+
+/// The index Rng::categorical draws for the uniform u in [0, 1): the first i (in index order,
+/// skipping zero weights) whose cumulative weight exceeds u * sum(p); the last nonzero one when
+/// rounding leaves u at the very top.
+int categorical_at(const float* p, int n, double u);
 
 /// Draws one token from logits under `params` (argmax when greedy).
 int sample_token(const float* logits, int vocab, const SamplingParams& params, Rng& rng,
@@ -55,5 +63,49 @@ int sample_token(const float* logits, int vocab, const SamplingParams& params, R
 /// params, k > params.top_k (or top_k 0), a negative id, NaN or increasing top_logits; Error
 /// when top_logits[0] is +-inf.
 int sample_from_top_k(const int32_t* ids, const float* top_logits, int k, const SamplingParams& params, Rng& rng);
+
+/// The k that sampled decoding without top-k reads of each row (Model::forward_top_k, then
+/// sample_from_head): the most the CUDA backend selects on the GPU (kTopKMax). On the 0.5B
+/// model's real logits the 64 best decide a T = 0.7 / top_p = 0.95 draw at ~98% of steps
+/// (tools/bench_sampling.py measures it).
+constexpr int kSampleHeadK = 64;
+
+/// Fills `row` with the whole fp32 [vocab] logits row (sample_from_head's fallback; e.g.
+/// Model::read_logits_row of the step that produced the head).
+using LogitsRowReader = std::function<void(std::vector<float>& row)>;
+
+/// Draws one token under non-greedy `params` without top-k (top_k 0 or >= vocab) from a row's
+/// head: its k best logits (`ids`, `top_logits` [k], largest first, ties to the smaller id, as
+/// Model::forward_top_k returns them) and `log_normalizer` = ln sum_v exp(logit_v / T) of the
+/// whole row at the request's temperature (forward_top_k with inv_temperature = 1 / T). Reads
+/// the whole row through `read_row` only when the head does not determine the draw. The draw is
+/// a function of the one uniform `u` in [0, 1), always from the exact distribution of
+/// sampling_distribution:
+/// - top_p < 1: with q_j = exp(v_j / T - log_normalizer), if q_0 + ... + q_{m-1} reaches top_p
+///   (of the row's mass 1) for some m <= k, the nucleus is those m tokens: the token at u over
+///   their weights, in rank order. Otherwise (or when a cumulative mass lies within 1e-6 of
+///   top_p, where float rounding could move the cut) the whole row: categorical_at(
+///   sampling_distribution(row), u).
+/// - top_p == 1 (temperature alone): the token whose interval holds u, the intervals (each a
+///   token's softmax(logits / T) mass) laid out with the k best first in rank order, then every
+///   other token in id order. The head settles u < C_k = q_0 + ... + q_{k-1}; u in the tail
+///   (u >= C_k: probability 1 - C_k) or within 1e-8 of an interval's end (rounding; also C_k
+///   above 1) reads the whole row and walks the same intervals with weights in double from it,
+///   so a tail draw is from the tail renormalised (u rescaled (u - C_k) / (1 - C_k), in effect).
+/// `*read_whole_row` (when given) tells whether the row was read. A non-finite largest logit or
+/// normaliser always reads the row (whatever sampling_distribution makes of it). Throws
+/// InvalidArgument for k outside [1, vocab], greedy params, top_k in [1, vocab), an id outside
+/// [0, vocab), NaN or increasing top_logits, a log_normalizer below top_logits[0] / T (not the
+/// row's at this temperature), u outside [0, 1), a row of another size than vocab; what
+/// sampling_distribution throws for the row (NaN logits: Error).
+int sample_from_head(const int32_t* ids, const float* top_logits, int k, double log_normalizer, int vocab,
+                     const SamplingParams& params, double u, const LogitsRowReader& read_row,
+                     bool* read_whole_row = nullptr);
+
+/// sample_from_head of row `row` of `top` (Model::forward_top_k's output with the log-normalizer
+/// at top.inv_temperature, which must be 1 / params.temperature: InvalidArgument otherwise, or
+/// when it holds no log-normalizer or no row `row`), with u = rng.uniform() (one draw).
+int sample_from_head(const TopKLogits& top, int row, int vocab, const SamplingParams& params, Rng& rng,
+                     const LogitsRowReader& read_row, bool* read_whole_row = nullptr);
 
 }  // namespace swiftspec

@@ -40,13 +40,20 @@ std::vector<int32_t> top_k_indices(const float* values, int n, int k) {
   return best;
 }
 
-double log_normalizer(const float* values, int n) {
+double log_normalizer(const float* values, int n, double inv_temperature) {
   float mx = -std::numeric_limits<float>::infinity();
   for (int i = 0; i < n; ++i) mx = std::max(mx, values[i]);
   if (mx == -std::numeric_limits<float>::infinity()) return -std::numeric_limits<double>::infinity();
   double sum = 0.0;
-  for (int i = 0; i < n; ++i) sum += std::exp(static_cast<double>(values[i]) - mx);
-  return mx + std::log(sum);
+  // (x * 1.0 is exact: at inv_temperature 1 this is m + ln sum exp(v - m), as it always was)
+  for (int i = 0; i < n; ++i) sum += std::exp((static_cast<double>(values[i]) - mx) * inv_temperature);
+  return static_cast<double>(mx) * inv_temperature + std::log(sum);
+}
+
+void check_inv_temperature(double inv_temperature, const char* who) {
+  if (!(inv_temperature > 0.0) || std::isinf(inv_temperature))
+    throw InvalidArgument(std::string(who) + ": inv_temperature must be a finite number > 0, got " +
+                          std::to_string(inv_temperature));
 }
 
 void check_top_k(int k, int vocab, const char* who) {
@@ -56,9 +63,11 @@ void check_top_k(int k, int vocab, const char* who) {
 }
 
 void select_top_k_logits(const float* logits, int rows, int vocab, int k, bool with_log_normalizer,
-                         TopKLogits& out) {
+                         TopKLogits& out, double inv_temperature) {
   check_top_k(k, vocab, "top-k logits");
+  check_inv_temperature(inv_temperature, "top-k logits");
   out.k = k;
+  out.inv_temperature = inv_temperature;
   out.ids.clear();
   out.logits.clear();
   out.log_normalizer.clear();
@@ -70,16 +79,50 @@ void select_top_k_logits(const float* logits, int rows, int vocab, int k, bool w
       out.ids.push_back(t);
       out.logits.push_back(row[t]);
     }
-    if (with_log_normalizer) out.log_normalizer.push_back(log_normalizer(row, vocab));
+    if (with_log_normalizer) out.log_normalizer.push_back(log_normalizer(row, vocab, inv_temperature));
   }
 }
 
-void Model::forward_top_k(const ForwardBatch& batch, int k, bool with_log_normalizer, TopKLogits& out) {
+void Model::forward(const ForwardBatch& batch, std::vector<float>& logits) {
+  forget_kept_logits();
+  run_forward(batch, logits);
+}
+
+void Model::forward_top_k(const ForwardBatch& batch, int k, bool with_log_normalizer, TopKLogits& out,
+                          double inv_temperature) {
   const int vocab = config().vocab_size;
   check_top_k(k, vocab, "forward_top_k");  // before the pass: a bad k must not advance the KV cache
-  std::vector<float> logits;
-  forward(batch, logits);
-  select_top_k_logits(logits.data(), static_cast<int>(logits.size() / vocab), vocab, k, with_log_normalizer, out);
+  check_inv_temperature(inv_temperature, "forward_top_k");
+  forward(batch, kept_logits_);  // forgets the previous pass's rows first
+  select_top_k_logits(kept_logits_.data(), static_cast<int>(kept_logits_.size() / vocab), vocab, k,
+                      with_log_normalizer, out, inv_temperature);
+  // (as the CUDA backend, which writes no logits for a lone arg-max)
+  if (k == 1 && !with_log_normalizer) {
+    forget_kept_logits();
+    kept_state_ = KeptState::NoneKept;
+    return;
+  }
+  kept_rows_ = static_cast<int>(kept_logits_.size() / vocab);
+  kept_state_ = KeptState::Kept;
+}
+
+void Model::read_logits_row(int row, std::vector<float>& out) {
+  switch (kept_state_) {
+    case KeptState::NeverRan:
+      throw InvalidArgument("read_logits_row: no forward_top_k has run on this model yet");
+    case KeptState::Forgotten:
+      throw InvalidArgument("read_logits_row: a later pass of this model replaced the logits of its last forward_top_k");
+    case KeptState::NoneKept:
+      throw InvalidArgument("read_logits_row: the last forward_top_k (k = 1 without log-normalizer) kept no logits");
+    case KeptState::Kept:
+      break;
+  }
+  if (row < 0 || row >= kept_rows_)
+    throw InvalidArgument("read_logits_row: row " + std::to_string(row) + " is outside [0, rows=" +
+                          std::to_string(kept_rows_) + ") of the last forward_top_k");
+  const size_t vocab = static_cast<size_t>(config().vocab_size);
+  const float* src = kept_logits_.data() + static_cast<size_t>(row) * vocab;
+  out.assign(src, src + vocab);
 }
 
 }  // namespace swiftspec

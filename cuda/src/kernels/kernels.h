@@ -89,7 +89,7 @@ constexpr int kTopKSegments = kTopKSortSegments;
 struct TopKRow {
   int ids[kTopKMax];        ///< the k best ids, largest logit first, ties to the smaller id
   float values[kTopKMax];   ///< their logits, bit-identical to the logits buffer
-  double log_normalizer;    ///< ln sum_v exp(logit_v) (0 when not asked for)
+  double log_normalizer;    ///< ln sum_v exp(logit_v * inv_temperature) (0 when not asked for)
   int nan;                  ///< 1 when the row holds a NaN (ids / values are then meaningless)
   int pad;
 };
@@ -104,12 +104,16 @@ struct TopKScratch {
 /// Whether launch_logits_top_k takes k for a vocabulary of `vocab` (otherwise select on the host).
 bool logits_top_k_supported(int k, int vocab);
 
-/// out[r] = the top-k and log-normalizer (when asked) of logits row r, r < rows, of fp32
-/// `logits` [rows][vocab]. Deterministic. Throws InvalidArgument unless 1 <= rows <=
-/// kMaxStepTokens, 1 <= k <= kTopKMax and vocab >= kTopKMinVocab (and, for k > kTopKListMax,
-/// vocab <= kTopKSortSegments * kTopKSortKeys = 262144).
+/// out[r] = the top-k and log-normalizer (when asked; at `inv_temperature`: ln sum exp(x / T)
+/// for inv_temperature = 1 / T) of logits row r, r < rows, of fp32 `logits` [rows][vocab].
+/// Deterministic; inv_temperature = 1 is bit-identical to the normaliser without the argument
+/// (x * 1.0 is exact), and the selection never depends on it. Throws InvalidArgument unless
+/// 1 <= rows <= kMaxStepTokens, 1 <= k <= kTopKMax and vocab >= kTopKMinVocab (and, for
+/// k > kTopKListMax, vocab <= kTopKSortSegments * kTopKSortKeys = 262144), or for an
+/// inv_temperature that is not finite and > 0.
 void launch_logits_top_k(const float* logits, int rows, int vocab, int k, bool with_log_normalizer,
-                         const TopKScratch& scratch, TopKRow* out, cudaStream_t stream);
+                         const TopKScratch& scratch, TopKRow* out, cudaStream_t stream,
+                         double inv_temperature = 1.0);
 
 // ---------------------------------------------------------------------------
 // kv_cache.cu

@@ -8,6 +8,10 @@
 //     in a second sweep over the same (L1-resident) segment;
 //   pass 2, one warp per row: the segments' keys merged in k rounds of a warp max, and their
 //     (m, sum) pairs combined in segment order: ln Z = M + ln sum_s sum_s * exp(m_s - M).
+// The normaliser is at an inverse temperature b (1 / T; 1 by default): every exp(x - m) above
+// is exp((x - m) * b) and ln Z_b = M * b + ln sum_s sum_s * exp((m_s - M) * b) (the maxima stay
+// those of the raw logits: b > 0 keeps the order). At b = 1 each product is exact, so the result
+// is bit-identical to the normaliser before b existed; the k selection never reads b.
 // Keys are argmax_key()s (common.h): larger value first, ties to the smaller id, exactly the
 // host's top_k_indices order; the values returned are re-read from the logits, so they are
 // bit-identical to what forward() copies out. A NaN anywhere in a row sets its `nan` flag.
@@ -39,8 +43,9 @@ __device__ __forceinline__ double warp_sum_f64(double v) {
 }
 
 // Sweep 2 of a segment, shared by both pass-1 kernels: its max m (from the threads' maxima `mx`)
-// and the sum of exp(x - m) in double, reduced in a fixed order, into *out.
-__device__ void segment_lse_partial(const float* __restrict__ x, int begin, int end, float mx, double2* out) {
+// and the sum of exp((x - m) * inv_t) in double, reduced in a fixed order, into *out.
+__device__ void segment_lse_partial(const float* __restrict__ x, int begin, int end, float mx, double inv_t,
+                                    double2* out) {
   __shared__ float warp_mx[kTopKThreads / 32];
   __shared__ double warp_sum[kTopKThreads / 32];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -55,7 +60,7 @@ __device__ void segment_lse_partial(const float* __restrict__ x, int begin, int 
   if (m != -INFINITY) {
     for (int i = begin + tid; i < end; i += kTopKThreads) {
       const float v = x[i];
-      if (v == v) sum += exp(static_cast<double>(v) - static_cast<double>(m));
+      if (v == v) sum += exp((static_cast<double>(v) - static_cast<double>(m)) * inv_t);
     }
   }
   sum = warp_sum_f64(sum);
@@ -71,7 +76,7 @@ __device__ void segment_lse_partial(const float* __restrict__ x, int begin, int 
 // Pass 1 for k <= kTopKListMax: kTopKListSegments CTAs per row; per-thread k-best lists in
 // registers merged in k rounds of a block max.
 __global__ void __launch_bounds__(kTopKThreads) top_k_lists_kernel(const float* __restrict__ logits, int vocab,
-                                                                   int k, int with_lse,
+                                                                   int k, int with_lse, double inv_t,
                                                                    unsigned long long* __restrict__ part_keys,
                                                                    double2* __restrict__ part_ms,
                                                                    int* __restrict__ part_nan) {
@@ -130,7 +135,7 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_lists_kernel(const float* 
     if (tid == 0) out_keys[r] = top;
   }
   if (tid == 0) part_nan[row * S + seg] = nan;
-  if (with_lse) segment_lse_partial(x, begin, end, mx, &part_ms[row * S + seg]);
+  if (with_lse) segment_lse_partial(x, begin, end, mx, inv_t, &part_ms[row * S + seg]);
 }
 
 // Descending bitonic sort of `n` (a power of two) keys in shared memory by the whole CTA.
@@ -155,7 +160,7 @@ __device__ void bitonic_sort_desc(unsigned long long* s, int n) {
 // Pass 1 for kTopKListMax < k <= kTopKMax: kTopKSortSegments CTAs per row, each sorts its
 // segment's keys (<= kTopKSortKeys) in shared memory and keeps the first k.
 __global__ void __launch_bounds__(kTopKThreads) top_k_sort_kernel(const float* __restrict__ logits, int vocab, int k,
-                                                                  int with_lse,
+                                                                  int with_lse, double inv_t,
                                                                   unsigned long long* __restrict__ part_keys,
                                                                   double2* __restrict__ part_ms,
                                                                   int* __restrict__ part_nan) {
@@ -186,11 +191,11 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_sort_kernel(const float* _
   unsigned long long* out_keys = part_keys + (static_cast<size_t>(row) * S + seg) * kTopKMax;
   for (int r = tid; r < k; r += kTopKThreads) out_keys[r] = keys[r];
   if (tid == 0) part_nan[row * S + seg] = nan;
-  if (with_lse) segment_lse_partial(x, begin, end, mx, &part_ms[row * S + seg]);
+  if (with_lse) segment_lse_partial(x, begin, end, mx, inv_t, &part_ms[row * S + seg]);
 }
 
 // The row's NaN flag and log-normalizer from its `segments` partials, in segment order.
-__device__ void finish_row(int row, int segments, int with_lse, const double2* __restrict__ part_ms,
+__device__ void finish_row(int row, int segments, int with_lse, double inv_t, const double2* __restrict__ part_ms,
                            const int* __restrict__ part_nan, TopKRow& o) {
   int nan = 0;
   for (int s = 0; s < segments; ++s) nan |= part_nan[row * segments + s];
@@ -205,15 +210,15 @@ __device__ void finish_row(int row, int segments, int with_lse, const double2* _
     } else {
       double total = 0.0;
       for (int s = 0; s < segments; ++s)
-        if (ms[s].x != -INFINITY) total += ms[s].y * exp(ms[s].x - M);
-      lse = M + log(total);
+        if (ms[s].x != -INFINITY) total += ms[s].y * exp((ms[s].x - M) * inv_t);
+      lse = M * inv_t + log(total);
     }
   }
   o.log_normalizer = lse;
 }
 
 // Pass 2 after top_k_lists_kernel: one warp per row, k rounds of a warp max over the segments' keys.
-__global__ void top_k_merge_lists_kernel(const float* __restrict__ logits, int vocab, int k, int with_lse,
+__global__ void top_k_merge_lists_kernel(const float* __restrict__ logits, int vocab, int k, int with_lse, double inv_t,
                                          const unsigned long long* __restrict__ part_keys,
                                          const double2* __restrict__ part_ms, const int* __restrict__ part_nan,
                                          TopKRow* __restrict__ out) {
@@ -239,12 +244,13 @@ __global__ void top_k_merge_lists_kernel(const float* __restrict__ logits, int v
       o.values[r] = logits[static_cast<size_t>(row) * vocab + id];
     }
   }
-  if (lane == 0) finish_row(row, S, with_lse, part_ms, part_nan, o);
+  if (lane == 0) finish_row(row, S, with_lse, inv_t, part_ms, part_nan, o);
 }
 
 // Pass 2 after top_k_sort_kernel: one CTA per row sorts the segments' k best (<= kTopKSortKeys).
 __global__ void __launch_bounds__(kTopKThreads) top_k_merge_sorted_kernel(
-    const float* __restrict__ logits, int vocab, int k, int with_lse, const unsigned long long* __restrict__ part_keys,
+    const float* __restrict__ logits, int vocab, int k, int with_lse, double inv_t,
+    const unsigned long long* __restrict__ part_keys,
     const double2* __restrict__ part_ms, const int* __restrict__ part_nan, TopKRow* __restrict__ out) {
   __shared__ unsigned long long keys[kTopKSortKeys];
   constexpr int S = kTopKSortSegments;
@@ -261,7 +267,7 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_merge_sorted_kernel(
     o.ids[r] = id;
     o.values[r] = logits[static_cast<size_t>(row) * vocab + id];
   }
-  if (tid == 0) finish_row(row, S, with_lse, part_ms, part_nan, o);
+  if (tid == 0) finish_row(row, S, with_lse, inv_t, part_ms, part_nan, o);
 }
 
 }  // namespace
@@ -272,27 +278,31 @@ bool logits_top_k_supported(int k, int vocab) {
 }
 
 void launch_logits_top_k(const float* logits, int rows, int vocab, int k, bool with_log_normalizer,
-                         const TopKScratch& scratch, TopKRow* out, cudaStream_t stream) {
+                         const TopKScratch& scratch, TopKRow* out, cudaStream_t stream, double inv_temperature) {
   if (rows < 1 || rows > kMaxStepTokens || !logits_top_k_supported(k, vocab))
     throw InvalidArgument("launch_logits_top_k: rows " + std::to_string(rows) + " (1.." +
                           std::to_string(kMaxStepTokens) + "), k " + std::to_string(k) + " (1.." +
                           std::to_string(kTopKMax) + "), vocab " + std::to_string(vocab) + " (>= " +
                           std::to_string(kTopKMinVocab) + "; <= " + std::to_string(kTopKSortSegments * kTopKSortKeys) +
                           " for k > " + std::to_string(kTopKListMax) + ")");
+  if (!(inv_temperature > 0.0) || std::isinf(inv_temperature))
+    throw InvalidArgument("launch_logits_top_k: inv_temperature must be a finite number > 0, got " +
+                          std::to_string(inv_temperature));
   const int lse = with_log_normalizer ? 1 : 0;
+  const double b = inv_temperature;
   if (k <= kTopKListMax) {
     top_k_lists_kernel<<<dim3(kTopKListSegments, rows), kTopKThreads, 0, stream>>>(
-        logits, vocab, k, lse, scratch.part_keys, scratch.part_ms, scratch.part_nan);
+        logits, vocab, k, lse, b, scratch.part_keys, scratch.part_ms, scratch.part_nan);
     SS_CUDA_CHECK_LAUNCH("top_k_lists_kernel");
-    top_k_merge_lists_kernel<<<rows, 32, 0, stream>>>(logits, vocab, k, lse, scratch.part_keys, scratch.part_ms,
+    top_k_merge_lists_kernel<<<rows, 32, 0, stream>>>(logits, vocab, k, lse, b, scratch.part_keys, scratch.part_ms,
                                                       scratch.part_nan, out);
     SS_CUDA_CHECK_LAUNCH("top_k_merge_lists_kernel");
     return;
   }
   top_k_sort_kernel<<<dim3(kTopKSortSegments, rows), kTopKThreads, 0, stream>>>(
-      logits, vocab, k, lse, scratch.part_keys, scratch.part_ms, scratch.part_nan);
+      logits, vocab, k, lse, b, scratch.part_keys, scratch.part_ms, scratch.part_nan);
   SS_CUDA_CHECK_LAUNCH("top_k_sort_kernel");
-  top_k_merge_sorted_kernel<<<rows, kTopKThreads, 0, stream>>>(logits, vocab, k, lse, scratch.part_keys,
+  top_k_merge_sorted_kernel<<<rows, kTopKThreads, 0, stream>>>(logits, vocab, k, lse, b, scratch.part_keys,
                                                                scratch.part_ms, scratch.part_nan, out);
   SS_CUDA_CHECK_LAUNCH("top_k_merge_sorted_kernel");
 }

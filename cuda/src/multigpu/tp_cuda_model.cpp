@@ -195,7 +195,7 @@ class TpCudaModel final : public Model {
   std::string backend_name() const override { return "cuda"; }
   int committed_len() const override { return ranks_[0]->committed_len(); }
 
-  void forward(const ForwardBatch& batch, std::vector<float>& logits) override {
+  void run_forward(const ForwardBatch& batch, std::vector<float>& logits) override {
     // Rank 0's logits are returned; the other ranks run the same layers (and
     // all-reduces) but skip the LM head: every rank would compute the same
     // logits, and GPU time of ranks 1..N-1 may be shared with a draft.
