@@ -41,6 +41,14 @@ VerificationResult TreeVerifier::verify(const TokenTree& tree, const NodeDistrib
                               sampling_.top_k < vocab &&
                               std::none_of(tree.nodes().begin(), tree.nodes().end(),
                                            [](const TreeNode& nd) { return !nd.draws.empty(); });
+  // Temperature / top-p alone on such a tree: each visited node's token is drawn by sample_from_head, the
+  // map of one uniform that target-only decoding uses, so speculation emits the same tokens for a seed.
+  // (Its head is selected here on the host from the whole rows: on the CUDA backend a tree of more than
+  // 64 rows runs in pieces whose earlier rows Model::read_logits_row cannot return.)
+  const bool head_sampling = !sampling_.greedy() && bias_ == VerifierBias::None &&
+                             (sampling_.top_k == 0 || sampling_.top_k >= vocab) &&
+                             std::none_of(tree.nodes().begin(), tree.nodes().end(),
+                                          [](const TreeNode& nd) { return !nd.draws.empty(); });
   const int k = greedy ? 1 : sampling_.top_k;  // top_k < vocab when it is used
   const double t0 = now_s();
   const int row0 = greedy || top_k_sampling
@@ -56,6 +64,15 @@ VerificationResult TreeVerifier::verify(const TokenTree& tree, const NodeDistrib
     r = verify_by_target_sampling(tree, [&](int u) {
       const size_t e = static_cast<size_t>(u) * top_.k;
       return sample_from_top_k(top_.ids.data() + e, top_.logits.data() + e, top_.k, sampling_, rng);
+    });
+  } else if (head_sampling) {
+    const int head_k = std::min(kSampleHeadK, vocab);
+    const double inv_t = 1.0 / sampling_.temperature;
+    r = verify_by_target_sampling(tree, [&](int u) {
+      const float* row = logits_.data() + static_cast<size_t>(u) * vocab;
+      select_top_k_logits(row, 1, vocab, head_k, true, top_, inv_t);
+      return sample_from_head(top_, 0, vocab, sampling_, rng,
+                              [&](std::vector<float>& whole) { whole.assign(row, row + vocab); });
     });
   } else {
     LazyDistributions target(logits_.data(), n, vocab, sampling_);
