@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from swiftspec.bench.api import merge_bench, merge_documents
+from swiftspec.bench.api import merge_bench, merge_documents, read_part
 from swiftspec.bench.config import BenchConfigError, parse_config
 from swiftspec.bench.report import build_document, write_json
 from swiftspec.bench.runner import PromptItem, configs_block, make_row
@@ -56,8 +56,10 @@ def _machine(gpus=("NVIDIA H200",)) -> dict:
 
 
 def _doc(configs, datasets, *, rows=None, max_new=NEW, created="2026-11-30T10:00:00Z", wall=60.0, machine=None,
-         command="swiftspec bench", hf_threads=None) -> dict:
-    """A run's document, as run_bench builds it (made-up measurements)."""
+         command="swiftspec bench", hf_threads=None, sampling=None) -> dict:
+    """A run's document, as run_bench builds it (made-up measurements). ``sampling``: a sampled
+    run's sampling block; without it the settings have no sampling block (as before sampled
+    decoding existed)."""
     parsed = [parse_config(c, "cuda") for c in configs]
     if rows is None:
         rows = [_row(ds, i, c) for ds in datasets for i in range(PROMPTS) for c in configs]
@@ -67,7 +69,9 @@ def _doc(configs, datasets, *, rows=None, max_new=NEW, created="2026-11-30T10:00
         "dtype": "bfloat16", "threads": 0, "warmup": 1, "target": "tgt", "draft": "drf",
         "target_checkpoint": "/nonexistent/tgt", "draft_checkpoint": "/nonexistent/drf",
         "max_context": 4096 if any(c.engine == "swiftspec" for c in parsed) else None, "hf": hf,
-        "prompt_format": "chat", "decoding": "greedy"}
+        "prompt_format": "chat", "decoding": "sampled" if sampling else "greedy"}
+    if sampling:
+        settings["sampling"] = dict(sampling)
     doc = build_document(created=created, command=command,
                          commit={"sha": "abc", "short": "abc", "branch": "main", "dirty": False, "dirty_files": []},
                          machine=machine or _machine(), settings=settings,
@@ -312,3 +316,63 @@ def test_megakernel_target_differences_are_implementation_not_lossless(tmp_path)
     assert "swiftspec speculation vs swiftspec target-only (must be identical): 1 divergence(s)" in text
     assert "target:mk (decode megakernel) vs swiftspec target-only" in text and "order: near-ties may resolve " \
         "the other way): 1 divergence(s)" in text
+
+
+# ------------------------------------------------------------------ sampled decoding
+SAMPLED = {"temperature": 0.7, "top_p": 0.95, "top_k": 0, "seed": 3}
+
+
+def _differing_spec_rows():
+    """serial:tree16 rows that differ from target-only on one request (a lossless divergence
+    under greedy decoding; expected under sampled decoding)."""
+    bad = _tokens("humaneval", 1, "serial:tree16")
+    bad[2] = 5
+    return [_row(ds, i, "serial:tree16", bad if (ds, i) == ("humaneval", 1) else None)
+            for ds in DATASETS for i in range(PROMPTS)]
+
+
+def test_merge_of_sampled_parts_compares_no_outputs_and_exits_0(tmp_path, capsys):
+    """The parts of test_cli_merge_exits_1_on_a_lossless_divergence, sampled: speedups across
+    the parts as under greedy decoding, no output compared per request, exit 0, and bench.md says
+    why."""
+    a = _write(tmp_path / "a", _doc(["target"], DATASETS, sampling=SAMPLED))
+    b = _write(tmp_path / "b", _doc(["serial:tree16"], DATASETS, rows=_differing_spec_rows(), sampling=SAMPLED))
+    out = tmp_path / "m"
+    rc, cap = _cli(["--merge", f"{a},{b}", "--out", str(out), "--no-plots"], capsys)
+    assert rc == 0, cap.err
+    doc = json.loads((out / "bench.json").read_text())
+    validate(doc)
+    assert consistency_problems(doc) == []
+    assert doc["settings"]["decoding"] == "sampled" and doc["settings"]["sampling"] == SAMPLED
+    assert doc["divergences"] == []
+    spec = [r for r in doc["requests"] if r["config"] == "serial:tree16"]
+    assert [r["matches_reference"] for r in spec] == [None] * 4
+    assert [r["speedup"] for r in spec] == pytest.approx([2.0] * 4)  # TPOT 0.1 s / 0.05 s, across the parts
+    assert all(a["outputs_checked"] == 0 for a in doc["aggregates"])
+    md = (out / "bench.md").read_text()
+    assert "- decoding: sampled (temperature 0.7, top-p 0.95, top-k off, seed 3 + prompt index)" in md
+    assert "- not made: sampled decoding: outputs are compared in distribution by tests, not per request" in md
+    assert "outputs equal" not in md and "divergence(s)" not in md
+    doc["requests"][1]["matches_reference"] = False  # a sampled document claiming a per-request check
+    assert consistency_problems(doc) == ["sampled decoding, yet outputs were compared per request (1 rows with "
+                                         "matches_reference, 0 checked, 0 divergences)"]
+
+
+def test_merge_refuses_a_sampled_and_a_greedy_part(tmp_path):
+    a = _write(tmp_path / "a", _doc(["target"], DATASETS))  # greedy, no sampling block (an older document)
+    b = _write(tmp_path / "b", _doc(["serial:tree16"], DATASETS, sampling=SAMPLED))
+    with pytest.raises(BenchConfigError) as e:
+        merge_bench([a, b], tmp_path / "out", plots=False)
+    assert str(e.value) == (f"--merge: the parts disagree on decoding: 'greedy' in {a}, 'sampled' in {b}; "
+                            "merge only runs with the same decoding")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("field,other", [("temperature", 1.0), ("top_p", 1.0), ("top_k", 20), ("seed", 4)])
+def test_merge_refuses_parts_of_other_sampling_settings(tmp_path, field, other):
+    a = _write(tmp_path / "a", _doc(["target"], DATASETS, sampling=SAMPLED))
+    b = _write(tmp_path / "b", _doc(["serial:tree16"], DATASETS, sampling={**SAMPLED, field: other}))
+    with pytest.raises(BenchConfigError) as e:
+        merge_documents([(a, read_part(a)), (b, read_part(b))], command="merge")
+    assert str(e.value) == (f"--merge: the parts disagree on sampling.{field}: {SAMPLED[field]!r} in {a}, "
+                            f"{other!r} in {b}; merge only runs with the same sampling.{field}")

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from swiftspec.bench import machine as mach
-from swiftspec.bench.config import BenchConfigError, parse_config_list
+from swiftspec.bench.config import BenchConfigError, check_sampling, parse_config_list
 from swiftspec.bench.report import build_document, markdown, write_json
 from swiftspec.bench.runner import BenchSettings, Runner, load_prompts
 from swiftspec.bench.schema import consistency_problems, validate
@@ -21,7 +21,8 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
               draft: str | None = None, dtype: str = "bfloat16", threads: int = 0, hf_threads: int = 0,
               warmup: int = 1, max_context: int | None = None, out_dir: str | Path | None = None,
               progress: bool = True, skip_unavailable: bool = False, plots: bool = True,
-              command: str | None = None, log=None, resume: bool = False) -> dict:
+              command: str | None = None, log=None, resume: bool = False, temperature: float = 0.0,
+              top_p: float = 1.0, top_k: int = 0, seed: int = 0) -> dict:
     """Runs a benchmark and returns its result document (see :mod:`swiftspec.bench.schema`).
 
     Args:
@@ -43,9 +44,17 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
         command: the command line to record (default: this process's argv).
         resume: continue an interrupted run in ``out_dir`` (same settings): its measured
             requests are kept, the missing ones measured.
+        temperature, top_p, top_k, seed: decoding. temperature 0 (default): greedy, and the
+            output checks compare speculative outputs with target-only ones token for token.
+            temperature > 0: every configuration samples (top_p 1 / top_k 0: no nucleus / top-k
+            filter), the request of prompt index i with seed ``seed + i``, so runs are
+            reproducible; swiftspec's speculative modes run lossless speculative sampling, the HF
+            peers ``do_sample=True``. Outputs are then not compared per request
+            (:data:`swiftspec.bench.report.SAMPLED_NOT_CHECKED`). top_p, top_k or seed other
+            than their defaults under temperature 0 is an error (they would have no effect).
 
     Raises:
-        BenchConfigError: bad arguments (named in the message).
+        BenchConfigError: bad arguments (named in the message; :func:`swiftspec.bench.config.check_sampling`).
         ConfigUnavailable: a configuration the runtime rejects, unless ``skip_unavailable``.
         BenchResultError: the document fails validation (never expected; a harness bug).
         SwiftspecError: model or data set loading failures.
@@ -63,6 +72,7 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
             raise BenchConfigError(f"{name} must be an integer >= {low}, got {value!r}")
     if dtype not in ("bfloat16", "float32"):
         raise BenchConfigError(f"dtype must be bfloat16 or float32, got {dtype!r}")
+    sampling = check_sampling(temperature, top_p, top_k, seed, num_prompts=num_prompts)
     if not datasets:
         raise BenchConfigError("no data sets given")
     config_list = parse_config_list(configs, backend, peers)
@@ -73,7 +83,7 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
     settings = BenchSettings(datasets=list(datasets), num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                              backend=backend, dtype=dtype, threads=threads, hf_threads=hf_threads,
                              warmup=warmup, target=str(target), draft=str(draft) if draft else None,
-                             max_context=max_context)
+                             max_context=max_context, sampling=sampling)
     items = load_prompts(settings.datasets, num_prompts, progress=progress)
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
@@ -97,7 +107,8 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
         "hf": ({b: peer.settings() for b, peer in runner.hf.items()} if runner.hf else None),
         "prompt_format": "chat template of the target; MT-Bench first turns; HumanEval wrapped by "
                          "swiftspec.datasets.prompt_messages",
-        "decoding": "greedy",
+        "decoding": "sampled" if sampling else "greedy",
+        "sampling": sampling,
     }
     tok = runner.tokenizer
     doc = build_document(
@@ -157,8 +168,22 @@ def _check_and_write(doc: dict, out: Path | None, plots: bool) -> None:
 #: Settings the parts of a merge must share for their rows to be comparable (None: not recorded
 #: there, e.g. ``max_context`` of a run without a swiftspec engine, ``draft`` of a run without one).
 #: ``backend`` is among them because configuration names without ``@backend`` mean the run's backend.
-MERGE_AGREE = ("num_prompts", "max_new_tokens", "dtype", "backend", "target", "draft", "max_context", "decoding")
-_OPTIONAL_AGREE = ("draft", "max_context", "decoding")
+#: ``decoding`` ("greedy" where a document predates the field) and each ``sampling.*`` field (None
+#: under greedy decoding): a sampled part's rows are not comparable with a greedy part's, nor with
+#: those of another temperature, top-p, top-k or seed.
+MERGE_AGREE = ("num_prompts", "max_new_tokens", "dtype", "backend", "target", "draft", "max_context", "decoding",
+               "sampling.temperature", "sampling.top_p", "sampling.top_k", "sampling.seed")
+_OPTIONAL_AGREE = ("draft", "max_context")
+
+
+def _recorded(settings: dict, key: str):
+    """A merge-relevant setting of a part: ``decoding`` defaults to "greedy" (documents older than
+    sampled decoding); ``sampling.X`` is X of the sampling block (None when there is none)."""
+    if key == "decoding":
+        return settings.get("decoding") or "greedy"
+    if key.startswith("sampling."):
+        return (settings.get("sampling") or {}).get(key.split(".", 1)[1])
+    return settings.get(key)
 
 
 def read_part(folder: str | Path) -> dict:
@@ -287,7 +312,7 @@ def merge_documents(parts: list[tuple[str | Path, dict]], *, command: str, creat
     for key in MERGE_AGREE:
         owner = None
         for folder, doc in zip(folders, docs):
-            value = doc["settings"].get(key)
+            value = _recorded(doc["settings"], key)
             if value is None and key in _OPTIONAL_AGREE:
                 continue
             if owner is None:
@@ -296,7 +321,7 @@ def merge_documents(parts: list[tuple[str | Path, dict]], *, command: str, creat
                 raise BenchConfigError(f"--merge: the parts disagree on {key}: {agreed[key]!r} in {owner}, "
                                        f"{value!r} in {folder}; merge only runs with the same {key}")
         if owner is None:
-            agreed[key] = first.get(key)
+            agreed[key] = _recorded(first, key)
     ident0 = _machine_identity(docs[0]["machine"])
     for folder, doc in zip(folders[1:], docs[1:]):
         ident = _machine_identity(doc["machine"])
@@ -368,7 +393,8 @@ def merge_documents(parts: list[tuple[str | Path, dict]], *, command: str, creat
     rows.sort(key=lambda r: (ds_order[r["dataset"]], r["prompt_index"], cfg_order[r["config"]]))
 
     settings = {k: copy.deepcopy(v) for k, v in first.items() if k != "consistency_problems"}
-    settings.update({k: v for k, v in agreed.items() if v is not None or k in first})
+    settings.update({k: v for k, v in agreed.items() if "." not in k and (v is not None or k in first)})
+    settings["sampling"] = copy.deepcopy(first.get("sampling"))  # agreed field by field above
     settings["datasets"] = datasets
     for key in ("target_checkpoint", "draft_checkpoint"):
         settings[key] = next((d["settings"][key] for d in docs if d["settings"].get(key)), first.get(key))

@@ -380,3 +380,74 @@ def parse_config_list(text: str, default_backend: str = "cpu", peers: str | None
     for c in configs:
         unique.setdefault(c.name, c)
     return list(unique.values())
+
+
+#: The largest seed a request takes (the runtime's and torch.manual_seed's are 64-bit unsigned).
+SEED_MAX = 2**64 - 1
+_FLOAT32_MAX = 3.4028234663852886e38  # the runtime samples in float32
+#: The sampling options with their greedy (no-effect) values, in the order messages name them.
+SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0}
+
+
+def check_sampling(temperature=0.0, top_p=1.0, top_k=0, seed=0, *, num_prompts: int = 1,
+                   names: dict[str, str] | None = None, given: list[str] | None = None) -> dict | None:
+    """Validates the decoding settings of a run; returns its ``settings.sampling`` block
+    ``{"temperature", "top_p", "top_k", "seed"}``, or None for greedy decoding (temperature 0).
+
+    Request ``i`` of a data set samples with seed ``seed + i`` (``i`` the prompt index), so
+    ``seed + num_prompts - 1`` must fit in 64 bits.
+
+    Args:
+        names: how messages name each option (default the field names; the CLI passes its flags).
+        given: the sampling options the caller set explicitly (the CLI: flags on the command line);
+            default: those whose value differs from greedy decoding's (``SAMPLING_DEFAULTS``).
+
+    Raises:
+        BenchConfigError: (one line naming the option and the value) temperature negative, NaN,
+            infinite or beyond float32; top_p outside (0, 1]; top_k or seed negative or not an
+            integer; seed + prompt index beyond 64 bits; top_p / top_k / seed given under greedy
+            decoding (temperature 0), where they have no effect.
+    """
+    names = {k: k for k in SAMPLING_DEFAULTS} | dict(names or {})
+
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    def integer(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not number(temperature) or not (0 <= temperature <= _FLOAT32_MAX):  # NaN and inf fail too
+        raise BenchConfigError(f"{names['temperature']} must be a finite number >= 0 (0: greedy decoding), "
+                               f"got {temperature!r}")
+    if not number(top_p) or not (0 < top_p <= 1):
+        raise BenchConfigError(f"{names['top_p']} must be a number in (0, 1] (1: off), got {top_p!r}")
+    if not integer(top_k) or top_k < 0:
+        raise BenchConfigError(f"{names['top_k']} must be an integer >= 0 (0: off), got {top_k!r}")
+    if not integer(seed) or seed < 0:
+        raise BenchConfigError(f"{names['seed']} must be an integer >= 0, got {seed!r}")
+    if seed + max(1, num_prompts) - 1 > SEED_MAX:
+        raise BenchConfigError(f"{names['seed']} must be at most {SEED_MAX - max(1, num_prompts) + 1} (request i of "
+                               f"a data set samples with seed + i, a 64-bit seed), got {seed}")
+    values = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
+    if temperature == 0:
+        if given is None:
+            given = [k for k in ("top_p", "top_k", "seed") if values[k] != SAMPLING_DEFAULTS[k]]
+        given = [k for k in ("top_p", "top_k", "seed") if k in given]
+        if given:
+            def show(k):
+                return f"{names[k]} {values[k]}" if names[k].startswith("-") else f"{names[k]}={values[k]!r}"
+
+            t = names["temperature"]
+            raise BenchConfigError(
+                f"{', '.join(show(k) for k in given)} {'has' if len(given) == 1 else 'have'} no effect under greedy "
+                f"decoding ({t} 0); give {t} > 0 to sample, or drop {'it' if len(given) == 1 else 'them'}")
+        return None
+    return {"temperature": float(temperature), "top_p": float(top_p), "top_k": int(top_k), "seed": int(seed)}
+
+
+def describe_sampling(sampling: dict | None) -> str:
+    """One phrase for reports: "greedy", or the sampling settings."""
+    if not sampling:
+        return "greedy"
+    return (f"sampled (temperature {sampling['temperature']:g}, top-p {sampling['top_p']:g}, top-k "
+            f"{sampling['top_k'] or 'off'}, seed {sampling['seed']} + prompt index)")

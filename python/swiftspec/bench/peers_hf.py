@@ -1,5 +1,6 @@
 """The Hugging Face transformers peers: target-only ``generate`` and assisted generation
-(``generate(assistant_model=draft)``), greedy, on exactly the prompt ids swiftspec decodes.
+(``generate(assistant_model=draft)``), greedy or sampled, on exactly the prompt ids swiftspec
+decodes.
 
 The models are loaded from the same converted checkpoint folders swiftspec runs (they are
 HF-loadable: config.json + model.safetensors), in the same dtype, so both engines see the same
@@ -12,6 +13,12 @@ for assisted generation), so the timestamps give TTFT, decode time and the numbe
 verification steps with the same definitions as swiftspec (see :mod:`swiftspec.bench.schema`).
 Assisted generation keeps transformers' own defaults for the draft length schedule (what a user
 gets by passing ``assistant_model``); they are recorded in the result's settings.
+
+Sampled decoding (a run's ``sampling`` settings): ``do_sample=True`` with the same temperature,
+top_p and top_k as swiftspec (top_k 0 is passed as 0, which transformers reads as "no top-k
+filter"; None would let the model's generation_config or transformers' default of 50 apply), and
+``torch.manual_seed(seed)`` with the request's seed before each generate. transformers applies
+temperature, then top-k, then top-p, as swiftspec's sampler does.
 """
 
 from __future__ import annotations
@@ -83,13 +90,15 @@ class HFPeer:
         threads: torch intra-op threads during generate (0: torch's current setting); the
             process-wide setting is restored after each request.
         device: "cpu" or "cuda" (the first visible GPU).
+        sampling: None (greedy), or ``{"temperature", "top_p", "top_k", "seed"}`` (the run's
+            settings; each request's seed is passed to :meth:`generate`).
 
     Raises:
         PeerUnavailableError: a package is missing or a model cannot be loaded (names it).
     """
 
     def __init__(self, target_dir: str | Path, draft_dir: str | Path | None, dtype: str = "bfloat16",
-                 threads: int = 0, device: str = "cpu"):
+                 threads: int = 0, device: str = "cpu", sampling: dict | None = None):
         try:
             import torch
             import transformers
@@ -119,6 +128,7 @@ class HFPeer:
         self.versions = {"transformers": transformers.__version__, "torch": torch.__version__}
         # Applied around each generate() and restored after: torch's thread count is process-wide.
         self.threads = threads if threads > 0 else torch.get_num_threads()
+        self.sampling = dict(sampling) if sampling else None
 
     def settings(self) -> dict:
         """What the result file records about the peer."""
@@ -135,15 +145,32 @@ class HFPeer:
                 value = getattr(dgc, key, None)
                 assist[key] = value if value is not None else defaults.get(key)
         gpu = self.torch.cuda.get_device_name(0) if self.device == "cuda" else None
+        sampling = None
+        if self.sampling:
+            sampling = {k: v for k, v in self._sampling_kwargs().items() if k != "do_sample"}
+            sampling = {**sampling,
+                        "seed": f"torch.manual_seed({self.sampling['seed']} + prompt index) before each generate"}
         return {"dtype": self.dtype, "device": self.device, "gpu": gpu, "torch_threads": self.threads,
                 **self.versions,
-                "do_sample": False, "cache_implementation": getattr(gc, "cache_implementation", None),
+                "do_sample": self.sampling is not None, "sampling": sampling,
+                "cache_implementation": getattr(gc, "cache_implementation", None),
                 "assisted": assist or None}
 
+    def _sampling_kwargs(self) -> dict:
+        """generate()'s decoding arguments: greedy, or sampling as swiftspec samples."""
+        if not self.sampling:
+            return dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+        s = self.sampling
+        # top_k 0 (swiftspec: off) stays 0: transformers adds no top-k filter for 0, while None would
+        # take the model's generation_config value or transformers' default (50).
+        return dict(do_sample=True, temperature=float(s["temperature"]), top_p=float(s["top_p"]),
+                    top_k=int(s["top_k"]))
+
     def generate(self, prompt_ids: list[int], max_new_tokens: int, eos_token_ids: list[int],
-                 assisted: bool) -> PeerResult:
-        """Greedy generation of at most ``max_new_tokens`` tokens after ``prompt_ids``, stopping
-        after an EOS id (included in the output, as swiftspec does).
+                 assisted: bool, seed: int = 0) -> PeerResult:
+        """Generation of at most ``max_new_tokens`` tokens after ``prompt_ids``, stopping after an
+        EOS id (included in the output, as swiftspec does): greedy, or sampled (the peer's
+        ``sampling``) after ``torch.manual_seed(seed)``.
 
         Raises:
             PeerUnavailableError: ``assisted`` without a draft model.
@@ -155,8 +182,7 @@ class HFPeer:
         kwargs = dict(
             attention_mask=torch.ones_like(input_ids),
             max_new_tokens=max_new_tokens,
-            do_sample=False,
-            temperature=None, top_p=None, top_k=None,
+            **self._sampling_kwargs(),
             eos_token_id=list(eos_token_ids),
             pad_token_id=eos_token_ids[0],
         )
@@ -165,6 +191,8 @@ class HFPeer:
         previous = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         try:
+            if self.sampling:
+                torch.manual_seed(seed)  # all devices' generators
             t0 = time.perf_counter()
             streamer = _timing_streamer(t0)
             with torch.inference_mode():

@@ -1,8 +1,9 @@
 """Turns measured rows into the result document (JSON), and the document into Markdown.
 
 :func:`build_document` fills in what needs all rows at once: per-request speedups against the
-baseline configuration, the token-for-token output checks and their divergences, and the
-aggregates (mean, p50, p95, min, max per data set and configuration, plus data set "all").
+baseline configuration, the token-for-token output checks and their divergences (greedy decoding
+only: see :data:`SAMPLED_NOT_CHECKED`), and the aggregates (mean, p50, p95, min, max per data set
+and configuration, plus data set "all").
 """
 
 from __future__ import annotations
@@ -13,10 +14,21 @@ from pathlib import Path
 
 import numpy as np
 
+from swiftspec.bench.config import describe_sampling
 from swiftspec.bench.schema import SCHEMA_VERSION
 
 #: Decoded text shown for a divergence: this many tokens from the first differing position.
 DIVERGENCE_CONTEXT_TOKENS = 12
+
+#: Why a run with sampled decoding has no output checks: speculative sampling reproduces the
+#: target's distribution, not its draw under one seed (the draft's proposals consume the random
+#: source differently), so two configurations' outputs for one request differ legitimately.
+SAMPLED_NOT_CHECKED = "sampled decoding: outputs are compared in distribution by tests, not per request"
+
+
+def is_sampled(settings: dict) -> bool:
+    """True when a document's settings record sampled decoding (old documents: greedy)."""
+    return settings.get("decoding") == "sampled"
 
 
 def summarize(values) -> dict | None:
@@ -49,10 +61,11 @@ def _divergence_kind(config: dict, reference: dict) -> str:
     return "implementation"
 
 
-def compare_outputs(rows: list[dict], configs: list[dict], decode=None) -> list[dict]:
+def compare_outputs(rows: list[dict], configs: list[dict], decode=None, check_outputs: bool = True) -> list[dict]:
     """Fills ``speedup`` and ``matches_reference`` of every row in place; returns the
     divergence records (schema: ``divergences``). ``decode(ids) -> str`` renders token text
-    (default: the ids as a string)."""
+    (default: the ids as a string). ``check_outputs=False`` (sampled decoding,
+    :data:`SAMPLED_NOT_CHECKED`): speedups only; ``matches_reference`` stays None, no divergences."""
     decode = decode or (lambda ids: " ".join(map(str, ids)))
     by_name = {c["name"]: c for c in configs}
     index = {(r["dataset"], r["prompt_index"], r["config"]): r for r in rows}
@@ -65,7 +78,7 @@ def compare_outputs(rows: list[dict], configs: list[dict], decode=None) -> list[
         if base is not None and base["new_tokens"] == r["new_tokens"] and r["latency_s"] > 0:
             r["latency_speedup"] = base["latency_s"] / r["latency_s"]
         ref = index.get((r["dataset"], r["prompt_index"], cfg["reference"])) if cfg["reference"] else None
-        if ref is None:
+        if ref is None or not check_outputs:
             continue
         pos = first_difference(r["token_ids"], ref["token_ids"])
         r["matches_reference"] = pos is None
@@ -117,8 +130,9 @@ def aggregate(rows: list[dict], configs: list[dict], datasets: list[str], diverg
 def build_document(*, created: str, command: str, commit: dict, machine: dict, settings: dict,
                    configs: list[dict], rows: list[dict], wall_time_s: float, load_average_end,
                    interrupted: bool = False, decode=None) -> dict:
-    """The complete result document (validate with :func:`swiftspec.bench.schema.validate`)."""
-    divergences = compare_outputs(rows, configs, decode)
+    """The complete result document (validate with :func:`swiftspec.bench.schema.validate`).
+    Outputs are compared per request only under greedy decoding (``settings["decoding"]``)."""
+    divergences = compare_outputs(rows, configs, decode, check_outputs=not is_sampled(settings))
     doc = {
         "schema_version": SCHEMA_VERSION,
         "kind": "swiftspec-bench",
@@ -156,6 +170,7 @@ def markdown(document: dict, plots: list[str] | None = None) -> str:
     cpu = m["cpu"]
     gpus = ", ".join(g["name"] for g in m["gpus"]) or "none"
     merged = document.get("merge")
+    sampled = is_sampled(s)
     lines = [
         f"# swiftspec bench — {document['created']}",
         "",
@@ -170,7 +185,8 @@ def markdown(document: dict, plots: list[str] | None = None) -> str:
         f"- models: target `{s['target']}`, draft `{s['draft']}`, {s['dtype']}, backend {s['backend']}, "
         f"threads {s['threads'] or 'all'}",
         f"- prompts: {s['num_prompts']} per data set ({', '.join(s['datasets'])}), "
-        f"{s['max_new_tokens']} new tokens max, greedy, {s['warmup']} warm-up request(s) per configuration",
+        f"{s['max_new_tokens']} new tokens max, {s['warmup']} warm-up request(s) per configuration",
+        f"- decoding: {describe_sampling(s.get('sampling') if sampled else None)}",
         f"- wall time: {document['wall_time_s'] / 60:.1f} min"
         + (" (from the first part's start to the last part's end)" if merged else "")
         + (" — **interrupted, partial results**" if document.get("interrupted") else ""),
@@ -191,15 +207,17 @@ def markdown(document: dict, plots: list[str] | None = None) -> str:
     lines.append("TTFT and TPOT in ms; tokens/s counts decode tokens after the first emission; "
                  "speedup = baseline TPOT / TPOT per request (baseline: target-only of the same engine); "
                  "latency speedup = baseline (TTFT + decode) / (TTFT + decode), requests of equal length; "
-                 "outputs: requests whose greedy tokens equal the reference configuration's.")
+                 + ("outputs are not compared (" + SAMPLED_NOT_CHECKED + ")." if sampled else
+                    "outputs: requests whose greedy tokens equal the reference configuration's."))
+    eq_head, eq_rule = ("", "") if sampled else (" outputs equal |", "---|")
     for ds in list(s["datasets"]) + ["all"]:
         aggs = [a for a in document["aggregates"] if a["dataset"] == ds]
         if not aggs:
             continue
         lines += ["", f"## {ds}", "",
                   "| config | n | TTFT p50 | TPOT mean | tok/s mean | tok/s p50 | tok/s p95 | accept. len | "
-                  "speedup mean | speedup p50 | speedup p95 | latency speedup mean | outputs equal |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "speedup mean | speedup p50 | speedup p95 | latency speedup mean |" + eq_head,
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|" + eq_rule]
         for a in aggs:
             def g(key, stat, scale=1.0, digits=2):
                 block = a[key]
@@ -211,9 +229,22 @@ def markdown(document: dict, plots: list[str] | None = None) -> str:
                 f"| {a['config']} | {a['requests']} | {g('ttft_s', 'p50', 1000, 0)} | {g('tpot_s', 'mean', 1000, 1)} "
                 f"| {g('tokens_per_s', 'mean')} | {g('tokens_per_s', 'p50')} | {g('tokens_per_s', 'p95')} "
                 f"| {g('acceptance_length', 'mean')} | {g('speedup', 'mean')} | {g('speedup', 'p50')} "
-                f"| {g('speedup', 'p95')} | {g('latency_speedup', 'mean')} | {eq} |")
-    divs = document["divergences"]
+                f"| {g('speedup', 'p95')} | {g('latency_speedup', 'mean')} |" + ("" if sampled else f" {eq} |"))
     lines += ["", "## Output checks", ""]
+    if sampled:
+        lines.append(f"- not made: {SAMPLED_NOT_CHECKED} (speculative sampling is lossless in distribution, "
+                     "not per seed; tests/test_verification.py and tests/test_sampling.py check the distributions)")
+    else:
+        lines += _output_check_lines(document)
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def _output_check_lines(document: dict) -> list[str]:
+    """The "Output checks" section of a greedy run: divergence counts per kind, then the list."""
+    divs = document["divergences"]
+    lines: list[str] = []
     lossless = [d for d in divs if d["kind"] == "lossless"]
     lines.append(f"- swiftspec speculation vs swiftspec target-only (must be identical): "
                  f"{len(lossless)} divergence(s)")
@@ -235,9 +266,7 @@ def markdown(document: dict, plots: list[str] | None = None) -> str:
                 f"| {d['kind']} | {d['dataset']} | {d['prompt_id']} | {d['config']} | {d['reference']} | "
                 f"{d['position']} | {d['token']} | {d['reference_token']} | {_md_text(d['text'])} | "
                 f"{_md_text(d['reference_text'])} |")
-    if plots:
-        lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _busy(procs) -> str:

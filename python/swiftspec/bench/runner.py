@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from swiftspec.bench.config import BenchConfig, BenchConfigError, engine_key, engine_placement, find_baseline
+from swiftspec.bench.config import (SAMPLING_DEFAULTS, BenchConfig, BenchConfigError, engine_key, engine_placement,
+                                    find_baseline)
 from swiftspec.errors import SwiftspecError
 
 #: Tokens of a warm-up request (enough to run prefill, a few decode / verification steps).
@@ -43,6 +44,11 @@ class BenchSettings:
         target, draft: model names or paths (``swiftspec.models.resolve_checkpoint``).
         max_context: KV capacity, tokens; None: each model's default (4096, or its
             max_position_embeddings when smaller).
+        sampling: None for greedy decoding, or ``{"temperature", "top_p", "top_k", "seed"}``
+            (:func:`swiftspec.bench.config.check_sampling`): every configuration samples, the
+            request of prompt index ``i`` with seed ``seed + i`` (swiftspec's speculative modes run
+            lossless speculative sampling; the HF peers ``do_sample=True`` after
+            ``torch.manual_seed``).
     """
 
     datasets: list[str]
@@ -56,6 +62,11 @@ class BenchSettings:
     target: str = ""
     draft: str | None = None
     max_context: int | None = None
+    sampling: dict | None = None
+
+    def request_seed(self, prompt_index: int) -> int:
+        """The seed of a data set's request for prompt ``prompt_index`` (0 under greedy decoding)."""
+        return self.sampling["seed"] + prompt_index if self.sampling else 0
 
 
 @dataclass
@@ -190,7 +201,8 @@ class Runner:
             self.log(f"loading HF transformers peer on {backend}" + (" with assistant" if assisted else ""))
             try:
                 self.hf[backend] = HFPeer(self.target_checkpoint, self.draft_checkpoint if assisted else None,
-                                          dtype=s.dtype, threads=s.hf_threads, device=backend)
+                                          dtype=s.dtype, threads=s.hf_threads, device=backend,
+                                          sampling=s.sampling)
             except PeerUnavailableError as exc:
                 for c in hf_configs:
                     self._mark_unavailable(c, str(exc))
@@ -200,11 +212,13 @@ class Runner:
             self.tokenizer = Tokenizer.from_checkpoint(self.target_checkpoint)
 
     # --------------------------------------------------------------- requests
-    def _run_one(self, config: BenchConfig, prompt_ids: list[int], max_new_tokens: int) -> dict:
-        """Runs one request; returns the measured fields of a row."""
+    def _run_one(self, config: BenchConfig, prompt_ids: list[int], max_new_tokens: int, seed: int = 0) -> dict:
+        """Runs one request (sampled under ``seed`` when the run samples); returns the measured
+        fields of a row."""
+        sampling = self.settings.sampling
         if config.engine == "hf":
             r = self.hf[config.backend].generate(prompt_ids, max_new_tokens, self.tokenizer.eos_token_ids,
-                                 assisted=config.mode == "assisted")
+                                                 assisted=config.mode == "assisted", seed=seed)
             n = len(r.token_ids)
             first = r.emissions[0] if r.emissions else 0
             steps = max(0, len(r.emissions) - 1)
@@ -218,8 +232,12 @@ class Runner:
         kwargs = {}
         if config.speculative:
             kwargs = dict(tree_budget=config.tree_budget, max_depth=config.max_depth, branching=config.branching)
-        r = engine.generate(prompt_ids, max_new_tokens=max_new_tokens, temperature=0.0, mode=config.mode,
-                            **kwargs)
+        if sampling:
+            kwargs.update(temperature=sampling["temperature"], top_p=sampling["top_p"], top_k=sampling["top_k"],
+                          seed=seed)
+        else:
+            kwargs.update(temperature=0.0)
+        r = engine.generate(prompt_ids, max_new_tokens=max_new_tokens, mode=config.mode, **kwargs)
         st = r.stats
         steps = int(st.get("verification_steps", 0))
         return dict(
@@ -235,7 +253,7 @@ class Runner:
         """Warm-up requests (the first of each configuration probes availability). Logs an
         estimate of the run's duration from the last warm-up of each configuration (its TTFT on
         the first prompt plus max_new_tokens at its warm-up decode rate, per prompt)."""
-        probe = items[0].prompt_ids
+        probe, seed = items[0].prompt_ids, self.settings.request_seed(items[0].index)
         tokens = min(WARMUP_TOKENS, self.settings.max_new_tokens)
         estimate = 0.0
         for c in self.configs:
@@ -244,7 +262,7 @@ class Runner:
             last = None
             for i in range(self.settings.warmup):
                 try:
-                    last = self._run_one(c, probe, tokens)
+                    last = self._run_one(c, probe, tokens, seed)
                 except SwiftspecError as exc:
                     if i == 0:
                         self._mark_unavailable(c, f"the runtime rejected it: {exc}")
@@ -265,12 +283,14 @@ class Runner:
         return engine.target_model.max_context if engine is not None else self.settings.max_context
 
     def _run_identity(self) -> dict:
-        """What a resumed run must share with the run it continues (``run_identity.json``)."""
+        """What a resumed run must share with the run it continues (``run_identity.json``):
+        the decoding settings among them (``temperature`` ... ``seed``, greedy decoding's values
+        under greedy decoding; a file without them, written before sampling existed, was greedy)."""
         s = self.settings
         return {"datasets": s.datasets, "num_prompts": s.num_prompts, "max_new_tokens": s.max_new_tokens,
                 "backend": s.backend, "dtype": s.dtype, "threads": s.threads, "hf_threads": s.hf_threads,
                 "target": s.target, "draft": s.draft, "max_context": s.max_context,
-                "configs": [c.name for c in self.configs]}
+                "configs": [c.name for c in self.configs], **(s.sampling or SAMPLING_DEFAULTS)}
 
     def _resumed_rows(self, items: list[PromptItem]) -> list[dict]:
         """Rows already measured by an interrupted run into the same folder (``resume=True``).
@@ -281,9 +301,10 @@ class Runner:
         if not ident_path.is_file() or not jsonl_path.is_file():
             self.log(f"--resume: nothing to resume in {self.out_dir}; starting afresh")
             return []
-        before = json.loads(ident_path.read_text())
+        before = {**SAMPLING_DEFAULTS, **json.loads(ident_path.read_text())}
         now = self._run_identity()
-        for key in sorted(set(before) | set(now)):
+        # decoding first (greedy vs sampled is named by temperature), then the rest by name
+        for key in list(SAMPLING_DEFAULTS) + sorted((set(before) | set(now)) - set(SAMPLING_DEFAULTS)):
             if before.get(key) != now.get(key):
                 raise BenchConfigError(f"--resume: the run in {self.out_dir} has {key}={before.get(key)!r}, "
                                        f"this one {now.get(key)!r}; use a new --out folder")
@@ -339,7 +360,8 @@ class Runner:
                         continue
                     bar.set_postfix_str(f"{item.dataset}[{item.index}] {c.name}", refresh=False)
                     try:
-                        measured = self._run_one(c, item.prompt_ids, self.settings.max_new_tokens)
+                        measured = self._run_one(c, item.prompt_ids, self.settings.max_new_tokens,
+                                                 self.settings.request_seed(item.index))
                     except SwiftspecError as exc:
                         if n_item > 0:  # it ran before: a real failure, not an unsupported configuration
                             raise
@@ -388,7 +410,8 @@ def configs_block(configs: list[BenchConfig], status: dict[str, tuple[str, str |
 
 
 def reference_config(config: BenchConfig, configs: list[BenchConfig]) -> BenchConfig | None:
-    """The configuration whose greedy outputs ``config``'s are checked against: its baseline
+    """The configuration whose greedy outputs ``config``'s are checked against (under sampled
+    decoding outputs are not compared per request; see :func:`swiftspec.bench.report.compare_outputs`): its baseline
     (speculation vs target-only) when that runs the target at the same TP degree (another degree
     sums in another order, so its outputs may differ at near-ties and are not a reference; the
     speedup is still taken against it), or for ``hf:target`` the swiftspec target-only run on the

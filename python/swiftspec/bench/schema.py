@@ -21,6 +21,13 @@ second. Definitions used throughout (the same for swiftspec and the HF peers):
   latency / this latency, only where both produced the same number of tokens (else null). It
   credits what TPOT cannot see, e.g. HF assisted generation emitting many tokens at once at TTFT.
 
+**Decoding** (``settings.decoding``): "greedy" (the default; documents without the field are
+greedy), or "sampled" with ``settings.sampling`` = {temperature, top_p, top_k, seed}: every
+configuration samples, the request of prompt index i with seed ``seed + i``. Speculative sampling
+is lossless in distribution, not per seed, so a sampled run compares no outputs per request
+(``matches_reference`` null, no divergences, ``outputs_checked`` 0); speedups and acceptance
+lengths are measured as under greedy decoding.
+
 A document made by ``swiftspec bench --merge DIR,DIR,...`` (several runs on one machine, e.g.
 the slow HF peers as detached parts, combined as if they were one run) has a ``merge`` block
 naming its parts; its speedups, output checks and aggregates are computed over the union of the
@@ -54,6 +61,23 @@ def _stats(desc: str) -> dict:
         },
     }
 
+
+_SAMPLING = {
+    "type": ["object", "null"],
+    "description": "sampled decoding's settings (null under greedy decoding), the same for swiftspec "
+                   "(Engine.generate) and the HF peers (do_sample=True)",
+    "required": ["temperature", "top_p", "top_k", "seed"],
+    "additionalProperties": False,
+    "properties": {
+        "temperature": {"type": "number", "exclusiveMinimum": 0, "description": "softmax temperature"},
+        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
+                  "description": "nucleus: the smallest set of tokens reaching this probability (1: off)"},
+        "top_k": {"type": "integer", "minimum": 0, "description": "the k most likely tokens (0: off)"},
+        "seed": {"type": "integer", "minimum": 0,
+                 "description": "the request of prompt index i samples with seed + i (swiftspec: "
+                                "Engine.generate(seed=...); HF: torch.manual_seed before generate)"},
+    },
+}
 
 _CONFIG = {
     "type": "object",
@@ -128,7 +152,8 @@ _REQUEST = {
         "speedup": {**_NNUM, "description": "baseline TPOT / this TPOT on the same prompt"},
         "latency_speedup": {**_NNUM, "description": "baseline latency / this latency (same token count)"},
         "matches_reference": {"type": ["boolean", "null"],
-                             "description": "token ids equal the reference configuration's (null: none)"},
+                             "description": "token ids equal the reference configuration's (null: no "
+                                            "reference, or sampled decoding)"},
         "token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
     },
 }
@@ -154,7 +179,8 @@ _AGGREGATE = {
         "speedup": _stats("per-request speedup vs the baseline"),
         "latency_speedup": _stats("per-request latency speedup vs the baseline"),
         "outputs_checked": {"type": "integer", "minimum": 0,
-                            "description": "requests compared token for token with the reference"},
+                            "description": "requests compared token for token with the reference (0 under "
+                                           "sampled decoding)"},
         "divergences": {"type": "integer", "minimum": 0, "description": "of those, how many differ"},
     },
 }
@@ -260,8 +286,17 @@ SCHEMA: dict = {
                 "target_checkpoint": {"type": "string"}, "draft_checkpoint": _NSTR,
                 "max_context": {"type": ["integer", "null"]},
                 "hf": {"type": ["object", "null"], "description": "HF peer settings per backend, e.g. {\"cpu\": {dtype, device, "
-                                                                 "torch_threads, versions, assisted: {...}}} (null: no peer)"},
+                                                                 "torch_threads, versions, do_sample, sampling, assisted: "
+                                                                 "{...}}} (null: no peer)"},
+                "decoding": {"enum": ["greedy", "sampled"],
+                             "description": "greedy (argmax; absent in older documents: greedy) or sampled "
+                                            "(see sampling)"},
+                "sampling": _SAMPLING,
             },
+            # sampled decoding has its sampling block; greedy decoding (or no decoding field) has none
+            "if": {"required": ["decoding"], "properties": {"decoding": {"const": "sampled"}}},
+            "then": {"required": ["sampling"], "properties": {"sampling": {"type": "object"}}},
+            "else": {"properties": {"sampling": {"type": "null"}}},
         },
         "configs": {"type": "array", "items": _CONFIG, "minItems": 1},
         "requests": {"type": "array", "items": _REQUEST},
@@ -315,7 +350,9 @@ def consistency_problems(document: dict) -> list[str]:
     * every ok configuration has one row per prompt and data set, unavailable ones have none
       (a merged document: one row per prompt for each part that ran the data set and measured
       the configuration, so parts may cover different data sets and configurations);
-    * the divergence counts of the aggregates match the divergence list.
+    * the divergence counts of the aggregates match the divergence list;
+    * sampled decoding: no output was compared per request (no divergences, no
+      ``matches_reference``, ``outputs_checked`` 0): outputs are not expected to match there.
     """
     problems: list[str] = []
     settings = document["settings"]
@@ -369,4 +406,10 @@ def consistency_problems(document: dict) -> list[str]:
         if a["divergences"] != div_counts.get((a["dataset"], a["config"]), 0):
             problems.append(f"aggregate {a['dataset']} {a['config']}: {a['divergences']} divergences, "
                             f"the list has {div_counts.get((a['dataset'], a['config']), 0)}")
+    if settings.get("decoding") == "sampled":
+        compared = sum(1 for r in document["requests"] if r["matches_reference"] is not None)
+        checked = sum(a["outputs_checked"] for a in document["aggregates"] if a["dataset"] == "all")
+        if compared or checked or document["divergences"]:
+            problems.append(f"sampled decoding, yet outputs were compared per request ({compared} rows with "
+                            f"matches_reference, {checked} checked, {len(document['divergences'])} divergences)")
     return problems

@@ -9,6 +9,12 @@ output differs from target-only decoding (the correctness promise is broken; the
 still written); 2 for bad input (one line naming the bad value); 130 if interrupted (partial
 results are written).
 
+    swiftspec bench --temperature 0.7 --top-p 0.95 --seed 1 --configs target,serial:tree16
+
+measures sampled decoding instead (the request of prompt index i with seed 1 + i). Outputs are
+then not compared per request (speculative sampling is lossless in distribution, not per seed),
+so exit status 1 does not occur.
+
     swiftspec bench --merge benchmarks/x/bench,benchmarks/x/peers-humaneval,benchmarks/x/peers-mtbench \
         --out benchmarks/x/merged
 
@@ -29,7 +35,10 @@ from swiftspec.bench.config import BenchConfigError
 _DEFAULT_CONFIGS = "target,serial:chain,serial:tree16"
 #: Options that set up a measuring run; --merge takes none of them (the parts' settings count).
 _RUN_ONLY = ("datasets", "num_prompts", "max_new_tokens", "configs", "peers", "backend", "target", "draft", "dtype",
-             "threads", "hf_threads", "warmup", "max_context", "skip_unavailable", "resume")
+             "threads", "hf_threads", "warmup", "max_context", "skip_unavailable", "resume", "temperature", "top_p",
+             "top_k", "seed")
+#: The sampling options' flags, as messages name them.
+_SAMPLING_FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k", "seed": "--seed"}
 
 
 def add_parser(sub) -> None:
@@ -65,6 +74,16 @@ def add_parser(sub) -> None:
     p.add_argument("--warmup", default="1", help="untimed warm-up requests per configuration (default 1)")
     p.add_argument("--max-context", default=None,
                    help="KV capacity in tokens (default: 4096, or the model's max_position_embeddings when smaller)")
+    p.add_argument("--temperature", default=None,
+                   help="sampling temperature (default 0: greedy decoding, outputs checked token for token "
+                        "against target-only decoding); > 0: every configuration samples, outputs are not "
+                        "compared per request")
+    p.add_argument("--top-p", default=None, help="nucleus sampling: keep the smallest set of tokens reaching this "
+                   "probability, in (0, 1] (default 1: off); needs --temperature > 0")
+    p.add_argument("--top-k", default=None, help="keep the K most likely tokens (default 0: off); needs "
+                   "--temperature > 0")
+    p.add_argument("--seed", default=None, help="sampling seed (default 0): the request of prompt index i samples "
+                   "with seed S + i, so runs are reproducible; needs --temperature > 0")
     p.add_argument("--out", help="output folder (default: bench-results/<UTC time>)")
     p.add_argument("--skip-unavailable", action="store_true",
                    help="record configurations the runtime rejects (e.g. async in a build without it) "
@@ -89,6 +108,35 @@ def _int(name: str, text: str, low: int) -> int:
     if value < low:
         raise BenchConfigError(f"{name} must be >= {low}, got {value}")
     return value
+
+
+def _number(name: str, text: str) -> float:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        raise BenchConfigError(f"{name} must be a number, got {text!r}") from None
+
+
+def _sampling(args: argparse.Namespace, num_prompts: int) -> dict:
+    """run_bench's temperature, top_p, top_k and seed from the command line (checked: one line
+    naming the flag and the value; top-p / top-k / seed given with temperature 0 is an error)."""
+    from swiftspec.bench.config import SAMPLING_DEFAULTS, check_sampling
+
+    values = dict(SAMPLING_DEFAULTS)
+    for key, flag in _SAMPLING_FLAGS.items():
+        text = getattr(args, key)
+        if text is None:
+            continue
+        if key in ("top_k", "seed"):
+            try:
+                values[key] = int(text)
+            except (TypeError, ValueError):
+                raise BenchConfigError(f"{flag} must be an integer, got {text!r}") from None
+        else:
+            values[key] = _number(flag, text)
+    given = [k for k in _SAMPLING_FLAGS if getattr(args, k) is not None]
+    check_sampling(**values, num_prompts=num_prompts, names=_SAMPLING_FLAGS, given=given)
+    return values
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
     hf_threads = _int("--hf-threads", args.hf_threads, 0)
     warmup = _int("--warmup", args.warmup, 0)
     max_context = None if args.max_context is None else _int("--max-context", args.max_context, 2)
+    sampling = _sampling(args, num_prompts)
     if args.backend not in ("cpu", "cuda"):
         raise BenchConfigError(f"--backend must be cpu or cuda, got {args.backend!r}")
     if args.dtype not in ("bfloat16", "float32"):
@@ -131,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
                         peers=args.peers, backend=args.backend, target=args.target, draft=args.draft,
                         dtype=args.dtype, threads=threads, hf_threads=hf_threads, warmup=warmup,
                         max_context=max_context, out_dir=out, progress=not args.no_progress,
-                        skip_unavailable=args.skip_unavailable, plots=not args.no_plots, resume=args.resume)
+                        skip_unavailable=args.skip_unavailable, plots=not args.no_plots, resume=args.resume,
+                        **sampling)
     except KeyboardInterrupt:
         print(f"[bench] interrupted; partial results in {out}", file=sys.stderr)
         return 130
@@ -140,7 +190,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _exit_status(doc: dict) -> int:
-    """1 (with one line on stderr) if a speculative output differs from target-only decoding, else 0."""
+    """1 (with one line on stderr) if a speculative output differs from target-only decoding, else 0
+    (always 0 under sampled decoding, where outputs are not compared per request)."""
     lossless = [d for d in doc["divergences"] if d["kind"] == "lossless"]
     if lossless:
         d = lossless[0]
