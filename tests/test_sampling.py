@@ -166,6 +166,10 @@ def test_sample_from_head_draws_the_sampling_distribution(real_logits, temperatu
     that, say, redrew from the whole row on a tail u, or ignored the tail, is off by far more."""
     vocab = real_logits[0].size
     for row, n in ((real_logits[0], 20000), (real_logits[1], 20000), (real_logits[2], 1500)):
+        if top_p < 1.0 and head_mass(row, temperature) < top_p:
+            # Every draw reads the row (and ranks it for top-p, ~25 ms on the CI machine): the
+            # frequencies still match to 1 / n, with n kept to what the suite's time allows.
+            n = 400
         ids, vals, lse, _ = head_of(row, temperature)
         us = ((np.arange(n) + 0.5) / n).tolist()
         tokens, read = spec.sample_from_head(ids, vals, lse, vocab, temperature, top_p, us, row)
