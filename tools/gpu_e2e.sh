@@ -21,7 +21,8 @@
 #   bench     `swiftspec bench --backend cuda` over HumanEval + MT-Bench (CONFIGS, NUM_PROMPTS,
 #             NEW_TOKENS); configs with :smN run the draft in a green context on N SMs (the target
 #             on the rest), :hp the target's stream at the highest priority; BENCH_TAG names the
-#             result folder (default bench; e.g. an A/B with SWIFTSPEC_TOP_K_ON_HOST=1 in another)
+#             result folder (default bench; e.g. an A/B with SWIFTSPEC_TOP_K_ON_HOST=1 in another);
+#             BENCH_EXTRA: more bench options (e.g. "--temperature 0.7 --top-p 0.8" for sampled decoding)
 #   peers     the HF transformers peers on PEER_PROMPTS prompts
 #   peers_bg  the HF peers detached, one `swiftspec bench` per data set on its own GPU and cores
 #             (PEER_DATASETS, PEER_CONFIGS, PEER_PROMPTS 20); waits PEER_WAIT_S (540) and copies
@@ -155,7 +156,7 @@ fi
 if has bench; then
   CONFIGS=${CONFIGS:-target,serial:tree16,async:tree16,async:tree16:hp,async:tree16:sm16,async:tree16:sm32,async:tree16:sm48}
   swiftspec bench --backend cuda --datasets humaneval,mtbench --num-prompts "$NUM" --max-new-tokens "$NEW" \
-    --configs "$CONFIGS" --skip-unavailable --no-progress --out "$OUT/${BENCH_TAG:-bench}" 2>&1 | tee "$OUT/${BENCH_TAG:-bench}.log" | tail -40
+    --configs "$CONFIGS" --skip-unavailable --no-progress ${BENCH_EXTRA:-} --out "$OUT/${BENCH_TAG:-bench}" 2>&1 | tee "$OUT/${BENCH_TAG:-bench}.log" | tail -40
   log "bench done"
 fi
 
