@@ -312,6 +312,7 @@ class CudaModelImpl final : public CudaModel {
         out.ids.push_back(checked_key_index(key));
         out.logits.push_back(key_value(key));
       }
+      note_no_logits_kept();  // read_logits_row then says so, as after the default's k = 1 pass
       return;
     }
     RowSink sink;

@@ -460,7 +460,11 @@ void check_logits_top_k(Rng& rng, cudaStream_t st) {
     char name[128], det[128];
     std::snprintf(name, sizeof name, "logits top-k kernel, k=%d: ln sum exp(x / T) at T = 1, 0.7, 1.5, 0.05", k);
     std::snprintf(det, sizeof det, "(%d mismatched rows; worst ln Z_T rel. error %.2e)", bad, lse_err);
-    record(name, lse_err, 1e-12, bad == 0 && lse_err < 1e-12, det);
+    // The device and the host sum V positive fp64 terms in different orders: each sum is within
+    // (V - 1) u of the exact one (u = 2^-53), so that bounds their difference in ln Z_T (run of
+    // 2026-11-30: 7.0e-12 at T = 0.05, where exp(20 (x - max)) spreads the terms most).
+    const double bound = static_cast<double>(V) * std::ldexp(1.0, -53) * 2.0;
+    record(name, lse_err, bound, bad == 0 && lse_err < bound, det);
   }
 }
 

@@ -187,6 +187,13 @@ class Model {
     kept_state_ = kept_state_ == KeptState::NeverRan ? KeptState::NeverRan : KeptState::Forgotten;
     kept_logits_.clear();
   }
+  /// Records that the last forward_top_k kept no logits (a k = 1 pass without
+  /// log-normalizer), so read_logits_row() names that case; for a backend whose
+  /// own forward_top_k takes such a pass without the default.
+  void note_no_logits_kept() {
+    forget_kept_logits();
+    kept_state_ = KeptState::NoneKept;
+  }
 
  private:
   enum class KeptState { NeverRan, Kept, NoneKept, Forgotten };

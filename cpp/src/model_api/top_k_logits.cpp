@@ -98,8 +98,7 @@ void Model::forward_top_k(const ForwardBatch& batch, int k, bool with_log_normal
                       with_log_normalizer, out, inv_temperature);
   // (as the CUDA backend, which writes no logits for a lone arg-max)
   if (k == 1 && !with_log_normalizer) {
-    forget_kept_logits();
-    kept_state_ = KeptState::NoneKept;
+    note_no_logits_kept();
     return;
   }
   kept_rows_ = static_cast<int>(kept_logits_.size() / vocab);
