@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -218,6 +219,63 @@ def test_missing_invalid_and_interrupted_parts(tmp_path):
     with pytest.raises(BenchConfigError, match=rf"^--merge: {re.escape(str(stopped))} holds an interrupted run"):
         merge_bench([good, stopped], tmp_path / "out", plots=False)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("edit,needle", [
+    # Python's json reads NaN / Infinity; a run never writes them, and the merged file was not JSON
+    (lambda d: d["requests"][1].__setitem__("ttft_s", float("nan")), "has NaN at requests/1/ttft_s; a bench "
+     "result holds finite numbers only (an edited file?)"),
+    (lambda d: d["machine"]["cpu"].__setitem__("logical_cpus", float("-inf")), "has -Infinity at "
+     "machine/cpu/logical_cpus; a bench result holds finite numbers only (an edited file?)"),
+    # datetime overflow (an OverflowError traceback before)
+    (lambda d: d.__setitem__("wall_time_s", 1e300), "records wall_time_s 1e+300 from created "
+     "'2026-11-30T10:00:00Z': the run would end after the year 9999 (an edited file?)"),
+    (lambda d: d.__setitem__("created", "9999-12-31T23:59:59Z"), "records wall_time_s 60.0 from created "
+     "'9999-12-31T23:59:59Z': the run would end after the year 9999 (an edited file?)"),
+    # values nested deeper than a run writes: copying / writing the merge overflowed Python's recursion
+    (lambda d: d["settings"].__setitem__("prompt_format", json.loads("[" * 600 + "]" * 600)),
+     "has values nested more than 32 levels deep under settings/prompt_format (an edited file?)"),
+    # one part listing a row twice was 'measured in both b and b'
+    (lambda d: d["requests"].append(copy.deepcopy(d["requests"][0])), "has two rows humaneval[0] hf:target "
+     "(an edited file?)"),
+])
+def test_hand_edited_part_is_one_line_naming_it(tmp_path, capsys, edit, needle):
+    a = _write(tmp_path / "a", _doc(["target"], DATASETS))
+    doc = _doc(["hf:target"], DATASETS)
+    edit(doc)
+    b = _write(tmp_path / "b", doc)
+    rc, cap = _cli(["--merge", f"{a},{b}", "--out", str(tmp_path / "m"), "--no-plots"], capsys)
+    err = [line for line in cap.err.strip().splitlines() if not line.startswith("[bench]")]
+    assert rc == 2 and len(err) == 1, cap.err
+    assert err[0] in (f"swiftspec bench: error: --merge: {b} {needle}",
+                      f"swiftspec bench: error: --merge: {b}/bench.json {needle}"), err[0]
+    assert not (tmp_path / "m").exists()
+
+
+def test_deeply_nested_or_unwritable_is_one_line(tmp_path, capsys):
+    a = _write(tmp_path / "a", _doc(["target"], DATASETS))
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    (deep / "bench.json").write_text("[" * 100000)  # RecursionError traceback before
+    rc, cap = _cli(["--merge", f"{a},{deep}", "--out", str(tmp_path / "m")], capsys)
+    assert rc == 2 and cap.err.strip().splitlines()[-1] == (
+        f"swiftspec bench: error: --merge: {deep}/bench.json is not a bench result (nested too deeply to read)")
+    b = _write(tmp_path / "b", _doc(["hf:target"], DATASETS))
+    out = a / "bench.json" / "merged"  # below a file: a NotADirectoryError traceback before
+    rc, cap = _cli(["--merge", f"{a},{b}", "--out", str(out), "--no-plots"], capsys)
+    assert rc == 2 and cap.err.strip().splitlines()[-1] == (
+        f"swiftspec bench: error: --out {out}: cannot create the folder (Not a directory)")
+
+
+def test_one_folder_named_twice_through_a_symlink_or_relative_path(tmp_path, monkeypatch):
+    a = _write(tmp_path / "a", _doc(["target"], DATASETS))
+    (tmp_path / "link").symlink_to(a)
+    monkeypatch.chdir(tmp_path)
+    for other in ("link", "./a/", str(a)):
+        with pytest.raises(BenchConfigError, match=rf"^--merge names {re.escape(str(Path(other)))} twice$"):
+            merge_bench(["a", other], "out", plots=False)
+    with pytest.raises(BenchConfigError, match=r"^--out link is one of the --merge folders; give a new folder$"):
+        merge_bench(["a", _write(tmp_path / "b", _doc(["hf:target"], DATASETS))], "link", plots=False)
 
 
 def test_out_must_be_new(tmp_path):

@@ -186,14 +186,40 @@ def _recorded(settings: dict, key: str):
     return settings.get(key)
 
 
+class _NonFinite(str):
+    """NaN, Infinity or -Infinity in a part's bench.json (Python's json reads them; they are not
+    JSON, and a run never writes them)."""
+
+
+#: Nesting depth a part's bench.json may have (a run's documents nest 5 levels): deeper values
+#: (an edited file) would overflow the recursion of copying and writing the merged document.
+_MAX_DEPTH = 32
+
+
+def _unreadable_value(doc) -> str | None:
+    """What ``doc`` holds that a bench result cannot, e.g. "NaN at requests/0/ttft_s; a bench
+    result holds finite numbers only" (a :class:`_NonFinite`) or "values nested more than 32
+    levels deep under settings/hf"; None if nothing."""
+    stack = [(doc, (), 0)]
+    while stack:
+        obj, where, depth = stack.pop()
+        if isinstance(obj, _NonFinite):
+            return f"{obj} at {'/'.join(where) or 'the top level'}; a bench result holds finite numbers only"
+        if isinstance(obj, (dict, list)) and depth >= _MAX_DEPTH:
+            return f"values nested more than {_MAX_DEPTH} levels deep under {'/'.join(where[:2])}"
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+        stack.extend((v, where + (str(k),), depth + 1) for k, v in reversed(list(items)))
+    return None
+
+
 def read_part(folder: str | Path) -> dict:
     """The complete result document of one finished bench run in ``folder`` (its bench.json).
 
     Raises:
         BenchConfigError: (one line naming the folder) ``folder`` is not a folder, has no
-            bench.json, bench.json is not JSON, not a bench result of this schema version, does
-            not match the schema, or records an interrupted run (partial results: finish it with
-            ``--resume`` first).
+            bench.json, bench.json is not JSON (NaN / Infinity included), not a bench result of
+            this schema version, does not match the schema, or records an interrupted run
+            (partial results: finish it with ``--resume`` first).
     """
     import json
 
@@ -211,11 +237,16 @@ def read_part(folder: str | Path) -> dict:
         raise BenchConfigError(f"--merge: {folder} has no bench.json ({why}); is it the --out folder of a "
                                "finished swiftspec bench run?")
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(path.read_text(), parse_constant=_NonFinite)
+        where = _unreadable_value(doc)
     except json.JSONDecodeError as exc:
         raise BenchConfigError(f"--merge: {path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise BenchConfigError(f"--merge: {path} is not a bench result (nested too deeply to read)") from None
     except (UnicodeDecodeError, OSError) as exc:
         raise BenchConfigError(f"--merge: cannot read {path}: {exc}") from None
+    if where is not None:
+        raise BenchConfigError(f"--merge: {path} has {where} (an edited file?)")
     if not isinstance(doc, dict) or doc.get("kind") != "swiftspec-bench":
         raise BenchConfigError(f"--merge: {path} is not a swiftspec bench result (no kind 'swiftspec-bench')")
     if doc.get("schema_version") != SCHEMA_VERSION:
@@ -374,6 +405,9 @@ def merge_documents(parts: list[tuple[str | Path, dict]], *, command: str, creat
             if key[0] not in doc["settings"]["datasets"] or key[2] not in listed:
                 raise BenchConfigError(f"--merge: {folder} has a row {key[0]}[{key[1]}] {key[2]} of a data set or "
                                        "configuration its bench.json does not list (an edited file?)")
+            if seen.get(key) == folder:
+                raise BenchConfigError(f"--merge: {folder} has two rows {key[0]}[{key[1]}] {key[2]} (an edited "
+                                       "file?)")
             if key in seen:
                 raise BenchConfigError(f"--merge: {key[0]}[{key[1]}] {key[2]} is measured in both {seen[key]} and "
                                        f"{folder}; merge runs that measured different (data set, configuration) "
@@ -414,7 +448,14 @@ def merge_documents(parts: list[tuple[str | Path, dict]], *, command: str, creat
         import datetime as dt
 
         begin = min(starts)
-        ends = [s + dt.timedelta(seconds=d["wall_time_s"]) for s, d in zip(starts, docs)]
+        ends = []
+        for folder, s, d in zip(folders, starts, docs):
+            try:
+                ends.append(s + dt.timedelta(seconds=d["wall_time_s"]))
+            except (OverflowError, ValueError):  # NaN, or a finite wall time beyond datetime's range: an edited file
+                raise BenchConfigError(f"--merge: {folder} records wall_time_s {d['wall_time_s']!r} from created "
+                                       f"{d['created']!r}: the run would end after the year 9999 (an edited "
+                                       "file?)") from None
         wall = (max(ends) - begin).total_seconds()
         last = docs[ends.index(max(ends))]
         doc_created = min(d["created"] for d in docs)
@@ -468,7 +509,10 @@ def merge_bench(folders: list[str | Path], out_dir: str | Path, *, plots: bool =
     _check_out(out, "give another folder")
     parts = [(f, read_part(f)) for f in folders]
     doc = merge_documents(parts, command=command if command is not None else mach.command_line(), decode=decode)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BenchConfigError(f"--out {out}: cannot create the folder ({exc.strerror or exc})") from None
     with open(out / "requests.jsonl", "w") as jsonl:  # as a run writes them: measured fields, nothing compared
         for r in doc["requests"]:
             jsonl.write(json.dumps({**r, "speedup": None, "latency_speedup": None, "matches_reference": None}) + "\n")
