@@ -226,6 +226,29 @@ def test_resume_refuses_other_sampling_settings(checkpoint_dir, tmp_path):
     assert doc["settings"]["decoding"] == "greedy" and doc["settings"]["sampling"] is None
 
 
+@pytest.mark.parametrize("content,needle", [
+    ("", "is not JSON (Expecting value: line 1 column 1 (char 0)); its run's settings are unknown: use a new --out "
+         "folder"),
+    ("null", "holds null, not the settings of a run; use a new --out folder"),
+    ("[0.5, 2]", "holds [0.5, 2], not the settings of a run; use a new --out folder"),
+])
+def test_resume_from_an_unreadable_run_identity_is_one_line(tmp_path, content, needle):
+    """run_identity.json emptied (a kill while it was written) or edited into another JSON value:
+    a JSONDecodeError / TypeError traceback before, after the models had loaded."""
+    from swiftspec.bench.config import parse_config_list
+    from swiftspec.bench.runner import BenchSettings, Runner
+
+    settings = BenchSettings(datasets=["humaneval"], num_prompts=1, max_new_tokens=4, backend="cpu",
+                             dtype="bfloat16", threads=1, hf_threads=0, warmup=0, target="t", draft=None,
+                             max_context=None, sampling={"temperature": 0.5, "top_p": 1.0, "top_k": 0, "seed": 2})
+    runner = Runner(settings, parse_config_list("target", "cpu", "none"), tmp_path, progress=False)
+    (tmp_path / "requests.jsonl").write_text("")
+    (tmp_path / "run_identity.json").write_text(content)
+    with pytest.raises(BenchConfigError) as e:
+        runner._resumed_rows([])
+    assert str(e.value) == f"--resume: {tmp_path / 'run_identity.json'} {needle}"
+
+
 def test_request_seed_is_the_seed_plus_the_prompt_index(checkpoint_dir):
     """Each request of a data set samples with seed S + its prompt index: the run's rows equal
     Engine.generate with that seed (and not with S for the second prompt)."""

@@ -295,13 +295,22 @@ class Runner:
     def _resumed_rows(self, items: list[PromptItem]) -> list[dict]:
         """Rows already measured by an interrupted run into the same folder (``resume=True``).
 
-        Raises :class:`BenchConfigError` if that run had other settings (the field is named)."""
+        Raises :class:`BenchConfigError` if that run had other settings (the field is named), or its
+        run_identity.json is not a JSON object."""
         ident_path = self.out_dir / "run_identity.json"
         jsonl_path = self.out_dir / "requests.jsonl"
         if not ident_path.is_file() or not jsonl_path.is_file():
             self.log(f"--resume: nothing to resume in {self.out_dir}; starting afresh")
             return []
-        before = {**SAMPLING_DEFAULTS, **json.loads(ident_path.read_text())}
+        try:
+            recorded = json.loads(ident_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # e.g. emptied by a kill while written
+            raise BenchConfigError(f"--resume: {ident_path} is not JSON ({exc}); its run's settings are unknown: "
+                                   "use a new --out folder") from None
+        if not isinstance(recorded, dict):
+            raise BenchConfigError(f"--resume: {ident_path} holds {json.dumps(recorded)[:40]}, not the settings of "
+                                   "a run; use a new --out folder")
+        before = {**SAMPLING_DEFAULTS, **recorded}
         now = self._run_identity()
         # decoding first (greedy vs sampled is named by temperature), then the rest by name
         for key in list(SAMPLING_DEFAULTS) + sorted((set(before) | set(now)) - set(SAMPLING_DEFAULTS)):
