@@ -34,6 +34,13 @@ REASON = "sampled decoding: outputs are compared in distribution by tests, not p
     (["--temperature", "1", "--top-p", "nan"], "--top-p must be a number in (0, 1] (1: off), got nan"),
     (["--temperature", "1", "--top-k", "-1"], "--top-k must be an integer >= 0 (0: off), got -1"),
     (["--temperature", "1", "--top-k", "2.5"], "--top-k must be an integer, got '2.5'"),
+    # beyond 32 bits: every swiftspec configuration was 'not available' at its first request (after loading)
+    (["--temperature", "1", "--top-k", str(2**31)], "--top-k must be at most 2147483647 (a 32-bit count; any top-k of "
+                                                   "at least the vocabulary keeps every token), got 2147483648"),
+    # below float32's smallest normal number: the runtime read 1e-50 as 0 (greedy) while the result said sampled,
+    # and the HF peer's logits / T overflowed (RuntimeError: probability tensor contains inf / nan)
+    (["--temperature", "1e-40"], "--temperature must be 0 (greedy decoding) or at least 1.1754944e-38 (the runtime "
+                                 "samples in float32), got 1e-40"),
     (["--temperature", "1", "--seed", "-3"], "--seed must be an integer >= 0, got -3"),
     (["--temperature", "1", "--num-prompts", "3", "--seed", str(2**64 - 2)],
      f"--seed must be at most {2**64 - 3} (request i of a data set samples with seed + i, a 64-bit seed), "

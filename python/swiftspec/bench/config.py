@@ -385,6 +385,8 @@ def parse_config_list(text: str, default_backend: str = "cpu", peers: str | None
 #: The largest seed a request takes (the runtime's and torch.manual_seed's are 64-bit unsigned).
 SEED_MAX = 2**64 - 1
 _FLOAT32_MAX = 3.4028234663852886e38  # the runtime samples in float32
+_FLOAT32_MIN_NORMAL = 1.1754943508222875e-38
+_INT32_MAX = 2**31 - 1  # the runtime's top_k
 #: The sampling options with their greedy (no-effect) values, in the order messages name them.
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0}
 
@@ -404,8 +406,8 @@ def check_sampling(temperature=0.0, top_p=1.0, top_k=0, seed=0, *, num_prompts: 
 
     Raises:
         BenchConfigError: (one line naming the option and the value) temperature negative, NaN,
-            infinite or beyond float32; top_p outside (0, 1]; top_k or seed negative or not an
-            integer; seed + prompt index beyond 64 bits; top_p / top_k / seed given under greedy
+            infinite, beyond float32 or below its smallest normal number (but not 0); top_p outside
+            (0, 1]; top_k or seed negative or not an integer; top_k beyond 32 bits; seed + prompt index beyond 64 bits; top_p / top_k / seed given under greedy
             decoding (temperature 0), where they have no effect.
     """
     names = {k: k for k in SAMPLING_DEFAULTS} | dict(names or {})
@@ -419,10 +421,16 @@ def check_sampling(temperature=0.0, top_p=1.0, top_k=0, seed=0, *, num_prompts: 
     if not number(temperature) or not (0 <= temperature <= _FLOAT32_MAX):  # NaN and inf fail too
         raise BenchConfigError(f"{names['temperature']} must be a finite number >= 0 (0: greedy decoding), "
                                f"got {temperature!r}")
+    if 0 < temperature < _FLOAT32_MIN_NORMAL:  # float32 reads it as 0 (greedy) or a denormal; HF's logits / T overflow
+        raise BenchConfigError(f"{names['temperature']} must be 0 (greedy decoding) or at least "
+                               f"{_FLOAT32_MIN_NORMAL:.8g} (the runtime samples in float32), got {temperature!r}")
     if not number(top_p) or not (0 < top_p <= 1):
         raise BenchConfigError(f"{names['top_p']} must be a number in (0, 1] (1: off), got {top_p!r}")
     if not integer(top_k) or top_k < 0:
         raise BenchConfigError(f"{names['top_k']} must be an integer >= 0 (0: off), got {top_k!r}")
+    if top_k > _INT32_MAX:  # else every swiftspec configuration was 'not available' at its first request
+        raise BenchConfigError(f"{names['top_k']} must be at most {_INT32_MAX} (a 32-bit count; any top-k of at least "
+                               f"the vocabulary keeps every token), got {top_k}")
     if not integer(seed) or seed < 0:
         raise BenchConfigError(f"{names['seed']} must be an integer >= 0, got {seed!r}")
     if seed + max(1, num_prompts) - 1 > SEED_MAX:
