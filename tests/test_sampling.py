@@ -106,10 +106,13 @@ def test_sample_from_top_k_refuses_entries_it_cannot_draw_from():
         with pytest.raises(InvalidRequestError, match=needle):
             spec.sample_from_top_k(ids, logits, **kwargs)
     for row_ids, row, needle in (
-            ([1, 2, 3], [0.0, 100.0, 1000.0], r"largest first without NaN, got top_logits\[1\] = 100.000000 after 0"),
+            ([1, 2, 3], [0.0, 100.0, 1000.0], r"largest first without NaN, got top_logits\[1\] = 100 after 0$"),
             ([1, 2, 3], [1.0, float("nan"), 0.0], r"got top_logits\[1\] = nan"),
             ([1, 2, 3], [float("nan"), 1.0, 0.0], r"got top_logits\[0\] = nan"),
-            ([-1, 2, 3], [3.0, 1.0, 0.0], r"ids\[0\] is -1")):
+            ([-1, 2, 3], [3.0, 1.0, 0.0], r"ids\[0\] is -1"),
+            # a repeated id was drawn with its entries' weights summed
+            ([4, 7, 4], [3.0, 1.0, 0.0], r"^sample_from_top_k: ids\[2\] repeats ids\[0\] = 4 \(a row's best entries "
+                                         r"name each token once\)$")):
         with pytest.raises(InvalidRequestError, match=needle):
             spec.sample_from_top_k(row_ids, row, 1.0, 3, n=10)
     for first in (float("inf"), float("-inf")):  # non-finite logits are the model's, not the request's
@@ -248,3 +251,45 @@ def test_sample_from_head_refuses_bad_input(real_logits):
     with pytest.raises(SwiftspecError, match="NaN") as info:
         spec.sample_from_head(ids, vals, lse, vocab, 0.7, 1.0, [0.999999999], bad)
     assert not isinstance(info.value, InvalidRequestError)
+
+
+def test_sample_from_head_refuses_repeated_ids_and_non_finite_rows(real_logits):
+    """What the head path drew silently before: a head naming one id twice (drawn with the summed
+    weight of its entries: u = 0.6 gave the repeated id), a row read for the tail whose largest logit
+    is -inf or +inf (every weight NaN: the last id of the vocabulary came back), and
+    sampling_distribution of such a row (all NaN). Non-finite logits are the model's error, not the
+    request's. Messages show numbers as they read back (std::to_string: "u ... got -0.000000" for
+    -1e-300, "top_p ... got 1.000000" for 1.0000001)."""
+    from swiftspec import InvalidRequestError, SwiftspecError
+
+    row = real_logits[1]
+    vocab = row.size
+    ids, vals, lse, _ = head_of(row, 1.0)
+    twice = list(ids)
+    twice[1] = twice[0]
+    with pytest.raises(InvalidRequestError, match=rf"^sample_from_head: ids\[1\] repeats ids\[0\] = {ids[0]} \(a row's "
+                                                  r"best entries name each token once\)$"):
+        spec.sample_from_head(twice, vals, lse, vocab, 1.0, 1.0, [0.6], row)
+    for fill, shown in ((-np.inf, "-inf"), (np.inf, "inf")):
+        bad = np.full(vocab, -np.inf, np.float32)
+        bad[ids[0]] = fill
+        # a normaliser the head cannot use (NaN): the row decides, at top_p 1 and below it
+        for top_p in (1.0, 0.9):
+            who = "sample_from_head: the largest logit of the row" if top_p == 1.0 else \
+                "sampling_distribution: the largest logit"
+            with pytest.raises(SwiftspecError, match=rf"^{who} is {shown} \(the model produced non-finite logits\)$") \
+                    as info:
+                spec.sample_from_head(ids, vals, float("nan"), vocab, 1.0, top_p, [0.5], bad)
+            assert not isinstance(info.value, InvalidRequestError)
+        with pytest.raises(SwiftspecError, match=rf"^sampling_distribution: the largest logit is {shown} \(the model "
+                                                 r"produced non-finite logits\)$"):
+            spec.sampling_distribution(bad, 1.0, 0, 1.0)
+    for kwargs, needle in ((dict(us=[-1e-300]), "sample_from_head: u must be in [0, 1), got -1e-300"),
+                           (dict(top_p=1.0000001), "top_p must be in (0, 1], got 1.0000001"),
+                           (dict(temperature=-1e-30), "temperature must be a finite number >= 0, got -1e-30")):
+        args = dict(ids=ids, top_logits=vals, log_normalizer=lse, vocab=vocab, temperature=1.0, top_p=1.0, us=[0.5],
+                    row=row)
+        args.update(kwargs)
+        with pytest.raises(InvalidRequestError) as info:
+            spec.sample_from_head(**args)
+        assert str(info.value) == needle

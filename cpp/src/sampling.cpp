@@ -12,10 +12,10 @@ namespace swiftspec {
 
 void SamplingParams::validate() const {
   if (std::isnan(temperature) || temperature < 0.0f || std::isinf(temperature))
-    throw InvalidArgument("temperature must be a finite number >= 0, got " + std::to_string(temperature));
+    throw InvalidArgument("temperature must be a finite number >= 0, got " + show_number(temperature));
   if (top_k < 0) throw InvalidArgument("top_k must be >= 0 (0 disables it), got " + std::to_string(top_k));
   if (std::isnan(top_p) || top_p <= 0.0f || top_p > 1.0f)
-    throw InvalidArgument("top_p must be in (0, 1], got " + std::to_string(top_p));
+    throw InvalidArgument("top_p must be in (0, 1], got " + show_number(top_p));
 }
 
 int argmax(const float* logits, int vocab) {
@@ -44,6 +44,9 @@ void sampling_distribution(const float* logits, int vocab, const SamplingParams&
   // Softmax at temperature T, in double for a stable normaliser.
   const double inv_t = 1.0 / params.temperature;
   float max_logit = logits[argmax(logits, vocab)];
+  if (!std::isfinite(max_logit))  // every probability would be NaN (inf - inf, or -inf - -inf)
+    throw Error("sampling_distribution: the largest logit is " + show_number(max_logit) +
+                " (the model produced non-finite logits)");
   double total = 0;
   for (int i = 0; i < vocab; ++i) {
     double p = std::exp((static_cast<double>(logits[i]) - max_logit) * inv_t);
@@ -128,8 +131,17 @@ int sample_token(const float* logits, int vocab, const SamplingParams& params, R
 
 namespace {
 
-// The k entries of a row's head: ids >= 0 (and < vocab when vocab >= 0), logits largest first, no NaN.
+// The k entries of a row's head: distinct ids >= 0 (and < vocab when vocab >= 0), logits largest
+// first, no NaN. (A repeated id was drawn with its entries' summed weight: another distribution.)
 void check_head(const int32_t* ids, const float* top_logits, int k, int vocab, const char* who) {
+  std::vector<std::pair<int32_t, int>> seen(k);
+  for (int j = 0; j < k; ++j) seen[j] = {ids[j], j};
+  std::sort(seen.begin(), seen.end());
+  for (int j = 1; j < k; ++j)
+    if (seen[j].first == seen[j - 1].first)
+      throw InvalidArgument(std::string(who) + ": ids[" + std::to_string(seen[j].second) + "] repeats ids[" +
+                            std::to_string(seen[j - 1].second) + "] = " + std::to_string(seen[j].first) +
+                            " (a row's best entries name each token once)");
   for (int j = 0; j < k; ++j) {
     if (ids[j] < 0)
       throw InvalidArgument(std::string(who) + ": ids[" + std::to_string(j) + "] is " + std::to_string(ids[j]) +
@@ -139,8 +151,8 @@ void check_head(const int32_t* ids, const float* top_logits, int k, int vocab, c
                             ", outside the vocabulary [0, " + std::to_string(vocab) + ")");
     if (std::isnan(top_logits[j]) || (j > 0 && top_logits[j] > top_logits[j - 1]))
       throw InvalidArgument(std::string(who) + ": top_logits must be largest first without NaN, got top_logits[" +
-                            std::to_string(j) + "] = " + std::to_string(top_logits[j]) +
-                            (j > 0 ? " after " + std::to_string(top_logits[j - 1]) : std::string()));
+                            std::to_string(j) + "] = " + show_number(top_logits[j]) +
+                            (j > 0 ? " after " + show_number(top_logits[j - 1]) : std::string()));
   }
 }
 
@@ -157,7 +169,7 @@ int sample_from_top_k(const int32_t* ids, const float* top_logits, int k, const 
                           std::to_string(params.top_k) + " (give a row's min(top_k, vocab) best)");
   check_head(ids, top_logits, k, -1, "sample_from_top_k");
   if (!std::isfinite(top_logits[0]))  // every weight would be NaN
-    throw Error("sample_from_top_k: the largest logit is " + std::to_string(top_logits[0]) +
+    throw Error("sample_from_top_k: the largest logit is " + show_number(top_logits[0]) +
                 " (the model produced non-finite logits)");
   const double inv_t = 1.0 / params.temperature;
   std::vector<double> w(k);
@@ -203,6 +215,9 @@ constexpr double kWalkMargin = 1e-8;
 // id in id order; the last nonzero weight when rounding leaves u at the very top.
 int walk_whole_row(const float* row, int vocab, const int32_t* ids, int k, double inv_t, double u) {
   const float mx = row[argmax(row, vocab)];  // (throws on NaN)
+  if (!std::isfinite(mx))  // every weight would be NaN: the last id was drawn
+    throw Error("sample_from_head: the largest logit of the row is " + show_number(mx) +
+                " (the model produced non-finite logits)");
   std::vector<double> w(vocab);
   double total = 0;
   for (int i = 0; i < vocab; ++i) {
@@ -244,7 +259,7 @@ int sample_from_head(const int32_t* ids, const float* top_logits, int k, double 
     throw InvalidArgument(std::string(who) + ": top_k=" + std::to_string(params.top_k) +
                           " keeps fewer than the vocabulary (draw with sample_from_top_k)");
   if (!(u >= 0.0 && u < 1.0))
-    throw InvalidArgument(std::string(who) + ": u must be in [0, 1), got " + std::to_string(u));
+    throw InvalidArgument(std::string(who) + ": u must be in [0, 1), got " + show_number(u));
   check_head(ids, top_logits, k, vocab, who);
   const double inv_t = 1.0 / params.temperature;
   const double v0 = top_logits[0];
@@ -252,9 +267,9 @@ int sample_from_head(const int32_t* ids, const float* top_logits, int k, double 
   const double c = log_normalizer - v0 * inv_t;
   const bool usable = std::isfinite(v0) && std::isfinite(log_normalizer);
   if (usable && c < -1e-9 * std::max(1.0, std::fabs(log_normalizer)))
-    throw InvalidArgument(std::string(who) + ": log_normalizer " + std::to_string(log_normalizer) +
-                          " is below the largest logit / T = " + std::to_string(v0 * inv_t) +
-                          " (not the row's normaliser at temperature " + std::to_string(params.temperature) + ")");
+    throw InvalidArgument(std::string(who) + ": log_normalizer " + show_number(log_normalizer) +
+                          " is below the largest logit / T = " + show_number(v0 * inv_t) +
+                          " (not the row's normaliser at temperature " + show_number(params.temperature) + ")");
   auto whole_row = [&](std::vector<float>& row) {
     if (read_whole_row) *read_whole_row = true;
     read_row(row);
@@ -315,8 +330,8 @@ int sample_from_head(const TopKLogits& top, int row, int vocab, const SamplingPa
     throw InvalidArgument("sample_from_head: the top-k holds no log-normalizer (forward_top_k with_log_normalizer)");
   if (params.greedy() || top.inv_temperature != 1.0 / params.temperature)
     throw InvalidArgument("sample_from_head: the log-normalizer is at inverse temperature " +
-                          std::to_string(top.inv_temperature) + ", the request samples at temperature " +
-                          std::to_string(params.temperature) + " (forward_top_k with inv_temperature = 1 / T)");
+                          show_number(top.inv_temperature) + ", the request samples at temperature " +
+                          show_number(params.temperature) + " (forward_top_k with inv_temperature = 1 / T)");
   const size_t e = static_cast<size_t>(row) * top.k;
   return sample_from_head(top.ids.data() + e, top.logits.data() + e, top.k, top.log_normalizer[row], vocab, params,
                           rng.uniform(), read_row, read_whole_row);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "swiftspec/error.h"
@@ -157,6 +158,55 @@ SWIFTSPEC_TEST(sample_from_head_refuses_what_it_cannot_draw_from) {
     nan_error = std::string(e.what()) == kNanLogitsMessage;
   }
   CHECK(nan_error);
+}
+
+// What the head path drew silently from other distributions before: a head naming one id twice
+// (its entries' weights summed), a row read for the tail whose largest logit is -inf or +inf (every
+// weight NaN: the last id), sampling_distribution of such a row (all NaN). Messages show numbers
+// as they read back (std::to_string gave "1.000000" for a top_p of 1.0000001f, "-0.000000" for u
+// = -1e-300).
+SWIFTSPEC_TEST(sample_from_head_refuses_repeated_ids_and_non_finite_rows) {
+  const std::vector<float> row = synthetic_row(100, 2.f, 5);
+  SamplingParams p;
+  p.temperature = 1.0f;
+  const Head h = head_of(row, 8, 1.0);
+  auto message = [&](std::vector<int32_t> ids, const std::vector<float>& whole, double u, double lse) -> std::string {
+    try {
+      sample_from_head(ids.data(), h.vals.data(), 8, lse, 100, p, u, [&](std::vector<float>& r) { r = whole; });
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  std::vector<int32_t> twice = h.ids;
+  twice[5] = twice[2];
+  CHECK_EQ(message(twice, row, 0.5, h.lse), "sample_from_head: ids[5] repeats ids[2] = " + std::to_string(h.ids[2]) +
+                                                " (a row's best entries name each token once)");
+  const std::vector<float> low(100, -INFINITY);
+  CHECK_EQ(message(h.ids, low, 0.5, NAN),
+           std::string("sample_from_head: the largest logit of the row is -inf (the model produced non-finite logits)"));
+  std::vector<float> high = row;
+  high[h.ids[0]] = INFINITY;
+  CHECK_EQ(message(h.ids, high, 0.5, NAN),
+           std::string("sample_from_head: the largest logit of the row is inf (the model produced non-finite logits)"));
+  CHECK_EQ(message(h.ids, row, -1e-300, h.lse), std::string("sample_from_head: u must be in [0, 1), got -1e-300"));
+  std::vector<float> probs;
+  std::string sd = "no error";
+  try {
+    sampling_distribution(low.data(), 100, p, probs);
+  } catch (const Error& e) {
+    sd = e.what();
+  }
+  CHECK_EQ(sd, std::string("sampling_distribution: the largest logit is -inf (the model produced non-finite logits)"));
+  SamplingParams wide = p;
+  wide.top_p = 1.0000001f;
+  std::string v = "no error";
+  try {
+    wide.validate();
+  } catch (const InvalidArgument& e) {
+    v = e.what();
+  }
+  CHECK_EQ(v, std::string("top_p must be in (0, 1], got 1.0000001"));
 }
 
 }  // namespace swiftspec

@@ -9,6 +9,7 @@
 // ends with finish_reason "cancelled" (generation.h); the Python bindings turn
 // a pending SIGINT into KeyboardInterrupt.
 #pragma once
+#include <charconv>
 #include <stdexcept>
 #include <string>
 
@@ -25,6 +26,16 @@ class Error : public std::runtime_error {
 inline constexpr const char* kNanLogitsMessage =
     "the model produced NaN logits: its weights (or inputs) hold non-finite values; check the checkpoint "
     "(e.g. convert it again)";
+
+/// A number as messages show it: the shortest text that reads back as the same value ("1.0000001",
+/// "-1e-300", "nan"), where std::to_string's six decimals showed 1.0000001f as "1.000000" (inside
+/// the range the message said it was outside) and -1e-300 as "-0.000000".
+template <typename T>
+std::string show_number(T x) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, x);
+  return std::string(buf, r.ptr);
+}
 
 /// A checkpoint, config or manifest on disk is missing, truncated or inconsistent.
 class CheckpointError : public Error {

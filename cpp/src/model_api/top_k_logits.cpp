@@ -53,7 +53,7 @@ double log_normalizer(const float* values, int n, double inv_temperature) {
 void check_inv_temperature(double inv_temperature, const char* who) {
   if (!(inv_temperature > 0.0) || std::isinf(inv_temperature))
     throw InvalidArgument(std::string(who) + ": inv_temperature must be a finite number > 0, got " +
-                          std::to_string(inv_temperature));
+                          show_number(inv_temperature));
 }
 
 void check_top_k(int k, int vocab, const char* who) {
