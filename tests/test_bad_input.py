@@ -402,6 +402,23 @@ def test_a_tiny_top_p_keeps_the_most_likely_token(small_pair):
                                seed=3).token_ids == greedy
 
 
+def test_numpy_sampling_parameters_are_numbers(small_pair):
+    """A numpy float temperature / top_p was refused as "temperature must be a number, got
+    np.float32(0.7)" (numpy integers were taken for top_k and seed); the request samples as with the
+    Python float. The top_p message names the value given (the runtime showed 1.0000001 as 1.000000)."""
+    want = small_pair.generate("def f(x):", max_new_tokens=6, mode="target", temperature=0.5, top_p=0.75,
+                               seed=4).token_ids
+    got = small_pair.generate("def f(x):", max_new_tokens=6, mode="target", temperature=np.float32(0.5),
+                              top_p=np.float64(0.75), seed=np.uint64(4)).token_ids
+    assert got == want
+    with pytest.raises(InvalidRequestError) as info:
+        small_pair.generate("hi", max_new_tokens=2, temperature=1.0, top_p=1.0000001)
+    assert str(info.value) == "top_p must be in (0, 1], got 1.0000001"
+    with pytest.raises(InvalidRequestError) as info:
+        small_pair.generate("hi", max_new_tokens=2, temperature="0.5")
+    assert str(info.value) == "temperature must be a number, got '0.5'"
+
+
 def test_numpy_token_ids_are_a_prompt(small_pair):
     ids = small_pair.encode_prompt("def f(x):")
     assert small_pair.generate(np.array(ids), max_new_tokens=4, mode="target").token_ids == \

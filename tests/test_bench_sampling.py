@@ -233,6 +233,21 @@ def test_resume_refuses_other_sampling_settings(checkpoint_dir, tmp_path):
     assert doc["settings"]["decoding"] == "greedy" and doc["settings"]["sampling"] is None
 
 
+def test_numpy_sampling_values_are_numbers():
+    """run_bench(temperature=np.float32(0.5), top_k=np.int64(5)) was refused ("top_k must be an integer
+    >= 0 (0: off), got np.int64(5)"); the block holds Python numbers (JSON-serialisable), and a uint64
+    seed near the top is bounded as an int (numpy's seed + i wraps around)."""
+    import numpy as np
+
+    block = check_sampling(np.float32(0.5), np.float64(0.75), np.int64(5), np.uint64(3), num_prompts=2)
+    assert block == {"temperature": 0.5, "top_p": 0.75, "top_k": 5, "seed": 3}
+    assert [type(v) for v in block.values()] == [float, float, int, int]
+    with pytest.raises(BenchConfigError) as e:
+        check_sampling(1.0, 1.0, 0, np.uint64(2**64 - 1), num_prompts=2)
+    assert str(e.value) == (f"seed must be at most {2**64 - 2} (request i of a data set samples with seed + i, a "
+                            f"64-bit seed), got {2**64 - 1}")
+
+
 @pytest.mark.parametrize("content,needle", [
     ("", "is not JSON (Expecting value: line 1 column 1 (char 0)); its run's settings are unknown: use a new --out "
          "folder"),

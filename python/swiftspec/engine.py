@@ -370,8 +370,9 @@ class Engine:
         max_depth = _check_int("max_depth", max_depth, -_INT32_MAX)
         branching = _check_int("branching", branching, -_INT32_MAX)
         for name, value in (("temperature", temperature), ("top_p", top_p)):
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
+            if not isinstance(value, numbers.Real) or isinstance(value, bool):  # numpy floats too, as integers above
                 raise InvalidRequestError(f"{name} must be a number, got {value!r}")
+        temperature, top_p = float(temperature), float(top_p)
         # The runtime samples in float32: a finite value beyond its range is refused by name
         # (not reported as "inf"), and a top_p below its smallest normal number keeps the same
         # nucleus (the most likely token alone) at that smallest number.

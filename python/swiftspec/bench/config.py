@@ -46,6 +46,7 @@ naming the bad token; the CLI turns it into exit status 2.
 
 from __future__ import annotations
 
+import numbers
 import re
 from dataclasses import asdict, dataclass
 
@@ -412,11 +413,11 @@ def check_sampling(temperature=0.0, top_p=1.0, top_k=0, seed=0, *, num_prompts: 
     """
     names = {k: k for k in SAMPLING_DEFAULTS} | dict(names or {})
 
-    def number(value) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    def number(value) -> bool:  # numpy's too
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
     def integer(value) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
     if not number(temperature) or not (0 <= temperature <= _FLOAT32_MAX):  # NaN and inf fail too
         raise BenchConfigError(f"{names['temperature']} must be a finite number >= 0 (0: greedy decoding), "
@@ -433,6 +434,8 @@ def check_sampling(temperature=0.0, top_p=1.0, top_k=0, seed=0, *, num_prompts: 
                                f"the vocabulary keeps every token), got {top_k}")
     if not integer(seed) or seed < 0:
         raise BenchConfigError(f"{names['seed']} must be an integer >= 0, got {seed!r}")
+    # numpy scalars as Python numbers (uint64 + an int wraps around or becomes a float)
+    temperature, top_p, top_k, seed = float(temperature), float(top_p), int(top_k), int(seed)
     if seed + max(1, num_prompts) - 1 > SEED_MAX:
         raise BenchConfigError(f"{names['seed']} must be at most {SEED_MAX - max(1, num_prompts) + 1} (request i of "
                                f"a data set samples with seed + i, a 64-bit seed), got {seed}")
