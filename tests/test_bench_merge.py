@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -276,6 +277,18 @@ def test_one_folder_named_twice_through_a_symlink_or_relative_path(tmp_path, mon
             merge_bench(["a", other], "out", plots=False)
     with pytest.raises(BenchConfigError, match=r"^--out link is one of the --merge folders; give a new folder$"):
         merge_bench(["a", _write(tmp_path / "b", _doc(["hf:target"], DATASETS))], "link", plots=False)
+    # a symlink loop, as a part or as --out: a RuntimeError traceback from Path.resolve before
+    # (Python 3.13's resolve() no longer raises on a loop: the part is then 'not a folder')
+    (tmp_path / "l1").symlink_to(tmp_path / "l2")
+    (tmp_path / "l2").symlink_to(tmp_path / "l1")
+    if sys.version_info >= (3, 13):
+        return
+    with pytest.raises(BenchConfigError) as e:
+        merge_bench(["l1", "a"], "out", plots=False)
+    assert str(e.value).startswith("--merge l1: cannot resolve the path (Symlink loop from ")
+    with pytest.raises(BenchConfigError) as e:
+        merge_bench(["a", "b"], "l1", plots=False)
+    assert str(e.value).startswith("--out l1: cannot resolve the path (Symlink loop from ")
 
 
 def test_out_must_be_new(tmp_path):

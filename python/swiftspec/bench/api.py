@@ -498,13 +498,20 @@ def merge_bench(folders: list[str | Path], out_dir: str | Path, *, plots: bool =
 
     from swiftspec.bench import machine as mach
 
+    def resolve(path: Path, flag: str) -> Path:
+        try:
+            return path.resolve()
+        except (RuntimeError, OSError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
+            raise BenchConfigError(f"{flag} {path}: cannot resolve the path ({exc})") from None
+
     folders = [Path(f) for f in folders]
     out = Path(out_dir)
-    resolved = [f.resolve() for f in folders]
+    resolved = [resolve(f, "--merge") for f in folders]
+    out_resolved = resolve(out, "--out")
     for i, f in enumerate(resolved):
         if f in resolved[:i]:
             raise BenchConfigError(f"--merge names {folders[i]} twice")
-        if f == out.resolve():
+        if f == out_resolved:
             raise BenchConfigError(f"--out {out} is one of the --merge folders; give a new folder")
     _check_out(out, "give another folder")
     parts = [(f, read_part(f)) for f in folders]
