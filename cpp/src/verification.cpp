@@ -38,7 +38,7 @@ int32_t rejection_sample(const TreeNode& nd, int u, int vocab, const float* p, c
   for (int32_t t : nd.draws) {
     if (!(q[t] > 0.0f))
       throw InvalidArgument("verify_stochastic: node " + std::to_string(u) + " has draw " + std::to_string(t) +
-                            " whose draft probability is " + std::to_string(q[t]) + " (must be > 0)");
+                            " whose draft probability is " + show_number(q[t]) + " (must be > 0)");
     const double u01 = rng.uniform();
     // accept with probability min(1, r(t) / q(t))
     if (u01 * static_cast<double>(q[t]) < static_cast<double>(residual[t])) return t;
