@@ -236,6 +236,12 @@ def test_missing_invalid_and_interrupted_parts(tmp_path):
     # values nested deeper than a run writes: copying / writing the merge overflowed Python's recursion
     (lambda d: d["settings"].__setitem__("prompt_format", json.loads("[" * 600 + "]" * 600)),
      "has values nested more than 32 levels deep under settings/prompt_format (an edited file?)"),
+    # finite but beyond any measurement: the aggregates' sums overflowed into Infinity (bench.json then
+    # held it, not JSON) and a tiny TPOT's speedup did too
+    (lambda d: d["requests"][1].__setitem__("ttft_s", 1e308), "does not match the bench schema at "
+     "requests/1/ttft_s: 1e+308 is greater than the maximum of 1000000000000.0"),
+    (lambda d: d["requests"][2].__setitem__("tpot_s", 1e-300), "does not match the bench schema at "
+     "requests/2/tpot_s: 1e-300 is less than the minimum of 1e-12"),
     # one part listing a row twice was 'measured in both b and b'
     (lambda d: d["requests"].append(copy.deepcopy(d["requests"][0])), "has two rows humaneval[0] hf:target "
      "(an edited file?)"),
@@ -251,6 +257,25 @@ def test_hand_edited_part_is_one_line_naming_it(tmp_path, capsys, edit, needle):
     assert err[0] in (f"swiftspec bench: error: --merge: {b} {needle}",
                       f"swiftspec bench: error: --merge: {b}/bench.json {needle}"), err[0]
     assert not (tmp_path / "m").exists()
+
+
+def test_wall_times_that_would_overflow_their_sum_are_named(tmp_path):
+    """Parts whose created is not a run's timestamp have their wall times added: two finite 1e308s
+    made the merged wall_time_s Infinity (written into bench.json, not JSON)."""
+    docs = []
+    for configs in (["target"], ["hf:target"]):
+        d = _doc(configs, DATASETS)
+        d["created"], d["wall_time_s"] = "yesterday", 1e308
+        docs.append(d)
+    a, b = _write(tmp_path / "a", docs[0]), _write(tmp_path / "b", docs[1])
+    with pytest.raises(BenchConfigError) as e:
+        merge_bench([a, b], tmp_path / "out", plots=False)
+    assert str(e.value) == (f"--merge: {a} records wall_time_s 1e+308, beyond any run (at most 1e+12 s; an edited "
+                            "file?)")
+    assert not (tmp_path / "out").exists()
+    docs[0]["wall_time_s"] = docs[1]["wall_time_s"] = 30.0  # the sum, when it is a run's
+    c, d = _write(tmp_path / "c", docs[0]), _write(tmp_path / "d", docs[1])
+    assert merge_bench([c, d], tmp_path / "out", plots=False)["wall_time_s"] == 60.0
 
 
 def test_deeply_nested_or_unwritable_is_one_line(tmp_path, capsys):

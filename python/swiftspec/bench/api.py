@@ -9,7 +9,7 @@ from swiftspec.bench import machine as mach
 from swiftspec.bench.config import BenchConfigError, check_sampling, parse_config_list
 from swiftspec.bench.report import build_document, markdown, write_json
 from swiftspec.bench.runner import BenchSettings, Runner, load_prompts
-from swiftspec.bench.schema import consistency_problems, validate
+from swiftspec.bench.schema import MAX_MEASURED, consistency_problems, validate
 
 
 class BenchResultError(BenchConfigError):
@@ -218,8 +218,9 @@ def read_part(folder: str | Path) -> dict:
     Raises:
         BenchConfigError: (one line naming the folder) ``folder`` is not a folder, has no
             bench.json, bench.json is not JSON (NaN / Infinity included), not a bench result of
-            this schema version, does not match the schema, or records an interrupted run
-            (partial results: finish it with ``--resume`` first).
+            this schema version, does not match the schema (naming the field: e.g. a row's time
+            beyond :data:`~swiftspec.bench.schema.MAX_MEASURED`, whose statistics would overflow),
+            or records an interrupted run (partial results: finish it with ``--resume`` first).
     """
     import json
 
@@ -326,7 +327,10 @@ def merge_documents(parts: list[tuple[str | Path, dict]], *, command: str, creat
             (CPU model, GPU list); a configuration is recorded differently by two parts or its
             name no longer parses to the recorded configuration; one (data set, prompt,
             configuration) is measured in two parts; one prompt has another id or token count
-            in two parts; a part has a row of a data set or configuration it does not list.
+            in two parts; a part has a row of a data set or configuration it does not list; a
+            part's run would end after the year 9999 (created + wall_time_s), or, where a created
+            is not a run's timestamp, records a wall_time_s beyond
+            :data:`~swiftspec.bench.schema.MAX_MEASURED` (the sum would overflow).
     """
     import copy
 
@@ -459,7 +463,11 @@ def merge_documents(parts: list[tuple[str | Path, dict]], *, command: str, creat
         wall = (max(ends) - begin).total_seconds()
         last = docs[ends.index(max(ends))]
         doc_created = min(d["created"] for d in docs)
-    else:
+    else:  # a created that is not a run's timestamp (an edited file): the parts' wall times added
+        for folder, d in zip(folders, docs):
+            if d["wall_time_s"] > MAX_MEASURED:  # their sum would overflow to Infinity (not JSON)
+                raise BenchConfigError(f"--merge: {folder} records wall_time_s {d['wall_time_s']!r}, beyond any run "
+                                       f"(at most {MAX_MEASURED:g} s; an edited file?)")
         wall, last, doc_created = sum(d["wall_time_s"] for d in docs), docs[-1], docs[0]["created"]
     machine = copy.deepcopy(docs[0]["machine"])
     machine["busy_processes_end"] = last["machine"].get("busy_processes_end")

@@ -48,6 +48,16 @@ _NNUM = {"type": ["number", "null"]}
 _NINT = {"type": ["integer", "null"]}
 _NSTR = {"type": ["string", "null"]}
 
+#: The largest value a request row's measured numbers may hold (seconds, tokens, steps, tokens per
+#: second): 1e12 s is over 30000 years, 1e12 tokens beyond any run. A larger finite value (an edited
+#: file: 1e308) would overflow the sums, means and ratios computed from the rows into Infinity,
+#: which is not JSON.
+MAX_MEASURED = 1e12
+#: The smallest positive time per output token and latency of a row, s (a picosecond, far below
+#: any clock's resolution): they divide the speedups, which a smaller one (1e-308) overflows.
+MIN_DIVISOR_S = 1e-12
+_MEASURED = {"maximum": MAX_MEASURED}
+
 
 def _stats(desc: str) -> dict:
     return {
@@ -131,24 +141,29 @@ _REQUEST = {
         "prompt_index": {"type": "integer", "minimum": 0, "description": "record index in the data set file"},
         "prompt_id": {"type": "string", "description": "MT-Bench question_id or HumanEval task_id"},
         "config": {"type": "string"},
-        "prompt_tokens": {"type": "integer", "minimum": 1},
-        "new_tokens": {"type": "integer", "minimum": 0, "description": "len(token_ids)"},
-        "counted_tokens": {"type": "integer", "minimum": 0,
+        "prompt_tokens": {"type": "integer", "minimum": 1, **_MEASURED},
+        "new_tokens": {"type": "integer", "minimum": 0, **_MEASURED, "description": "len(token_ids)"},
+        "counted_tokens": {"type": "integer", "minimum": 0, **_MEASURED,
                            "description": "new tokens as the engine counted them (swiftspec: the "
                                           "runtime's stats.new_tokens; HF: tokens streamed)"},
-        "first_emission_tokens": {"type": "integer", "minimum": 0},
+        "first_emission_tokens": {"type": "integer", "minimum": 0, **_MEASURED},
         "finish_reason": {"enum": ["length", "stop", "cancelled"]},
-        "ttft_s": {"type": "number", "exclusiveMinimum": 0, "description": "time to first token, s"},
-        "decode_s": {"type": "number", "minimum": 0, "description": "first emission to last token, s"},
-        "tpot_s": {**_NNUM, "description": "time per output token after the first emission, s"},
-        "tokens_per_s": {**_NNUM, "description": "decode tokens per second"},
-        "verification_steps": {"type": "integer", "minimum": 0},
-        "draft_steps": {**_NINT, "description": "draft forward passes after prefill (null if unknown)"},
-        "acceptance_length": {**_NNUM, "description": "tokens committed per verification step"},
-        "target_time_s": {**_NNUM, "description": "time inside target forward passes during decode, s"},
-        "draft_time_s": {**_NNUM, "description": "time inside draft forward passes during decode, s"},
-        "wall_s": {"type": "number", "minimum": 0, "description": "whole request including Python, s"},
-        "latency_s": {"type": "number", "minimum": 0, "description": "ttft_s + decode_s"},
+        "ttft_s": {"type": "number", "exclusiveMinimum": 0, **_MEASURED, "description": "time to first token, s"},
+        "decode_s": {"type": "number", "minimum": 0, **_MEASURED, "description": "first emission to last token, s"},
+        "tpot_s": {**_NNUM, "minimum": MIN_DIVISOR_S, **_MEASURED,
+                   "description": "time per output token after the first emission, s"},
+        "tokens_per_s": {**_NNUM, "minimum": 0, **_MEASURED, "description": "decode tokens per second"},
+        "verification_steps": {"type": "integer", "minimum": 0, **_MEASURED},
+        "draft_steps": {**_NINT, "minimum": 0, **_MEASURED,
+                        "description": "draft forward passes after prefill (null if unknown)"},
+        "acceptance_length": {**_NNUM, "minimum": 0, **_MEASURED,
+                              "description": "tokens committed per verification step"},
+        "target_time_s": {**_NNUM, "minimum": 0, **_MEASURED,
+                          "description": "time inside target forward passes during decode, s"},
+        "draft_time_s": {**_NNUM, "minimum": 0, **_MEASURED,
+                         "description": "time inside draft forward passes during decode, s"},
+        "wall_s": {"type": "number", "minimum": 0, **_MEASURED, "description": "whole request including Python, s"},
+        "latency_s": {"type": "number", "minimum": MIN_DIVISOR_S, **_MEASURED, "description": "ttft_s + decode_s"},
         "speedup": {**_NNUM, "description": "baseline TPOT / this TPOT on the same prompt"},
         "latency_speedup": {**_NNUM, "description": "baseline latency / this latency (same token count)"},
         "matches_reference": {"type": ["boolean", "null"],
