@@ -145,6 +145,71 @@ def test_resume_keeps_measured_requests_and_measures_the_rest(checkpoint_dir, tm
 
 
 # -------------------------------------------------------------- no models needed
+def _interrupted_run(tmp_path, rows_edit=None):
+    """A runner over an --out folder that an interrupted run (target and serial:chain4, one
+    humaneval prompt of 5 tokens, max_new_tokens 4) left with its two rows, the first edited by
+    ``rows_edit(row)``; returns the runner and this run's prompts."""
+    from swiftspec.bench.runner import BenchSettings, PromptItem, Runner, make_row
+
+    configs = parse_config_list("target,serial:chain4", "cpu", None)
+    settings = BenchSettings(datasets=["humaneval"], num_prompts=1, max_new_tokens=4, target="t", draft="d")
+    runner = Runner(settings, configs, tmp_path, progress=False, log=lambda msg: None)
+    items = [PromptItem("humaneval", 0, "HumanEval/0", [], prompt_ids=[1, 2, 3, 4, 5])]
+    rows = [make_row(items[0], c, dict(token_ids=[7, 8, 9, 10], counted_tokens=4, first_emission_tokens=1,
+                                       finish_reason="length", ttft_s=0.5, decode_s=0.3,
+                                       verification_steps=3 if c.mode == "target" else 1,
+                                       draft_steps=None if c.mode == "target" else 4,
+                                       acceptance_length=1.0 if c.mode == "target" else 3.0,
+                                       target_time_s=None, draft_time_s=None, wall_s=0.9)) for c in configs]
+    lines = [json.dumps(r) for r in rows]
+    if rows_edit is not None:
+        lines[0] = rows_edit(rows[0])
+    (tmp_path / "run_identity.json").write_text(json.dumps(runner._run_identity()))
+    (tmp_path / "requests.jsonl").write_text("\n".join(lines) + "\n")
+    return runner, items
+
+
+def _set(**fields):
+    return lambda row: json.dumps({**row, **fields})
+
+
+def _drop(field):
+    return lambda row: json.dumps({k: v for k, v in row.items() if k != field})
+
+
+@pytest.mark.parametrize("edit,needle", [
+    # type, presence and range: a traceback or a silently wrong report at the end of the run before
+    (_set(ttft_s="0.5"), "line 1: ttft_s: '0.5' is not of type 'number'"),
+    (_drop("decode_s"), "line 1: field decode_s is missing"),
+    (_set(new_tokens=-4), "line 1: new_tokens: -4 is less than the minimum of 0"),
+    (_set(tokens_per_s=1e308), "line 1: tokens_per_s: 1e+308 is greater than the maximum of 1000000000000.0"),
+    (lambda row: json.dumps(row).replace('"wall_s": 0.9', '"wall_s": NaN'), "line 1: wall_s is NaN (a row holds "
+                                                                           "finite numbers only)"),
+    (_set(token_ids=[7, 8, 9]), "line 1: humaneval[0] target: new_tokens 4, counted 4, returned 3"),
+    (lambda row: "[1, 2]", "line 1 is not a request row (no dataset, prompt_index or config)"),
+    # rows this run does not measure, or whose prompt is another now
+    (_set(prompt_index=3), "line 1: humaneval[3] target is not a request of this run (prompt not measured"),
+    (_set(config="serial:tree16"), "line 1: humaneval[0] serial:tree16 is not a request of this run "
+                                   "(configuration not measured"),
+    (_set(prompt_tokens=6), "line 1: prompt humaneval[0] is HumanEval/0 of 6 tokens there, HumanEval/0 of 5 tokens "
+                            "now (another data set file or chat template?)"),
+    (_set(config="serial:chain4"), "line 2 repeats the request humaneval[0] serial:chain4 of line 1"),
+])
+def test_resumed_rows_are_checked_naming_the_line_and_field(tmp_path, edit, needle):
+    runner, items = _interrupted_run(tmp_path, edit)
+    with pytest.raises(BenchConfigError) as e:
+        runner._resumed_rows(items)
+    message = str(e.value)
+    assert message.startswith(f"--resume: {tmp_path / 'requests.jsonl'} {needle}"), message
+    assert "\n" not in message
+
+
+def test_resumed_rows_as_measured_are_kept(tmp_path):
+    runner, items = _interrupted_run(tmp_path)
+    rows = runner._resumed_rows(items)
+    assert [(r["config"], r["acceptance_length"]) for r in rows] == [("target", 1.0), ("serial:chain4", 3.0)]
+
+
 @pytest.mark.parametrize("token,name,budget,branching,depth", [
     ("target", "target", None, None, None),
     ("serial:chain", "serial:chain4", 4, 1, 4),

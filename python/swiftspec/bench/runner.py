@@ -294,9 +294,20 @@ class Runner:
 
     def _resumed_rows(self, items: list[PromptItem]) -> list[dict]:
         """Rows already measured by an interrupted run into the same folder (``resume=True``).
+        ``items``: this run's prompts, tokenized.
 
-        Raises :class:`BenchConfigError` if that run had other settings (the field is named), or its
-        run_identity.json is not a JSON object."""
+        Raises:
+            BenchConfigError: (one line naming the file) that run had other settings (the field is
+                named), or its run_identity.json is not a JSON object; a line of its requests.jsonl
+                (named with the field) is not JSON (except a last line cut by a kill, measured
+                again), not a request row of the schema (a field missing, of another type, out of
+                range, NaN: :func:`swiftspec.bench.schema.request_row_problem`), has numbers that
+                disagree (:func:`swiftspec.bench.schema.row_consistency_problems`), is of a prompt
+                or configuration this run does not measure or of a prompt another id or token count
+                now, or repeats an earlier line's request.
+        """
+        from swiftspec.bench.schema import request_row_problem, row_consistency_problems
+
         ident_path = self.out_dir / "run_identity.json"
         jsonl_path = self.out_dir / "requests.jsonl"
         if not ident_path.is_file() or not jsonl_path.is_file():
@@ -317,8 +328,10 @@ class Runner:
             if before.get(key) != now.get(key):
                 raise BenchConfigError(f"--resume: the run in {self.out_dir} has {key}={before.get(key)!r}, "
                                        f"this one {now.get(key)!r}; use a new --out folder")
-        planned = {(i.dataset, i.index) for i in items}
+        planned = {(i.dataset, i.index): i for i in items}
+        modes = {c.name: c.mode for c in self.configs}
         rows = []
+        seen: dict[tuple, int] = {}
         lines = jsonl_path.read_text().splitlines()
         for n, line in enumerate(lines):
             try:
@@ -327,12 +340,33 @@ class Runner:
                 if n == len(lines) - 1:  # the write a kill interrupted: that request is measured again
                     continue
                 raise BenchConfigError(f"--resume: {jsonl_path} line {n + 1} is not JSON") from None
+            where = f"--resume: {jsonl_path} line {n + 1}"
             key = (row.get("dataset"), row.get("prompt_index"), row.get("config")) if isinstance(row, dict) else None
             if key is None or None in key:
-                raise BenchConfigError(f"--resume: {jsonl_path} line {n + 1} is not a request row "
-                                       "(no dataset, prompt_index or config)")
-            if key[:2] in planned:
-                rows.append(row)
+                raise BenchConfigError(f"{where} is not a request row (no dataset, prompt_index or config)")
+            # A row is kept as it was measured: its type, range and internal agreement are checked
+            # here (an edited line would otherwise be a traceback or a wrong report at the end).
+            problem = request_row_problem(row)
+            if problem is None:
+                problems = row_consistency_problems(row, self.settings.max_new_tokens, modes.get(key[2]))
+                problem = problems[0] if problems else None
+            if problem is not None:
+                raise BenchConfigError(f"{where}: {problem} (an edited file?)")
+            item = planned.get(key[:2])
+            if item is None or key[2] not in modes:
+                raise BenchConfigError(f"{where}: {key[0]}[{key[1]}] {key[2]} is not a request of this run "
+                                       f"({'prompt' if item is None else 'configuration'} not measured; an edited "
+                                       "file?)")
+            if (row["prompt_id"], row["prompt_tokens"]) != (item.prompt_id, len(item.prompt_ids)):
+                raise BenchConfigError(f"{where}: prompt {key[0]}[{key[1]}] is {row['prompt_id']} of "
+                                       f"{row['prompt_tokens']} tokens there, {item.prompt_id} of "
+                                       f"{len(item.prompt_ids)} tokens now (another data set file or chat "
+                                       "template?); use a new --out folder")
+            if key in seen:
+                raise BenchConfigError(f"{where} repeats the request {key[0]}[{key[1]}] {key[2]} of line "
+                                       f"{seen[key]} (an edited file?)")
+            seen[key] = n + 1
+            rows.append(row)
         self.log(f"--resume: {len(rows)} requests already measured in {jsonl_path}")
         return rows
 

@@ -352,6 +352,64 @@ def validate(document: dict) -> None:
     jsonschema.Draft202012Validator(SCHEMA).validate(document)
 
 
+def request_row_problem(row) -> str | None:
+    """What keeps ``row`` from being a ``requests`` row of this schema, naming the field, e.g.
+    "field ttft_s is missing", "ttft_s: 'fast' is not of type 'number'", "new_tokens: -3 is less than
+    the minimum of 0", "ttft_s is NaN (a row holds finite numbers only)"; None if it is one (its
+    numbers may still disagree with each other: :func:`row_consistency_problems`). Needs
+    ``jsonschema``."""
+    import math
+
+    import jsonschema
+
+    if not isinstance(row, dict):
+        return f"not a JSON object (got {type(row).__name__})"
+    for key, value in row.items():  # Python's json reads NaN / Infinity; the schema's "number" takes them
+        if isinstance(value, float) and not math.isfinite(value):
+            shown = "NaN" if value != value else "Infinity" if value > 0 else "-Infinity"
+            return f"{key} is {shown} (a row holds finite numbers only)"
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(_REQUEST).iter_errors(row))
+    if error is None:
+        return None
+    if error.validator == "required" and not error.absolute_path:
+        missing = next(k for k in _REQUEST["required"] if k not in row)
+        return f"field {missing} is missing"
+    where = "/".join(str(p) for p in error.absolute_path)
+    return f"{where}: {error.message[:200]}" if where else error.message[:200]
+
+
+def row_consistency_problems(row: dict, max_new_tokens: int, mode: str | None = None) -> list[str]:
+    """The per-row checks of :func:`consistency_problems` for one schema-valid ``requests`` row
+    (``mode``: its configuration's mode, for the target-only acceptance length; None: unknown),
+    each message starting with the row ("mtbench[0] target: ..."); [] when consistent."""
+    problems: list[str] = []
+    r = row
+    where = f"{r['dataset']}[{r['prompt_index']}] {r['config']}"
+    n = r["new_tokens"]
+    if n != len(r["token_ids"]) or r["counted_tokens"] != n:
+        problems.append(f"{where}: new_tokens {n}, counted {r['counted_tokens']}, "
+                        f"returned {len(r['token_ids'])}")
+    if n > max_new_tokens:
+        problems.append(f"{where}: {n} new tokens > max_new_tokens {max_new_tokens}")
+    if not r["ttft_s"] > 0:
+        problems.append(f"{where}: TTFT {r['ttft_s']} is not > 0")
+    first, steps, acc = r["first_emission_tokens"], r["verification_steps"], r["acceptance_length"]
+    if steps > 0:
+        if acc is None or acc < 1 - 1e-9:
+            problems.append(f"{where}: acceptance length {acc} < 1")
+        elif abs(first + acc * steps - n) > 1e-6 * max(1, n):
+            problems.append(f"{where}: {first} + {acc} * {steps} verification steps != {n} tokens")
+        if mode == "target" and acc is not None and abs(acc - 1) > 1e-9:
+            problems.append(f"{where}: target-only acceptance length {acc} != 1")
+    if abs(r["latency_s"] - (r["ttft_s"] + r["decode_s"])) > 1e-9:
+        problems.append(f"{where}: latency {r['latency_s']} != TTFT + decode time")
+    if r["tokens_per_s"] is not None:
+        produced = r["tokens_per_s"] * r["decode_s"]
+        if abs(produced - (n - first)) > 1e-6 * max(1, n):
+            problems.append(f"{where}: tokens/s x decode time = {produced:.6f}, expected {n - first}")
+    return problems
+
+
 def consistency_problems(document: dict) -> list[str]:
     """Checks the numbers of a (schema-valid) bench result against each other; returns one
     message per problem, [] when consistent:
@@ -374,30 +432,7 @@ def consistency_problems(document: dict) -> list[str]:
     max_new = settings["max_new_tokens"]
     configs = {c["name"]: c for c in document["configs"]}
     for r in document["requests"]:
-        where = f"{r['dataset']}[{r['prompt_index']}] {r['config']}"
-        n = r["new_tokens"]
-        if n != len(r["token_ids"]) or r["counted_tokens"] != n:
-            problems.append(f"{where}: new_tokens {n}, counted {r['counted_tokens']}, "
-                            f"returned {len(r['token_ids'])}")
-        if n > max_new:
-            problems.append(f"{where}: {n} new tokens > max_new_tokens {max_new}")
-        if not r["ttft_s"] > 0:
-            problems.append(f"{where}: TTFT {r['ttft_s']} is not > 0")
-        first, steps, acc = r["first_emission_tokens"], r["verification_steps"], r["acceptance_length"]
-        if steps > 0:
-            if acc is None or acc < 1 - 1e-9:
-                problems.append(f"{where}: acceptance length {acc} < 1")
-            elif abs(first + acc * steps - n) > 1e-6 * max(1, n):
-                problems.append(f"{where}: {first} + {acc} * {steps} verification steps != {n} tokens")
-            mode = configs.get(r["config"], {}).get("mode")
-            if mode == "target" and acc is not None and abs(acc - 1) > 1e-9:
-                problems.append(f"{where}: target-only acceptance length {acc} != 1")
-        if abs(r["latency_s"] - (r["ttft_s"] + r["decode_s"])) > 1e-9:
-            problems.append(f"{where}: latency {r['latency_s']} != TTFT + decode time")
-        if r["tokens_per_s"] is not None:
-            produced = r["tokens_per_s"] * r["decode_s"]
-            if abs(produced - (n - first)) > 1e-6 * max(1, n):
-                problems.append(f"{where}: tokens/s x decode time = {produced:.6f}, expected {n - first}")
+        problems += row_consistency_problems(r, max_new, configs.get(r["config"], {}).get("mode"))
     counts: dict[tuple, int] = {}
     for r in document["requests"]:
         counts[(r["dataset"], r["config"])] = counts.get((r["dataset"], r["config"]), 0) + 1
