@@ -473,3 +473,51 @@ def test_merge_refuses_parts_of_other_sampling_settings(tmp_path, field, other):
         merge_documents([(a, read_part(a)), (b, read_part(b))], command="merge")
     assert str(e.value) == (f"--merge: the parts disagree on sampling.{field}: {SAMPLED[field]!r} in {a}, "
                             f"{other!r} in {b}; merge only runs with the same sampling.{field}")
+
+
+def _with_settings(doc: dict, **settings) -> dict:
+    doc["settings"].update(settings)
+    return doc
+
+
+def test_merge_refuses_parts_of_another_warmup(tmp_path):
+    """A part without warm-up measured each configuration's first request cold: it merged quietly."""
+    a = _write(tmp_path / "a", _doc(["target"], DATASETS))
+    b = _write(tmp_path / "b", _with_settings(_doc(["hf:target"], DATASETS), warmup=0))
+    with pytest.raises(BenchConfigError) as e:
+        merge_bench([a, b], tmp_path / "out", plots=False)
+    assert str(e.value) == f"--merge: the parts disagree on warmup: 1 in {a}, 0 in {b}; merge only runs with the same warmup"
+    assert not (tmp_path / "out").exists()
+
+
+def test_merge_refuses_swiftspec_parts_of_other_threads_but_not_a_peers_only_part(tmp_path):
+    """swiftspec's threads per model change its times: two parts measuring swiftspec with 2 and 4
+    threads merged quietly (a speedup across them mixed the two). A part of the HF peers alone
+    records the default threads, which ran nothing: it may differ."""
+    a = _write(tmp_path / "a", _with_settings(_doc(["target"], DATASETS), threads=2))
+    b = _write(tmp_path / "b", _with_settings(_doc(["serial:tree16"], DATASETS), threads=4))
+    with pytest.raises(BenchConfigError) as e:
+        merge_bench([a, b], tmp_path / "out", plots=False)
+    assert str(e.value) == f"--merge: the parts disagree on threads: 2 in {a}, 4 in {b}; merge only runs with the same threads"
+    peers = _write(tmp_path / "peers", _with_settings(_doc(["hf:target"], DATASETS), threads=0))
+    doc = merge_bench([a, peers], tmp_path / "out", plots=False)
+    assert doc["settings"]["threads"] == 2
+
+
+def test_merge_refuses_hf_peer_parts_of_other_peer_settings(tmp_path):
+    """The HF peers' torch threads or library versions change their times: parts of the peers with
+    8 and 4 torch threads merged quietly (the first part's block was recorded for both)."""
+    ours = _write(tmp_path / "ours", _doc(["target", "serial:tree16"], DATASETS))
+    he = _write(tmp_path / "he", _doc(["hf:target", "hf:assisted"], ["humaneval"], hf_threads=8))
+    mt = _write(tmp_path / "mt", _doc(["hf:target", "hf:assisted"], ["mtbench"], hf_threads=4))
+    with pytest.raises(BenchConfigError) as e:
+        merge_bench([ours, he, mt], tmp_path / "out", plots=False)
+    assert str(e.value) == (f"--merge: the parts disagree on hf.cuda.torch_threads: 8 in {he}, 4 in {mt}; merge only "
+                            "runs with the same hf.cuda.torch_threads")
+    newer = _doc(["hf:target", "hf:assisted"], ["mtbench"], hf_threads=8)
+    newer["settings"]["hf"]["cuda"]["transformers"] = "4.99.0"
+    with pytest.raises(BenchConfigError, match=r"disagree on hf\.cuda\.transformers: None in .*he, '4\.99\.0' in "):
+        merge_bench([ours, he, _write(tmp_path / "newer", newer)], tmp_path / "out", plots=False)
+    same = _write(tmp_path / "same", _doc(["hf:target", "hf:assisted"], ["mtbench"], hf_threads=8))
+    doc = merge_bench([ours, he, same], tmp_path / "out", plots=False)
+    assert doc["settings"]["hf"] == {"cuda": {"dtype": "bfloat16", "torch_threads": 8}}

@@ -170,9 +170,16 @@ def _check_and_write(doc: dict, out: Path | None, plots: bool) -> None:
 #: ``backend`` is among them because configuration names without ``@backend`` mean the run's backend.
 #: ``decoding`` ("greedy" where a document predates the field) and each ``sampling.*`` field (None
 #: under greedy decoding): a sampled part's rows are not comparable with a greedy part's, nor with
-#: those of another temperature, top-p, top-k or seed.
+#: those of another temperature, top-p, top-k or seed. ``warmup``: with fewer warm-up requests (0)
+#: a configuration's first measured request runs cold (first-touch page faults, caches, CUDA's lazy
+#: module loading), so its rows measure something else. Two more must agree, among the parts they
+#: apply to (:func:`merge_documents`): ``threads`` (swiftspec's CPU threads per model) among the
+#: parts that measured a swiftspec configuration, and every field of ``hf.<backend>`` (torch
+#: threads, library versions, device, sampling...) among the parts that measured an HF peer on
+#: that backend: both change the measured times. Nothing else a part's settings hold may differ
+#: (the data sets, the checkpoints' paths as recorded, prompt_format's text).
 MERGE_AGREE = ("num_prompts", "max_new_tokens", "dtype", "backend", "target", "draft", "max_context", "decoding",
-               "sampling.temperature", "sampling.top_p", "sampling.top_k", "sampling.seed")
+               "sampling.temperature", "sampling.top_p", "sampling.top_k", "sampling.seed", "warmup")
 _OPTIONAL_AGREE = ("draft", "max_context")
 
 
@@ -323,7 +330,9 @@ def merge_documents(parts: list[tuple[str | Path, dict]], *, command: str, creat
 
     Raises:
         BenchConfigError: (naming the field or row and the two folders) fewer than two parts;
-            the parts disagree on a setting of :data:`MERGE_AGREE` or run on different machines
+            the parts disagree on a setting of :data:`MERGE_AGREE` (or on ``threads`` among those
+            that measured swiftspec, on a field of ``hf.<backend>`` among those that measured the
+            HF peers there) or run on different machines
             (CPU model, GPU list); a configuration is recorded differently by two parts or its
             name no longer parses to the recorded configuration; one (data set, prompt,
             configuration) is measured in two parts; one prompt has another id or token count
@@ -357,6 +366,35 @@ def merge_documents(parts: list[tuple[str | Path, dict]], *, command: str, creat
                                        f"{value!r} in {folder}; merge only runs with the same {key}")
         if owner is None:
             agreed[key] = _recorded(first, key)
+
+    def ran(doc: dict, engine: str, backend: str | None = None) -> bool:
+        return any(c["engine"] == engine and c["status"] == "ok" and backend in (None, c["backend"])
+                   for c in doc["configs"])
+
+    # threads and the HF peers' settings: only where they ran (a peers-only part records the default
+    # threads, which ran nothing; a part without the peers has no hf block)
+    def hf_block(doc: dict, backend: str) -> dict | None:
+        """The part's hf.<backend> block where it measured an HF peer there, else None."""
+        block = (doc["settings"].get("hf") or {}).get(backend)
+        return (block if isinstance(block, dict) else {"(block)": block}) if ran(doc, "hf", backend) else None
+
+    scoped = [("threads", lambda doc: ran(doc, "swiftspec"), lambda doc: doc["settings"]["threads"])]
+    for backend in sorted({b for doc in docs for b in (doc["settings"].get("hf") or {})}):
+        fields = {f for doc in docs for f in (hf_block(doc, backend) or {})}
+        for field in sorted(fields):
+            scoped.append((f"hf.{backend}.{field}", lambda doc, b=backend: hf_block(doc, b) is not None,
+                           lambda doc, b=backend, f=field: hf_block(doc, b).get(f)))
+    for key, applies, value_of in scoped:
+        owner = None
+        for folder, doc in zip(folders, docs):
+            if not applies(doc):
+                continue
+            value = value_of(doc)
+            if owner is None:
+                owner, want = folder, value
+            elif value != want:
+                raise BenchConfigError(f"--merge: the parts disagree on {key}: {want!r} in {owner}, {value!r} in "
+                                       f"{folder}; merge only runs with the same {key}")
     ident0 = _machine_identity(docs[0]["machine"])
     for folder, doc in zip(folders[1:], docs[1:]):
         ident = _machine_identity(doc["machine"])
@@ -443,7 +481,9 @@ def merge_documents(parts: list[tuple[str | Path, dict]], *, command: str, creat
     hf: dict = {}
     for d in docs:
         for b, block in (d["settings"].get("hf") or {}).items():
-            hf.setdefault(b, block)
+            if b not in hf or ran(d, "hf", b) and not ran(hf[b][0], "hf", b):  # the peers' (agreed above)
+                hf[b] = (d, block)
+    hf = {b: block for b, (_, block) in hf.items()}
     settings["hf"] = hf or None
 
     entries = [e for f, d in zip(folders, docs) for e in _part_entries(Path(f), d)]

@@ -18,7 +18,8 @@ so exit status 1 does not occur.
     swiftspec bench --merge benchmarks/x/bench,benchmarks/x/peers-humaneval,benchmarks/x/peers-mtbench \
         --out benchmarks/x/merged
 
-combines finished runs of one machine (same prompts, token budget, models, dtype) into one
+combines finished runs of one machine (same prompts, token budget, models, dtype, decoding, warm-up,
+threads, HF peer settings) into one
 result as if they were one run: speedups, output checks and aggregates across the parts
 (:func:`swiftspec.bench.api.merge_bench`). It takes no run options (exit 2 if given); exit
 status 1 and 2 as above.
@@ -95,7 +96,7 @@ def add_parser(sub) -> None:
     p.add_argument("--print-schema", action="store_true", help="print the result JSON schema and exit")
     p.add_argument("--merge", metavar="DIR,DIR,...",
                    help="combine the results of finished runs (their --out folders; same prompts, token budget, "
-                        "models and dtype, one machine) into one result in --out, as if they were one run; "
+                        "models, dtype, decoding, warm-up, threads and HF peer settings, one machine) into one result in --out, as if they were one run; "
                         "takes no run options")
     p.set_defaults(run=run, _run_defaults={d: p.get_default(d) for d in _RUN_ONLY})
 
