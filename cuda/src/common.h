@@ -169,6 +169,21 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar)), "h"(cta_mask)
       : "memory");
 }
+/// One arrival on this CTA's mbarrier.
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+/// One arrival (release, cluster scope) on the mbarrier at `bar`'s offset in
+/// the cluster's CTA of rank `cta_rank`.
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta_rank) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 ra;\n"
+      "mapa.shared::cluster.u32 ra, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n"
+      "}\n" ::"r"(smem_u32(bar)), "r"(cta_rank)
+      : "memory");
+}
 /// Split cluster barrier (all threads of every CTA): arrive (release) now,
 /// wait (acquire) later, so that work in between overlaps the barrier.
 __device__ __forceinline__ void cluster_arrive_release() {

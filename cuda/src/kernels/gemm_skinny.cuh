@@ -288,20 +288,16 @@ __global__ void __launch_bounds__(WR * 32)
 /// With `palias` the fp32 partials of the row block reuse the stage buffers
 /// (possible when every CTA has one row block: no stage is refilled after
 /// its main loop); the freed bytes buy pipeline depth at the same occupancy.
-/// With activation multicast (mc = 2) the stages carry weights only and the
-/// activation tiles have their own ring of 2*stages - 1 slots (see the kernel).
-__host__ __device__ constexpr int gemm_wgmma_x_slots(int stages, int mc) { return mc > 1 ? 2 * stages - 1 : 0; }
 __host__ __device__ constexpr size_t gemm_wgmma_stage_area(int NT, int WG, int stages, int xres,
-                                                           int palias, int mc = 1) {
-  const size_t st = size_t(stages) * (64 * WG + (xres || mc > 1 ? 0 : 8 * NT)) * 128 +
-                    size_t(gemm_wgmma_x_slots(stages, mc)) * 8 * NT * 128;
+                                                           int palias) {
+  const size_t st = size_t(stages) * (64 * WG + (xres ? 0 : 8 * NT)) * 128;
   const size_t part = size_t(64 * WG) * (8 * NT + 4) * 4;
   return palias ? (st > part ? st : part) : st + part;
 }
 __host__ __device__ constexpr size_t gemm_wgmma_smem_bytes(int NT, int WG, int stages, int xres,
-                                                           int nst, int epi_smem, int palias = 0, int mc = 1) {
-  return 1024 + gemm_wgmma_stage_area(NT, WG, stages, xres, palias, mc) +
-         (xres ? size_t(nst) * 8 * NT * 128 : 0) + 64 * 4 + 26 * 8 + size_t(epi_smem);
+                                                           int nst, int epi_smem, int palias = 0) {
+  return 1024 + gemm_wgmma_stage_area(NT, WG, stages, xres, palias) +
+         (xres ? size_t(nst) * 8 * NT * 128 : 0) + 64 * 4 + 18 * 8 + size_t(epi_smem);
 }
 
 /// Resident two-warpgroup CTAs per SM that the compiler must allow (a register
@@ -331,17 +327,10 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
   const bool split_n = NT > 1 && args.split_n != 0;
   // Activation multicast: the cluster is (MC x S) CTAs; CTA px of a pair
   // loads activation rows [px*MPH, (px+1)*MPH) of every tile into both.
-  // The activation tiles then have their own ring of XD = 2*ST - 1 slots, each
-  // with its own barrier, so that no CTA waits for its peer to retire a stage:
-  // when a CTA refills at iteration it (item it-1+ST into slot (it-1+ST) % XD),
-  // the peer's half of item `it` has landed, which the peer issued only after
-  // retiring item it-ST = (it-1+ST) - XD, the slot's previous item (also the
-  // previous phase of the peer's barrier of that slot).
   const int MC = (NT > 1 && !xres && args.mcast > 1) ? 2 : 1;
   const int MPH = MP / MC;
   const int px = MC > 1 ? static_cast<int>(blockIdx.x & 1) : 0;
-  const int XD = gemm_wgmma_x_slots(ST, MC);
-  const int STAGE_BYTES = W_BYTES + (xres || MC > 1 ? 0 : X_BYTES);
+  const int STAGE_BYTES = W_BYTES + (xres ? 0 : X_BYTES);
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
@@ -370,22 +359,23 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
   // args.palias), the resident activation slice [nst_max][MP x 64], rinv, barriers.
   const bool palias = args.palias != 0;
   const size_t part_bytes = size_t(BR) * PSTRIDE * 4;
-  const size_t ring_bytes = size_t(ST) * STAGE_BYTES + size_t(XD) * X_BYTES;
-  const size_t stage_area = palias ? max(ring_bytes, part_bytes) : ring_bytes + part_bytes;
-  float* partial = reinterpret_cast<float*>(smem + (palias ? 0 : ring_bytes));
-  uint8_t* xring = smem + size_t(ST) * STAGE_BYTES;                      // [XD][MP x 64] (multicast)
+  const size_t stage_area = palias ? max(size_t(ST) * STAGE_BYTES, part_bytes)
+                                   : size_t(ST) * STAGE_BYTES + part_bytes;
+  float* partial = reinterpret_cast<float*>(smem + (palias ? 0 : size_t(ST) * STAGE_BYTES));
   uint8_t* xbuf = smem + stage_area;                                     // [nst_max][MP x 64]
   float* rinv = reinterpret_cast<float*>(xbuf + (xres ? nst_max * X_BYTES : 0));  // [64]
   uint64_t* bars = reinterpret_cast<uint64_t*>(rinv + 64);               // [ST], [8] = X
-  uint64_t* xbars = bars + 10;  // [XD <= 15] multicast: activation slot full
-  void* esm = reinterpret_cast<void*>(bars + 26);
+  uint64_t* ebars = bars + 10;  // [ST] multicast: stage retired by both CTAs of the pair
+  void* esm = reinterpret_cast<void*>(bars + 18);
   const uint16_t pair_mask = static_cast<uint16_t>(((1u << MC) - 1u) << (rank * MC));
+  const uint32_t peer = static_cast<uint32_t>(rank * MC + (px ^ 1));
 
   if (tid == 0) {
     prefetch_tensormap(&wmap);
     prefetch_tensormap(&xmap);
     for (int s = 0; s < ST; ++s) mbar_init(&bars[s], 1);
-    for (int j = 0; j < XD; ++j) mbar_init(&xbars[j], 1);
+    if (MC > 1)
+      for (int s = 0; s < ST; ++s) mbar_init(&ebars[s], MC);
     mbar_init(&bars[8], 1);
     fence_mbar_init();
   }
@@ -424,11 +414,9 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
       for (int st = 0; st < nst; ++st)
         tma_load_2d(xbuf + st * X_BYTES, &xmap, kb + st * 64, x_row0, &bars[8]);
     } else if (MC > 1) {
-      for (int i = 0; i < pre; ++i) {  // pre <= ST <= XD: slot i
-        mbar_arrive_expect_tx(&xbars[i], X_BYTES);
-        tma_load_2d_multicast(xring + i * X_BYTES + px * MPH * 128, &xmap, kb + (i % nst) * 64, x_row0 + px * MPH,
-                              &xbars[i], pair_mask);
-      }
+      for (int i = 0; i < pre; ++i)
+        tma_load_2d_multicast(smem + i * STAGE_BYTES + W_BYTES + px * MPH * 128, &xmap, kb + (i % nst) * 64,
+                              x_row0 + px * MPH, &bars[i], pair_mask);
     } else {
       for (int i = 0; i < pre; ++i)
         tma_load_2d(smem + i * STAGE_BYTES + W_BYTES, &xmap, kb + (i % nst) * 64, x_row0, &bars[i]);
@@ -454,12 +442,10 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
     for (int st = 0; st < nst; ++st, ++it) {
       const int s = it % ST;
       mbar_wait(&bars[s], static_cast<uint32_t>((it / ST) & 1));
-      if (MC > 1) mbar_wait(&xbars[it % XD], static_cast<uint32_t>((it / XD) & 1));
       const int nk = min(4, (ke - kb - st * 64) >> 4);
       const uint32_t wbase = smem_u32(smem + s * STAGE_BYTES);
       const uint32_t abase = wbase + wg * (64 * 128);
-      const uint32_t bbase = xres ? smem_u32(xbuf + st * X_BYTES)
-                                  : (MC > 1 ? smem_u32(xring + (it % XD) * X_BYTES) : wbase + W_BYTES);
+      const uint32_t bbase = xres ? smem_u32(xbuf + st * X_BYTES) : wbase + W_BYTES;
       wgmma_fence();
       if (split_n) {
         // One n8 instruction per 8-token block (token block j's tile starts
@@ -489,14 +475,19 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
         const int nx = pv + ST;
         const int nrb = blockIdx.x + (nx / nst) * gridDim.x;
         const int nst_i = nx % nst;
+        if (MC > 1) {
+          // Both CTAs write this stage (each its activation half): refill it
+          // only when the peer has retired it too.
+          mbar_arrive(&ebars[ps]);
+          mbar_arrive_cluster(&ebars[ps], peer);
+          mbar_wait(&ebars[ps], static_cast<uint32_t>((pv / ST) & 1));
+        }
         mbar_arrive_expect_tx(&bars[ps], STAGE_BYTES);
         tma_load_2d_hint(smem + ps * STAGE_BYTES, &wmap, kb + nst_i * 64, nrb * BR, &bars[ps], wpolicy);
-        if (MC > 1) {
-          const int xs = nx % XD;
-          mbar_arrive_expect_tx(&xbars[xs], X_BYTES);
-          tma_load_2d_multicast(xring + xs * X_BYTES + px * MPH * 128, &xmap, kb + nst_i * 64, x_row0 + px * MPH,
-                                &xbars[xs], pair_mask);
-        } else if (!xres)
+        if (MC > 1)
+          tma_load_2d_multicast(smem + ps * STAGE_BYTES + W_BYTES + px * MPH * 128, &xmap, kb + nst_i * 64,
+                                x_row0 + px * MPH, &bars[ps], pair_mask);
+        else if (!xres)
           tma_load_2d(smem + ps * STAGE_BYTES + W_BYTES, &xmap, kb + nst_i * 64, x_row0, &bars[ps]);
       }
     }
@@ -510,7 +501,7 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
                                         lane, args, ep, esm, m_active);
   }
   // Keep shared memory alive for remote readers (partials, rinv) and writers
-  // (the peer's multicasts).
+  // (the peer's multicasts and arrivals).
   if (S * MC > 1) cluster.sync(); else __syncthreads();
   Epi::cta_finish(ep, esm, tid, NTH, m_active);
 }
@@ -665,10 +656,10 @@ GemmConfig plan_gemm_wgmma(int N, int K, int NT, int num_sms, const GemmPlanHint
         // in the model than 128-row blocks (run 16, ncu: 107 vs 97 µs).
         if (pa && (c.S == 1 || hint.palias == 0 || (hint.palias < 0 && !gemm_default_palias()))) continue;
         int xres = mc > 1 ? 0 : (hint.xres >= 0 ? hint.xres : 0);
-        size_t smem = gemm_wgmma_smem_bytes(NT, wg, stages, xres, nst_max, Epi::kSmemBytes, pa, mc);
+        size_t smem = gemm_wgmma_smem_bytes(NT, wg, stages, xres, nst_max, Epi::kSmemBytes, pa);
         if (smem > optin && xres) {
           xres = 0;
-          smem = gemm_wgmma_smem_bytes(NT, wg, stages, xres, nst_max, Epi::kSmemBytes, pa, mc);
+          smem = gemm_wgmma_smem_bytes(NT, wg, stages, xres, nst_max, Epi::kSmemBytes, pa);
         }
         if (smem > optin) continue;
         int clusters = 0;

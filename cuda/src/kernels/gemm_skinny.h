@@ -32,9 +32,9 @@
 //    two neighbouring row blocks (same K slice) form a cluster pair; each
 //    loads half of every activation tile and TMA multicasts it into both, so
 //    the activation bytes read from L2 per weight byte halve (at M = 64 the
-//    activation tile is as large as a 64-row weight tile). The activation
-//    tiles then have their own ring of 2*stages - 1 slots: deep enough that a
-//    CTA never waits for its peer before refilling (see the kernel). The arithmetic is
+//    activation tile is as large as a 64-row weight tile). A stage is
+//    refilled only when both CTAs have retired it (an "empty" mbarrier per
+//    stage with one local and one remote arrival). The arithmetic is
 //    unchanged (same tiles, same instructions): batch invariance holds for
 //    either choice, so the planner may choose it per bucket.
 //  * In a cluster launch where every CTA has one row block (one round), the
