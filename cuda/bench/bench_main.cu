@@ -130,6 +130,7 @@ std::vector<GemmRow> bench_gemms(cudaStream_t st, int num_sms, bool sweep, const
     for (int M : {1, 16, 64}) {
       if (only_m > 0 && M != only_m) continue;
       const int nt = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
+      const CUtensorMap xm = make_tma_map_bf16(x.get(), kMaxStepTokens, s.K, s.K, 8 * nt);
       GemmArgs a;
       a.N = s.N;
       a.K = s.K;
@@ -142,14 +143,12 @@ std::vector<GemmRow> bench_gemms(cudaStream_t st, int num_sms, bool sweep, const
         std::vector<CUtensorMap> wm;
         for (int i = 0; i < copies; ++i)
           wm.push_back(make_tma_map_bf16(w.as<unsigned char>() + wbytes * i, s.N, s.K, s.K, c.BR));
-        const CUtensorMap xm = make_tma_map_bf16(x.get(), kMaxStepTokens, s.K, s.K, c.x_box_rows());
         return 1e3 * time_ms(st, 40, [&](int i) { launch_gemm<EpiPlain>(c, wm[i % copies], xm, a, e, false, st); });
       };
       auto desc = [](const GemmConfig& c) {
         char b[96];
-        std::snprintf(b, sizeof b, "%s S=%d BR=%d st=%d xres=%d pa=%d mc=%d grid=%d",
-                      c.engine == GemmEngine::Wgmma ? "wgmma" : "mma", c.S, c.BR, c.stages, c.xres, c.palias, c.mcast,
-                      c.grid_x);
+        std::snprintf(b, sizeof b, "%s S=%d BR=%d st=%d xres=%d pa=%d grid=%d",
+                      c.engine == GemmEngine::Wgmma ? "wgmma" : "mma", c.S, c.BR, c.stages, c.xres, c.palias, c.grid_x);
         return std::string(b);
       };
       const GemmConfig c = plan_gemm<EpiPlain>(s.N, s.K, nt, num_sms);
@@ -158,13 +157,6 @@ std::vector<GemmRow> bench_gemms(cudaStream_t st, int num_sms, bool sweep, const
       hm.engine = 0;
       const GemmConfig cm = plan_gemm<EpiPlain>(s.N, s.K, nt, num_sms, hm);
       const double mma_us = time_plan(cm);
-      // The default plan without activation multicast (A/B of the row-block pairs).
-      double nomc_us = ours_us;
-      if (c.mcast > 1) {
-        GemmPlanHint h1;
-        h1.mcast = 1;
-        nomc_us = time_plan(plan_gemm<EpiPlain>(s.N, s.K, nt, num_sms, h1));
-      }
       // Sweep of the wgmma engine's choices (calibrates the planner).
       double best_us = 1e30;
       std::string best;
@@ -190,20 +182,19 @@ std::vector<GemmRow> bench_gemms(cudaStream_t st, int num_sms, bool sweep, const
         }
         for (int wg : {1, 2})
           for (int stg : {3, 4, 6, 8})
-            for (int xr : {0, 1, 2}) {  // 2: streamed activations multicast over row-block pairs
+            for (int xr : {0, 1}) {
               GemmPlanHint h;
               h.engine = 1;
               h.wg = wg;
               h.stages = stg;
-              h.xres = xr == 1 ? 1 : 0;
-              h.mcast = xr == 2 ? 2 : 1;
+              h.xres = xr;
               GemmConfig cv;
               try {
                 cv = plan_gemm<EpiPlain>(s.N, s.K, nt, num_sms, h);
               } catch (const std::exception&) {
                 continue;
               }
-              if (cv.xres != h.xres || cv.stages != stg || cv.mcast != h.mcast) continue;  // did not fit
+              if (cv.xres != xr || cv.stages != stg) continue;  // did not fit
               const double us = time_plan(cv);
               std::printf("  sweep %-13s M=%2d %-44s %8.1f us (%5.2f TB/s)\n", s.name, M, desc(cv).c_str(), us,
                           wbytes / (us * 1e-6) / 1e12);
@@ -229,7 +220,6 @@ std::vector<GemmRow> bench_gemms(cudaStream_t st, int num_sms, bool sweep, const
       std::printf("gemm %-13s N=%6d K=%6d M=%2d  ours %8.1f us (%5.2f TB/s)  mma %8.1f us (%5.2f TB/s)  cublas %8.1f us (%5.2f TB/s)  [%s]",
                   s.name, s.N, s.K, M, ours * 1e3, wbytes / (ours * 1e-3) / 1e12, mma_us, wbytes / (mma_us * 1e-6) / 1e12,
                   cub * 1e3, cub > 0 ? wbytes / (cub * 1e-3) / 1e12 : 0.0, desc(c).c_str());
-      if (c.mcast > 1) std::printf("  unpaired %.1f us", nomc_us);
       if (sweep) std::printf("  best %.1f us [%s]", best_us, best.c_str());
       std::printf("\n");
       std::fflush(stdout);

@@ -1046,7 +1046,7 @@ class CudaModelImpl final : public CudaModel {
   void gemm(int kind, const void* w, int N, int K, const void* x, int nt, const GemmArgs& args,
             const typename Epi::Params& ep, cudaStream_t s) {
     const GemmConfig& c = plan<Epi>(kind, N, K, nt);
-    launch_gemm<Epi>(c, tmap(w, N, K, c.BR), tmap(x, kRows, K, c.x_box_rows()), args, ep, pdl_, s);
+    launch_gemm<Epi>(c, tmap(w, N, K, c.BR), tmap(x, kRows, K, 8 * nt), args, ep, pdl_, s);
   }
 
   void record_step(cudaStream_t s, int nt, LogitsMode mode, bool write_logits) {

@@ -57,13 +57,11 @@ __device__ __forceinline__ void gemm_rms_prologue(const GemmArgs& args, float* r
 /// tl = rank (mod S) of the row block, the S partials in slice order 0..S-1
 /// (the batch-invariant order; all remote loads issued before the adds) and
 /// hands them to the epilogue. acc layout: mma.sync m16n8 fragments, warp w
-/// owns rows (w*TM + tm)*16 .. +15 of the row block. With activation
-/// multicast (mc = 2) the cluster is (mc x S) CTAs: slice q of this CTA's row
-/// block is the CTA of cluster rank q*mc + px (rpart, rinv).
+/// owns rows (w*TM + tm)*16 .. +15 of the row block.
 template <int NT, int TM, int WR, class Epi>
 __device__ __forceinline__ void gemm_reduce_epilogue(
     float (&acc)[TM][NT][4], float* partial, const float* const (&rpart)[8], const float* rinv,
-    cg::cluster_group& cluster, int rb, int S, int rank, int mc, int px, int tid, int warp, int lane,
+    cg::cluster_group& cluster, int rb, int S, int rank, int tid, int warp, int lane,
     const GemmArgs& args, const typename Epi::Params& ep, void* esm, int m_active) {
   constexpr int MP = 8 * NT;
   constexpr int BR = 16 * TM * WR;
@@ -116,7 +114,7 @@ __device__ __forceinline__ void gemm_reduce_epilogue(
     float ri = 1.f;
     if constexpr (Epi::kNeedsRms) {
       if (m < m_active) {
-        const float* rp = S > 1 ? cluster.map_shared_rank(rinv, (m % S) * mc + px) : rinv;
+        const float* rp = S > 1 ? cluster.map_shared_rank(rinv, m % S) : rinv;
         ri = rp[m];
       }
     }
@@ -268,7 +266,7 @@ __global__ void __launch_bounds__(WR * 32)
       }
     }
     if (!args.pdl_early && rbi == my_rb - 1) griddep_launch_dependents();
-    gemm_reduce_epilogue<NT, TM, WR, Epi>(acc, partial, rpart, rinv, cluster, rb, S, rank, 1, 0, tid, warp,
+    gemm_reduce_epilogue<NT, TM, WR, Epi>(acc, partial, rpart, rinv, cluster, rb, S, rank, tid, warp,
                                          lane, args, ep, esm, m_active);
   }
   if (S > 1) cluster.sync(); else __syncthreads();  // keep smem alive for remote readers
@@ -297,7 +295,7 @@ __host__ __device__ constexpr size_t gemm_wgmma_stage_area(int NT, int WG, int s
 __host__ __device__ constexpr size_t gemm_wgmma_smem_bytes(int NT, int WG, int stages, int xres,
                                                            int nst, int epi_smem, int palias = 0) {
   return 1024 + gemm_wgmma_stage_area(NT, WG, stages, xres, palias) +
-         (xres ? size_t(nst) * 8 * NT * 128 : 0) + 64 * 4 + 18 * 8 + size_t(epi_smem);
+         (xres ? size_t(nst) * 8 * NT * 128 : 0) + 64 * 4 + 10 * 8 + size_t(epi_smem);
 }
 
 /// Resident two-warpgroup CTAs per SM that the compiler must allow (a register
@@ -325,11 +323,6 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
   const int ST = args.stages;
   const bool xres = args.xres != 0;
   const bool split_n = NT > 1 && args.split_n != 0;
-  // Activation multicast: the cluster is (MC x S) CTAs; CTA px of a pair
-  // loads activation rows [px*MPH, (px+1)*MPH) of every tile into both.
-  const int MC = (NT > 1 && !xres && args.mcast > 1) ? 2 : 1;
-  const int MPH = MP / MC;
-  const int px = MC > 1 ? static_cast<int>(blockIdx.x & 1) : 0;
   const int STAGE_BYTES = W_BYTES + (xres ? 0 : X_BYTES);
 
   const int tid = threadIdx.x;
@@ -344,12 +337,8 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
   const int nst = (ke - kb + 63) >> 6;
   const int nst_max = ((K16 + S - 1) / S * 16 + 63) >> 6;  // layout: same for all ranks
   const int n_rb = (args.N + BR - 1) / BR;
-  // Both CTAs of a multicast pair run the lead's count of row blocks (they
-  // share every activation tile); the second one's last row block may lie
-  // beyond N: its weight tiles read as zeros (TMA out of range) and its
-  // epilogue writes nothing (tile >= N/16 is not valid).
-  const int lead_x = static_cast<int>(blockIdx.x) - px;
-  const int my_rb = lead_x < n_rb ? (n_rb - 1 - lead_x) / static_cast<int>(gridDim.x) + 1 : 0;
+  const int my_rb =
+      blockIdx.x < n_rb ? (n_rb - 1 - static_cast<int>(blockIdx.x)) / gridDim.x + 1 : 0;
   const int items = my_rb * nst;
 
   extern __shared__ uint8_t smem_raw[];
@@ -365,26 +354,17 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
   uint8_t* xbuf = smem + stage_area;                                     // [nst_max][MP x 64]
   float* rinv = reinterpret_cast<float*>(xbuf + (xres ? nst_max * X_BYTES : 0));  // [64]
   uint64_t* bars = reinterpret_cast<uint64_t*>(rinv + 64);               // [ST], [8] = X
-  uint64_t* ebars = bars + 10;  // [ST] multicast: stage retired by both CTAs of the pair
-  void* esm = reinterpret_cast<void*>(bars + 18);
-  const uint16_t pair_mask = static_cast<uint16_t>(((1u << MC) - 1u) << (rank * MC));
-  const uint32_t peer = static_cast<uint32_t>(rank * MC + (px ^ 1));
+  void* esm = reinterpret_cast<void*>(bars + 10);
 
   if (tid == 0) {
     prefetch_tensormap(&wmap);
     prefetch_tensormap(&xmap);
     for (int s = 0; s < ST; ++s) mbar_init(&bars[s], 1);
-    if (MC > 1)
-      for (int s = 0; s < ST; ++s) mbar_init(&ebars[s], MC);
     mbar_init(&bars[8], 1);
     fence_mbar_init();
   }
   Epi::cta_init(ep, esm, tid, NTH);
   __syncthreads();
-  // The peer's multicasts land in this CTA's stages and complete on its
-  // barriers: no activation load before both CTAs have initialized theirs
-  // (the wait comes after griddep_wait, overlapping the weight prefetch).
-  if (MC > 1) cluster_arrive_release();
   // Programmatic dependent launch: by default the next kernel is released
   // only when this CTA has streamed its last row block. Released at entry
   // (args.pdl_early), its CTAs wait on SMs for the whole main loop; with one
@@ -402,7 +382,6 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
     }
   }
   griddep_wait();
-  if (MC > 1) cluster_wait_acquire();
 
   const int x_row0 = args.x_row0_ptr ? *args.x_row0_ptr : 0;
   int m_active = args.m_active_max;
@@ -413,10 +392,6 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
       mbar_arrive_expect_tx(&bars[8], nst * X_BYTES);
       for (int st = 0; st < nst; ++st)
         tma_load_2d(xbuf + st * X_BYTES, &xmap, kb + st * 64, x_row0, &bars[8]);
-    } else if (MC > 1) {
-      for (int i = 0; i < pre; ++i)
-        tma_load_2d_multicast(smem + i * STAGE_BYTES + W_BYTES + px * MPH * 128, &xmap, kb + (i % nst) * 64,
-                              x_row0 + px * MPH, &bars[i], pair_mask);
     } else {
       for (int i = 0; i < pre; ++i)
         tma_load_2d(smem + i * STAGE_BYTES + W_BYTES, &xmap, kb + (i % nst) * 64, x_row0, &bars[i]);
@@ -433,8 +408,7 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
   cg::cluster_group cluster = cg::this_cluster();
   const float* rpart[8];
 #pragma unroll
-  for (int q = 0; q < 8; ++q)
-    rpart[q] = (S > 1 && q < S) ? cluster.map_shared_rank(partial, q * MC + px) : partial;
+  for (int q = 0; q < 8; ++q) rpart[q] = (S > 1 && q < S) ? cluster.map_shared_rank(partial, q) : partial;
   if (xres && items > 0) mbar_wait(&bars[8], 0);
   int it = 0;
   for (int rbi = 0; rbi < my_rb; ++rbi) {
@@ -475,20 +449,9 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
         const int nx = pv + ST;
         const int nrb = blockIdx.x + (nx / nst) * gridDim.x;
         const int nst_i = nx % nst;
-        if (MC > 1) {
-          // Both CTAs write this stage (each its activation half): refill it
-          // only when the peer has retired it too.
-          mbar_arrive(&ebars[ps]);
-          mbar_arrive_cluster(&ebars[ps], peer);
-          mbar_wait(&ebars[ps], static_cast<uint32_t>((pv / ST) & 1));
-        }
         mbar_arrive_expect_tx(&bars[ps], STAGE_BYTES);
         tma_load_2d_hint(smem + ps * STAGE_BYTES, &wmap, kb + nst_i * 64, nrb * BR, &bars[ps], wpolicy);
-        if (MC > 1)
-          tma_load_2d_multicast(smem + ps * STAGE_BYTES + W_BYTES + px * MPH * 128, &xmap, kb + nst_i * 64,
-                                x_row0 + px * MPH, &bars[ps], pair_mask);
-        else if (!xres)
-          tma_load_2d(smem + ps * STAGE_BYTES + W_BYTES, &xmap, kb + nst_i * 64, x_row0, &bars[ps]);
+        if (!xres) tma_load_2d(smem + ps * STAGE_BYTES + W_BYTES, &xmap, kb + nst_i * 64, x_row0, &bars[ps]);
       }
     }
     wgmma_wait_all();
@@ -497,12 +460,10 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
     // wgmma (async proxy); the epilogue's first barrier orders all warpgroups.
     if (palias) fence_proxy_async_shared();
     if (!args.pdl_early && rbi == my_rb - 1) griddep_launch_dependents();
-    gemm_reduce_epilogue<NT, 1, WR, Epi>(acc, partial, rpart, rinv, cluster, rb, S, rank, MC, px, tid, warp,
+    gemm_reduce_epilogue<NT, 1, WR, Epi>(acc, partial, rpart, rinv, cluster, rb, S, rank, tid, warp,
                                         lane, args, ep, esm, m_active);
   }
-  // Keep shared memory alive for remote readers (partials, rinv) and writers
-  // (the peer's multicasts and arrivals).
-  if (S * MC > 1) cluster.sync(); else __syncthreads();
+  if (S > 1) cluster.sync(); else __syncthreads();  // keep smem alive for remote readers
   Epi::cta_finish(ep, esm, tid, NTH, m_active);
 }
 
@@ -578,16 +539,16 @@ void gemm_wgmma_dispatch(int NT, int WG, F&& f) {
                         std::to_string(WG));
 }
 
-/// Resident clusters of (mc x S) CTAs for a launch shape (occupancy API).
+/// Resident clusters of S CTAs for a launch shape (occupancy API).
 template <class Kern>
-int gemm_resident_clusters(Kern* fn, int n_rb, int S, int threads, size_t smem, int mc = 1) {
+int gemm_resident_clusters(Kern* fn, int n_rb, int S, int threads, size_t smem) {
   cudaLaunchConfig_t lc = {};
-  lc.gridDim = dim3(static_cast<unsigned>((n_rb + mc - 1) / mc * mc), static_cast<unsigned>(S), 1);
+  lc.gridDim = dim3(static_cast<unsigned>(n_rb), static_cast<unsigned>(S), 1);
   lc.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
   lc.dynamicSmemBytes = smem;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(mc);
+  attr[0].val.clusterDim.x = 1;
   attr[0].val.clusterDim.y = static_cast<unsigned>(S);
   attr[0].val.clusterDim.z = 1;
   lc.attrs = attr;
@@ -602,15 +563,6 @@ int gemm_resident_clusters(Kern* fn, int n_rb, int S, int threads, size_t smem, 
 /// across S CTAs (measured on the H200: many small row blocks lose); with
 /// S = 1 only a CTA barrier and the epilogue remain.
 inline int gemm_row_block_cost(int S) { return S > 1 ? 96 : 16; }
-
-/// Epilogues whose launches must not pair row blocks in a cluster (their
-/// per-CTA signalling assumes clusters of the K slices only) declare
-/// `static constexpr bool kNoMulticast = true;`.
-template <class Epi>
-constexpr bool gemm_epilogue_allows_mcast() {
-  if constexpr (requires { Epi::kNoMulticast; }) return !Epi::kNoMulticast;
-  return true;
-}
 
 template <class Epi>
 GemmConfig plan_gemm_wgmma(int N, int K, int NT, int num_sms, const GemmPlanHint& hint) {
@@ -634,15 +586,7 @@ GemmConfig plan_gemm_wgmma(int N, int K, int NT, int num_sms, const GemmPlanHint
   // in one round of 128-row blocks (run 16: 49.5 vs 62.8 µs in two rounds of
   // 64-row blocks). Deeper pipelines than 4 stages were measured slower at
   // M = 1 and no faster at M = 64 (run 16), so the depths stay 4 and 3.
-  // Activation multicast over a pair of row blocks (cluster mc x S <= 8, the
-  // portable cluster size): at M = 64 the activation tile is as many bytes as
-  // a 64-row weight tile, so pairs halve the bytes streamed per row block.
-  const bool mcast_ok = gemm_epilogue_allows_mcast<Epi>() && NT >= 2 && 2 * c.S <= 8 && hint.xres != 1 &&
-                        (hint.mcast > 1 || (hint.mcast < 0 && gemm_default_mcast()));
   long best_cost = -1;
-  for (int mc : {2, 1}) {
-  if (mc == 2 && !mcast_ok) continue;
-  if (mc == 1 && mcast_ok && hint.mcast == 2) continue;  // pairs asked for
   for (int wg : {2, 1}) {
     if (hint.wg && hint.wg != wg) continue;
     for (int stg : {4, 3}) {
@@ -655,7 +599,7 @@ GemmConfig plan_gemm_wgmma(int N, int K, int NT, int num_sms, const GemmPlanHint
         // the planner pick 64-row blocks for the 8B gate/up at M = 64, slower
         // in the model than 128-row blocks (run 16, ncu: 107 vs 97 µs).
         if (pa && (c.S == 1 || hint.palias == 0 || (hint.palias < 0 && !gemm_default_palias()))) continue;
-        int xres = mc > 1 ? 0 : (hint.xres >= 0 ? hint.xres : 0);
+        int xres = hint.xres >= 0 ? hint.xres : 0;
         size_t smem = gemm_wgmma_smem_bytes(NT, wg, stages, xres, nst_max, Epi::kSmemBytes, pa);
         if (smem > optin && xres) {
           xres = 0;
@@ -665,13 +609,12 @@ GemmConfig plan_gemm_wgmma(int N, int K, int NT, int num_sms, const GemmPlanHint
         int clusters = 0;
         gemm_wgmma_dispatch(NT, wg, [&]<int nt, int w>() {
           GemmWgmmaInst<nt, w, Epi>::prepare();
-          clusters = gemm_resident_clusters(&gemm_wgmma_kernel<nt, w, Epi>, n_rb, c.S, 128 * w, smem, mc);
+          clusters = gemm_resident_clusters(&gemm_wgmma_kernel<nt, w, Epi>, n_rb, c.S, 128 * w, smem);
         });
         if (clusters <= 0) continue;
-        const int rounds = (n_rb + clusters * mc - 1) / (clusters * mc);
+        const int rounds = (n_rb + clusters - 1) / clusters;
         if (pa && rounds > 1) continue;  // a second row block would refill stages under the partials
-        const long cost =
-            static_cast<long>(rounds) * (br + (xres ? 0 : 8 * NT / mc) + gemm_row_block_cost(c.S));
+        const long cost = static_cast<long>(rounds) * (br + (xres ? 0 : 8 * NT) + gemm_row_block_cost(c.S));
         if (best_cost < 0 || cost < best_cost) {
           best_cost = cost;
           c.WR = 4 * wg;
@@ -681,12 +624,10 @@ GemmConfig plan_gemm_wgmma(int N, int K, int NT, int num_sms, const GemmPlanHint
           c.palias = pa;
           c.split_n = hint.split_n >= 0 ? hint.split_n : gemm_default_split_n();
           c.smem = smem;
-          c.mcast = mc;
-          c.grid_x = ((n_rb + rounds - 1) / rounds + mc - 1) / mc * mc;
+          c.grid_x = (n_rb + rounds - 1) / rounds;
         }
       }
     }
-  }
   }
   if (best_cost < 0)
     throw InvalidArgument("gemm: no wgmma configuration fits (N=" + std::to_string(N) +
@@ -753,13 +694,7 @@ void launch_gemm(const GemmConfig& cfg, const CUtensorMap& wmap, const CUtensorM
   args.xres = cfg.xres;
   args.split_n = cfg.split_n;
   args.palias = cfg.palias;
-  args.mcast = cfg.engine == GemmEngine::Wgmma ? cfg.mcast : 1;
   args.pdl_early = gemm_pdl_early();
-  if (args.mcast != 1 && (args.mcast != 2 || cfg.NT < 2 || cfg.xres || cfg.grid_x % 2 != 0 || 2 * cfg.S > 8))
-    throw InvalidArgument("gemm: activation multicast " + std::to_string(cfg.mcast) + " needs pairs of row blocks (" +
-                          "even grid, got " + std::to_string(cfg.grid_x) + "), NT >= 2 (got " +
-                          std::to_string(cfg.NT) + "), no resident activations and 2*S <= 8 (S = " +
-                          std::to_string(cfg.S) + ")");
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(static_cast<unsigned>(cfg.grid_x), static_cast<unsigned>(cfg.S), 1);
   lc.blockDim = dim3(static_cast<unsigned>(32 * cfg.WR), 1, 1);
@@ -768,7 +703,7 @@ void launch_gemm(const GemmConfig& cfg, const CUtensorMap& wmap, const CUtensorM
   cudaLaunchAttribute attr[2];
   int na = 0;
   attr[na].id = cudaLaunchAttributeClusterDimension;
-  attr[na].val.clusterDim.x = static_cast<unsigned>(args.mcast);
+  attr[na].val.clusterDim.x = 1;
   attr[na].val.clusterDim.y = static_cast<unsigned>(cfg.S);
   attr[na].val.clusterDim.z = 1;
   ++na;

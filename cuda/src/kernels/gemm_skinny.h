@@ -28,15 +28,6 @@
 //    keeping the CTA's activation slice resident in shared memory (loaded
 //    once instead of once per row block; costs resident CTAs), and n8
 //    instructions only (split_n).
-//  * Activation multicast (wgmma engine, `GemmConfig::mcast` = 2): the CTAs of
-//    two neighbouring row blocks (same K slice) form a cluster pair; each
-//    loads half of every activation tile and TMA multicasts it into both, so
-//    the activation bytes read from L2 per weight byte halve (at M = 64 the
-//    activation tile is as large as a 64-row weight tile). A stage is
-//    refilled only when both CTAs have retired it (an "empty" mbarrier per
-//    stage with one local and one remote arrival). The arithmetic is
-//    unchanged (same tiles, same instructions): batch invariance holds for
-//    either choice, so the planner may choose it per bucket.
 //  * In a cluster launch where every CTA has one row block (one round), the
 //    wgmma engine writes the row block's fp32 partials over its stage buffers
 //    (palias): the bytes saved keep more CTAs resident (run 16: the 8B down
@@ -59,7 +50,6 @@ struct GemmConfig {
   int xres = 0;     ///< wgmma: activation slice resident in shared memory
   int split_n = 0;  ///< wgmma: one m64n8k16 per 8-token block instead of one m64n(8*NT)k16
   int palias = 0;   ///< wgmma: the reduction partials reuse the stage buffers (one round only)
-  int mcast = 1;    ///< wgmma: CTAs per activation-multicast group (1, or 2 neighbouring row blocks)
   int NT = 1;       ///< n-tiles of 8 tokens: Mpad = 8 * NT (1, 2, 4, 8)
   int TM = 1;       ///< 16-row m-tiles per warp
   int WR = 1;       ///< warps per CTA (each owns TM m-tiles of the row block)
@@ -68,9 +58,6 @@ struct GemmConfig {
   int BR = 16;      ///< rows per row block = 16 * TM * WR
   int grid_x = 1;   ///< row-block loop CTAs per slice
   size_t smem = 0;  ///< dynamic shared memory bytes
-  /// Rows of the activation tensor map's box that launch_gemm expects: each CTA
-  /// of a multicast group loads 8*NT/mcast rows of every activation tile.
-  int x_box_rows() const { return 8 * NT / mcast; }
 };
 
 /// Arguments common to all epilogues.
@@ -91,7 +78,6 @@ struct GemmArgs {
   int xres = 0;    ///< wgmma engine: activation slice resident
   int split_n = 0; ///< wgmma engine: n8 instructions only
   int palias = 0;  ///< wgmma engine: partials alias the stage buffers (every CTA one row block)
-  int mcast = 1;   ///< wgmma engine: CTAs sharing each activation tile by multicast (1 or 2)
   int pdl_early = 0; ///< release the dependent kernel at entry (else after the main loop)
 };
 
@@ -106,7 +92,6 @@ struct GemmPlanHint {
   int split_n = -1; ///< wgmma: -1 default (gemm_default_split_n), 0 / 1
   int palias = -1;  ///< wgmma: -1 planner (alias when the launch is one round), 0 never
   int slices = 0;   ///< K slices (benchmarks only: the model must use gemm_slices); 0: default
-  int mcast = -1;   ///< wgmma: -1 planner, 1 never multicast activations, 2 pairs of row blocks (if allowed)
 };
 
 /// Whether the wgmma engine issues n8 instructions only (SWIFTSPEC_WGMMA_SPLIT_N=1).
@@ -121,10 +106,6 @@ int gemm_pdl_early();
 /// Whether the planner may alias the partials onto the stages (palias) in one-round
 /// launches: yes unless SWIFTSPEC_GEMM_PALIAS=0 (A/B measurements).
 int gemm_default_palias();
-
-/// Whether the planner may pair row blocks for activation multicast: yes unless
-/// SWIFTSPEC_GEMM_MCAST=0 (A/B measurements).
-int gemm_default_mcast();
 
 /// Default engine of an N x K matrix: Wgmma, unless the environment variable
 /// SWIFTSPEC_GEMM_ENGINE=mma asks for the mma.sync engine (A/B measurements).
@@ -141,8 +122,7 @@ GemmConfig plan_gemm(int N, int K, int NT, int num_sms, const GemmPlanHint& hint
 
 /// Launches on `stream` (captured into graphs), optionally with programmatic
 /// dependent launch. `wmap`: tensor map of W with box {64, cfg.BR}; `xmap`:
-/// tensor map of X (rows = token rows, leading dim K) with box
-/// {64, cfg.x_box_rows()} (8*cfg.NT rows, or half of them with multicast).
+/// tensor map of X (rows = token rows, leading dim K) with box {64, 8*cfg.NT}.
 template <class Epi>
 void launch_gemm(const GemmConfig& cfg, const CUtensorMap& wmap, const CUtensorMap& xmap,
                  const GemmArgs& args, const typename Epi::Params& ep, bool pdl,

@@ -58,11 +58,6 @@ int gemm_default_palias() {
   return e && std::strcmp(e, "0") == 0 ? 0 : 1;
 }
 
-int gemm_default_mcast() {
-  const char* e = std::getenv("SWIFTSPEC_GEMM_MCAST");
-  return e && std::strcmp(e, "0") == 0 ? 0 : 1;
-}
-
 int gemm_pdl_early() {
   // Read at every launch (launches are captured once per graph bucket).
   const char* e = std::getenv("SWIFTSPEC_GEMM_PDL_EARLY");

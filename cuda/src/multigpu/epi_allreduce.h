@@ -42,9 +42,6 @@ struct EpiStoreBf16 {
   };
   static constexpr bool kNeedsRms = false;
   static constexpr int kSmemBytes = 0;
-  /// Multi-GPU paths build their activation maps with 8*NT rows and have not run with
-  /// multicast pairs on a multi-GPU machine yet: plans stay unpaired.
-  static constexpr bool kNoMulticast = true;
 #if defined(__CUDACC__)
   __device__ static void cta_init(const Params&, void*, int, int) {}
   __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo,
@@ -71,7 +68,6 @@ struct EpiPeerStore {
   };
   static constexpr bool kNeedsRms = false;
   static constexpr int kSmemBytes = 0;
-  static constexpr bool kNoMulticast = true;  ///< per-CTA peer flags assume slice-only clusters
 #if defined(__CUDACC__)
   __device__ static void cta_init(const Params&, void*, int, int) {}
   __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo,
@@ -119,7 +115,6 @@ struct EpiAllReduce {
   };
   static constexpr bool kNeedsRms = false;
   static constexpr int kSmemBytes = 0;
-  static constexpr bool kNoMulticast = true;  ///< per-CTA peer flags assume slice-only clusters
 #if defined(__CUDACC__)
   __device__ static void cta_init(const Params&, void*, int, int) {}
   __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo,
