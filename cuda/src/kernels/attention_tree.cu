@@ -50,7 +50,11 @@ namespace {
 constexpr int kAttnThreads = 256;
 constexpr int kMaxTokPerBlock = 4;  ///< tokens per CTA (<= 16 query rows)
 constexpr int kUnionMax = kAttnChunk * kMaxTokPerBlock;  ///< a chunk's union over the block, at most
-constexpr int kVCap = 128;          ///< union keys whose V rows fit in shared memory at once
+// Union keys whose V rows fit in shared memory at once. 64 (one chunk's
+// positions, so a one-token pass always fits): 51 KB per CTA, four CTAs per SM
+// (the registers allow four); 128 took 68 KB, three per SM, and a 64-node tree
+// step's 1152 CTAs ran in ~3 waves (run 15).
+constexpr int kVCap = 64;
 constexpr int kListMax = 128;       ///< attend-list entries per token kept in shared memory
 
 template <int HD>
