@@ -252,6 +252,12 @@ def test_cpp_example_reports_bad_checkpoint(tmp_path):
     (["--max-new-tokens", "-5", "hi"], "--max-new-tokens must be >= 1, got -5"),
     (["--top-p", "2", "hi"], "--top-p must be in (0, 1], got 2.0"),
     (["--temperature", "nan", "hi"], "--temperature must be a finite number >= 0, got nan"),
+    # the checks Engine.generate and swiftspec bench share (swiftspec.sampling_params): these were
+    # the engine's, after loading (seed: "seed must be at least 0"), or passed (a denormal temperature)
+    (["--seed", "-1", "hi"], "--seed must be an integer >= 0, got -1"),
+    (["--top-k", "-1", "hi"], "--top-k must be an integer >= 0 (0: off), got -1"),
+    (["--temperature", "1e-40", "hi"], "--temperature must be 0 (greedy decoding) or at least 1.1754944e-38 (the "
+                                       "runtime samples in float32), got 1e-40"),
     (["--max-new-tokens", "5000", "hi"], "--max-new-tokens 5000 does not fit in --max-context 4096"),
     (["   "], "the prompt is empty"),
     (["--placement", '{"target": {"megakernel": "yes"}}', "hi"], "--placement: placement.target.megakernel must be true or false"),
@@ -417,6 +423,35 @@ def test_numpy_sampling_parameters_are_numbers(small_pair):
     with pytest.raises(InvalidRequestError) as info:
         small_pair.generate("hi", max_new_tokens=2, temperature="0.5")
     assert str(info.value) == "temperature must be a number, got '0.5'"
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    # a temperature float32 holds as a denormal: the engine ran it (logits / T overflow), bench refused it
+    (dict(temperature=1e-40), "temperature must be 0 (greedy decoding) or at least 1.1754944e-38 (the runtime "
+                              "samples in float32), got 1e-40"),
+    (dict(temperature=1.0, top_k=-1), "top_k must be an integer >= 0 (0: off), got -1"),
+    (dict(temperature=1.0, top_k=2.0), "top_k must be an integer >= 0 (0: off), got 2.0"),
+    (dict(temperature=1.0, top_k=2**31), "top_k must be at most 2147483647 (a 32-bit count; any top-k of at least "
+                                         "the vocabulary keeps every token), got 2147483648"),
+    (dict(temperature=1.0, seed=-1), "seed must be an integer >= 0, got -1"),
+    (dict(temperature=1.0, seed=2**64), "seed must be at most 18446744073709551615 (a 64-bit seed), got "
+                                        "18446744073709551616"),
+    (dict(temperature=float("inf")), "temperature must be a finite number >= 0, got inf"),
+    (dict(temperature=1e300), "temperature must be at most 3.403e+38 (the runtime samples in float32), got 1e+300"),
+])
+def test_engine_and_bench_refuse_the_same_sampling_parameters(small_pair, kwargs, message):
+    """Engine.generate and swiftspec bench's check_sampling check the sampling parameters with one
+    validator (swiftspec.sampling_params): the same values are refused, with the same message up to
+    the bench's notes on each option's off value."""
+    from swiftspec.bench.config import BenchConfigError, check_sampling
+
+    with pytest.raises(InvalidRequestError) as info:
+        small_pair.generate("hi", max_new_tokens=2, **kwargs)
+    assert str(info.value) == message
+    with pytest.raises(BenchConfigError) as info:
+        check_sampling(**kwargs)
+    assert str(info.value) in (message, message.replace(">= 0,", ">= 0 (0: greedy decoding),"),
+                               message.replace("(a 64-bit", "(request i of a data set samples with seed + i, a 64-bit"))
 
 
 def test_numpy_token_ids_are_a_prompt(small_pair):

@@ -20,6 +20,7 @@ from typing import Iterator, Sequence
 
 from swiftspec.errors import CheckpointError, InvalidRequestError
 from swiftspec.models import resolve_checkpoint
+from swiftspec.sampling_params import FLOAT32_MIN_NORMAL, check_sampling_params
 from swiftspec.text_stream import TextStream
 from swiftspec.tokenizer import Tokenizer
 
@@ -27,9 +28,6 @@ _MODES = ("target", "serial", "async")
 _ASYNC_OPTIONS = frozenset({"expand_width", "growth_depth", "min_send_nodes", "cost_aware_send", "min_expand_prob",
                             "record_timeline"})
 _INT32_MAX = 2**31 - 1
-_UINT64_MAX = 2**64 - 1
-_FLOAT32_MAX = 3.4028234663852886e38
-_FLOAT32_MIN_NORMAL = 1.1754943508222875e-38
 
 # Requests inside the runtime (the GIL released) on any thread, and the interpreter's exit. A thread
 # still inside the runtime when the interpreter finalizes (a stream() left unfinished: its worker is
@@ -342,7 +340,8 @@ class Engine:
         KeyboardInterrupt; the engine stays usable.
 
         Raises:
-            InvalidRequestError: bad prompt or parameter (named in the message),
+            InvalidRequestError: bad prompt or parameter (named in the message; the
+                sampling parameters' ranges: :func:`swiftspec.sampling_params.check_sampling_params`),
                 or a prompt plus max_new_tokens longer than the context.
             KeyboardInterrupt: Ctrl-C during the request.
         """
@@ -364,22 +363,16 @@ class Engine:
         # would refuse the call without naming the parameter. The runtime checks the
         # meaningful ranges again (max_new_tokens >= 1, ...).
         max_new_tokens = _check_int("max_new_tokens", max_new_tokens, -_INT32_MAX)
-        top_k = _check_int("top_k", top_k, -_INT32_MAX)
-        seed = _check_int("seed", seed, 0, _UINT64_MAX)
         tree_budget = _check_int("tree_budget", tree_budget, -_INT32_MAX)
         max_depth = _check_int("max_depth", max_depth, -_INT32_MAX)
         branching = _check_int("branching", branching, -_INT32_MAX)
-        for name, value in (("temperature", temperature), ("top_p", top_p)):
-            if not isinstance(value, numbers.Real) or isinstance(value, bool):  # numpy floats too, as integers above
-                raise InvalidRequestError(f"{name} must be a number, got {value!r}")
-        temperature, top_p = float(temperature), float(top_p)
-        # The runtime samples in float32: a finite value beyond its range is refused by name
-        # (not reported as "inf"), and a top_p below its smallest normal number keeps the same
+        # The sampling parameters as swiftspec bench checks them (numpy numbers too).
+        sampling = check_sampling_params(temperature, top_p, top_k, seed)
+        temperature, top_p, top_k, seed = (sampling[k] for k in ("temperature", "top_p", "top_k", "seed"))
+        # The runtime samples in float32: a top_p below its smallest normal number keeps the same
         # nucleus (the most likely token alone) at that smallest number.
-        if abs(temperature) > _FLOAT32_MAX and temperature == temperature and abs(temperature) != float("inf"):
-            raise InvalidRequestError(f"temperature must be at most {_FLOAT32_MAX:.4g}, got {temperature!r}")
-        if 0.0 < top_p < _FLOAT32_MIN_NORMAL:
-            top_p = _FLOAT32_MIN_NORMAL
+        if 0.0 < top_p < FLOAT32_MIN_NORMAL:
+            top_p = FLOAT32_MIN_NORMAL
         if async_options is not None:
             if mode != "async":
                 raise InvalidRequestError(f"async_options apply to mode='async' only (mode is {mode!r})")

@@ -46,11 +46,11 @@ naming the bad token; the CLI turns it into exit status 2.
 
 from __future__ import annotations
 
-import numbers
 import re
 from dataclasses import asdict, dataclass
 
 from swiftspec.errors import SwiftspecError
+from swiftspec.sampling_params import SAMPLING_DEFAULTS, SEED_MAX, check_sampling_params  # noqa: F401 (SEED_MAX: re-exported)
 
 #: Decode modes of the swiftspec runtime (GenerationConfig's DecodeMode).
 SWIFTSPEC_MODES = ("target", "serial", "async")
@@ -383,22 +383,16 @@ def parse_config_list(text: str, default_backend: str = "cpu", peers: str | None
     return list(unique.values())
 
 
-#: The largest seed a request takes (the runtime's and torch.manual_seed's are 64-bit unsigned).
-SEED_MAX = 2**64 - 1
-_FLOAT32_MAX = 3.4028234663852886e38  # the runtime samples in float32
-_FLOAT32_MIN_NORMAL = 1.1754943508222875e-38
-_INT32_MAX = 2**31 - 1  # the runtime's top_k
-#: The sampling options with their greedy (no-effect) values, in the order messages name them.
-SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0}
-
-
 def check_sampling(temperature=0.0, top_p=1.0, top_k=0, seed=0, *, num_prompts: int = 1,
                    names: dict[str, str] | None = None, given: list[str] | None = None) -> dict | None:
     """Validates the decoding settings of a run; returns its ``settings.sampling`` block
-    ``{"temperature", "top_p", "top_k", "seed"}``, or None for greedy decoding (temperature 0).
+    ``{"temperature", "top_p", "top_k", "seed"}`` (Python numbers), or None for greedy decoding
+    (temperature 0).
 
-    Request ``i`` of a data set samples with seed ``seed + i`` (``i`` the prompt index), so
-    ``seed + num_prompts - 1`` must fit in 64 bits.
+    The values are checked as :meth:`swiftspec.Engine.generate` checks them
+    (:func:`swiftspec.sampling_params.check_sampling_params`, with messages that state each
+    option's range and "off" value). Request ``i`` of a data set samples with seed ``seed + i``
+    (``i`` the prompt index), so ``seed + num_prompts - 1`` must fit in 64 bits.
 
     Args:
         names: how messages name each option (default the field names; the CLI passes its flags).
@@ -408,39 +402,15 @@ def check_sampling(temperature=0.0, top_p=1.0, top_k=0, seed=0, *, num_prompts: 
     Raises:
         BenchConfigError: (one line naming the option and the value) temperature negative, NaN,
             infinite, beyond float32 or below its smallest normal number (but not 0); top_p outside
-            (0, 1]; top_k or seed negative or not an integer; top_k beyond 32 bits; seed + prompt index beyond 64 bits; top_p / top_k / seed given under greedy
-            decoding (temperature 0), where they have no effect.
+            (0, 1]; top_k or seed negative or not an integer; top_k beyond 32 bits; seed + prompt
+            index beyond 64 bits; top_p / top_k / seed given under greedy decoding (temperature 0),
+            where they have no effect.
     """
     names = {k: k for k in SAMPLING_DEFAULTS} | dict(names or {})
-
-    def number(value) -> bool:  # numpy's too
-        return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-    def integer(value) -> bool:
-        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-    if not number(temperature) or not (0 <= temperature <= _FLOAT32_MAX):  # NaN and inf fail too
-        raise BenchConfigError(f"{names['temperature']} must be a finite number >= 0 (0: greedy decoding), "
-                               f"got {temperature!r}")
-    if 0 < temperature < _FLOAT32_MIN_NORMAL:  # float32 reads it as 0 (greedy) or a denormal; HF's logits / T overflow
-        raise BenchConfigError(f"{names['temperature']} must be 0 (greedy decoding) or at least "
-                               f"{_FLOAT32_MIN_NORMAL:.8g} (the runtime samples in float32), got {temperature!r}")
-    if not number(top_p) or not (0 < top_p <= 1):
-        raise BenchConfigError(f"{names['top_p']} must be a number in (0, 1] (1: off), got {top_p!r}")
-    if not integer(top_k) or top_k < 0:
-        raise BenchConfigError(f"{names['top_k']} must be an integer >= 0 (0: off), got {top_k!r}")
-    if top_k > _INT32_MAX:  # else every swiftspec configuration was 'not available' at its first request
-        raise BenchConfigError(f"{names['top_k']} must be at most {_INT32_MAX} (a 32-bit count; any top-k of at least "
-                               f"the vocabulary keeps every token), got {top_k}")
-    if not integer(seed) or seed < 0:
-        raise BenchConfigError(f"{names['seed']} must be an integer >= 0, got {seed!r}")
-    # numpy scalars as Python numbers (uint64 + an int wraps around or becomes a float)
-    temperature, top_p, top_k, seed = float(temperature), float(top_p), int(top_k), int(seed)
-    if seed + max(1, num_prompts) - 1 > SEED_MAX:
-        raise BenchConfigError(f"{names['seed']} must be at most {SEED_MAX - max(1, num_prompts) + 1} (request i of "
-                               f"a data set samples with seed + i, a 64-bit seed), got {seed}")
-    values = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
-    if temperature == 0:
+    values = check_sampling_params(temperature, top_p, top_k, seed, names=names, explain=True,
+                                   seeds=max(1, num_prompts), seed_note="request i of a data set samples with seed + i",
+                                   error=BenchConfigError)
+    if values["temperature"] == 0:
         if given is None:
             given = [k for k in ("top_p", "top_k", "seed") if values[k] != SAMPLING_DEFAULTS[k]]
         given = [k for k in ("top_p", "top_k", "seed") if k in given]
@@ -453,7 +423,7 @@ def check_sampling(temperature=0.0, top_p=1.0, top_k=0, seed=0, *, num_prompts: 
                 f"{', '.join(show(k) for k in given)} {'has' if len(given) == 1 else 'have'} no effect under greedy "
                 f"decoding ({t} 0); give {t} > 0 to sample, or drop {'it' if len(given) == 1 else 'them'}")
         return None
-    return {"temperature": float(temperature), "top_p": float(top_p), "top_k": int(top_k), "seed": int(seed)}
+    return values
 
 
 def describe_sampling(sampling: dict | None) -> str:

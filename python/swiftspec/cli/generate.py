@@ -56,17 +56,17 @@ def check_options(args: argparse.Namespace) -> None:
     """Range checks named by their flags, before any model is loaded. Raises InvalidRequestError.
     (The engine checks the same again, and what depends on the models: the context, the tree KV.)"""
     from swiftspec.errors import InvalidRequestError
+    from swiftspec.sampling_params import check_sampling_params
 
     at_least = {"--max-new-tokens": (args.max_new_tokens, 1), "--tree-budget": (args.tree_budget, 1),
                 "--max-depth": (args.max_depth, 1), "--branching": (args.branching, 1),
-                "--top-k": (args.top_k, 0), "--threads": (args.threads, 0), "--max-context": (args.max_context, 1)}
+                "--threads": (args.threads, 0), "--max-context": (args.max_context, 1)}
     for flag, (value, low) in at_least.items():
         if value is not None and value < low:
             raise InvalidRequestError(f"{flag} must be >= {low}, got {value}")
-    if not args.temperature >= 0.0 or args.temperature == float("inf"):
-        raise InvalidRequestError(f"--temperature must be a finite number >= 0, got {args.temperature}")
-    if not 0.0 < args.top_p <= 1.0:
-        raise InvalidRequestError(f"--top-p must be in (0, 1], got {args.top_p}")
+    check_sampling_params(args.temperature, args.top_p, args.top_k, args.seed,
+                          names={"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
+                                 "seed": "--seed"})
     context = args.max_context if args.max_context is not None else 4096  # the default is at most 4096
     if args.max_new_tokens >= context:
         raise InvalidRequestError(f"--max-new-tokens {args.max_new_tokens} does not fit in --max-context "
