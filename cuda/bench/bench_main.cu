@@ -102,7 +102,7 @@ struct GemmRow {
   std::string config, best_config;
 };
 
-/// `only`: run just the shape of that name (empty: all); `only_m`: just that M (0: 1, 16, 64).
+/// `only`: run just the shape of that name (empty: all); `only_m`: just that M in 1..64 (0: 1, 16, 64).
 std::vector<GemmRow> bench_gemms(cudaStream_t st, int num_sms, bool sweep, const std::string& only = "",
                                  int only_m = 0) {
   struct Shape {
@@ -127,8 +127,9 @@ std::vector<GemmRow> bench_gemms(cudaStream_t st, int num_sms, bool sweep, const
     DeviceBuffer w(wbytes * copies), x(size_t(kMaxStepTokens) * s.K * 2), out(sizeof(float) * kMaxStepTokens * s.N);
     launch_fill_random_bf16(w.as<__nv_bfloat16>(), wbytes / 2 * copies, 0.02f, 7, st);
     launch_fill_random_bf16(x.as<__nv_bfloat16>(), size_t(kMaxStepTokens) * s.K, 1.0f, 8, st);
-    for (int M : {1, 16, 64}) {
-      if (only_m > 0 && M != only_m) continue;
+    // Any M in 1..64 with --gemm-m (e.g. the 32-token tree bucket); else 1, 16, 64.
+    const std::vector<int> ms = only_m > 0 ? std::vector<int>{only_m} : std::vector<int>{1, 16, 64};
+    for (int M : ms) {
       const int nt = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
       const CUtensorMap xm = make_tma_map_bf16(x.get(), kMaxStepTokens, s.K, s.K, 8 * nt);
       GemmArgs a;
@@ -487,6 +488,10 @@ int main(int argc, char** argv) {
     if (a == "--attn-trace" && i + 1 < argc) attn_trace_path = argv[++i];
     if (a == "--gemm-only" && i + 1 < argc) gemm_only = argv[++i];
     if (a == "--gemm-m" && i + 1 < argc) gemm_m = std::atoi(argv[++i]);
+  }
+  if (gemm_m < 0 || gemm_m > kMaxStepTokens) {
+    std::fprintf(stderr, "--gemm-m must be in 1..%d (got %d)\n", kMaxStepTokens, gemm_m);
+    return 2;
   }
   if (!profile.empty()) {
     // One greedy decode step of SHAPE (for a kernel profiler such as ncu).
