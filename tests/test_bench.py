@@ -136,7 +136,10 @@ def test_resume_keeps_measured_requests_and_measures_the_rest(checkpoint_dir, tm
     same = [r for r in rows if (r["dataset"], r["prompt_index"], r["config"]) ==
             (kept["dataset"], kept["prompt_index"], kept["config"])]
     assert len(same) == 1 and same[0]["wall_s"] == kept["wall_s"]  # kept, not measured again
-    assert len((out / "requests.jsonl").read_text().splitlines()) == 4
+    # one row a line: the first row measured after the resume starts a line of its own, not the cut one's
+    on_disk = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert sorted((r["dataset"], r["config"], r["wall_s"]) for r in on_disk) == sorted(
+        (r["dataset"], r["config"], r["wall_s"]) for r in rows)
     for a, b in zip(sorted(rows, key=lambda r: (r["dataset"], r["config"])),
                     sorted(full["requests"], key=lambda r: (r["dataset"], r["config"]))):
         assert a["token_ids"] == b["token_ids"]
@@ -145,22 +148,53 @@ def test_resume_keeps_measured_requests_and_measures_the_rest(checkpoint_dir, tm
 
 
 # -------------------------------------------------------------- no models needed
-def _interrupted_run(tmp_path, rows_edit=None):
-    """A runner over an --out folder that an interrupted run (target and serial:chain4, one
-    humaneval prompt of 5 tokens, max_new_tokens 4) left with its two rows, the first edited by
-    ``rows_edit(row)``; returns the runner and this run's prompts."""
-    from swiftspec.bench.runner import BenchSettings, PromptItem, Runner, make_row
+def _measured(config, wall_s=0.9):
+    """What a request of ``config`` measures in these tests (4 tokens, consistent numbers)."""
+    return dict(token_ids=[7, 8, 9, 10], counted_tokens=4, first_emission_tokens=1, finish_reason="length",
+                ttft_s=0.5, decode_s=0.3, verification_steps=3 if config.mode == "target" else 1,
+                draft_steps=None if config.mode == "target" else 4,
+                acceptance_length=1.0 if config.mode == "target" else 3.0,
+                target_time_s=None, draft_time_s=None, wall_s=wall_s)
+
+
+class _Tokens:
+    """The tokenizer Runner.run needs: every prompt is 5 tokens."""
+
+    vocab_size = 100
+
+    def encode_chat(self, messages):
+        return [1, 2, 3, 4, 5]
+
+
+def _bench_runner(tmp_path, reject=(), **kw):
+    """A runner over --out ``tmp_path`` (target and serial:chain4, one humaneval prompt of 5 tokens,
+    max_new_tokens 4) whose requests measure :func:`_measured` with wall_s 2.0, the runtime
+    rejecting the configurations named in ``reject``; returns the runner and its prompts."""
+    from swiftspec.bench.runner import BenchSettings, PromptItem, Runner
+    from swiftspec.errors import InvalidRequestError
 
     configs = parse_config_list("target,serial:chain4", "cpu", None)
     settings = BenchSettings(datasets=["humaneval"], num_prompts=1, max_new_tokens=4, target="t", draft="d")
-    runner = Runner(settings, configs, tmp_path, progress=False, log=lambda msg: None)
+    runner = Runner(settings, configs, tmp_path, progress=False, **{"log": lambda msg: None, **kw})
+
+    def run_one(config, prompt_ids, max_new_tokens, seed=0):
+        if config.name in reject:
+            raise InvalidRequestError(f"{config.mode} decoding is not in this build")
+        return _measured(config, wall_s=2.0)
+
+    runner._run_one = run_one
     items = [PromptItem("humaneval", 0, "HumanEval/0", [], prompt_ids=[1, 2, 3, 4, 5])]
-    rows = [make_row(items[0], c, dict(token_ids=[7, 8, 9, 10], counted_tokens=4, first_emission_tokens=1,
-                                       finish_reason="length", ttft_s=0.5, decode_s=0.3,
-                                       verification_steps=3 if c.mode == "target" else 1,
-                                       draft_steps=None if c.mode == "target" else 4,
-                                       acceptance_length=1.0 if c.mode == "target" else 3.0,
-                                       target_time_s=None, draft_time_s=None, wall_s=0.9)) for c in configs]
+    return runner, items
+
+
+def _interrupted_run(tmp_path, rows_edit=None, **kw):
+    """A runner (:func:`_bench_runner`, ``kw`` passed on) over an --out folder that an interrupted
+    run left with its two rows (wall_s 0.9), the first edited by ``rows_edit(row)``; returns the
+    runner and this run's prompts."""
+    from swiftspec.bench.runner import make_row
+
+    runner, items = _bench_runner(tmp_path, **kw)
+    rows = [make_row(items[0], c, _measured(c)) for c in runner.configs]
     lines = [json.dumps(r) for r in rows]
     if rows_edit is not None:
         lines[0] = rows_edit(rows[0])
@@ -208,6 +242,76 @@ def test_resumed_rows_as_measured_are_kept(tmp_path):
     runner, items = _interrupted_run(tmp_path)
     rows = runner._resumed_rows(items)
     assert [(r["config"], r["acceptance_length"]) for r in rows] == [("target", 1.0), ("serial:chain4", 3.0)]
+
+
+def test_resume_after_a_cut_last_line_writes_one_row_a_line(tmp_path):
+    """A kill cut the last row as it was written (no line end): the resumed run drops it (saying so
+    and how many rows it kept), measures that request again on a line of its own, and a second
+    interruption of the same kind resumes as well; nothing measured is lost."""
+    logs = []
+    runner, items = _interrupted_run(tmp_path, log=logs.append)
+    path = tmp_path / "requests.jsonl"
+    first, second = path.read_text().splitlines()
+    path.write_text(first + "\n" + second[: len(second) // 2])
+    runner.tokenizer = _Tokens()
+    runner.run(items, resume=True)
+    assert f"--resume: 1 requests already measured in {path}, kept; its last line (line 2, {len(second) // 2} " \
+           "characters without a line end) is a row cut by the interruption: dropped, that request is measured " \
+           "again" in logs
+    text = path.read_text()
+    assert text.endswith("\n")
+    rows = [json.loads(line) for line in text.splitlines()]
+    assert [(r["config"], r["wall_s"]) for r in rows] == [("target", 0.9), ("serial:chain4", 2.0)]
+    assert rows[0] == json.loads(first)  # kept as it was measured
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+    # interrupted again, this time within the first row's write: only the cut text is dropped
+    path.write_text(text[:20])
+    runner, items = _bench_runner(tmp_path)
+    runner.tokenizer = _Tokens()
+    runner.run(items, resume=True)
+    assert [(r["config"], r["wall_s"]) for r in map(json.loads, path.read_text().splitlines())] == [
+        ("target", 2.0), ("serial:chain4", 2.0)]
+
+
+def test_resume_keeps_a_whole_last_row_that_lost_only_its_line_end(tmp_path):
+    runner, items = _interrupted_run(tmp_path)
+    path = tmp_path / "requests.jsonl"
+    path.write_text(path.read_text().rstrip("\n"))
+    runner.tokenizer = _Tokens()
+    runner.run(items, resume=True)  # nothing left to measure
+    assert path.read_text().endswith("\n")  # the next resumed row would start a line of its own
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["config"], r["wall_s"]) for r in rows] == [("target", 0.9), ("serial:chain4", 0.9)]
+
+
+@pytest.mark.parametrize("text,needle", [
+    # a kill cuts only the last line, before its line end: any other line that is not JSON was edited
+    ('{"dataset": "huma\n{}\n', "line 1 is not JSON"),
+    ('ROW\n{"dataset": "huma\n', "line 2 is not JSON"),
+    ('{"dataset": "huma\n\xff\xfe\n', "line 1 is not JSON"),
+])
+def test_resume_refuses_a_line_a_kill_cannot_have_cut(tmp_path, text, needle):
+    runner, items = _interrupted_run(tmp_path)
+    path = tmp_path / "requests.jsonl"
+    text = text.replace("ROW", path.read_text().splitlines()[0])
+    path.write_bytes(text.encode("latin-1"))
+    with pytest.raises(BenchConfigError) as e:
+        runner._resumed_rows(items)
+    assert str(e.value) == f"--resume: {path} {needle}"
+    assert path.read_bytes() == text.encode("latin-1")  # untouched
+
+
+def test_resume_refuses_rows_whose_run_identity_is_missing(tmp_path):
+    runner, items = _interrupted_run(tmp_path)
+    (tmp_path / "run_identity.json").unlink()
+    before = (tmp_path / "requests.jsonl").read_text()
+    with pytest.raises(BenchConfigError) as e:
+        runner._resumed_rows(items)
+    assert str(e.value) == (f"--resume: {tmp_path / 'requests.jsonl'} holds measured rows but "
+                            f"{tmp_path / 'run_identity.json'} is missing: its run's settings are unknown; use a new "
+                            "--out folder")
+    assert (tmp_path / "requests.jsonl").read_text() == before
 
 
 @pytest.mark.parametrize("token,name,budget,branching,depth", [

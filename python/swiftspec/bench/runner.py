@@ -14,6 +14,7 @@ run that dies leaves its measurements behind.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -132,6 +133,7 @@ class Runner:
         self.hf: dict[str, object] = {}  # backend -> HFPeer
         self.status: dict[str, tuple[str, str | None]] = {c.name: ("ok", None) for c in configs}
         self.rows: list[dict] = []
+        self._resume_cut: str | None = None  # the cut last line _resumed_rows dropped
         self.interrupted = False
         self.target_checkpoint: str | None = None
         self.draft_checkpoint: str | None = None
@@ -296,11 +298,17 @@ class Runner:
         """Rows already measured by an interrupted run into the same folder (``resume=True``).
         ``items``: this run's prompts, tokenized.
 
+        A last line without its line end that is not JSON is the write a kill cut: it is dropped
+        (said in the log, with the number of rows kept) and its request measured again; :meth:`run`
+        then rewrites requests.jsonl with exactly the kept rows before appending (``self._resume_cut``
+        holds the dropped text, None if there was none).
+
         Raises:
             BenchConfigError: (one line naming the file) that run had other settings (the field is
-                named), or its run_identity.json is not a JSON object; a line of its requests.jsonl
-                (named with the field) is not JSON (except a last line cut by a kill, measured
-                again), not a request row of the schema (a field missing, of another type, out of
+                named), or its run_identity.json is not a JSON object, or is missing while its
+                requests.jsonl holds rows; a line of its requests.jsonl (named with the field) is not
+                JSON (except a last line cut by a kill, see above; a complete line is never dropped),
+                not a request row of the schema (a field missing, of another type, out of
                 range, NaN: :func:`swiftspec.bench.schema.request_row_problem`), has numbers that
                 disagree (:func:`swiftspec.bench.schema.row_consistency_problems`), is of a prompt
                 or configuration this run does not measure or of a prompt another id or token count
@@ -310,6 +318,12 @@ class Runner:
 
         ident_path = self.out_dir / "run_identity.json"
         jsonl_path = self.out_dir / "requests.jsonl"
+        self._resume_cut = None
+        if jsonl_path.is_file() and not ident_path.is_file() and jsonl_path.stat().st_size > 0:
+            # measured rows of unknown settings: neither kept nor replaced (a run writes
+            # run_identity.json before its first row)
+            raise BenchConfigError(f"--resume: {jsonl_path} holds measured rows but {ident_path} is missing: its "
+                                   "run's settings are unknown; use a new --out folder")
         if not ident_path.is_file() or not jsonl_path.is_file():
             self.log(f"--resume: nothing to resume in {self.out_dir}; starting afresh")
             return []
@@ -332,13 +346,23 @@ class Runner:
         modes = {c.name: c.mode for c in self.configs}
         rows = []
         seen: dict[tuple, int] = {}
-        lines = jsonl_path.read_text().splitlines()
+        # Lines end in "\n" only (json.dumps escapes every other line break); bytes that are not
+        # UTF-8 (an edited file) fail as "not JSON" below instead of as a traceback here.
+        text = jsonl_path.read_bytes().decode("utf-8", errors="replace")
+        lines = text.split("\n")
+        if lines[-1] == "":
+            lines.pop()  # the file ends with a line end (or is empty): no cut line
+        else:
+            # No line end: the last write was cut by a kill, or stopped just before its line end
+            # (a whole row: kept). Any other line that is not JSON is an edit, named below.
+            try:
+                json.loads(lines[-1])
+            except json.JSONDecodeError:
+                self._resume_cut = lines.pop()
         for n, line in enumerate(lines):
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
-                if n == len(lines) - 1:  # the write a kill interrupted: that request is measured again
-                    continue
                 raise BenchConfigError(f"--resume: {jsonl_path} line {n + 1} is not JSON") from None
             where = f"--resume: {jsonl_path} line {n + 1}"
             key = (row.get("dataset"), row.get("prompt_index"), row.get("config")) if isinstance(row, dict) else None
@@ -367,7 +391,10 @@ class Runner:
                                        f"{seen[key]} (an edited file?)")
             seen[key] = n + 1
             rows.append(row)
-        self.log(f"--resume: {len(rows)} requests already measured in {jsonl_path}")
+        self.log(f"--resume: {len(rows)} requests already measured in {jsonl_path}, kept"
+                 + (f"; its last line (line {len(lines) + 1}, {len(self._resume_cut)} characters without a line "
+                    "end) is a row cut by the interruption: dropped, that request is measured again"
+                    if self._resume_cut is not None else ""))
         return rows
 
     def run(self, items: list[PromptItem], resume: bool = False) -> list[dict]:
@@ -377,7 +404,9 @@ class Runner:
 
         ``resume``: keep the requests an interrupted run with the same settings left in
         ``out_dir/requests.jsonl`` and measure only the missing ones (a long CPU run can span
-        several sittings). Raises :class:`BenchConfigError` if the settings differ."""
+        several sittings). The file is first replaced (atomically) by exactly the kept rows, so a
+        row cut by the kill is not continued by the next one. Raises :class:`BenchConfigError` if
+        the settings differ or a row is not one this run would have measured (:meth:`_resumed_rows`)."""
         from tqdm.auto import tqdm
 
         for item in items:
@@ -392,8 +421,11 @@ class Runner:
         jsonl = None
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / "run_identity.json").write_text(json.dumps(self._run_identity(), indent=1) + "\n")
-            jsonl = open(self.out_dir / "requests.jsonl", "a" if done else "w")
+            write_atomically(self.out_dir / "run_identity.json", json.dumps(self._run_identity(), indent=1) + "\n")
+            jsonl_path = self.out_dir / "requests.jsonl"
+            if resume:  # exactly the kept rows, each with its line end: appending starts on a line of its own
+                write_atomically(jsonl_path, "".join(json.dumps(row) + "\n" for row in self.rows))
+            jsonl = open(jsonl_path, "a" if resume else "w")
         bar = tqdm(total=len(items) * len(active), initial=len(done), desc="bench", unit="req",
                    disable=not self.progress, dynamic_ncols=True)
         try:
@@ -506,6 +538,25 @@ def make_row(item: PromptItem, config: BenchConfig, m: dict) -> dict:
         "matches_reference": None,
         "token_ids": m["token_ids"],
     }
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replaces ``path`` by a file holding ``text`` such that a kill or a crash leaves either the
+    old file or the new one, never a mix: a temporary file in the same folder, fsynced, then
+    ``os.replace``. Raises ``OSError`` if it cannot be written (the old file is then untouched)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # open() applies the umask, as for the file itself
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def elapsed_since(t0: float) -> float:
