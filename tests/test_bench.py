@@ -285,6 +285,42 @@ def test_resume_keeps_a_whole_last_row_that_lost_only_its_line_end(tmp_path):
     assert [(r["config"], r["wall_s"]) for r in rows] == [("target", 0.9), ("serial:chain4", 0.9)]
 
 
+@pytest.mark.parametrize("skip", [True, False])
+@pytest.mark.parametrize("when", ["load", "probe"])
+def test_resume_refuses_a_configuration_with_rows_that_the_runtime_now_rejects(tmp_path, skip, when):
+    """Rows measured before of a configuration rejected now (while loading, or by its first request)
+    are neither kept next to the status "unavailable" nor dropped: the resume stops before measuring,
+    --skip-unavailable or not, and requests.jsonl stays as it was."""
+    from swiftspec.bench.runner import ConfigUnavailable
+
+    runner, items = _interrupted_run(tmp_path, reject=("serial:chain4",) if when == "probe" else (),
+                                     skip_unavailable=skip)
+    if when == "load":
+        runner.status["serial:chain4"] = ("unavailable", "backend cpu could not load the models: no memory")
+    runner.tokenizer = _Tokens()
+    path = tmp_path / "requests.jsonl"
+    before = path.read_text()
+    with pytest.raises(ConfigUnavailable) as e:
+        runner.run(items, resume=True)
+    reason = ("backend cpu could not load the models: no memory" if when == "load"
+              else "the runtime rejected it: serial decoding is not in this build")
+    assert str(e.value) == (f"--resume: configuration serial:chain4 is not available now ({reason}), but the "
+                            f"interrupted run measured 1 of its requests (kept in {path}): resume where the runtime "
+                            "accepts it, or measure without it in a new --out folder")
+    assert path.read_text() == before
+
+
+def test_resume_skips_a_rejected_configuration_without_rows(tmp_path):
+    runner, items = _interrupted_run(tmp_path, reject=("serial:chain4",), skip_unavailable=True)
+    path = tmp_path / "requests.jsonl"
+    path.write_text(path.read_text().splitlines()[0] + "\n")  # interrupted before serial:chain4's first row
+    runner.tokenizer = _Tokens()
+    rows = runner.run(items, resume=True)
+    assert runner.status["serial:chain4"] == ("unavailable", "the runtime rejected it: serial decoding is not in "
+                                                             "this build")
+    assert [(r["config"], r["wall_s"]) for r in rows] == [("target", 0.9)]
+
+
 @pytest.mark.parametrize("text,needle", [
     # a kill cuts only the last line, before its line end: any other line that is not JSON was edited
     ('{"dataset": "huma\n{}\n', "line 1 is not JSON"),

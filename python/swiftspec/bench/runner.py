@@ -117,7 +117,8 @@ class Runner:
         out_dir: folder for ``requests.jsonl`` (created), or None.
         progress: show a tqdm progress bar on stderr.
         skip_unavailable: record configurations the runtime rejects as unavailable and go on;
-            otherwise raise :class:`ConfigUnavailable` before measuring anything.
+            otherwise raise :class:`ConfigUnavailable` before measuring anything (always for one of
+            which a resumed run kept rows: :meth:`run`).
         log: where status lines go (default: stderr).
     """
 
@@ -134,6 +135,7 @@ class Runner:
         self.status: dict[str, tuple[str, str | None]] = {c.name: ("ok", None) for c in configs}
         self.rows: list[dict] = []
         self._resume_cut: str | None = None  # the cut last line _resumed_rows dropped
+        self._resumed_counts: dict[str, int] = {}  # configuration name -> rows kept by --resume
         self.interrupted = False
         self.target_checkpoint: str | None = None
         self.draft_checkpoint: str | None = None
@@ -144,6 +146,9 @@ class Runner:
         return [c for c in self.configs if c.engine == "swiftspec" and (backend is None or c.backend == backend)]
 
     def _mark_unavailable(self, config: BenchConfig, reason: str) -> None:
+        """Records ``config`` as unavailable, or raises :class:`ConfigUnavailable` (without
+        ``skip_unavailable``, or when a resumed run already holds rows of it: :meth:`_refuse_resumed`)."""
+        self._refuse_resumed(config.name, reason)
         if not self.skip_unavailable:
             raise ConfigUnavailable(
                 f"configuration {config.name} is not available: {reason} "
@@ -153,6 +158,24 @@ class Runner:
             )
         self.log(f"{config.name}: unavailable: {reason}")
         self.status[config.name] = ("unavailable", reason)
+
+    def _refuse_resumed(self, name: str, reason: str) -> None:
+        """Raises :class:`ConfigUnavailable` if the run being resumed measured requests of
+        configuration ``name``, which the runtime now rejects (``reason``).
+
+        Refused rather than dropped or kept: the rows were measured where the configuration ran, and
+        the rejection is about this process (another build, no GPU, not enough memory), not about
+        them, so dropping them would throw away measurements; keeping them next to the status
+        "unavailable" contradicts the result (an unavailable configuration has no rows) and would
+        only fail the consistency check after the whole run. Refusing up front measures nothing and
+        leaves requests.jsonl as it is: the user resumes again where the configuration runs.
+        ``skip_unavailable`` still applies to configurations without measured rows."""
+        n = self._resumed_counts.get(name, 0)
+        if n:
+            raise ConfigUnavailable(
+                f"--resume: configuration {name} is not available now ({reason}), but the interrupted run measured "
+                f"{n} of its requests (kept in {self.out_dir / 'requests.jsonl'}): resume where the runtime "
+                "accepts it, or measure without it in a new --out folder")
 
     def load(self) -> None:
         """Resolve checkpoints and load the engines the configurations need."""
@@ -406,7 +429,9 @@ class Runner:
         ``out_dir/requests.jsonl`` and measure only the missing ones (a long CPU run can span
         several sittings). The file is first replaced (atomically) by exactly the kept rows, so a
         row cut by the kill is not continued by the next one. Raises :class:`BenchConfigError` if
-        the settings differ or a row is not one this run would have measured (:meth:`_resumed_rows`)."""
+        the settings differ or a row is not one this run would have measured (:meth:`_resumed_rows`),
+        and :class:`ConfigUnavailable`, before measuring, if the runtime rejects a configuration of
+        which rows were kept, even with ``skip_unavailable`` (:meth:`_refuse_resumed`)."""
         from tqdm.auto import tqdm
 
         for item in items:
@@ -416,7 +441,11 @@ class Runner:
             for row in self._resumed_rows(items):
                 self.rows.append(row)
                 done.add((row["dataset"], row["prompt_index"], row["config"]))
-        self._warmup(items)
+                self._resumed_counts[row["config"]] = self._resumed_counts.get(row["config"], 0) + 1
+            for name, (status, reason) in self.status.items():  # rejected while loading (load())
+                if status != "ok":
+                    self._refuse_resumed(name, reason)
+        self._warmup(items)  # a rejection of a configuration with resumed rows raises (_mark_unavailable)
         active = [c for c in self.configs if self.status[c.name][0] == "ok"]
         jsonl = None
         if self.out_dir is not None:
