@@ -220,6 +220,16 @@ def _drop(field):
     (lambda row: json.dumps(row).replace('"wall_s": 0.9', '"wall_s": NaN'), "line 1: wall_s is NaN (a row holds "
                                                                            "finite numbers only)"),
     (_set(token_ids=[7, 8, 9]), "line 1: humaneval[0] target: new_tokens 4, counted 4, returned 3"),
+    # token ids: the report decodes them (divergence text), which raised at the end of the run
+    (_set(token_ids=[7, 8, 9, 2**40]), "line 1: token_ids/3: 1099511627776 is greater than the maximum of "
+                                       "2147483647"),
+    (_set(token_ids=[7, 8, 9, -1]), "line 1: token_ids/3: -1 is less than the minimum of 0"),
+    (lambda row: json.dumps(row).replace("[7, 8, 9, 10]", "[7, 8, 9, 10.0]"),
+     "line 1: token_ids/3: 10.0 is not of type 'integer'"),
+    (lambda row: json.dumps(row).replace('"new_tokens": 4', '"new_tokens": 4e0'),
+     "line 1: new_tokens: 4.0 is not of type 'integer'"),
+    (lambda row: json.dumps(row).replace("[7, 8, 9, 10]", "[7, 8, 9, 1" + "0" * 5000 + "]"),
+     "line 1 is not JSON"),
     (lambda row: "[1, 2]", "line 1 is not a request row (no dataset, prompt_index or config)"),
     # rows this run does not measure, or whose prompt is another now
     (_set(prompt_index=3), "line 1: humaneval[3] target is not a request of this run (prompt not measured"),
@@ -242,6 +252,17 @@ def test_resumed_rows_as_measured_are_kept(tmp_path):
     runner, items = _interrupted_run(tmp_path)
     rows = runner._resumed_rows(items)
     assert [(r["config"], r["acceptance_length"]) for r in rows] == [("target", 1.0), ("serial:chain4", 3.0)]
+
+
+def test_resumed_token_ids_are_in_the_vocabulary(tmp_path):
+    """With the target's tokenizer loaded, a token id beyond its vocabulary (which the report could
+    not decode) is refused naming the line, like the schema's bound [0, 2**31)."""
+    runner, items = _interrupted_run(tmp_path, _set(token_ids=[7, 8, 9, 100]))
+    runner.tokenizer = _Tokens()  # vocabulary [0, 100)
+    with pytest.raises(BenchConfigError) as e:
+        runner._resumed_rows(items)
+    assert str(e.value) == (f"--resume: {tmp_path / 'requests.jsonl'} line 1: token_ids/3: 100 is outside the "
+                            "vocabulary of the target's tokenizer [0, 100) (an edited file?)")
 
 
 def test_resume_after_a_cut_last_line_writes_one_row_a_line(tmp_path):
@@ -454,6 +475,18 @@ def test_summary_and_first_difference():
 def test_schema_rejects_bad_rows():
     with pytest.raises(jsonschema.ValidationError):
         validate({"schema_version": 1, "kind": "swiftspec-bench"})
+
+
+def test_schema_bounds_token_ids():
+    from swiftspec.bench.schema import request_row_problem
+    from swiftspec.bench.runner import PromptItem, make_row
+
+    item = PromptItem("humaneval", 0, "HumanEval/0", [], prompt_ids=[1, 2, 3, 4, 5])
+    row = make_row(item, parse_config("target", "cpu"), _measured(parse_config("target", "cpu")))
+    assert request_row_problem(row) is None
+    assert request_row_problem({**row, "token_ids": [7, 8, 9, 2**31 - 1]}) is None
+    assert request_row_problem({**row, "token_ids": [7, 8, 9, 2**31]}) == (
+        "token_ids/3: 2147483648 is greater than the maximum of 2147483647")
 
 
 @pytest.mark.parametrize("argv,needle", [

@@ -332,7 +332,8 @@ class Runner:
                 requests.jsonl holds rows; a line of its requests.jsonl (named with the field) is not
                 JSON (except a last line cut by a kill, see above; a complete line is never dropped),
                 not a request row of the schema (a field missing, of another type, out of
-                range, NaN: :func:`swiftspec.bench.schema.request_row_problem`), has numbers that
+                range, NaN: :func:`swiftspec.bench.schema.request_row_problem`), has a token id outside
+                the vocabulary of the target's tokenizer (when loaded), has numbers that
                 disagree (:func:`swiftspec.bench.schema.row_consistency_problems`), is of a prompt
                 or configuration this run does not measure or of a prompt another id or token count
                 now, or repeats an earlier line's request.
@@ -380,12 +381,13 @@ class Runner:
             # (a whole row: kept). Any other line that is not JSON is an edit, named below.
             try:
                 json.loads(lines[-1])
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 self._resume_cut = lines.pop()
+        vocab = getattr(self.tokenizer, "vocab_size", None)  # None: not loaded (the runner's tests)
         for n, line in enumerate(lines):
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # JSONDecodeError; an integer of over 4300 digits; deep nesting
                 raise BenchConfigError(f"--resume: {jsonl_path} line {n + 1} is not JSON") from None
             where = f"--resume: {jsonl_path} line {n + 1}"
             key = (row.get("dataset"), row.get("prompt_index"), row.get("config")) if isinstance(row, dict) else None
@@ -394,6 +396,11 @@ class Runner:
             # A row is kept as it was measured: its type, range and internal agreement are checked
             # here (an edited line would otherwise be a traceback or a wrong report at the end).
             problem = request_row_problem(row)
+            if problem is None and vocab is not None:  # the report decodes them (divergence text)
+                bad = next((i for i, t in enumerate(row["token_ids"]) if t >= vocab), None)
+                if bad is not None:
+                    problem = (f"token_ids/{bad}: {row['token_ids'][bad]} is outside the vocabulary of the "
+                               f"target's tokenizer [0, {vocab})")
             if problem is None:
                 problems = row_consistency_problems(row, self.settings.max_new_tokens, modes.get(key[2]))
                 problem = problems[0] if problems else None

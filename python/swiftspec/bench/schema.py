@@ -57,6 +57,9 @@ MAX_MEASURED = 1e12
 #: any clock's resolution): they divide the speedups, which a smaller one (1e-308) overflows.
 MIN_DIVISOR_S = 1e-12
 _MEASURED = {"maximum": MAX_MEASURED}
+#: The largest token id a request row may hold: the engine's token ids are int32. A larger one
+#: (an edited file: 2**40) is no token of any vocabulary; the tokenizer refuses to decode it.
+MAX_TOKEN_ID = 2**31 - 1
 
 
 def _stats(desc: str) -> dict:
@@ -169,7 +172,8 @@ _REQUEST = {
         "matches_reference": {"type": ["boolean", "null"],
                              "description": "token ids equal the reference configuration's (null: no "
                                             "reference, or sampled decoding)"},
-        "token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        "token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID},
+                      "description": "the new tokens' ids, each in [0, 2**31)"},
     },
 }
 
@@ -355,9 +359,10 @@ def validate(document: dict) -> None:
 def request_row_problem(row) -> str | None:
     """What keeps ``row`` from being a ``requests`` row of this schema, naming the field, e.g.
     "field ttft_s is missing", "ttft_s: 'fast' is not of type 'number'", "new_tokens: -3 is less than
-    the minimum of 0", "ttft_s is NaN (a row holds finite numbers only)"; None if it is one (its
-    numbers may still disagree with each other: :func:`row_consistency_problems`). Needs
-    ``jsonschema``."""
+    the minimum of 0", "ttft_s is NaN (a row holds finite numbers only)", "token_ids/3: 7.0 is not
+    of type 'integer'" (JSON Schema counts 7.0 as an integer; a row's integers are written without
+    a fraction or exponent, and the tokenizer decodes ints only); None if it is one (its numbers
+    may still disagree with each other: :func:`row_consistency_problems`). Needs ``jsonschema``."""
     import math
 
     import jsonschema
@@ -370,7 +375,12 @@ def request_row_problem(row) -> str | None:
             return f"{key} is {shown} (a row holds finite numbers only)"
     error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(_REQUEST).iter_errors(row))
     if error is None:
-        return None
+        for key, value in row.items():
+            types = _REQUEST["properties"][key].get("type", ())
+            if isinstance(value, float) and "integer" in types and "number" not in types:
+                return f"{key}: {value!r} is not of type 'integer'"
+        floats = [i for i, t in enumerate(row["token_ids"]) if isinstance(t, float)]
+        return f"token_ids/{floats[0]}: {row['token_ids'][floats[0]]!r} is not of type 'integer'" if floats else None
     if error.validator == "required" and not error.absolute_path:
         missing = next(k for k in _REQUEST["required"] if k not in row)
         return f"field {missing} is missing"
