@@ -381,6 +381,60 @@ void bind_speculative(nb::module_& parent) {
       "when the head does not decide (None: InvalidRequestError then). Returns (tokens, read_whole_row).");
 
   m.def(
+      "top_sampling_tokens",
+      [](Vec1D logits, int count, float temperature, int top_k, float top_p) {
+        const SamplingParams p = make_sampling(temperature, top_k, top_p, 0);
+        std::vector<int32_t> tokens;
+        std::vector<float> probs;
+        {
+          nb::gil_scoped_release release;
+          top_sampling_tokens(logits.data(), static_cast<int>(logits.shape(0)), p, count, tokens, probs);
+        }
+        return nb::make_tuple(tokens, probs);
+      },
+      "logits"_a, "count"_a, "temperature"_a, "top_k"_a = 0, "top_p"_a = 1.0f,
+      "top_sampling_tokens (sampling.h) of one fp32 logits row [vocab]: the `count` most likely tokens of\n"
+      "the sampling distribution q (ties to the smaller id, q > 0 only) and their q. Returns (tokens, probs).");
+
+  m.def(
+      "top_sampling_tokens_from_head",
+      [](std::vector<int32_t> ids, std::vector<float> top_logits, double log_normalizer, int vocab, int count,
+         float temperature, int top_k, float top_p, std::optional<Vec1D> row) {
+        if (ids.size() != top_logits.size() || ids.empty())
+          throw InvalidArgument("top_sampling_tokens_from_head: ids and top_logits must be non-empty and of one length");
+        const SamplingParams params = make_sampling(temperature, top_k, top_p, 0);
+        TopKLogits top;
+        top.k = static_cast<int>(ids.size());
+        top.ids = std::move(ids);
+        top.logits = std::move(top_logits);
+        top.log_normalizer = {log_normalizer};
+        top.inv_temperature = 1.0 / params.temperature;
+        const bool have_row = row.has_value();
+        const float* whole = have_row ? row->data() : nullptr;
+        const size_t whole_n = have_row ? row->shape(0) : 0;
+        std::vector<int32_t> tokens;
+        std::vector<float> probs;
+        bool read = false;
+        {
+          nb::gil_scoped_release release;
+          top_sampling_tokens_from_head(
+              top, 0, vocab, params, count,
+              [&](std::vector<float>& out) {
+                if (!have_row)
+                  throw InvalidArgument("top_sampling_tokens_from_head: the whole row is needed, but none was given");
+                out.assign(whole, whole + whole_n);
+              },
+              tokens, probs, &read);
+        }
+        return nb::make_tuple(tokens, probs, read);
+      },
+      "ids"_a, "top_logits"_a, "log_normalizer"_a, "vocab"_a, "count"_a, "temperature"_a, "top_k"_a = 0,
+      "top_p"_a = 1.0f, "row"_a = nb::none(),
+      "top_sampling_tokens from a row's head: its k best (ids, top_logits, largest first) and log_normalizer =\n"
+      "ln sum exp(logits / T) of the whole row; `row` (fp32 [vocab]) is read when the head does not decide\n"
+      "(None: InvalidRequestError then). Returns (tokens, probs, read_whole_row).");
+
+  m.def(
       "draw_iid",
       [](Vec1D q, int count, uint64_t seed) {
         Rng rng(seed);
@@ -571,7 +625,9 @@ void bind_speculative(nb::module_& parent) {
       .def_prop_ro("steps", [](const DraftTree& d) { BusyGuard g = busy(d); return d.steps(); })
       .def_prop_ro("time", [](const DraftTree& d) { BusyGuard g = busy(d); return d.time(); })
       .def_prop_ro("drafted_nodes", [](const DraftTree& d) { BusyGuard g = busy(d); return d.drafted_nodes(); })
-      .def_prop_ro("batch_rows", [](const DraftTree& d) { BusyGuard g = busy(d); return d.batch_rows(); });
+      .def_prop_ro("batch_rows", [](const DraftTree& d) { BusyGuard g = busy(d); return d.batch_rows(); })
+      .def_prop_ro("whole_rows_read", [](const DraftTree& d) { BusyGuard g = busy(d); return d.whole_rows_read(); },
+                   "Drafted rows whose whole logits were read on the host (DraftTree::whole_rows_read).");
 
   // ------------------------------------------------------------- TreeVerifier
   nb::class_<PyTreeVerifier>(m, "TreeVerifier",
@@ -622,7 +678,11 @@ void bind_speculative(nb::module_& parent) {
           "tree"_a, "drafter"_a = nb::none(), "to_draft"_a = nb::none(),
           "Verifies and commits; draft distributions come from drafter via to_draft (Sampled growth).")
       .def_prop_ro("steps", [](const PyTreeVerifier& v) { BusyGuard g = busy(v, false); return v.verifier.steps(); })
-      .def_prop_ro("time", [](const PyTreeVerifier& v) { BusyGuard g = busy(v, false); return v.verifier.time(); });
+      .def_prop_ro("time", [](const PyTreeVerifier& v) { BusyGuard g = busy(v, false); return v.verifier.time(); })
+      .def_prop_ro(
+          "whole_rows_read",
+          [](const PyTreeVerifier& v) { BusyGuard g = busy(v, false); return v.verifier.whole_rows_read(); },
+          "Verified rows whose whole logits came to the host (TreeVerifier::whole_rows_read).");
 
   // ------------------------------------------------------ serial generation
   m.def(

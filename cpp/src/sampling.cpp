@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <string>
 
@@ -335,6 +336,174 @@ int sample_from_head(const TopKLogits& top, int row, int vocab, const SamplingPa
   const size_t e = static_cast<size_t>(row) * top.k;
   return sample_from_head(top.ids.data() + e, top.logits.data() + e, top.k, top.log_normalizer[row], vocab, params,
                           rng.uniform(), read_row, read_whole_row);
+}
+
+
+void top_sampling_tokens(const float* logits, int vocab, const SamplingParams& params, int count,
+                         std::vector<int32_t>& tokens, std::vector<float>& probs) {
+  if (count < 0) throw InvalidArgument("top_sampling_tokens: count must be >= 0, got " + std::to_string(count));
+  std::vector<float> q;
+  sampling_distribution(logits, vocab, params, q);
+  tokens.clear();
+  probs.clear();
+  for (int32_t t : top_k_indices(q.data(), vocab, count))
+    if (q[t] > 0.0f) {
+      tokens.push_back(t);
+      probs.push_back(q[t]);
+    }
+}
+
+namespace {
+
+// Margins of top_sampling_tokens_from_head. kStrictMargin: two probabilities computed from the head
+// (each within 1 ulp of the host's: 1.2e-7 relative; a renormalised one within 4 ulps) are surely
+// apart in the host's too when they differ by more than this, relatively. kLnZError: the relative
+// error of a log-normalizer from Model::forward_top_k (its contract: 1e-12; 4x for safety).
+constexpr double kStrictMargin = 1e-6;
+constexpr double kLnZError = 4e-12;
+
+// True when every double within relative `eps` of `d` rounds to the same float as `d` (no float
+// rounding boundary - a midpoint between two floats - within reach); false for subnormal or zero.
+bool rounds_stably(double d, double eps) {
+  const float f = static_cast<float>(d);
+  if (!(f >= std::numeric_limits<float>::min()) || std::isinf(f)) return false;
+  const double lo = (static_cast<double>(f) + std::nextafter(f, 0.0f)) / 2;
+  const double hi = (static_cast<double>(f) + std::nextafter(f, std::numeric_limits<float>::infinity())) / 2;
+  return d * (1 - eps) > lo && d * (1 + eps) < hi;
+}
+
+}  // namespace
+
+bool top_sampling_tokens_from_head(const int32_t* ids, const float* top_logits, int k, double log_normalizer,
+                                   int vocab, const SamplingParams& params, int count,
+                                   std::vector<int32_t>& tokens, std::vector<float>& probs) {
+  const char* who = "top_sampling_tokens_from_head";
+  tokens.clear();
+  probs.clear();
+  if (k < 1 || k > vocab)
+    throw InvalidArgument(std::string(who) + ": k must be in [1, vocab=" + std::to_string(vocab) + "], got " +
+                          std::to_string(k));
+  if (params.greedy())
+    throw InvalidArgument(std::string(who) + ": temperature must be > 0 (greedy growth takes the head's ids), got 0");
+  if (count < 0) throw InvalidArgument(std::string(who) + ": count must be >= 0, got " + std::to_string(count));
+  check_head(ids, top_logits, k, vocab, who);
+  const double inv_t = 1.0 / params.temperature;
+  const float v0 = top_logits[0];
+  if (!std::isfinite(v0) || !std::isfinite(log_normalizer)) return false;  // the row decides (or throws)
+  const double c = log_normalizer - static_cast<double>(v0) * inv_t;  // ln Z_T, Z_T = sum exp((l - v0) / T)
+  if (c < -1e-9 * std::max(1.0, std::fabs(log_normalizer)))
+    throw InvalidArgument(std::string(who) + ": log_normalizer " + show_number(log_normalizer) +
+                          " is below the largest logit / T = " + show_number(v0 * inv_t) +
+                          " (not the row's normaliser at temperature " + show_number(params.temperature) + ")");
+  if (count == 0) return true;
+  const double total = std::exp(c);
+  const double eps = kLnZError * std::max(1.0, std::fabs(log_normalizer));
+  // p[j]: sampling_distribution's untruncated probability of ids[j], rounded as it rounds it;
+  // exact[j]: surely bit-identical to it (the normaliser's error cannot move the rounding)
+  std::vector<float> p(k);
+  std::vector<char> exact(k);
+  for (int j = 0; j < k; ++j) {
+    const float e = static_cast<float>(std::exp((static_cast<double>(top_logits[j]) - v0) * inv_t));
+    const double d = e / total;
+    p[j] = static_cast<float>(d);
+    exact[j] = rounds_stably(d, eps);
+  }
+  // The host ranks ids[a] strictly before every token that ranks after ids[b] (a < b: p non-increasing).
+  auto strictly_above = [&](int a, int b) {
+    return exact[a] && exact[b] ? p[a] > p[b] : static_cast<double>(p[a]) > p[b] * (1.0 + kStrictMargin);
+  };
+  // The host's L best tokens are the head's first L, as a set: every token after them (the head's
+  // and all outside it, whose logits are at most the head's last) has a strictly smaller p.
+  auto boundary = [&](int L) { return L >= vocab || (L < k && strictly_above(L - 1, L)); };
+
+  const bool use_top_k = params.top_k > 0 && params.top_k < vocab;
+  const bool use_top_p = params.top_p < 1.0f;
+  int set = vocab;  // the tokens top-k keeps (all without it)
+  double kept_mass = 1.0;  // their mass, top-p's reference (the whole row's: 1 to ~1e-7)
+  if (use_top_k) {
+    set = params.top_k;
+    if (!boundary(set)) return false;
+    kept_mass = 0;
+    for (int j = 0; j < set; ++j) kept_mass += p[j];
+  }
+  int keep = set;
+  if (use_top_p) {
+    const double cut = params.top_p * kept_mass, margin = kTopPMargin * kept_mass;
+    double cum = 0;
+    keep = 0;  // 0: undecided
+    for (int j = 0; j < std::min(set, k); ++j) {
+      cum += p[j];
+      if (use_top_k && j == set - 1) {  // the host's sum reaches all of the kept mass here: never later
+        keep = set;
+        break;
+      }
+      if (cum >= cut - margin) {
+        if (cum >= cut + margin) keep = j + 1;
+        break;
+      }
+    }
+    if (keep == 0 || !boundary(keep)) return false;
+  }
+  const int n = std::min(count, keep);  // the children
+  // q = p renormalised over the kept tokens (none when nothing is truncated: q = p). Every value
+  // returned or summed must be the host's exactly, summed in the host's order (its ranking).
+  const bool renormalised = use_top_k || use_top_p;
+  const int need = renormalised ? keep : n;
+  if (need > k) return false;
+  for (int j = 0; j < need; ++j) {
+    if (!exact[j]) return false;
+    if (j + 1 < need && !(p[j] > p[j + 1] || (p[j] == p[j + 1] && ids[j] < ids[j + 1]))) return false;
+  }
+  std::vector<float> q(need);
+  if (renormalised) {
+    double kept = 0;
+    for (int j = 0; j < keep; ++j) kept += p[j];
+    for (int j = 0; j < keep; ++j) q[j] = static_cast<float>(p[j] / kept);
+  } else {
+    for (int j = 0; j < n; ++j) q[j] = p[j];
+  }
+  // The children: the n largest q (ties to the smaller id), in that order. q is non-increasing
+  // along the ranking; renormalising can merge neighbours into a tie, broken by id.
+  for (int j = 0; j + 1 < n; ++j)
+    if (!(q[j] > q[j + 1] || (q[j] == q[j + 1] && ids[j] < ids[j + 1]))) return false;
+  if (n < keep) {  // the n-th child must beat every other kept token
+    if (n >= k) return false;
+    const bool above = renormalised ? q[n - 1] > q[n] : boundary(n);
+    if (!above) return false;
+  }
+  for (int j = 0; j < n; ++j) {
+    if (!(q[j] > 0.0f)) return false;  // (the host skips tokens of q 0: let it decide)
+    tokens.push_back(ids[j]);
+    probs.push_back(q[j]);
+  }
+  return true;
+}
+
+void top_sampling_tokens_from_head(const TopKLogits& top, int row, int vocab, const SamplingParams& params,
+                                   int count, const LogitsRowReader& read_row, std::vector<int32_t>& tokens,
+                                   std::vector<float>& probs, bool* read_whole_row) {
+  const char* who = "top_sampling_tokens_from_head";
+  if (read_whole_row) *read_whole_row = false;
+  if (row < 0 || row >= top.rows())
+    throw InvalidArgument(std::string(who) + ": row " + std::to_string(row) + " is outside [0, rows=" +
+                          std::to_string(top.rows()) + ") of the top-k");
+  if (static_cast<int>(top.log_normalizer.size()) != top.rows())
+    throw InvalidArgument(std::string(who) + ": the top-k holds no log-normalizer (forward_top_k with_log_normalizer)");
+  if (params.greedy() || top.inv_temperature != 1.0 / params.temperature)
+    throw InvalidArgument(std::string(who) + ": the log-normalizer is at inverse temperature " +
+                          show_number(top.inv_temperature) + ", the request samples at temperature " +
+                          show_number(params.temperature) + " (forward_top_k with inv_temperature = 1 / T)");
+  const size_t e = static_cast<size_t>(row) * top.k;
+  if (top_sampling_tokens_from_head(top.ids.data() + e, top.logits.data() + e, top.k, top.log_normalizer[row], vocab,
+                                    params, count, tokens, probs))
+    return;
+  if (read_whole_row) *read_whole_row = true;
+  std::vector<float> whole;
+  read_row(whole);
+  if (static_cast<int>(whole.size()) != vocab)
+    throw InvalidArgument(std::string(who) + ": the logits row has " + std::to_string(whole.size()) +
+                          " entries for a vocabulary of " + std::to_string(vocab));
+  top_sampling_tokens(whole.data(), vocab, params, count, tokens, probs);
 }
 
 }  // namespace swiftspec

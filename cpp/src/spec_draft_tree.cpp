@@ -83,21 +83,35 @@ int DraftTree::grow_step(int depth_limit, int max_new_nodes) {
     if (cache_.processed(i))
       throw InvalidArgument("DraftTree: node " + std::to_string(i) + " has K/V but was never expanded");
 
-  batch_rows_.push_back(width + static_cast<int>(cache_.pending_tokens().size()));
+  const int rows = width + static_cast<int>(cache_.pending_tokens().size());
+  batch_rows_.push_back(rows);
   const int vocab = draft_->config().vocab_size;
-  // Greedy top-k growth reads only each row's `branching` best tokens and its normalizer: the
-  // backend selects them where the logits are (on the GPU for cuda) instead of handing over
-  // [rows, vocab] fp32 (Model::forward_top_k).
+  // Top-k growth reads only each row's head where the logits are (Model::forward_top_k: on the GPU
+  // for cuda) instead of handing over [rows, vocab] fp32. Greedy: the `branching` best tokens and
+  // the normaliser at temperature 1. Stochastic: the kSampleHeadK best and the normaliser at the
+  // request's temperature, from which top_sampling_tokens_from_head takes the children the whole
+  // row would give; it reads a row (Model::read_logits_row) only when the head does not decide,
+  // which needs every row of the pass readable (kReadableLogitsRows).
   const bool top_k_only = growth_ == TreeGrowth::TopK && sampling_.greedy();
+  const int head_k = std::min(kSampleHeadK, vocab);
+  const bool top_k_head = growth_ == TreeGrowth::TopK && !sampling_.greedy() && rows <= kReadableLogitsRows &&
+                          branching_ < head_k;
   const double t0 = now_s();
-  const int row0 = top_k_only ? cache_.forward_nodes_top_k(tree_, cand, LogitsMode::All,
-                                                           std::min(branching_, vocab), true, top_)
-                              : cache_.forward_nodes(tree_, cand, LogitsMode::All, logits_);
+  int row0;
+  if (top_k_only)
+    row0 = cache_.forward_nodes_top_k(tree_, cand, LogitsMode::All, std::min(branching_, vocab), true, top_);
+  else if (top_k_head)
+    row0 = cache_.forward_nodes_top_k(tree_, cand, LogitsMode::All, head_k, true, top_,
+                                      1.0 / sampling_.temperature);
+  else
+    row0 = cache_.forward_nodes(tree_, cand, LogitsMode::All, logits_);
   time_ += now_s() - t0;
   ++steps_;
   drafted_nodes_ += width;
 
   const int before = tree_.size();
+  std::vector<int32_t> kids;
+  std::vector<float> kid_q;
   for (int k = 0; k < width; ++k) {
     const int node = cand[k];
     const int count = draws_per_node.empty() ? branching_ : draws_per_node[k];
@@ -113,22 +127,34 @@ int DraftTree::grow_step(int depth_limit, int max_new_nodes) {
       tree_.set_expanded(node);
       continue;
     }
-    const float* row = logits_.data() + static_cast<size_t>(row0 + k) * vocab;
-    if (growth_ == TreeGrowth::Sampled) {
-      auto q = std::make_shared<std::vector<float>>();
-      sampling_distribution(row, vocab, sampling_, *q);
-      std::vector<int32_t> draws = draw_iid(q->data(), vocab, count, rng_);
-      for (int32_t t : draws)
-        if (tree_.find_child(node, t) < 0) tree_.add_child(node, t, std::min(0.0f, std::log((*q)[t])));
-      tree_.set_expanded(node, std::move(draws));
-      if (static_cast<int>(q_.size()) <= node) q_.resize(node + 1);
-      q_[node] = std::move(q);
-    } else {  // top-k growth of a stochastic request: the top tokens of its sampling distribution
-      sampling_distribution(row, vocab, sampling_, scratch_);
-      for (int32_t t : top_k_indices(scratch_.data(), vocab, count))
-        if (scratch_[t] > 0.0f) tree_.add_child(node, t, std::min(0.0f, std::log(scratch_[t])));
+    if (growth_ == TreeGrowth::TopK) {
+      // top-k growth of a stochastic request: the top tokens of its sampling distribution q, log q each
+      if (top_k_head) {
+        bool read = false;
+        top_sampling_tokens_from_head(
+            top_, row0 + k, vocab, sampling_, count,
+            [&](std::vector<float>& whole) { draft_->read_logits_row(row0 + k, whole); }, kids, kid_q, &read);
+        whole_rows_read_ += read ? 1 : 0;
+      } else {
+        top_sampling_tokens(logits_.data() + static_cast<size_t>(row0 + k) * vocab, vocab, sampling_, count, kids,
+                            kid_q);
+        ++whole_rows_read_;
+      }
+      for (size_t j = 0; j < kids.size(); ++j) tree_.add_child(node, kids[j], std::min(0.0f, std::log(kid_q[j])));
       tree_.set_expanded(node);
+      continue;
     }
+    // Sampled growth: `count` i.i.d. draws from q, kept whole for recursive rejection sampling
+    const float* row = logits_.data() + static_cast<size_t>(row0 + k) * vocab;
+    auto q = std::make_shared<std::vector<float>>();
+    sampling_distribution(row, vocab, sampling_, *q);
+    ++whole_rows_read_;
+    std::vector<int32_t> draws = draw_iid(q->data(), vocab, count, rng_);
+    for (int32_t t : draws)
+      if (tree_.find_child(node, t) < 0) tree_.add_child(node, t, std::min(0.0f, std::log((*q)[t])));
+    tree_.set_expanded(node, std::move(draws));
+    if (static_cast<int>(q_.size()) <= node) q_.resize(node + 1);
+    q_[node] = std::move(q);
   }
   return tree_.size() - before;
 }

@@ -43,19 +43,30 @@ VerificationResult TreeVerifier::verify(const TokenTree& tree, const NodeDistrib
                                            [](const TreeNode& nd) { return !nd.draws.empty(); });
   // Temperature / top-p alone on such a tree: each visited node's token is drawn by sample_from_head, the
   // map of one uniform that target-only decoding uses, so speculation emits the same tokens for a seed.
-  // (Its head is selected here on the host from the whole rows: on the CUDA backend a tree of more than
-  // 64 rows runs in pieces whose earlier rows Model::read_logits_row cannot return.)
+  // Its head (the kSampleHeadK best logits and ln Z at the request's temperature) is selected where the
+  // logits are (Model::forward_top_k: on the GPU for cuda) and a whole row read (Model::read_logits_row)
+  // only when the head does not decide the draw. That needs every row of the pass readable: a tree of
+  // more than kReadableLogitsRows rows (the CUDA backend runs it in pieces and keeps the last) takes the
+  // whole rows to the host instead and selects each visited node's head there.
   const bool head_sampling = !sampling_.greedy() && bias_ == VerifierBias::None &&
                              (sampling_.top_k == 0 || sampling_.top_k >= vocab) &&
                              std::none_of(tree.nodes().begin(), tree.nodes().end(),
                                           [](const TreeNode& nd) { return !nd.draws.empty(); });
+  const bool head_on_device = head_sampling && n <= kReadableLogitsRows;
+  const int head_k = std::min(kSampleHeadK, vocab);
+  const double inv_t = greedy ? 1.0 : 1.0 / sampling_.temperature;
   const int k = greedy ? 1 : sampling_.top_k;  // top_k < vocab when it is used
   const double t0 = now_s();
-  const int row0 = greedy || top_k_sampling
-                       ? cache_.forward_nodes_top_k(tree, nodes, LogitsMode::All, k, false, top_)
-                       : cache_.forward_nodes(tree, nodes, LogitsMode::All, logits_);
+  int row0;
+  if (greedy || top_k_sampling)
+    row0 = cache_.forward_nodes_top_k(tree, nodes, LogitsMode::All, k, false, top_);
+  else if (head_on_device)
+    row0 = cache_.forward_nodes_top_k(tree, nodes, LogitsMode::All, head_k, true, top_, inv_t);
+  else
+    row0 = cache_.forward_nodes(tree, nodes, LogitsMode::All, logits_);
   time_ += now_s() - t0;
   ++steps_;
+  if (!(greedy || top_k_sampling || head_on_device)) whole_rows_read_ += n;  // all of them, to the host
   if (row0 != 0) throw InvalidArgument("TreeVerifier: the target cache had pending tokens");
   VerificationResult r;
   if (greedy) {
@@ -65,9 +76,15 @@ VerificationResult TreeVerifier::verify(const TokenTree& tree, const NodeDistrib
       const size_t e = static_cast<size_t>(u) * top_.k;
       return sample_from_top_k(top_.ids.data() + e, top_.logits.data() + e, top_.k, sampling_, rng);
     });
+  } else if (head_on_device) {
+    r = verify_by_target_sampling(tree, [&](int u) {
+      return sample_from_head(top_, u, vocab, sampling_, rng,
+                              [&](std::vector<float>& whole) {
+                                target_->read_logits_row(u, whole);
+                                ++whole_rows_read_;
+                              });
+    });
   } else if (head_sampling) {
-    const int head_k = std::min(kSampleHeadK, vocab);
-    const double inv_t = 1.0 / sampling_.temperature;
     r = verify_by_target_sampling(tree, [&](int u) {
       const float* row = logits_.data() + static_cast<size_t>(u) * vocab;
       select_top_k_logits(row, 1, vocab, head_k, true, top_, inv_t);

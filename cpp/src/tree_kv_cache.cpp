@@ -100,10 +100,10 @@ int TreeKvCache::forward_nodes(const TokenTree& tree, const std::vector<int32_t>
 }
 
 int TreeKvCache::forward_nodes_top_k(const TokenTree& tree, const std::vector<int32_t>& nodes, LogitsMode mode,
-                                     int k, bool with_log_normalizer, TopKLogits& top) {
+                                     int k, bool with_log_normalizer, TopKLogits& top, double inv_temperature) {
   top = TopKLogits{};
   return record_pass(tree, nodes, mode, [&](const ForwardBatch& batch) {
-    model_->forward_top_k(batch, k, with_log_normalizer, top);
+    model_->forward_top_k(batch, k, with_log_normalizer, top, inv_temperature);
   });
 }
 

@@ -68,6 +68,13 @@ struct ForwardBatch {
 /// max_position_embeddings is smaller).
 constexpr int kDefaultMaxContext = 4096;
 
+/// Model::read_logits_row can return every row of a forward_top_k pass of at most this many
+/// rows, on every backend: the default keeps all of a pass's rows, the CUDA backend keeps the last
+/// piece of a pass (a pass over more tokens runs in pieces of 64; its earlier pieces' rows are
+/// overwritten). A caller that may need any row of a pass (a sampler whose head does not decide:
+/// sample_from_head, top_sampling_tokens_from_head) takes the head path only for passes this small.
+constexpr int kReadableLogitsRows = 64;
+
 /// Options a backend needs to instantiate a model.
 struct ModelOptions {
   /// Committed KV capacity (tokens), at most the model's max_position_embeddings (the

@@ -109,4 +109,59 @@ int sample_from_head(const int32_t* ids, const float* top_logits, int k, double 
 int sample_from_head(const TopKLogits& top, int row, int vocab, const SamplingParams& params, Rng& rng,
                      const LogitsRowReader& read_row, bool* read_whole_row = nullptr);
 
+// ---------------------------------------------------------------------------------------------
+// The children of a node under top-k tree growth of a stochastic request (DraftTree, TreeGrowth::
+// TopK): the `count` most likely tokens of the request's sampling distribution q, each with its
+// probability q(t). A tree without draws is then verified by target sampling (SpecInfer's naive
+// sampling: Miao et al., "SpecInfer", ASPLOS 2024, §4; verify_by_target_sampling in
+// verification.h), which is lossless for any choice of children, so the children only have to be
+// likely; q(t) only ranks the nodes (cumulative log q: best-first growth, subtree selection).
+
+/// The host reference, from the whole fp32 [vocab] logits row: q = sampling_distribution(logits,
+/// params) (softmax at T, then top-k, then top-p, renormalised; greedy: one-hot), then
+/// top_k_indices(q, vocab, count) (largest q first, ties to the smaller id), keeping only tokens
+/// with q > 0. `tokens` [<= count] int32 ids and `probs` [same] fp32 q of each. What top-k growth
+/// of a stochastic request computed for every drafted node before the head path below.
+void top_sampling_tokens(const float* logits, int vocab, const SamplingParams& params, int count,
+                         std::vector<int32_t>& tokens, std::vector<float>& probs);
+
+/// top_sampling_tokens from a row's head alone: its k best logits (`ids`, `top_logits` [k],
+/// largest first, ties to the smaller id, as Model::forward_top_k returns them) and
+/// `log_normalizer` = ln sum_v exp(logit_v / T) of the whole row at the request's temperature
+/// (forward_top_k with inv_temperature = 1 / T). Returns true with `tokens` / `probs` bit-identical
+/// to top_sampling_tokens of the whole row, or false (both cleared) when the head does not
+/// determine them: it never guesses. With p_j = fp32(fp32(exp((v_j - v_0) / T)) / Z_T), the
+/// untruncated probability rounded as sampling_distribution rounds it (Z_T = exp(log_normalizer -
+/// v_0 / T)): top-k keeps the head's first top_k, top-p's nucleus is the head's first m (their p
+/// summed in rank order reaches top_p of the kept mass), q = p renormalised over the nucleus, and
+/// the children are the nucleus's first `count` by q (ties to the smaller id). Returns false when
+/// - a set boundary it needs (the top_k-th token, the nucleus's last, the count-th child) is the
+///   head's last entry or beyond (k < vocab), or the probabilities on its two sides are not
+///   strictly apart (a token outside the head could tie and win by its smaller id);
+/// - the nucleus's cumulative mass comes within 1e-6 (of the kept mass) of its cut, as in
+///   sample_from_head;
+/// - a probability it returns or sums might round differently from the host's: its quotient lies
+///   within the normaliser's error (4e-12 x |log_normalizer|, relative: Model::forward_top_k's is
+///   below 1e-12) of a float rounding boundary — about 1 value in 500 at |ln Z| ~ 30;
+/// - the order of two such probabilities is not the host's (a tie with the larger id first, which a
+///   monotone rounding never makes), or a child's probability is 0.
+/// On real rows of the 0.5B draft at T 0.7 / top-p 0.8 it decides nearly all of them
+/// (tests/test_sampling.py, test_top_sampling_tokens_from_the_head_equal_the_host_path's counts).
+/// Throws InvalidArgument for k outside [1, vocab], greedy params, count < 0, an id outside
+/// [0, vocab), a repeated id, NaN or increasing top_logits, a log_normalizer below
+/// top_logits[0] / T (not the row's at this temperature).
+bool top_sampling_tokens_from_head(const int32_t* ids, const float* top_logits, int k, double log_normalizer,
+                                   int vocab, const SamplingParams& params, int count,
+                                   std::vector<int32_t>& tokens, std::vector<float>& probs);
+
+/// top_sampling_tokens of row `row` of `top` (Model::forward_top_k's output with the log-normalizer
+/// at top.inv_temperature == 1 / params.temperature: InvalidArgument otherwise, or when it holds no
+/// log-normalizer or no row `row`): from the head when it decides, else from the whole row read
+/// through `read_row` (`*read_whole_row` tells which). Always bit-identical to top_sampling_tokens
+/// of the whole row. Throws what the two functions above throw (InvalidArgument for a row of
+/// another size than vocab).
+void top_sampling_tokens_from_head(const TopKLogits& top, int row, int vocab, const SamplingParams& params,
+                                   int count, const LogitsRowReader& read_row, std::vector<int32_t>& tokens,
+                                   std::vector<float>& probs, bool* read_whole_row = nullptr);
+
 }  // namespace swiftspec

@@ -28,7 +28,13 @@
 //   TopK    — the `branching` most likely tokens of the draft (deterministic);
 //             logprob = log softmax of the draft logits (temperature 1) for
 //             greedy requests, log of the draft's sampling distribution for
-//             stochastic ones (tokens it gives no mass are skipped).
+//             stochastic ones (tokens it gives no mass are skipped). Either is
+//             taken from each row's head on the device (Model::forward_top_k;
+//             stochastic: top_sampling_tokens_from_head, sampling.h), the whole
+//             row read only when the head does not decide. A tree of TopK
+//             growth has no draws: a stochastic request verifies it by target
+//             sampling (SpecInfer's naive sampling, Miao et al. 2024, §4),
+//             lossless for any children.
 //   Sampled — `branching` i.i.d. draws from the draft's sampling distribution
 //             (repeats merged; the draws kept on the node) — verified by
 //             SpecInfer's recursive rejection sampling (verification.h).
@@ -167,6 +173,11 @@ class DraftTree {
   int steps() const { return steps_; }
   double time() const { return time_; }
   int drafted_nodes() const { return drafted_nodes_; }
+  /// Drafted rows whose whole [vocab] logits were read on the host since construction: every row
+  /// of Sampled growth; under TopK growth of a stochastic request only the rows whose head did not
+  /// decide the children (top_sampling_tokens_from_head), or every row of a pass of more than
+  /// kReadableLogitsRows rows or with branching >= kSampleHeadK; none under greedy TopK growth.
+  int whole_rows_read() const { return whole_rows_read_; }
   /// Rows of each draft forward pass since construction (pending tokens included).
   const std::vector<int>& batch_rows() const { return batch_rows_; }
 
@@ -182,11 +193,12 @@ class DraftTree {
   TokenTree tree_;
   TreeKvCache cache_;
   std::vector<std::shared_ptr<std::vector<float>>> q_;  ///< per node: draft distribution (Sampled)
-  std::vector<float> logits_, scratch_;
-  TopKLogits top_;  ///< the last greedy top-k growth step's rows
+  std::vector<float> logits_;
+  TopKLogits top_;  ///< the last top-k growth step's heads
   int steps_ = 0;
   double time_ = 0.0;
   int drafted_nodes_ = 0;
+  int whole_rows_read_ = 0;
   std::vector<int> batch_rows_;
 };
 
@@ -213,6 +225,11 @@ class TreeVerifier {
 
   int steps() const { return steps_; }
   double time() const { return time_; }
+  /// Rows of verification passes whose whole [vocab] logits came to the host since construction:
+  /// none for greedy and top-k sampling; for temperature / top-p alone on a tree without draws
+  /// only the visited rows whose head did not decide the draw (sample_from_head), unless the tree
+  /// has more than kReadableLogitsRows nodes; every row of a tree with draws (rejection sampling).
+  int whole_rows_read() const { return whole_rows_read_; }
 
  private:
   Model* target_;
@@ -220,9 +237,10 @@ class TreeVerifier {
   VerifierBias bias_;
   TreeKvCache cache_;
   std::vector<float> logits_, scratch_;
-  TopKLogits top_;  ///< the last greedy verification's arg-max per node
+  TopKLogits top_;  ///< the last verification's heads (arg-max, top_k or kSampleHeadK per node)
   int steps_ = 0;
   double time_ = 0.0;
+  int whole_rows_read_ = 0;
 };
 
 /// Validates the speculative parts of a request for the pair: config.validate(),

@@ -97,11 +97,13 @@ class TreeKvCache {
   int forward_nodes(const TokenTree& tree, const std::vector<int32_t>& nodes, LogitsMode mode,
                     std::vector<float>& logits);
   /// forward_nodes() through Model::forward_top_k: `top` receives each logits row's
-  /// `k` largest entries (and log-normalizer when asked) instead of the rows. With an
-  /// empty `nodes` and no pending tokens, does nothing (top.rows() == 0) and returns 0.
-  /// Throws what Model::forward_top_k throws (a bad k before any slot is recorded).
+  /// `k` largest entries (and log-normalizer at `inv_temperature` when asked) instead of the
+  /// rows; Model::read_logits_row can then copy a whole row of the pass (row p + i: nodes[i]).
+  /// With an empty `nodes` and no pending tokens, does nothing (top.rows() == 0) and returns 0.
+  /// Throws what Model::forward_top_k throws (a bad k or inv_temperature before any slot is
+  /// recorded).
   int forward_nodes_top_k(const TokenTree& tree, const std::vector<int32_t>& nodes, LogitsMode mode, int k,
-                          bool with_log_normalizer, TopKLogits& top);
+                          bool with_log_normalizer, TopKLogits& top, double inv_temperature = 1.0);
 
   /// Commits the accepted path `path` (tree indices, root first, each the
   /// parent of the next): the longest processed prefix is appended to the
