@@ -276,6 +276,31 @@ def test_cli_generate_names_the_flag_before_loading(tmp_path, extra, message):
     assert "never-loaded" not in proc.stderr
 
 
+@pytest.mark.parametrize("argv,usage,message", [
+    # an option's value ("10") was taken as the prompt and the top-level parser named the rest
+    (["generate", "--max-tokens", "10", "Write a Python function"], "usage: swiftspec generate ",
+     "swiftspec generate: error: unrecognized arguments: --max-tokens (did you mean --max-new-tokens?)\n"),
+    (["generate", "--max-tokens=10", "hi"], "usage: swiftspec generate ",
+     "swiftspec generate: error: unrecognized arguments: --max-tokens=10 (did you mean --max-new-tokens?)\n"),
+    (["generate", "--frobnicate", "hi"], "usage: swiftspec generate ",
+     "swiftspec generate: error: unrecognized arguments: --frobnicate\n"),
+    (["generate", "one", "two"], "usage: swiftspec generate ", "swiftspec generate: error: unrecognized arguments: two\n"),
+    (["bench", "--num-promts", "3"], "usage: swiftspec bench ",
+     "swiftspec bench: error: unrecognized arguments: --num-promts (did you mean --num-prompts?)\n"),
+])
+def test_cli_unknown_options_are_named_by_the_subcommand(capsys, argv, usage, message):
+    """An unknown option is reported by the subcommand's parser (its usage, not swiftspec's), by
+    name, with the closest option when one is close; nothing is loaded."""
+    from swiftspec.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage) and err.endswith(message), err
+    assert "usage: swiftspec [-h] COMMAND" not in err
+
+
 def test_cpp_example_help():
     from swiftspec.paths import binary
 

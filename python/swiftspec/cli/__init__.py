@@ -35,9 +35,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[command]
+    raise KeyError(command)
+
+
+def _unrecognized(sub: argparse.ArgumentParser, extras: list[str]) -> str:
+    """The error for arguments a subcommand did not take: its unknown options (an option's value
+    taken as the prompt is not named), each with the closest option of the subcommand if one is
+    close ("--max-tokens (did you mean --max-new-tokens?)"); the extra arguments when none is an
+    option."""
+    import difflib
+
+    options = [s for action in sub._actions for s in action.option_strings if s.startswith("--")]
+    unknown = [a for a in extras if a.startswith("-") and a not in ("-", "--") and not sub._negative_number_matcher.match(a)]
+    named = []
+    for arg in unknown or extras:
+        close = difflib.get_close_matches(arg.split("=", 1)[0], options, n=1) if arg in unknown else []
+        named.append(f"{arg} (did you mean {close[0]}?)" if close else arg)
+    return "unrecognized arguments: " + " ".join(named)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # the subcommand's parser names them, with its own usage (not swiftspec's)
+        sub = _subparser(parser, args.command)
+        sub.error(_unrecognized(sub, extras))
     try:
         return int(args.run(args) or 0)
     except SwiftspecError as exc:
