@@ -124,3 +124,13 @@ def test_sampled_speculation_with_top_k_growth_emits_the_target_only_tokens(pair
     r = v.verify(tree, d, to_draft)
     assert r["target_sampling_nodes"] >= 1
     assert v.whole_rows_read <= 1  # was all 17 rows
+
+
+def test_auto_growth_is_top_k_for_sampled_requests_too(pair):
+    """Growth 'auto' resolves to top-k growth for greedy and sampled requests alike: top-k growth with
+    target sampling accepted more tokens per verification than sampled growth with recursive rejection
+    sampling on the real pair (docs/sampling_speculation.md, "Measured"), and reads only row heads."""
+    _, draft, _ = pair
+    for kw in (dict(), dict(temperature=0.7, top_p=0.8), dict(temperature=1.0, top_k=20)):
+        assert spec.DraftTree(draft, tree_budget=8, **kw).growth == "top_k", kw
+    assert spec.DraftTree(draft, tree_budget=8, temperature=0.7, growth="sampled").growth == "sampled"
