@@ -259,6 +259,14 @@ def test_cpp_example_reports_bad_checkpoint(tmp_path):
     (["--temperature", "1e-40", "hi"], "--temperature must be 0 (greedy decoding) or at least 1.1754944e-38 (the "
                                        "runtime samples in float32), got 1e-40"),
     (["--max-new-tokens", "5000", "hi"], "--max-new-tokens 5000 does not fit in --max-context 4096"),
+    # sampling options without --temperature ran greedy decoding silently (bench refused them)
+    (["--top-p", "0.9", "hi"], "swiftspec generate: error: --top-p 0.9 has no effect under greedy decoding "
+                               "(--temperature 0); give --temperature > 0 to sample, or drop it\n"),
+    (["--top-k", "40", "hi"], "swiftspec generate: error: --top-k 40 has no effect under greedy decoding "
+                              "(--temperature 0); give --temperature > 0 to sample, or drop it\n"),
+    (["--temperature", "0", "--top-p", "1", "--top-k", "5", "--seed", "3", "hi"],
+     "--top-p 1.0, --top-k 5, --seed 3 have no effect under greedy decoding (--temperature 0); give --temperature > 0 "
+     "to sample, or drop them\n"),
     (["   "], "the prompt is empty"),
     (["--placement", '{"target": {"megakernel": "yes"}}', "hi"], "--placement: placement.target.megakernel must be true or false"),
     (["--placement", "{not json", "hi"], "--placement:"),
@@ -299,6 +307,19 @@ def test_cli_unknown_options_are_named_by_the_subcommand(capsys, argv, usage, me
     err = capsys.readouterr().err
     assert err.startswith(usage) and err.endswith(message), err
     assert "usage: swiftspec [-h] COMMAND" not in err
+
+
+def test_cli_generate_sampling_options_with_a_temperature():
+    """With --temperature > 0 the sampling options pass; the ones not given get their defaults."""
+    from swiftspec.cli import build_parser
+    from swiftspec.cli.generate import check_options
+
+    args = build_parser().parse_args(["generate", "--temperature", "0.7", "--top-p", "0.9", "hi"])
+    check_options(args)
+    assert (args.temperature, args.top_p, args.top_k, args.seed) == (0.7, 0.9, 0, 0)
+    args = build_parser().parse_args(["generate", "hi"])
+    check_options(args)
+    assert (args.temperature, args.top_p, args.top_k, args.seed) == (0.0, 1.0, 0, 0)
 
 
 def test_cpp_example_help():

@@ -98,3 +98,38 @@ def check_sampling_params(temperature=0.0, top_p=1.0, top_k=0, seed=0, *, names:
         note = f"{seed_note}, " if seed_note else ""
         raise error(f"{s} must be at most {SEED_MAX - seeds + 1} ({note}a 64-bit seed), got {seed}")
     return {"temperature": float(temperature), "top_p": float(top_p), "top_k": int(top_k), "seed": seed}
+
+
+def check_unused_under_greedy(values: dict, given=None, *, names: dict[str, str] | None = None,
+                              error: type[Exception] = InvalidRequestError) -> None:
+    """Refuses top_p / top_k / seed set under greedy decoding (temperature 0), where they have no
+    effect: a command line that samples only with a temperature (``swiftspec generate``,
+    ``swiftspec bench``) must not run greedy decoding silently when given one of them alone.
+
+    Args:
+        values: the checked parameters (:func:`check_sampling_params`'s result).
+        given: the parameters the user set explicitly (a command line: the flags given); default:
+            those whose value differs from greedy decoding's (``SAMPLING_DEFAULTS``).
+        names: how the message names each parameter (as in :func:`check_sampling_params`).
+        error: the exception class raised.
+
+    Raises:
+        error: "--top-p 0.9 has no effect under greedy decoding (--temperature 0); give
+            --temperature > 0 to sample, or drop it" (every such parameter named) when the
+            temperature is 0 and any of top_p, top_k, seed was given.
+    """
+    if values["temperature"] != 0:
+        return
+    names = {k: k for k in SAMPLING_DEFAULTS} | dict(names or {})
+    if given is None:
+        given = [k for k in ("top_p", "top_k", "seed") if values[k] != SAMPLING_DEFAULTS[k]]
+    given = [k for k in ("top_p", "top_k", "seed") if k in given]
+    if not given:
+        return
+
+    def show(k):
+        return f"{names[k]} {values[k]}" if names[k].startswith("-") else f"{names[k]}={values[k]!r}"
+
+    t = names["temperature"]
+    raise error(f"{', '.join(show(k) for k in given)} {'has' if len(given) == 1 else 'have'} no effect under greedy "
+                f"decoding ({t} 0); give {t} > 0 to sample, or drop {'it' if len(given) == 1 else 'them'}")

@@ -50,7 +50,8 @@ import re
 from dataclasses import asdict, dataclass
 
 from swiftspec.errors import SwiftspecError
-from swiftspec.sampling_params import SAMPLING_DEFAULTS, SEED_MAX, check_sampling_params  # noqa: F401 (SEED_MAX: re-exported)
+from swiftspec.sampling_params import SEED_MAX  # noqa: F401 (re-exported)
+from swiftspec.sampling_params import SAMPLING_DEFAULTS, check_sampling_params, check_unused_under_greedy
 
 #: Decode modes of the swiftspec runtime (GenerationConfig's DecodeMode).
 SWIFTSPEC_MODES = ("target", "serial", "async")
@@ -411,17 +412,7 @@ def check_sampling(temperature=0.0, top_p=1.0, top_k=0, seed=0, *, num_prompts: 
                                    seeds=max(1, num_prompts), seed_note="request i of a data set samples with seed + i",
                                    error=BenchConfigError)
     if values["temperature"] == 0:
-        if given is None:
-            given = [k for k in ("top_p", "top_k", "seed") if values[k] != SAMPLING_DEFAULTS[k]]
-        given = [k for k in ("top_p", "top_k", "seed") if k in given]
-        if given:
-            def show(k):
-                return f"{names[k]} {values[k]}" if names[k].startswith("-") else f"{names[k]}={values[k]!r}"
-
-            t = names["temperature"]
-            raise BenchConfigError(
-                f"{', '.join(show(k) for k in given)} {'has' if len(given) == 1 else 'have'} no effect under greedy "
-                f"decoding ({t} 0); give {t} > 0 to sample, or drop {'it' if len(given) == 1 else 'them'}")
+        check_unused_under_greedy(values, given, names=names, error=BenchConfigError)
         return None
     return values
 

@@ -24,9 +24,12 @@ def add_parser(sub) -> None:
     p.add_argument("--system", help="a system message for the chat template")
     p.add_argument("--max-new-tokens", type=int, default=256, help="new tokens at most (default 256)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (default 0: all)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0: all)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    # None: not given (set to the defaults by check_options, which refuses them under greedy decoding)
+    p.add_argument("--top-k", type=int, default=None,
+                   help="sample from the k most likely tokens (default 0: all); needs --temperature > 0")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="nucleus sampling mass (default 1.0: all); needs --temperature > 0")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default 0); needs --temperature > 0")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--mode", choices=["target", "serial", "async"],
                    help="decode mode (default: serial with a draft, target without; 'target' does not load the "
@@ -53,10 +56,12 @@ def add_parser(sub) -> None:
 
 
 def check_options(args: argparse.Namespace) -> None:
-    """Range checks named by their flags, before any model is loaded. Raises InvalidRequestError.
+    """Range checks named by their flags, before any model is loaded; sets the sampling options
+    not given to their defaults. Raises InvalidRequestError, e.g. for --top-p / --top-k / --seed
+    without --temperature > 0 (greedy decoding: they would have no effect), as swiftspec bench does.
     (The engine checks the same again, and what depends on the models: the context, the tree KV.)"""
     from swiftspec.errors import InvalidRequestError
-    from swiftspec.sampling_params import check_sampling_params
+    from swiftspec.sampling_params import SAMPLING_DEFAULTS, check_sampling_params, check_unused_under_greedy
 
     at_least = {"--max-new-tokens": (args.max_new_tokens, 1), "--tree-budget": (args.tree_budget, 1),
                 "--max-depth": (args.max_depth, 1), "--branching": (args.branching, 1),
@@ -64,9 +69,13 @@ def check_options(args: argparse.Namespace) -> None:
     for flag, (value, low) in at_least.items():
         if value is not None and value < low:
             raise InvalidRequestError(f"{flag} must be >= {low}, got {value}")
-    check_sampling_params(args.temperature, args.top_p, args.top_k, args.seed,
-                          names={"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
-                                 "seed": "--seed"})
+    given = [k for k in ("top_p", "top_k", "seed") if getattr(args, k) is not None]
+    for k in ("top_p", "top_k", "seed"):
+        if getattr(args, k) is None:
+            setattr(args, k, SAMPLING_DEFAULTS[k])
+    names = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k", "seed": "--seed"}
+    values = check_sampling_params(args.temperature, args.top_p, args.top_k, args.seed, names=names)
+    check_unused_under_greedy(values, given, names=names)
     context = args.max_context if args.max_context is not None else 4096  # the default is at most 4096
     if args.max_new_tokens >= context:
         raise InvalidRequestError(f"--max-new-tokens {args.max_new_tokens} does not fit in --max-context "
