@@ -365,6 +365,33 @@ def test_cli_generate_loads_the_reference_draft_only_to_use_it(monkeypatch, caps
     assert ("and draft" in capsys.readouterr().err) == loads_draft
 
 
+@pytest.mark.parametrize("streamed,stdout", [
+    (["Check if", " a number"], "Check if a number\n"),  # was glued: "Check if a numberswiftspec generate: ..."
+    (["def f():\n"], "def f():\n"),                    # already at a line start: no empty line
+    ([], ""),                                            # nothing streamed yet (e.g. during prefill)
+])
+def test_cli_generate_interrupted_ends_the_streamed_line(monkeypatch, capsys, streamed, stdout):
+    """Ctrl-C during a streamed generate: the streamed text gets its line end before
+    "interrupted" is reported, which stays on a line of its own."""
+    import swiftspec.engine
+    from swiftspec.cli import main
+
+    class InterruptedEngine:
+        def __init__(self, target, draft=None, **kwargs):
+            pass
+
+        def generate(self, request, on_text=None, **kwargs):
+            for piece in streamed:
+                on_text(piece)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(swiftspec.engine, "Engine", InterruptedEngine)
+    assert main(["generate", "--target", "t", "hi"]) == 130
+    out = capsys.readouterr()
+    assert out.out == stdout
+    assert out.err.endswith("\nswiftspec generate: interrupted\n")
+
+
 # ------------------------------------------- found by an adversarial pass (2026-11-30)
 SMALL = "smollm2-135m-instruct"
 

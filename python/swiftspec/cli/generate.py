@@ -128,25 +128,35 @@ def run(args: argparse.Namespace) -> int:
             {"role": "user", "content": prompt}
         ]
     stream_to_stdout = not args.json
+    line_open = False  # the streamed text so far does not end with a newline
 
     def on_text(delta: str):
+        nonlocal line_open
         sys.stdout.write(delta)
         sys.stdout.flush()
+        if delta:
+            line_open = not delta.endswith("\n")
 
-    result = engine.generate(
-        request,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        stop=args.stop,
-        mode=args.mode,
-        tree_budget=args.tree_budget,
-        max_depth=args.max_depth,
-        branching=args.branching,
-        on_text=on_text if stream_to_stdout else None,
-    )
+    try:
+        result = engine.generate(
+            request,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            stop=args.stop,
+            mode=args.mode,
+            tree_budget=args.tree_budget,
+            max_depth=args.max_depth,
+            branching=args.branching,
+            on_text=on_text if stream_to_stdout else None,
+        )
+    except KeyboardInterrupt:  # "interrupted" goes on a line of its own, not after the streamed text
+        if line_open:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        raise
     if args.json:
         print(json.dumps({
             "text": result.text,
