@@ -527,6 +527,23 @@ def test_engine_and_bench_refuse_the_same_sampling_parameters(small_pair, kwargs
                                message.replace("(a 64-bit", "(request i of a data set samples with seed + i, a 64-bit"))
 
 
+@pytest.mark.parametrize("messages,message", [
+    ([{"role": "usr", "content": "hi"}], "messages[0] has the role 'usr', which the chat template of {source} does "
+                                         "not take (roles: system, user, assistant)"),
+    ([{"role": "user", "content": "hi"}, {"role": "tool", "content": "x"}],
+     "messages[1] has the role 'tool', which the chat template of {source} does not take (roles: system, user, "
+     "assistant)"),  # SmolLM2's template names no tool role
+    ([{"role": "user"}], "messages[0] has no 'content'; a message needs a string 'content'"),
+    ([{"role": "user", "content": ["hi"]}], "messages[0] needs a string 'content', got list"),
+])
+def test_bad_chat_messages_are_named(small_pair, messages, message):
+    """An unknown chat role ran (the template rendered it as is, or dropped the message); it is
+    refused naming the message and the role, as is a message without string content."""
+    with pytest.raises(InvalidRequestError) as info:
+        small_pair.generate(messages, max_new_tokens=2)
+    assert str(info.value) == message.format(source=small_pair.tokenizer.source)
+
+
 def test_numpy_token_ids_are_a_prompt(small_pair):
     ids = small_pair.encode_prompt("def f(x):")
     assert small_pair.generate(np.array(ids), max_new_tokens=4, mode="target").token_ids == \

@@ -210,6 +210,16 @@ def test_bad_input_is_named(qwen):
         qwen.apply_chat_template([{"content": "a"}])
     with pytest.raises(InvalidRequestError, match=r"messages\[0\] needs a string 'content', got int"):
         qwen.apply_chat_template([{"role": "user", "content": 5}])
+    with pytest.raises(InvalidRequestError) as info:
+        qwen.apply_chat_template([{"role": "user"}])
+    assert str(info.value) == "messages[0] has no 'content'; a message needs a string 'content'"
+    # a role the template does not take rendered as nothing (Qwen2.5 drops the message) or as itself
+    with pytest.raises(InvalidRequestError) as info:
+        qwen.apply_chat_template([{"role": "system", "content": "a"}, {"role": "usr", "content": "hi"}])
+    assert str(info.value) == (f"messages[1] has the role 'usr', which the chat template of {qwen.source} does not "
+                               "take (roles: system, user, assistant, tool)")
+    assert "<tool_response>\nok\n</tool_response>" in qwen.apply_chat_template(  # a role Qwen2.5's template tests for
+        [{"role": "user", "content": "a"}, {"role": "tool", "content": "ok"}])
     with pytest.raises(InvalidRequestError, match=r"token ids\[1\] is 151936, outside the vocabulary \[0, 151936\)"):
         qwen.decode([1, 151936])
     with pytest.raises(InvalidRequestError, match=r"token ids\[0\] is -1"):

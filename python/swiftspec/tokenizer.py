@@ -13,6 +13,7 @@ writes them.
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -87,6 +88,25 @@ def _compile_template(template: str):
     return env.from_string(template)
 
 
+#: The roles every chat template takes; a template adds those it names (Qwen2.5's "tool", Llama 3.1's "ipython").
+_STANDARD_ROLES = ("system", "user", "assistant")
+_ROLE_COMPARED = re.compile(r"""\brole\s*['"]?\s*\]?\s*(?:==|!=)\s*(['"])([^'"]+)\1""")
+_ROLE_COMPARED_REVERSED = re.compile(r"""(['"])([^'"]+)\1\s*(?:==|!=)\s*[\w.\[\]'"]*\brole\b""")
+_ROLE_IN_LIST = re.compile(r"""\brole\s*['"]?\s*\]?\s+in\s*[\[(]([^\])]*)[\])]""")
+
+
+@lru_cache(maxsize=16)
+def _template_roles(template: str) -> tuple[str, ...]:
+    """The message roles a chat template takes: the standard three and every role it compares a
+    message's role with (``message.role == "tool"``, ``message['role'] in ['ipython', 'tool']``).
+    A role outside them renders wrongly or not at all (Qwen2.5's template drops the message)."""
+    found = [m.group(2) for m in _ROLE_COMPARED.finditer(template)]
+    found += [m.group(2) for m in _ROLE_COMPARED_REVERSED.finditer(template)]
+    for m in _ROLE_IN_LIST.finditer(template):
+        found += re.findall(r"""['"]([^'"]+)['"]""", m.group(1))
+    return _STANDARD_ROLES + tuple(sorted(set(found) - set(_STANDARD_ROLES)))
+
+
 def _check_messages(messages: Any) -> list[dict]:
     """Validate chat messages; return copies as HF hands them to templates: None-valued keys
     dropped, reasoning text available as both ``reasoning_content`` and ``thinking``."""
@@ -100,6 +120,8 @@ def _check_messages(messages: Any) -> list[dict]:
             raise InvalidRequestError(f"messages[{i}] must be a dict, got {type(m).__name__}")
         if not isinstance(m.get("role"), str):
             raise InvalidRequestError(f"messages[{i}] needs a string 'role', got {m.get('role')!r}")
+        if "content" not in m:
+            raise InvalidRequestError(f"messages[{i}] has no 'content'; a message needs a string 'content'")
         if not isinstance(m.get("content"), str):
             raise InvalidRequestError(
                 f"messages[{i}] needs a string 'content', got {type(m.get('content')).__name__}"
@@ -226,7 +248,9 @@ class Tokenizer:
 
         Same string as HF's ``apply_chat_template(messages, tokenize=False,
         add_generation_prompt=...)``. ``tools`` (JSON-schema dicts) and ``template_kwargs`` are
-        passed to the template. Raises :class:`InvalidRequestError` for malformed messages, a
+        passed to the template. Raises :class:`InvalidRequestError` for malformed messages (not a
+        dict, no string 'role' or 'content', a role the template does not take: one of system,
+        user, assistant or a role the template itself tests for, such as Qwen2.5's "tool"), a
         checkpoint without a chat template, or a template that rejects the conversation
         (``raise_exception``); :class:`CheckpointError` if the template itself does not compile.
         """
@@ -235,6 +259,11 @@ class Tokenizer:
         chat = _check_messages(messages)
         if self.chat_template is None:
             raise InvalidRequestError(f"the tokenizer of {self.source} has no chat_template")
+        roles = _template_roles(self.chat_template)
+        for i, m in enumerate(chat):
+            if m["role"] not in roles:
+                raise InvalidRequestError(f"messages[{i}] has the role {m['role']!r}, which the chat template of "
+                                          f"{self.source} does not take (roles: {', '.join(roles)})")
         try:
             template = _compile_template(self.chat_template)
         except jinja2.TemplateSyntaxError as exc:
