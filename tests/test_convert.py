@@ -419,8 +419,9 @@ def test_output_folder_and_dtype_checks(tmp_path):
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "notes.txt").write_text("keep me")
-    with pytest.raises(CheckpointError, match=f"output folder {busy} is not empty"):
+    with pytest.raises(CheckpointError) as info:
         convert_gguf(path, busy, progress=False)
+    assert str(info.value) == f"output folder {busy} is not empty; choose a new folder or pass overwrite=True to write into it"
     convert_gguf(path, busy, progress=False, overwrite=True)
     assert (busy / "notes.txt").read_text() == "keep me" and read_manifest(busy)["dtype"] == "bfloat16"
 
@@ -470,3 +471,23 @@ def test_convert_weights_cli(tmp_path):
     assert json.loads((tmp_path / "y" / "manifest.json").read_text())["tp_degree"] == 2
     bad_tp = run_tool(str(path), "--out", str(tmp_path / "z"), "--tp", "0")
     assert bad_tp.returncode == 2 and "--tp 0" in bad_tp.stderr and "Traceback" not in bad_tp.stderr
+
+
+def test_convert_weights_cli_checks_the_output_folder_first(tmp_path):
+    """A non-empty --out is refused before the input is read (it was refused after the whole
+    conversion's reading and hashing), naming the flag that allows it; --overwrite writes into it."""
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("keep me")
+    message = f"error: output folder {busy} is not empty; choose a new folder or pass --overwrite to write into it"
+    refused = run_tool(str(path), "--out", str(busy), "--quiet")
+    assert refused.returncode == 2 and refused.stderr.strip() == message
+    not_gguf = tmp_path / "notes.gguf"
+    not_gguf.write_text("not a GGUF file")  # never opened: the folder is checked first
+    refused = run_tool(str(not_gguf), "--out", str(busy), "--tp", "2", "--quiet")
+    assert refused.returncode == 2 and refused.stderr.strip() == message
+    done = run_tool(str(path), "--out", str(busy), "--overwrite", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert (busy / "notes.txt").read_text() == "keep me" and read_manifest(busy)["dtype"] == "bfloat16"

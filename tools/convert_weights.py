@@ -20,6 +20,7 @@ import_swiftspec()
 
 def main() -> int:
     from swiftspec.convert import SUPPORTED_DTYPES, convert_gguf, convert_hf
+    from swiftspec.convert.writer import check_output_folder
     from swiftspec.errors import CheckpointError
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -37,6 +38,7 @@ def main() -> int:
         p.error(f"--tp {args.tp}: the tensor-parallel degree must be >= 1")
     if not args.input.exists():
         raise CheckpointError(f"input {args.input} does not exist")
+    check_output_folder(args.out, args.overwrite, "--overwrite")  # before any work (reading, hashing the input)
     kwargs = dict(dtype=args.dtype, progress=not args.quiet, overwrite=args.overwrite)
     if args.tp > 1:  # pre-sharded, padded folder (swiftspec.convert.tp_shard; input may be a TP-1 folder)
         from swiftspec.convert.tp_shard import convert_sharded

@@ -33,6 +33,28 @@ def _umask() -> int:
     return mask
 
 
+def check_output_folder(out_dir: str | Path, overwrite: bool = False, overwrite_option: str = "overwrite=True") -> bool:
+    """Checks that ``out_dir`` can take a new checkpoint: it does not exist, is an empty folder, or
+    (``overwrite``) a non-empty one. Cheap: callers check before any conversion work. Returns
+    whether it is a non-empty folder (to be overwritten).
+
+    Raises :class:`CheckpointError`: ``out_dir`` exists and is not a folder; it is a non-empty
+    folder and ``overwrite`` is false (the message names ``overwrite_option``, how the caller's
+    user allows it: ``overwrite=True``, or ``--overwrite`` on a command line).
+    """
+    out_dir = Path(out_dir)
+    if not out_dir.exists():
+        return False
+    if not out_dir.is_dir():
+        raise CheckpointError(f"output path {out_dir} exists and is not a folder")
+    if not any(out_dir.iterdir()):
+        return False
+    if not overwrite:
+        raise CheckpointError(f"output folder {out_dir} is not empty; choose a new folder or pass {overwrite_option} "
+                              "to write into it")
+    return True
+
+
 class CheckpointWriter:
     """Collects tensors, then writes a checkpoint folder.
 
@@ -45,15 +67,8 @@ class CheckpointWriter:
     def __init__(self, out_dir: str | Path, dtype: str, overwrite: bool = False):
         self.out_dir = Path(out_dir)
         self.dtype = check_dtype(dtype)
-        if self.out_dir.exists():
-            if not self.out_dir.is_dir():
-                raise CheckpointError(f"output path {self.out_dir} exists and is not a folder")
-            if any(self.out_dir.iterdir()):
-                if not overwrite:
-                    raise CheckpointError(
-                        f"output folder {self.out_dir} is not empty; choose a new folder or allow overwriting"
-                    )
-                (self.out_dir / MANIFEST).unlink(missing_ok=True)
+        if check_output_folder(self.out_dir, overwrite):
+            (self.out_dir / MANIFEST).unlink(missing_ok=True)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._tensors: dict[str, np.ndarray] = {}
 
