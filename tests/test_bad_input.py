@@ -268,6 +268,7 @@ def test_cpp_example_reports_bad_checkpoint(tmp_path):
      "--top-p 1.0, --top-k 5, --seed 3 have no effect under greedy decoding (--temperature 0); give --temperature > 0 "
      "to sample, or drop them\n"),
     (["   "], "the prompt is empty"),
+    (["--stop", "x", "--stop", "", "hi"], "swiftspec generate: error: --stop must be a non-empty string, got ''\n"),
     (["--placement", '{"target": {"megakernel": "yes"}}', "hi"], "--placement: placement.target.megakernel must be true or false"),
     (["--placement", "{not json", "hi"], "--placement:"),
     (["--placement", "no-such-file.json", "hi"], "--placement: placement 'no-such-file.json' is neither 'auto'"),

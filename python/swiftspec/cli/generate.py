@@ -76,6 +76,9 @@ def check_options(args: argparse.Namespace) -> None:
     names = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k", "seed": "--seed"}
     values = check_sampling_params(args.temperature, args.top_p, args.top_k, args.seed, names=names)
     check_unused_under_greedy(values, given, names=names)
+    for stop in args.stop:
+        if not stop:  # (the engine refuses it too, but only once the models are loaded)
+            raise InvalidRequestError("--stop must be a non-empty string, got ''")
     context = args.max_context if args.max_context is not None else 4096  # the default is at most 4096
     if args.max_new_tokens >= context:
         raise InvalidRequestError(f"--max-new-tokens {args.max_new_tokens} does not fit in --max-context "
