@@ -276,7 +276,7 @@ def test_resume_after_a_cut_last_line_writes_one_row_a_line(tmp_path):
     path.write_text(first + "\n" + second[: len(second) // 2])
     runner.tokenizer = _Tokens()
     runner.run(items, resume=True)
-    assert f"--resume: 1 requests already measured in {path}, kept; its last line (line 2, {len(second) // 2} " \
+    assert f"--resume: 1 request already measured in {path}, kept; its last line (line 2, {len(second) // 2} " \
            "characters without a line end) is a row cut by the interruption: dropped, that request is measured " \
            "again" in logs
     text = path.read_text()
@@ -293,6 +293,27 @@ def test_resume_after_a_cut_last_line_writes_one_row_a_line(tmp_path):
     runner.run(items, resume=True)
     assert [(r["config"], r["wall_s"]) for r in map(json.loads, path.read_text().splitlines())] == [
         ("target", 2.0), ("serial:chain4", 2.0)]
+
+
+@pytest.mark.parametrize("measured,message", [(1, "interrupted after 1 request; writing what was measured"),
+                                              (0, "interrupted after 0 requests; writing what was measured")])
+def test_interrupted_run_counts_its_requests(tmp_path, measured, message):
+    logs = []
+    runner, items = _bench_runner(tmp_path, log=logs.append)
+    runner.tokenizer = _Tokens()
+    runner._warmup = lambda items: None
+    measure = runner._run_one
+    calls = []
+
+    def run_one(config, *args, **kwargs):
+        calls.append(config.name)
+        if len(calls) > measured:
+            raise KeyboardInterrupt
+        return measure(config, *args, **kwargs)
+
+    runner._run_one = run_one
+    assert len(runner.run(items)) == measured and runner.interrupted
+    assert message in logs
 
 
 def test_resume_keeps_a_whole_last_row_that_lost_only_its_line_end(tmp_path):

@@ -108,6 +108,11 @@ class ConfigUnavailable(SwiftspecError):
     """The runtime (or the peer) rejected a configuration; the message says why."""
 
 
+def _count(n: int, noun: str) -> str:
+    """ "1 request", "2 requests" (log lines)."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 class Runner:
     """Loads engines for the configurations and measures every prompt under each.
 
@@ -298,8 +303,8 @@ class Runner:
                 per_token = last["decode_s"] / produced if produced > 0 else last["ttft_s"]
                 estimate += last["ttft_s"] + per_token * (self.settings.max_new_tokens - 1)
         if estimate > 0:
-            self.log(f"estimated measuring time: ~{estimate * len(items) / 60:.0f} min for {len(items)} prompts "
-                     "(from the warm-up requests; the machine's load changes it)")
+            self.log(f"estimated measuring time: ~{estimate * len(items) / 60:.0f} min for "
+                     f"{_count(len(items), 'prompt')} (from the warm-up requests; the machine's load changes it)")
 
     def resolved_max_context(self) -> int | None:
         """The KV capacity the swiftspec engines run with (the target's; the requested value
@@ -421,7 +426,7 @@ class Runner:
                                        f"{seen[key]} (an edited file?)")
             seen[key] = n + 1
             rows.append(row)
-        self.log(f"--resume: {len(rows)} requests already measured in {jsonl_path}, kept"
+        self.log(f"--resume: {_count(len(rows), 'request')} already measured in {jsonl_path}, kept"
                  + (f"; its last line (line {len(lines) + 1}, {len(self._resume_cut)} characters without a line "
                     "end) is a row cut by the interruption: dropped, that request is measured again"
                     if self._resume_cut is not None else ""))
@@ -490,7 +495,7 @@ class Runner:
                                             f"{row['tokens_per_s']:.2f} tok/s", refresh=True)
         except KeyboardInterrupt:
             self.interrupted = True
-            self.log(f"interrupted after {len(self.rows)} requests; writing what was measured")
+            self.log(f"interrupted after {_count(len(self.rows), 'request')}; writing what was measured")
         finally:
             bar.close()
             if jsonl is not None:
