@@ -341,8 +341,10 @@ class Engine:
 
         Raises:
             InvalidRequestError: bad prompt or parameter (named in the message; the
-                sampling parameters' ranges: :func:`swiftspec.sampling_params.check_sampling_params`),
-                or a prompt plus max_new_tokens longer than the context.
+                sampling parameters' ranges: :func:`swiftspec.sampling_params.check_sampling_params`;
+                chat messages: :meth:`swiftspec.tokenizer.Tokenizer.apply_chat_template`, e.g. a
+                message without string 'content' or with a role the model's chat template does not
+                take, named by its index), or a prompt plus max_new_tokens longer than the context.
             KeyboardInterrupt: Ctrl-C during the request.
         """
         self._check_open()
