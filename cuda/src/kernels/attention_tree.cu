@@ -49,40 +49,28 @@ namespace {
 
 constexpr int kAttnThreads = 256;
 constexpr int kMaxTokPerBlock = 4;  ///< tokens per CTA (<= 16 query rows)
+constexpr int kUnionMax = kAttnChunk * kMaxTokPerBlock;  ///< a chunk's union over the block, at most
 // Union keys whose V rows fit in shared memory at once. 64 (one chunk's
 // positions, so a one-token pass always fits): 51 KB per CTA, four CTAs per SM
 // (the registers allow four); 128 took 68 KB, three per SM, and a 64-node tree
 // step's 1152 CTAs ran in ~3 waves (run 15).
 constexpr int kVCap = 64;
-constexpr int kListMax = 64;        ///< attend-list entries per token kept in shared memory (a 64-node tree's depth)
-
-// Shared memory per CTA <= 44.5 KB and 48 registers per thread: five CTAs per
-// SM, so a 32-node step's 576 CTAs with keys fit one wave of 660 (run 17: four
-// CTAs per SM at 51 KB / 64 registers, 528 slots).
-constexpr int kAttnMinBlocks = 5;
-
-/// Row r of a [rows][HD] bf16 tile whose 16-byte chunks are XOR-swizzled by
-/// r % 8 (no padding: ldmatrix's eight rows of one chunk column hit eight
-/// different bank groups); returns the element offset of chunk c of row r.
-template <int HD>
-__device__ __forceinline__ int swz(int r, int c) {
-  return r * HD + ((c ^ (r & 7)) << 3);
-}
+constexpr int kListMax = 128;       ///< attend-list entries per token kept in shared memory
 
 template <int HD>
 struct AttnGeom {
-  static constexpr int kLD = HD;                ///< bf16 row stride (rows swizzled by swz)
+  static constexpr int kLD = HD + 8;            ///< bf16 row stride (bank spread)
   static constexpr int kSLD = kAttnChunk + 1;   ///< fp32 score row stride
   static constexpr int kPLD = kAttnChunk + 8;   ///< bf16 P row stride
   static constexpr int kDPT = HD / 16;          ///< combine: dims per thread (16 threads per row)
   static constexpr size_t smem_bytes() {
-    static_assert(17 * kPLD <= 64 * kLD, "P (+ its zero row) lives in the K tile");
-    return size_t(16 + 64 + kVCap + 1) * kLD * 2      // Qs, Ks (and Pb after the scores), Vs (+ a zero row)
+    return size_t(16 + 64 + kVCap + 1) * kLD * 2      // Qs, Ks, Vs (+ a zero row)
            + size_t(16) * kSLD * 4                     // Ss
-           + size_t(kVCap) * 4                         // keys
+           + size_t(17) * kPLD * 2                     // Pb (+ a zero row)
+           + size_t(kUnionMax) * 4                     // keys
            + size_t(kMaxTokPerBlock) * kAttnChunk * 2  // kidx
-           + size_t(kVCap) * 2                         // kmask
-           + size_t(kVCap);                            // kpos
+           + size_t(kUnionMax) * 2                     // kmask
+           + size_t(kUnionMax);                        // kpos
   }
 };
 
@@ -90,22 +78,22 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 template <int HD>
-__global__ void __launch_bounds__(kAttnThreads, kAttnMinBlocks) attention_kernel(const AttnParams p) {
+__global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParams p) {
   using Geom = AttnGeom<HD>;
   constexpr int LD = Geom::kLD, SLD = Geom::kSLD, PLD = Geom::kPLD;
   constexpr int CH = HD / 8;  // 16-byte chunks per row
   constexpr int DPT = Geom::kDPT;
   constexpr int ZROW = kVCap;  // the zero row of Vs
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [16][LD] swizzled
-  __nv_bfloat16* Ks = Qs + 16 * LD;                                // [64][LD] swizzled: the union's keys
-  __nv_bfloat16* Vs = Ks + 64 * LD;                                // [kVCap + 1][LD] swizzled: the pass's union
+  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [16][LD]
+  __nv_bfloat16* Ks = Qs + 16 * LD;                                // [64][LD] one block of union keys
+  __nv_bfloat16* Vs = Ks + 64 * LD;                                // [kVCap + 1][LD] the pass's union
   float* Ss = reinterpret_cast<float*>(Vs + (kVCap + 1) * LD);      // [16][SLD] by logical position
-  __nv_bfloat16* Pb = Ks;  // [17][PLD]: P (+ a zero row) over the K tile, dead once the scores are made
-  int* keys = reinterpret_cast<int*>(Ss + 16 * SLD);                // [kVCap] cache row of union key u
-  int16_t* kidx = reinterpret_cast<int16_t*>(keys + kVCap);         // [4][64] union index or -1
-  uint16_t* kmask = reinterpret_cast<uint16_t*>(kidx + kMaxTokPerBlock * kAttnChunk);  // [kVCap]
-  uint8_t* kpos = reinterpret_cast<uint8_t*>(kmask + kVCap);        // [kVCap] logical position in the chunk
+  __nv_bfloat16* Pb = reinterpret_cast<__nv_bfloat16*>(Ss + 16 * SLD);  // [17][PLD]
+  int* keys = reinterpret_cast<int*>(Pb + 17 * PLD);                // [kUnionMax] cache row of union key u
+  int16_t* kidx = reinterpret_cast<int16_t*>(keys + kUnionMax);     // [4][64] union index or -1
+  uint16_t* kmask = reinterpret_cast<uint16_t*>(kidx + kMaxTokPerBlock * kAttnChunk);  // [kUnionMax]
+  uint8_t* kpos = reinterpret_cast<uint8_t*>(kmask + kUnionMax);    // [kUnionMax] logical position in the chunk
   __shared__ int s_U;
   __shared__ int s_last;
   __shared__ int s_nch[kMaxTokPerBlock];
@@ -180,9 +168,9 @@ __global__ void __launch_bounds__(kAttnThreads, kAttnMinBlocks) attention_kernel
     if (rh < RH && rh / G < tact) {
       const int tk = tok0 + rh / G;
       const int head = kvh * G + rh % G;
-      cp_async_16(Qs + swz<HD>(rh, ch), p.q + (static_cast<size_t>(tk) * H + head) * HD + ch * 8);
+      cp_async_16(Qs + rh * LD + ch * 8, p.q + (static_cast<size_t>(tk) * H + head) * HD + ch * 8);
     } else {
-      *reinterpret_cast<uint4*>(Qs + swz<HD>(rh, ch)) = make_uint4(0u, 0u, 0u, 0u);
+      *reinterpret_cast<uint4*>(Qs + rh * LD + ch * 8) = make_uint4(0u, 0u, 0u, 0u);
     }
   }
   cp_async_commit();
@@ -196,6 +184,7 @@ __global__ void __launch_bounds__(kAttnThreads, kAttnMinBlocks) attention_kernel
     }
   }
   for (int i = tid; i < HD; i += kAttnThreads) Vs[ZROW * LD + i] = __float2bfloat16_rn(0.f);
+  for (int i = tid; i < kAttnChunk; i += kAttnThreads) Pb[16 * PLD + i] = __float2bfloat16_rn(0.f);
 
   int my_cnt = 0;
   for (int cs = split; cs < nch; cs += kAttnSplits) {
@@ -251,7 +240,7 @@ __global__ void __launch_bounds__(kAttnThreads, kAttnMinBlocks) attention_kernel
             if (slot >= 0) {
               const int pos = U + __popc(lb & ((1u << first) - 1u));
               kidx[lane * kAttnChunk + (q - q0)] = static_cast<int16_t>(pos);
-              if (leader && pos < kVCap) {  // a wider union is not used (one token per pass)
+              if (leader) {
                 keys[pos] = p.max_context + slot;
                 kmask[pos] = static_cast<uint16_t>(same);
                 kpos[pos] = static_cast<uint8_t>(q - q0);
@@ -275,7 +264,7 @@ __global__ void __launch_bounds__(kAttnThreads, kAttnMinBlocks) attention_kernel
         const int u = i / CH;
         const int ch = i - u * CH;
         const size_t row = static_cast<size_t>(kvh) * p.slots + keys[u];
-        cp_async_16(Vs + swz<HD>(u, ch), p.vcache + row * HD + ch * 8);
+        cp_async_16(Vs + u * LD + ch * 8, p.vcache + row * HD + ch * 8);
       }
       cp_async_commit();
       for (int ub = 0; ub < U; ub += 64) {
@@ -284,7 +273,7 @@ __global__ void __launch_bounds__(kAttnThreads, kAttnMinBlocks) attention_kernel
           const int u = i / CH;
           const int ch = i - u * CH;
           const size_t row = static_cast<size_t>(kvh) * p.slots + keys[ub + u];
-          cp_async_16(Ks + swz<HD>(u, ch), p.kcache + row * HD + ch * 8);
+          cp_async_16(Ks + u * LD + ch * 8, p.kcache + row * HD + ch * 8);
         }
         cp_async_commit();
         cp_async_wait_all();
@@ -294,9 +283,9 @@ __global__ void __launch_bounds__(kAttnThreads, kAttnMinBlocks) attention_kernel
 #pragma unroll
           for (int ks = 0; ks < HD / 16; ++ks) {
             uint32_t a[4];
-            ldmatrix_x4(a, smem_u32(Qs + swz<HD>((lane & 7) + ((lane >> 3) & 1) * 8, ks * 2 + (lane >> 4))));
+            ldmatrix_x4(a, smem_u32(Qs + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + ks * 16 + (lane >> 4) * 8));
             uint32_t b[2];
-            ldmatrix_x2(b, smem_u32(Ks + swz<HD>(warp * 8 + (lane & 7), ks * 2 + ((lane >> 3) & 1))));
+            ldmatrix_x2(b, smem_u32(Ks + (warp * 8 + (lane & 7)) * LD + ks * 16 + ((lane >> 3) & 1) * 8));
             mma_bf16_16816(acc, a, b[0], b[1]);
           }
 #pragma unroll
@@ -329,8 +318,6 @@ __global__ void __launch_bounds__(kAttnThreads, kAttnMinBlocks) attention_kernel
           s_l[rh] = l;
         }
       }
-      // P's zero row (past a token's heads); the K tile under it was reloaded by this pass.
-      for (int i = tid; i < kAttnChunk; i += kAttnThreads) Pb[16 * PLD + i] = __float2bfloat16_rn(0.f);
       cp_async_wait_all();  // V
       __syncthreads();
 
@@ -350,7 +337,7 @@ __global__ void __launch_bounds__(kAttnThreads, kAttnMinBlocks) attention_kernel
           ldmatrix_x4(a, smem_u32(Pb + prow * PLD + ks * 16 + (lane >> 4) * 8));
           const int u = kidx[t * kAttnChunk + ks * 16 + (lane & 15)];
           uint32_t b[4];
-          ldmatrix_x4_trans(b, smem_u32(Vs + swz<HD>(u >= 0 ? u : ZROW, n0 / 8 + (lane >> 4))));
+          ldmatrix_x4_trans(b, smem_u32(Vs + (u >= 0 ? u : ZROW) * LD + n0 + (lane >> 4) * 8));
           mma_bf16_16816(acc[0], a, b[0], b[1]);
           mma_bf16_16816(acc[1], a, b[2], b[3]);
         }
