@@ -169,6 +169,15 @@ def test_invalid_config_fields(tmp_path, field, value, pattern):
         core.load_model(str(ckpt))
 
 
+def test_malformed_config_json_names_the_position(tmp_path):
+    ckpt = write_checkpoint(tmp_path / "bad", tensors=tiny_tensors(TINY_CONFIG))
+    (ckpt / "config.json").write_text('{"model_type": ')
+    with pytest.raises(CheckpointError) as info:
+        core.load_model(str(ckpt))
+    assert str(info.value) == (f"{ckpt / 'config.json'}: malformed JSON: parse error at line 1, column 16: syntax "
+                               "error while parsing value - unexpected end of input; expected '[', '{', or a literal")
+
+
 def test_missing_config_field(tmp_path):
     cfg = dict(TINY_CONFIG)
     del cfg["num_hidden_layers"]
@@ -270,7 +279,10 @@ def test_cpp_example_reports_bad_checkpoint(tmp_path):
     (["   "], "the prompt is empty"),
     (["--stop", "x", "--stop", "", "hi"], "swiftspec generate: error: --stop must be a non-empty string, got ''\n"),
     (["--placement", '{"target": {"megakernel": "yes"}}', "hi"], "--placement: placement.target.megakernel must be true or false"),
-    (["--placement", "{not json", "hi"], "--placement:"),
+    # the parser's position and reason, without nlohmann's "[json.exception.parse_error.101] "
+    (["--placement", "{not json", "hi"], "swiftspec generate: error: --placement: placement is not valid JSON: parse "
+     "error at line 1, column 3: syntax error while parsing object key - invalid literal; last read: '{no'; expected "
+     "string literal\n"),
     (["--placement", "no-such-file.json", "hi"], "--placement: placement 'no-such-file.json' is neither 'auto'"),
     (["--placement", '{"target": {"megakernel": true}}', "hi"],
      "--placement: placement.target.megakernel applies to the cuda backend only (add --backend cuda"),

@@ -10,6 +10,7 @@
 #include "backend/cpu/tp_weights.h"
 #include "swiftspec/checkpoint.h"
 #include "json_int.h"
+#include "json_error.h"
 #include "swiftspec/error.h"
 
 #ifdef SWIFTSPEC_WITH_CUDA
@@ -87,7 +88,7 @@ GroupPlacement parse_group(const json& j, const std::string& where) {
                               "gemm_engine, megakernel)");
       }
     } catch (const json::exception& e) {
-      throw InvalidArgument(where + "." + key + " has the wrong type: " + e.what());
+      throw InvalidArgument(where + "." + key + " has the wrong type: " + json_error_text(e));
     }
   }
   if (g.tp < 1) throw InvalidArgument(where + ".tp must be >= 1, got " + str(g.tp));
@@ -97,7 +98,7 @@ GroupPlacement parse_group(const json& j, const std::string& where) {
       if (!cores->empty() && (*cores)[0].is_array()) g.cores = cores->get<std::vector<std::vector<int>>>();
       else g.cores = split_cores(cores->get<std::vector<int>>(), g.tp, where);
     } catch (const json::exception& e) {
-      throw InvalidArgument(where + ".cores must be a list of core ids or one list per rank: " + e.what());
+      throw InvalidArgument(where + ".cores must be a list of core ids or one list per rank: " + json_error_text(e));
     }
   }
   return g;
@@ -160,7 +161,7 @@ Placement Placement::from_json(const std::string& text) {
   try {
     j = json::parse(text);
   } catch (const json::parse_error& e) {
-    throw InvalidArgument(std::string("placement is not valid JSON: ") + e.what());
+    throw InvalidArgument("placement is not valid JSON: " + json_error_text(e));
   }
   if (!j.is_object()) throw InvalidArgument("placement must be a JSON object with 'draft' and/or 'target'");
   Placement p;

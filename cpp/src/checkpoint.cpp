@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "swiftspec/error.h"
+#include "json_error.h"
 
 namespace swiftspec {
 
@@ -101,7 +102,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       header = json::parse(reinterpret_cast<const char*>(base + 8),
                            reinterpret_cast<const char*>(base + 8 + header_len));
     } catch (const json::parse_error& e) {
-      fail(std::string("corrupt safetensors header (malformed JSON): ") + e.what());
+      fail(std::string("corrupt safetensors header (malformed JSON): ") + json_error_text(e));
     }
     if (!header.is_object()) fail("corrupt safetensors header: not a JSON object");
 
@@ -178,7 +179,7 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
     ss << in.rdbuf();
     manifest = json::parse(ss.str());
   } catch (const json::parse_error& e) {
-    throw CheckpointError(manifest_path + ": malformed JSON: " + e.what());
+    throw CheckpointError(manifest_path + ": malformed JSON: " + json_error_text(e));
   }
   if (!manifest.is_object() || manifest.value("format", "") != "swiftspec-checkpoint")
     throw CheckpointError(manifest_path + ": field 'format' must be \"swiftspec-checkpoint\"");

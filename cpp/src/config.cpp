@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "json_int.h"
+#include "json_error.h"
 #include "swiftspec/error.h"
 
 namespace swiftspec {
@@ -83,7 +84,7 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   try {
     j = json::parse(text);
   } catch (const json::parse_error& e) {
-    fail(origin, std::string("malformed JSON: ") + e.what());
+    fail(origin, "malformed JSON: " + json_error_text(e));
   }
   if (!j.is_object()) fail(origin, "top level must be a JSON object");
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "swiftspec/error.h"
+#include "json_error.h"
 #include "swiftspec/tensor_parallel.h"
 
 namespace swiftspec {
@@ -83,7 +84,7 @@ TpPlan TpPlan::from_json(const std::string& text, const std::string& origin) {
   try {
     j = json::parse(text);
   } catch (const json::parse_error& e) {
-    throw CheckpointError(origin + ": tensor_parallel is not valid JSON: " + e.what());
+    throw CheckpointError(origin + ": tensor_parallel is not valid JSON: " + json_error_text(e));
   }
   TpPlan p;
   auto get = [&](const char* key, auto& out) {
@@ -91,7 +92,7 @@ TpPlan TpPlan::from_json(const std::string& text, const std::string& origin) {
     try {
       j.at(key).get_to(out);
     } catch (const json::exception& e) {
-      throw CheckpointError(origin + ": tensor_parallel field '" + key + "' has the wrong type: " + e.what());
+      throw CheckpointError(origin + ": tensor_parallel field '" + key + "' has the wrong type: " + json_error_text(e));
     }
   };
   get("tp_degree", p.tp);

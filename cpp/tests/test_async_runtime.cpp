@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "swiftspec/channel.h"
+#include "swiftspec/config.h"
 #include "swiftspec/communicator.h"
 #include "swiftspec/error.h"
 #include "swiftspec/placement.h"
@@ -281,6 +282,31 @@ bool placement_fails_with(const std::string& text, const std::string& needle) {
   return false;
 }
 }  // namespace
+
+namespace {
+// The message of the error `f` throws (as type E), or "" if it throws none.
+template <typename E, typename F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+// JSON errors name the position and the reason, without nlohmann's "[json.exception.parse_error.101] ".
+SWIFTSPEC_TEST(json_errors_without_the_library_prefix) {
+  CHECK_EQ(error_of<InvalidArgument>([] { Placement::from_json(R"({"target": {"tp": 1,}})"); }),
+           std::string("placement is not valid JSON: parse error at line 1, column 21: syntax error while parsing "
+                       "object key - unexpected '}'; expected string literal"));
+  CHECK_EQ(error_of<InvalidArgument>([] { Placement::from_json(R"({"draft": {"sm_partition": "x"}})"); }),
+           std::string("placement.draft.sm_partition has the wrong type: type must be array, but is string"));
+  CHECK_EQ(error_of<CheckpointError>([] { ModelConfig::from_json_text("{\"model_type\": ", "cfg.json"); }),
+           std::string("cfg.json: malformed JSON: parse error at line 1, column 16: syntax error while parsing "
+                       "value - unexpected end of input; expected '[', '{', or a literal"));
+}
 
 SWIFTSPEC_TEST(async_placement_json_and_automatic) {
   Placement p = Placement::from_json(R"({"draft": {"tp": 1, "cores": [0]}, "target": {"tp": 2, "cores": [1]}})");

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "swiftspec/error.h"
+#include "src/json_error.h"
 
 namespace swiftspec::cpu {
 namespace {
@@ -100,7 +101,7 @@ json read_json(const std::string& path) {
   try {
     return json::parse(ss.str());
   } catch (const json::parse_error& e) {
-    throw CheckpointError(path + ": malformed JSON: " + e.what());
+    throw CheckpointError(path + ": malformed JSON: " + json_error_text(e));
   }
 }
 
