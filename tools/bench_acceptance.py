@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from check_lossless import DRAFT, REPO, TARGET, load_prompts  # noqa: E402
+from check_lossless import DRAFT, REPO, TARGET, load_prompts, load_reference_pair  # noqa: E402
 from swiftspec.bench.machine import commit_label  # noqa: E402
 
 DEFAULT_CONFIGS = "chain8:8:8:1,tree8:8:8:2,tree16:16:8:2,tree32:32:8:4,tree64:64:8:4"
@@ -90,19 +90,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from swiftspec.fetch import ensure_checkpoint
-    from swiftspec.swiftspec_core import Engine, ModelOptions, load_model, spec
+    from swiftspec.swiftspec_core import Engine, spec
     from swiftspec.tokenizer import Tokenizer
 
     configs = parse_configs(args.configs)
-    tdir = ensure_checkpoint(TARGET, args.dtype, progress=False)
-    ddir = ensure_checkpoint(DRAFT, args.dtype, progress=False)
-    tok = Tokenizer.from_checkpoint(tdir)
+    tok = Tokenizer.from_checkpoint(ensure_checkpoint(TARGET, args.dtype, progress=False))
     prompts = load_prompts(tok, args.prompts, args.prompts)
-    opts = ModelOptions()
-    opts.max_context = max(len(p[3]) for p in prompts) + args.max_new_tokens + 8
-    opts.max_tree = max(c[0] for c in configs.values()) + 2
-    opts.num_threads = args.threads
-    target, draft = load_model(str(tdir), "cpu", opts), load_model(str(ddir), "cpu", opts)
+    target, draft = load_reference_pair(prompts, args.dtype, args.max_new_tokens,
+                                        max(c[0] for c in configs.values()) + 2, args.threads)
     engine = Engine(target, draft)
 
     load_before = os.getloadavg()

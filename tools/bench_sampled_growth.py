@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from check_lossless import DRAFT, REPO, TARGET, load_prompts  # noqa: E402
+from check_lossless import DRAFT, REPO, TARGET, load_prompts, load_reference_pair  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -46,18 +46,13 @@ def main(argv=None) -> int:
 
     from swiftspec.bench.machine import commit_label
     from swiftspec.fetch import ensure_checkpoint
-    from swiftspec.swiftspec_core import ModelOptions, load_model, spec
+    from swiftspec.swiftspec_core import spec
     from swiftspec.tokenizer import Tokenizer
 
     growths = args.growths.split(",")
-    tdir = ensure_checkpoint(TARGET, args.dtype, progress=False)
-    ddir = ensure_checkpoint(DRAFT, args.dtype, progress=False)
-    tok = Tokenizer.from_checkpoint(tdir)
+    tok = Tokenizer.from_checkpoint(ensure_checkpoint(TARGET, args.dtype, progress=False))
     prompts = load_prompts(tok, args.prompts, args.prompts)
-    opts = ModelOptions()
-    opts.max_context = max(len(p[3]) for p in prompts) + args.max_new_tokens + 8
-    opts.max_tree = args.tree_budget + 2
-    target, draft = load_model(str(tdir), "cpu", opts), load_model(str(ddir), "cpu", opts)
+    target, draft = load_reference_pair(prompts, args.dtype, args.max_new_tokens, args.tree_budget + 2)
 
     t0 = time.time()
     rows = []

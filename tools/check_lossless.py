@@ -86,6 +86,27 @@ def load_prompts(tok, n_mtbench: int, n_humaneval: int):
     return out
 
 
+def load_reference_pair(prompts, dtype: str, max_new_tokens: int, max_tree: int, threads: int = 0):
+    """The reference target and draft on the CPU backend, sized for `prompts`.
+
+    `prompts`: load_prompts' tuples (dataset, index, id, token ids); the models' max_context is
+    the longest prompt + max_new_tokens + 8 and max_tree `max_tree`; `threads` 0 = the default.
+    Returns (target, draft). Raises what ensure_checkpoint / load_model raise (missing or bad
+    checkpoints).
+    """
+    from swiftspec.fetch import ensure_checkpoint
+    from swiftspec.swiftspec_core import ModelOptions, load_model
+
+    tdir = ensure_checkpoint(TARGET, dtype, progress=False)
+    ddir = ensure_checkpoint(DRAFT, dtype, progress=False)
+    opts = ModelOptions()
+    opts.max_context = max(len(p[3]) for p in prompts) + max_new_tokens + 8
+    opts.max_tree = max_tree
+    if threads:
+        opts.num_threads = threads
+    return load_model(str(tdir), "cpu", opts), load_model(str(ddir), "cpu", opts)
+
+
 def target_logit_gap(model, prompt_ids, reference, speculative, position: int) -> dict:
     """The target's logits where a speculative output first differs from the reference.
 
