@@ -245,6 +245,36 @@ int walk_whole_row(const float* row, int vocab, const int32_t* ids, int k, doubl
   return last;
 }
 
+// c = log_normalizer - v0 / T = ln sum_v exp((l_v - v0) / T) is >= 0 for the row's own normaliser at T
+// (up to rounding); below it, the normaliser is another row's or another temperature's.
+void check_log_normalizer(double c, double log_normalizer, double v0_inv_t, float temperature, const char* who) {
+  if (c < -1e-9 * std::max(1.0, std::fabs(log_normalizer)))
+    throw InvalidArgument(std::string(who) + ": log_normalizer " + show_number(log_normalizer) +
+                          " is below the largest logit / T = " + show_number(v0_inv_t) +
+                          " (not the row's normaliser at temperature " + show_number(temperature) + ")");
+}
+
+// Row `row` of `top` must exist and carry its log-normalizer at inverse temperature 1 / T.
+void check_head_row(const TopKLogits& top, int row, const SamplingParams& params, const char* who) {
+  if (row < 0 || row >= top.rows())
+    throw InvalidArgument(std::string(who) + ": row " + std::to_string(row) + " is outside [0, rows=" +
+                          std::to_string(top.rows()) + ") of the top-k");
+  if (static_cast<int>(top.log_normalizer.size()) != top.rows())
+    throw InvalidArgument(std::string(who) + ": the top-k holds no log-normalizer (forward_top_k with_log_normalizer)");
+  if (params.greedy() || top.inv_temperature != 1.0 / params.temperature)
+    throw InvalidArgument(std::string(who) + ": the log-normalizer is at inverse temperature " +
+                          show_number(top.inv_temperature) + ", the request samples at temperature " +
+                          show_number(params.temperature) + " (forward_top_k with inv_temperature = 1 / T)");
+}
+
+// The whole logits row through `read_row`, which must hand over `vocab` entries.
+void read_whole_logits_row(const LogitsRowReader& read_row, int vocab, std::vector<float>& row, const char* who) {
+  read_row(row);
+  if (static_cast<int>(row.size()) != vocab)
+    throw InvalidArgument(std::string(who) + ": the logits row has " + std::to_string(row.size()) +
+                          " entries for a vocabulary of " + std::to_string(vocab));
+}
+
 }  // namespace
 
 int sample_from_head(const int32_t* ids, const float* top_logits, int k, double log_normalizer, int vocab,
@@ -267,16 +297,10 @@ int sample_from_head(const int32_t* ids, const float* top_logits, int k, double 
   // c = ln sum_v exp((l_v - v0) / T) >= 0: q_j = exp((v_j - v0) / T - c)
   const double c = log_normalizer - v0 * inv_t;
   const bool usable = std::isfinite(v0) && std::isfinite(log_normalizer);
-  if (usable && c < -1e-9 * std::max(1.0, std::fabs(log_normalizer)))
-    throw InvalidArgument(std::string(who) + ": log_normalizer " + show_number(log_normalizer) +
-                          " is below the largest logit / T = " + show_number(v0 * inv_t) +
-                          " (not the row's normaliser at temperature " + show_number(params.temperature) + ")");
+  if (usable) check_log_normalizer(c, log_normalizer, v0 * inv_t, params.temperature, who);
   auto whole_row = [&](std::vector<float>& row) {
     if (read_whole_row) *read_whole_row = true;
-    read_row(row);
-    if (static_cast<int>(row.size()) != vocab)
-      throw InvalidArgument(std::string(who) + ": the logits row has " + std::to_string(row.size()) +
-                            " entries for a vocabulary of " + std::to_string(vocab));
+    read_whole_logits_row(read_row, vocab, row, who);
   };
   std::vector<float> row;
   if (params.top_p < 1.0f) {
@@ -324,15 +348,7 @@ int sample_from_head(const int32_t* ids, const float* top_logits, int k, double 
 
 int sample_from_head(const TopKLogits& top, int row, int vocab, const SamplingParams& params, Rng& rng,
                      const LogitsRowReader& read_row, bool* read_whole_row) {
-  if (row < 0 || row >= top.rows())
-    throw InvalidArgument("sample_from_head: row " + std::to_string(row) + " is outside [0, rows=" +
-                          std::to_string(top.rows()) + ") of the top-k");
-  if (static_cast<int>(top.log_normalizer.size()) != top.rows())
-    throw InvalidArgument("sample_from_head: the top-k holds no log-normalizer (forward_top_k with_log_normalizer)");
-  if (params.greedy() || top.inv_temperature != 1.0 / params.temperature)
-    throw InvalidArgument("sample_from_head: the log-normalizer is at inverse temperature " +
-                          show_number(top.inv_temperature) + ", the request samples at temperature " +
-                          show_number(params.temperature) + " (forward_top_k with inv_temperature = 1 / T)");
+  check_head_row(top, row, params, "sample_from_head");
   const size_t e = static_cast<size_t>(row) * top.k;
   return sample_from_head(top.ids.data() + e, top.logits.data() + e, top.k, top.log_normalizer[row], vocab, params,
                           rng.uniform(), read_row, read_whole_row);
@@ -391,10 +407,7 @@ bool top_sampling_tokens_from_head(const int32_t* ids, const float* top_logits, 
   const float v0 = top_logits[0];
   if (!std::isfinite(v0) || !std::isfinite(log_normalizer)) return false;  // the row decides (or throws)
   const double c = log_normalizer - static_cast<double>(v0) * inv_t;  // ln Z_T, Z_T = sum exp((l - v0) / T)
-  if (c < -1e-9 * std::max(1.0, std::fabs(log_normalizer)))
-    throw InvalidArgument(std::string(who) + ": log_normalizer " + show_number(log_normalizer) +
-                          " is below the largest logit / T = " + show_number(v0 * inv_t) +
-                          " (not the row's normaliser at temperature " + show_number(params.temperature) + ")");
+  check_log_normalizer(c, log_normalizer, v0 * inv_t, params.temperature, who);
   if (count == 0) return true;
   const double total = std::exp(c);
   const double eps = kLnZError * std::max(1.0, std::fabs(log_normalizer));
@@ -484,25 +497,14 @@ void top_sampling_tokens_from_head(const TopKLogits& top, int row, int vocab, co
                                    std::vector<float>& probs, bool* read_whole_row) {
   const char* who = "top_sampling_tokens_from_head";
   if (read_whole_row) *read_whole_row = false;
-  if (row < 0 || row >= top.rows())
-    throw InvalidArgument(std::string(who) + ": row " + std::to_string(row) + " is outside [0, rows=" +
-                          std::to_string(top.rows()) + ") of the top-k");
-  if (static_cast<int>(top.log_normalizer.size()) != top.rows())
-    throw InvalidArgument(std::string(who) + ": the top-k holds no log-normalizer (forward_top_k with_log_normalizer)");
-  if (params.greedy() || top.inv_temperature != 1.0 / params.temperature)
-    throw InvalidArgument(std::string(who) + ": the log-normalizer is at inverse temperature " +
-                          show_number(top.inv_temperature) + ", the request samples at temperature " +
-                          show_number(params.temperature) + " (forward_top_k with inv_temperature = 1 / T)");
+  check_head_row(top, row, params, who);
   const size_t e = static_cast<size_t>(row) * top.k;
   if (top_sampling_tokens_from_head(top.ids.data() + e, top.logits.data() + e, top.k, top.log_normalizer[row], vocab,
                                     params, count, tokens, probs))
     return;
   if (read_whole_row) *read_whole_row = true;
   std::vector<float> whole;
-  read_row(whole);
-  if (static_cast<int>(whole.size()) != vocab)
-    throw InvalidArgument(std::string(who) + ": the logits row has " + std::to_string(whole.size()) +
-                          " entries for a vocabulary of " + std::to_string(vocab));
+  read_whole_logits_row(read_row, vocab, whole, who);
   top_sampling_tokens(whole.data(), vocab, params, count, tokens, probs);
 }
 

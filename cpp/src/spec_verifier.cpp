@@ -37,10 +37,10 @@ VerificationResult TreeVerifier::verify(const TokenTree& tree, const NodeDistrib
   // A tree of top-k growth (no expansion draws) under top-k sampling is verified by sampling
   // each visited node's target distribution, which the row's top_k best logits determine
   // (top_k < vocab: a top_k that keeps every token would only rank whole rows for nothing).
-  const bool top_k_sampling = !sampling_.greedy() && bias_ == VerifierBias::None && sampling_.top_k >= 1 &&
-                              sampling_.top_k < vocab &&
-                              std::none_of(tree.nodes().begin(), tree.nodes().end(),
-                                           [](const TreeNode& nd) { return !nd.draws.empty(); });
+  const bool drawless_stochastic = !sampling_.greedy() && bias_ == VerifierBias::None &&
+                                   std::none_of(tree.nodes().begin(), tree.nodes().end(),
+                                                [](const TreeNode& nd) { return !nd.draws.empty(); });
+  const bool top_k_sampling = drawless_stochastic && sampling_.top_k >= 1 && sampling_.top_k < vocab;
   // Temperature / top-p alone on such a tree: each visited node's token is drawn by sample_from_head, the
   // map of one uniform that target-only decoding uses, so speculation emits the same tokens for a seed.
   // Its head (the kSampleHeadK best logits and ln Z at the request's temperature) is selected where the
@@ -48,10 +48,7 @@ VerificationResult TreeVerifier::verify(const TokenTree& tree, const NodeDistrib
   // only when the head does not decide the draw. That needs every row of the pass readable: a tree of
   // more than kReadableLogitsRows rows (the CUDA backend runs it in pieces and keeps the last) takes the
   // whole rows to the host instead and selects each visited node's head there.
-  const bool head_sampling = !sampling_.greedy() && bias_ == VerifierBias::None &&
-                             (sampling_.top_k == 0 || sampling_.top_k >= vocab) &&
-                             std::none_of(tree.nodes().begin(), tree.nodes().end(),
-                                          [](const TreeNode& nd) { return !nd.draws.empty(); });
+  const bool head_sampling = drawless_stochastic && (sampling_.top_k == 0 || sampling_.top_k >= vocab);
   const bool head_on_device = head_sampling && n <= kReadableLogitsRows;
   const int head_k = std::min(kSampleHeadK, vocab);
   const double inv_t = greedy ? 1.0 : 1.0 / sampling_.temperature;

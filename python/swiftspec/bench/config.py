@@ -50,8 +50,8 @@ import re
 from dataclasses import asdict, dataclass
 
 from swiftspec.errors import SwiftspecError
-from swiftspec.sampling_params import SEED_MAX  # noqa: F401 (re-exported)
-from swiftspec.sampling_params import SAMPLING_DEFAULTS, check_sampling_params, check_unused_under_greedy
+from swiftspec.sampling_params import SAMPLING_DEFAULTS, SEED_MAX  # noqa: F401 (re-exported)
+from swiftspec.sampling_params import check_sampling_params, check_unused_under_greedy
 
 #: Decode modes of the swiftspec runtime (GenerationConfig's DecodeMode).
 SWIFTSPEC_MODES = ("target", "serial", "async")
@@ -407,7 +407,6 @@ def check_sampling(temperature=0.0, top_p=1.0, top_k=0, seed=0, *, num_prompts: 
             index beyond 64 bits; top_p / top_k / seed given under greedy decoding (temperature 0),
             where they have no effect.
     """
-    names = {k: k for k in SAMPLING_DEFAULTS} | dict(names or {})
     values = check_sampling_params(temperature, top_p, top_k, seed, names=names, explain=True,
                                    seeds=max(1, num_prompts), seed_note="request i of a data set samples with seed + i",
                                    error=BenchConfigError)
