@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from swiftspec.cli.engine_options import add_decode_options, add_model_options, check_engine_options, load_engine
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -15,11 +17,7 @@ def add_parser(sub) -> None:
         "(Qwen2.5-Coder 1.5B target, 0.5B draft), fetched and converted on first use.",
     )
     p.add_argument("prompt", nargs="?", help="the prompt (read from stdin when omitted or '-')")
-    p.add_argument("--target", help="target model: checkpoint folder, GGUF file, HF folder or reference name")
-    p.add_argument("--draft", help="draft model (same kinds); enables speculative decoding")
-    p.add_argument("--no-draft", action="store_true",
-                   help="target-only decoding with the reference target (a --target without --draft is "
-                        "target-only already)")
+    add_model_options(p)
     p.add_argument("--raw", action="store_true", help="send the prompt as raw text, without the chat template")
     p.add_argument("--system", help="a system message for the chat template")
     p.add_argument("--max-new-tokens", type=int, default=256, help="new tokens at most (default 256)")
@@ -31,26 +29,7 @@ def add_parser(sub) -> None:
                    help="nucleus sampling mass (default 1.0: all); needs --temperature > 0")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default 0); needs --temperature > 0")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--mode", choices=["target", "serial", "async"],
-                   help="decode mode (default: serial with a draft, target without; 'target' does not load the "
-                        "reference draft; 'async' runs the draft and the target concurrently, e.g. on the cores "
-                        "that --placement gives each)")
-    p.add_argument("--tree-budget", type=int, default=16, help="token-tree nodes verified per target step (default 16)")
-    p.add_argument("--max-depth", type=int, default=8, help="depth limit of the token tree (default 8)")
-    p.add_argument("--branching", type=int, default=2, help="children per expanded node (1 = chain; default 2)")
-    p.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
-                   help="weight dtype when converting a GGUF/HF model")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads per model (0: all cores)")
-    p.add_argument("--max-context", type=int, default=None,
-                   help="tokens of KV cache per model: prompt + new tokens must fit; at most the model's "
-                        "max_position_embeddings (default 4096, or that limit when smaller)")
-    p.add_argument("--placement", metavar="JSON|FILE|auto",
-                   help="where the draft and target groups run and with which options (swiftspec.placement): "
-                        "JSON text, a JSON file or 'auto'. Per group: tp, cores (one list per rank), "
-                        "threads_per_rank; cuda only: devices, sm_partition, stream_priority, gemm_engine, "
-                        "megakernel. E.g. cpu '{\"target\": {\"cores\": [[0, 1]]}}', cuda "
-                        "'{\"target\": {\"megakernel\": true}}' (target-only decoding with the decode megakernel)")
+    add_decode_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (text, ids, timing) instead of text")
     p.set_defaults(run=run)
 
@@ -63,12 +42,9 @@ def check_options(args: argparse.Namespace) -> None:
     from swiftspec.errors import InvalidRequestError
     from swiftspec.sampling_params import SAMPLING_DEFAULTS, check_sampling_params, check_unused_under_greedy
 
-    at_least = {"--max-new-tokens": (args.max_new_tokens, 1), "--tree-budget": (args.tree_budget, 1),
-                "--max-depth": (args.max_depth, 1), "--branching": (args.branching, 1),
-                "--threads": (args.threads, 0), "--max-context": (args.max_context, 1)}
-    for flag, (value, low) in at_least.items():
-        if value is not None and value < low:
-            raise InvalidRequestError(f"{flag} must be >= {low}, got {value}")
+    if args.max_new_tokens < 1:
+        raise InvalidRequestError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    check_engine_options(args)
     given = [k for k in ("top_p", "top_k", "seed") if getattr(args, k) is not None]
     for k in ("top_p", "top_k", "seed"):
         if getattr(args, k) is None:
@@ -84,27 +60,10 @@ def check_options(args: argparse.Namespace) -> None:
         raise InvalidRequestError(f"--max-new-tokens {args.max_new_tokens} does not fit in --max-context "
                                   f"{context}" + (" (the default)" if args.max_context is None else "")
                                   + " (the prompt needs room too): raise --max-context")
-    if args.placement is not None:
-        from swiftspec.errors import SwiftspecError
-        from swiftspec.placement import normalize
-
-        from swiftspec.placement import cuda_only_fields
-
-        try:
-            args.placement = normalize(args.placement)
-        except (SwiftspecError, ValueError) as exc:  # cores and devices are checked again at load
-            raise InvalidRequestError(f"--placement: {exc}") from None
-        cuda_only = cuda_only_fields(args.placement)
-        if args.backend != "cuda" and cuda_only:
-            raise InvalidRequestError(f"--placement: {', '.join(cuda_only)} applies to the cuda backend only "
-                                      f"(add --backend cuda; on the {args.backend} backend place groups with "
-                                      "'cores' and 'threads_per_rank')")
 
 
 def run(args: argparse.Namespace) -> int:
-    from swiftspec.engine import Engine
     from swiftspec.errors import InvalidRequestError
-    from swiftspec.fetch import DEFAULT_PAIR
 
     check_options(args)
     prompt = args.prompt
@@ -112,18 +71,7 @@ def run(args: argparse.Namespace) -> int:
         prompt = sys.stdin.read()
     if not prompt.strip():
         raise InvalidRequestError("the prompt is empty: give it as an argument or on stdin")
-    target = args.target or DEFAULT_PAIR["target"]
-    draft = args.draft
-    if draft is None and args.target is None and not args.no_draft and args.mode != "target":
-        draft = DEFAULT_PAIR["draft"]  # (target-only decoding never uses it: not loaded)
-    if args.placement is not None and draft is None:
-        from swiftspec.placement import is_default_group
-
-        if not is_default_group(args.placement["draft"]):
-            print("[swiftspec] --placement: the draft group is ignored: no draft model is loaded", file=sys.stderr)
-    print(f"[swiftspec] loading target {target}" + (f" and draft {draft}" if draft else ""), file=sys.stderr)
-    engine = Engine(target, draft, backend=args.backend, dtype=args.dtype, num_threads=args.threads,
-                    max_context=args.max_context, placement=args.placement)
+    engine = load_engine(args)
     if args.raw:
         request = prompt
     else:
