@@ -15,6 +15,7 @@
 #include "device_memory.h"
 #include "graph_cache.h"
 #include "green_context.h"
+#include "pdl_tuner.h"
 #include "kernels/decode_megakernel.h"
 #include "kernels/epilogues.h"
 #include "kernels/gemm_skinny.h"
@@ -127,6 +128,8 @@ class CudaModelImpl final : public CudaModel {
  public:
   CudaModelImpl(const ModelConfig& cfg, const ModelOptions& opt, const CudaModelOptions& copt)
       : cfg_(cfg), opt_(opt), copt_(copt), pdl_(copt.use_pdl) {
+    const char* tune = std::getenv("SWIFTSPEC_PDL_TUNE");
+    if (tune && std::string(tune) == "0") copt_.pdl_autotune = false;
     check_config();
     DeviceScope device_scope(copt_.device);  // the caller's thread gets its device back afterwards
     cudaDeviceProp prop;
@@ -539,6 +542,8 @@ class CudaModelImpl final : public CudaModel {
   }
 
   int num_sms() const override { return num_sms_; }
+
+  std::string debug_pdl_tuning() const override { return pdl_tuning_log_; }
 
   std::string debug_gemm_plans() const override {
     static const char* names[] = {"qkv", "o", "gate_up", "down", "lm_head"};
@@ -971,20 +976,43 @@ class CudaModelImpl final : public CudaModel {
 
   void run_step(int nt, LogitsMode mode, bool write_logits) {
     const int key = nt * 16 + static_cast<int>(mode) * 2 + (write_logits ? 1 : 0);
-    auto rec = [&](cudaStream_t s) { record_step(s, nt, mode, write_logits); };
     if (!copt_.use_graphs) {
-      rec(stream_);
+      record_step(stream_, nt, mode, write_logits, 0);
       return;
     }
     try {
-      graphs_.launch(key, stream_, rec);
+      if (needs_pdl_tuning(nt)) tune_pdl(nt, key, mode, write_logits);
+      const auto it = pdl_off_.find(nt);
+      const unsigned off = it == pdl_off_.end() ? 0u : it->second;
+      graphs_.launch(key, stream_, [&](cudaStream_t s) { record_step(s, nt, mode, write_logits, off); });
     } catch (const CudaError&) {
       if (!pdl_) throw;
       // Some drivers refuse programmatic edges in captured graphs: fall back.
       pdl_ = false;
       graphs_.clear();
-      graphs_.launch(key, stream_, rec);
+      pdl_off_.clear();
+      graphs_.launch(key, stream_, [&](cudaStream_t s) { record_step(s, nt, mode, write_logits, 0); });
     }
+  }
+
+  bool needs_pdl_tuning(int nt) const {
+    return pdl_ && copt_.pdl_autotune && !copt_.row_parallel && !pdl_off_.count(nt);
+  }
+
+  /// Picks the PDL edges of bucket `nt` by timing the current step's graph
+  /// with each candidate set (pdl_tuner.h); the step's descriptor is already
+  /// uploaded and replaying it is idempotent. Leaves the winner as `key`'s graph.
+  void tune_pdl(int nt, int key, LogitsMode mode, bool write_logits) {
+    cudaGraphExec_t best = nullptr;
+    const PdlTuning t = tune_pdl_edges(
+        stream_,
+        [&](unsigned off) {
+          return capture_graph(stream_, [&](cudaStream_t s) { record_step(s, nt, mode, write_logits, off); });
+        },
+        &best);
+    pdl_off_[nt] = t.off_mask;
+    graphs_.put(key, best);
+    pdl_tuning_log_ += "nt=" + std::to_string(nt) + ": " + t.summary() + "\n";
   }
 
   /// One single-token step as the decode megakernel (its own graph per
@@ -1044,12 +1072,15 @@ class CudaModelImpl final : public CudaModel {
 
   template <class Epi>
   void gemm(int kind, const void* w, int N, int K, const void* x, int nt, const GemmArgs& args,
-            const typename Epi::Params& ep, cudaStream_t s) {
+            const typename Epi::Params& ep, bool pdl, cudaStream_t s) {
     const GemmConfig& c = plan<Epi>(kind, N, K, nt);
-    launch_gemm<Epi>(c, tmap(w, N, K, c.BR), tmap(x, kRows, K, 8 * nt), args, ep, pdl_, s);
+    launch_gemm<Epi>(c, tmap(w, N, K, c.BR), tmap(x, kRows, K, 8 * nt), args, ep, pdl, s);
   }
 
-  void record_step(cudaStream_t s, int nt, LogitsMode mode, bool write_logits) {
+  /// Records one layered step; `pdl_off` (PdlKind bits) names the kernels
+  /// launched without a PDL edge (all of them when PDL is off for the model).
+  void record_step(cudaStream_t s, int nt, LogitsMode mode, bool write_logits, unsigned pdl_off) {
+    auto pdl = [&](PdlKind k) { return pdl_ && !(pdl_off & (1u << k)); };
     const int H = cfg_.hidden_size, I = cfg_.intermediate_size, hd = cfg_.head_dim;
     const int nq = cfg_.num_heads * hd, nkv = cfg_.num_kv_heads * hd;
     const int rows = 8 * nt;
@@ -1088,7 +1119,7 @@ class CudaModelImpl final : public CudaModel {
         e.head_dim = hd;
         e.slots = slots_;
         e.neox = cfg_.rope_style == RopeStyle::NeoX ? 1 : 0;
-        gemm<EpiQKV>(kQKV, L.qkv.get(), a.N, H, h16_.get(), nt, a, e, s);
+        gemm<EpiQKV>(kQKV, L.qkv.get(), a.N, H, h16_.get(), nt, a, e, pdl(kPdlQkv), s);
       }
       {
         AttnParams p;
@@ -1110,7 +1141,7 @@ class CudaModelImpl final : public CudaModel {
         p.max_chunks = max_chunks_;
         p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
         p.trace = attn_trace_ ? attn_trace_.as<unsigned long long>() + attn_trace_per_layer() * l : nullptr;
-        launch_attention(p, rows, pdl_, s);
+        launch_attention(p, rows, pdl(kPdlAttention), s);
       }
       EpiResidual::Params res;
       res.h32 = h32_.as<float>();
@@ -1124,9 +1155,10 @@ class CudaModelImpl final : public CudaModel {
         a.m_active_ptr = n_ptr;
         a.m_active_max = rows;
         if (copt_.row_parallel)
-          copt_.row_parallel->residual_gemm(RowParallel::kAttnOut, L.o.get(), attn_.get(), nt, a, res, pdl_, s);
+          copt_.row_parallel->residual_gemm(RowParallel::kAttnOut, L.o.get(), attn_.get(), nt, a, res,
+                                            pdl(kPdlOProj), s);
         else
-          gemm<EpiResidual>(kO, L.o.get(), H, nq, attn_.get(), nt, a, res, s);
+          gemm<EpiResidual>(kO, L.o.get(), H, nq, attn_.get(), nt, a, res, pdl(kPdlOProj), s);
       }
       {
         GemmArgs a = norm_args;
@@ -1134,7 +1166,7 @@ class CudaModelImpl final : public CudaModel {
         EpiSwiGLU::Params e;
         e.act = act_.as<__nv_bfloat16>();
         e.intermediate = I;
-        gemm<EpiSwiGLU>(kGU, L.gu.get(), 2 * I, H, h16_.get(), nt, a, e, s);
+        gemm<EpiSwiGLU>(kGU, L.gu.get(), 2 * I, H, h16_.get(), nt, a, e, pdl(kPdlGateUp), s);
       }
       {
         GemmArgs a;
@@ -1143,9 +1175,10 @@ class CudaModelImpl final : public CudaModel {
         a.m_active_ptr = n_ptr;
         a.m_active_max = rows;
         if (copt_.row_parallel)
-          copt_.row_parallel->residual_gemm(RowParallel::kMlpDown, L.down.get(), act_.get(), nt, a, res, pdl_, s);
+          copt_.row_parallel->residual_gemm(RowParallel::kMlpDown, L.down.get(), act_.get(), nt, a, res,
+                                            pdl(kPdlDown), s);
         else
-          gemm<EpiResidual>(kDown, L.down.get(), H, I, act_.get(), nt, a, res, s);
+          gemm<EpiResidual>(kDown, L.down.get(), H, I, act_.get(), nt, a, res, pdl(kPdlDown), s);
       }
     }
     if (mode == LogitsMode::None) return;
@@ -1159,9 +1192,9 @@ class CudaModelImpl final : public CudaModel {
       a.m_active_ptr = nullptr;
       a.m_active_max = 1;
       a.x_row0_ptr = desc_field(offsetof(StepDesc, last_row));
-      gemm<EpiLMHead>(kLM, lm_.get(), vocab_rows_, H, h16_.get(), 1, a, e, s);
+      gemm<EpiLMHead>(kLM, lm_.get(), vocab_rows_, H, h16_.get(), 1, a, e, pdl(kPdlLmHead), s);
     } else {
-      gemm<EpiLMHead>(kLM, lm_.get(), vocab_rows_, H, h16_.get(), nt, a, e, s);
+      gemm<EpiLMHead>(kLM, lm_.get(), vocab_rows_, H, h16_.get(), nt, a, e, pdl(kPdlLmHead), s);
     }
   }
 
@@ -1170,6 +1203,8 @@ class CudaModelImpl final : public CudaModel {
   CudaModelOptions copt_;
   std::unique_ptr<GreenContext> green_;  ///< SM partition (null: whole GPU); outlives stream_ and events
   bool pdl_ = true;
+  std::map<int, unsigned> pdl_off_;  ///< per token bucket: PdlKind bits launched without PDL (tuned)
+  std::string pdl_tuning_log_;       ///< debug_pdl_tuning()
   int num_sms_ = 0;
   int slots_ = 0;
   int max_chunks_ = 0;

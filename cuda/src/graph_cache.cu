@@ -36,6 +36,16 @@ void GraphCache::launch(int key, cudaStream_t stream,
   SS_CUDA_CHECK(cudaGraphLaunch(graphs_.at(key), stream));
 }
 
+void GraphCache::put(int key, cudaGraphExec_t exec) {
+  auto it = graphs_.find(key);
+  if (it != graphs_.end()) {
+    cudaGraphExecDestroy(it->second);
+    it->second = exec;
+  } else {
+    graphs_[key] = exec;
+  }
+}
+
 void GraphCache::clear() {
   for (auto& kv : graphs_) cudaGraphExecDestroy(kv.second);
   graphs_.clear();

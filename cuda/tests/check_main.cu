@@ -757,6 +757,44 @@ void check_model(const std::string& tag, const ModelConfig& cfg, uint64_t seed) 
 /// a 70-token prompt and `steps` decode steps (attention over 1..5 key
 /// splits); bitwise repeatability; GPU arg-max; a tree-mode single-node step;
 /// a step without logits; K/V written into the cache.
+/// CudaModelOptions::pdl_autotune: the tuned model (it times each bucket's
+/// step graph several times at its first step, then keeps one) gives the same
+/// logits, bit for bit, as a model without PDL, over a prefill (buckets 8 and
+/// 1), decode steps and a 40-node tree (bucket 8 again, bucket 4 via a
+/// 20-node tree), and it reports one tuning line per bucket it ran.
+void check_pdl_tuning(const ModelConfig& cfg, uint64_t seed) {
+  Rng rng(seed);
+  TinyWeights tw = make_weights(cfg, rng);
+  ModelOptions opt;
+  opt.max_context = 320;
+  opt.max_tree = 128;
+  CudaModelOptions tuned, nopdl;
+  tuned.pdl_autotune = true;
+  nopdl.use_pdl = false;
+  auto a = tiny_model(cfg, tw, opt, tuned);
+  auto b = tiny_model(cfg, tw, opt, nopdl);
+  std::vector<int> prompt(70);
+  for (auto& t : prompt) t = rng.below(cfg.vocab_size);
+  std::vector<ForwardBatch> steps{append_batch(prompt, 0, LogitsMode::All)};
+  for (int i = 0; i < 3; ++i) steps.push_back(append_batch({rng.below(cfg.vocab_size)}, 70 + i, LogitsMode::Last));
+  steps.push_back(make_tree(40, 73, cfg.vocab_size, opt.max_tree, rng).batch);
+  steps.push_back(make_tree(20, 73, cfg.vocab_size, opt.max_tree, rng).batch);
+  int differ = 0;
+  for (const ForwardBatch& s : steps) {
+    std::vector<float> la, lb;
+    a->forward(s, la);
+    b->forward(s, lb);
+    if (la.size() != lb.size() || std::memcmp(la.data(), lb.data(), sizeof(float) * la.size()) != 0) ++differ;
+  }
+  const std::string log = a->debug_pdl_tuning();
+  const int lines = static_cast<int>(std::count(log.begin(), log.end(), '\n'));
+  std::printf("pdl tuning of the tiny model:\n%s", log.c_str());
+  char det[160];
+  std::snprintf(det, sizeof det, "(%d of %zu steps differ; %d buckets tuned)", differ, steps.size(), lines);
+  record("pdl autotune: logits bitwise == no-PDL model (prefill, decode, trees)", differ, 0,
+         differ == 0 && lines == 3, det);
+}
+
 void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t seed, int steps) {
   Rng rng(seed);
   TinyWeights tw = make_weights(cfg, rng);
@@ -1135,6 +1173,7 @@ int main(int argc, char** argv) {
       q1.num_layers = 1;
       diagnose_model("qwen2 L=1", q1, dflt, 13);
     }
+    check_pdl_tuning(tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 14);
     check_gemm(2048, 1536, {1, 5, 8, 9, 16, 17, 32, 33, 64}, rng, prop.multiProcessorCount, st);
     check_gemm(4096, 4096, {1, 64}, rng, prop.multiProcessorCount, st);
     check_gemm(1152, 896, {1, 13, 64}, rng, prop.multiProcessorCount, st);
