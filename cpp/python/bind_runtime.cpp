@@ -164,6 +164,15 @@ void bind_runtime(nb::module_& m) {
       .def_prop_ro("dir", &Checkpoint::dir)
       .def_prop_ro("config", [](const Checkpoint& c) { return config_dict(c.config()); })
       .def_prop_ro("dtype", [](const Checkpoint& c) { return std::string(dtype_name(c.dtype())); })
+      .def_prop_ro("quantization",
+                   [](const Checkpoint& c) {
+                     nb::dict d;  // empty for float weights; {"bits": 4, "group_size": G} for int4
+                     if (c.quantization().int4()) {
+                       d["bits"] = c.quantization().bits;
+                       d["group_size"] = c.quantization().group_size;
+                     }
+                     return d;
+                   })
       .def("has", &Checkpoint::has, "name"_a)
       .def("tensor_shape", [](const Checkpoint& c, const std::string& name) { return c.tensor(name).shape; },
            "name"_a);

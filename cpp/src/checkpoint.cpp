@@ -162,6 +162,46 @@ SafetensorsFile::~SafetensorsFile() {
   if (map_) ::munmap(map_, map_size_);
 }
 
+// The dtype every tensor of an int4 checkpoint must have, by the suffix of its name
+// (docs/checkpoint_format.md, "int4 weights"): packed values and zero points are U8,
+// scales F16, every other tensor (embedding, norms, biases, LM head) BF16.
+static DType int4_format_dtype(const std::string& name) {
+  auto ends_with = [&](const char* suffix) {
+    const size_t n = std::strlen(suffix);
+    return name.size() >= n && name.compare(name.size() - n, n, suffix) == 0;
+  };
+  if (ends_with(".qweight") || ends_with(".zeros")) return DType::U8;
+  if (ends_with(".scales")) return DType::F16;
+  return DType::BF16;
+}
+
+// manifest["quantization"] of a format_version 3 folder: {"bits": 4, "group_size": G, ...}.
+static WeightQuantization parse_quantization(const json& manifest, const std::string& path) {
+  if (!manifest.contains("quantization") || !manifest["quantization"].is_object())
+    throw CheckpointError(path + ": an int4 checkpoint (format_version 3) needs the object 'quantization'");
+  const json& q = manifest["quantization"];
+  auto integer = [&](const char* key) {
+    if (!q.contains(key) || !q[key].is_number_integer())
+      throw CheckpointError(path + ": missing integer field 'quantization." + key + "'");
+    const int64_t v = q[key].get<int64_t>();
+    if (v < 0 || v > (1 << 20))
+      throw CheckpointError(path + ": field 'quantization." + key + "' is " + std::to_string(v) + ", out of range");
+    return static_cast<int>(v);
+  };
+  WeightQuantization out;
+  out.bits = integer("bits");
+  if (out.bits != 4)
+    throw CheckpointError(path + ": field 'quantization.bits' is " + std::to_string(out.bits) +
+                          "; this build reads 4-bit weights only");
+  out.group_size = integer("group_size");
+  if (out.group_size < 8 || out.group_size % 8 != 0)
+    throw CheckpointError(path + ": field 'quantization.group_size' is " + std::to_string(out.group_size) +
+                          "; it must be a positive multiple of 8");
+  if (manifest.contains("tp_degree") && !(manifest["tp_degree"].is_number_integer() && manifest["tp_degree"].get<int64_t>() == 1))
+    throw CheckpointError(path + ": field 'tp_degree' must be 1 in an int4 checkpoint (int4 folders are not sharded)");
+  return out;
+}
+
 std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
   if (!fs::exists(dir)) throw CheckpointError(dir + ": checkpoint folder does not exist");
   if (!fs::is_directory(dir))
@@ -186,13 +226,29 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
   if (!manifest.contains("format_version") || !manifest["format_version"].is_number_integer())
     throw CheckpointError(manifest_path + ": missing integer field 'format_version'");
   ckpt->format_version_ = manifest["format_version"].get<int>();
-  if (ckpt->format_version_ != 1)
+  if (ckpt->format_version_ == 2)
+    throw CheckpointError(manifest_path + ": format_version 2 is a tensor-parallel folder; load it with a placement "
+                                          "whose group has \"tp\" equal to its tp_degree");
+  if (ckpt->format_version_ != 1 && ckpt->format_version_ != 3)
     throw CheckpointError(manifest_path + ": unsupported format_version " +
-                          std::to_string(ckpt->format_version_) + " (this build reads 1)");
+                          std::to_string(ckpt->format_version_) + " (this build reads 1, 2 and 3)");
   std::string dtype = manifest.value("dtype", "");
-  if (dtype == "float32") ckpt->dtype_ = DType::F32;
-  else if (dtype == "bfloat16") ckpt->dtype_ = DType::BF16;
-  else throw CheckpointError(manifest_path + ": field 'dtype' must be \"float32\" or \"bfloat16\", got \"" + dtype + "\"");
+  if (ckpt->format_version_ == 3) {
+    if (dtype != "int4")
+      throw CheckpointError(manifest_path + ": format_version 3 is the int4 format; field 'dtype' must be \"int4\", got \"" +
+                            dtype + "\"");
+    ckpt->dtype_ = DType::BF16;
+    ckpt->quantization_ = parse_quantization(manifest, manifest_path);
+  } else if (dtype == "float32") {
+    ckpt->dtype_ = DType::F32;
+  } else if (dtype == "bfloat16") {
+    ckpt->dtype_ = DType::BF16;
+  } else if (dtype == "int4") {
+    throw CheckpointError(manifest_path + ": field 'dtype' is \"int4\" but format_version is 1; int4 checkpoints have "
+                                          "format_version 3");
+  } else {
+    throw CheckpointError(manifest_path + ": field 'dtype' must be \"float32\" or \"bfloat16\", got \"" + dtype + "\"");
+  }
   if (!manifest.contains("files") || !manifest["files"].is_array() || manifest["files"].empty())
     throw CheckpointError(manifest_path + ": field 'files' must list the safetensors files");
 
@@ -207,10 +263,13 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
     for (const auto& [name, view] : ckpt->files_.back()->tensors()) {
       if (ckpt->index_.count(name))
         throw CheckpointError(dir + ": tensor '" + name + "' appears in more than one file");
-      if (view.dtype != ckpt->dtype_)
+      const DType want = ckpt->quantization_.int4() ? int4_format_dtype(name) : ckpt->dtype_;
+      if (view.dtype != want)
         throw CheckpointError(ckpt->files_.back()->path() + ": tensor '" + name + "' has dtype " +
-                              dtype_name(view.dtype) + " but the manifest says " + dtype);
+                              dtype_name(view.dtype) + " but the manifest (dtype \"" + dtype + "\") says " +
+                              dtype_name(want));
       ckpt->index_[name] = &view;
+      ckpt->file_index_[name] = ckpt->files_.back().get();
     }
   }
   // Tensors of layers the config does not have: a config with fewer layers
@@ -230,6 +289,11 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
 }
 
 bool Checkpoint::has(const std::string& name) const { return index_.count(name) != 0; }
+
+std::string Checkpoint::file_of(const std::string& name) const {
+  auto it = file_index_.find(name);
+  return it == file_index_.end() ? dir_ : it->second->path();
+}
 
 const TensorView& Checkpoint::tensor(const std::string& name,
                                      const std::vector<int64_t>& expected_shape) const {

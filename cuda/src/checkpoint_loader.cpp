@@ -18,6 +18,11 @@ std::unique_ptr<CudaModel> make_cuda_model_ex(std::shared_ptr<const Checkpoint> 
                                               const ModelOptions& options,
                                               const CudaModelOptions& cuda_options) {
   if (!checkpoint) throw InvalidArgument("make_cuda_model: checkpoint is null");
+  // The CUDA kernels read float projections (`.weight`); an int4 folder has `.qweight`,
+  // `.scales`, `.zeros` instead: refuse it by name rather than fail on a missing tensor.
+  if (checkpoint->quantization().int4())
+    throw CheckpointError(checkpoint->dir() + ": int4 weights are not supported by the CUDA backend yet; convert with "
+                          "--dtype bfloat16 (tools/convert_weights.py), or use the cpu backend");
   const Checkpoint* ck = checkpoint.get();
   WeightLookup lookup = [ck](const std::string& name, const std::vector<int64_t>& shape) {
     const TensorView& t = ck->tensor(name, shape);

@@ -5,6 +5,7 @@
 #include <limits>
 #include <string>
 
+#include "backend/cpu/int4_weights.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/rope.h"
 #include "backend/cpu/thread_pool.h"
@@ -30,7 +31,7 @@ class CpuModel final : public Model {
         pool_(options.num_threads, options.cpu_affinity),
         rope_(config_) {
     if (ckpt_->dtype() != DType::F32 && ckpt_->dtype() != DType::BF16)
-      throw CheckpointError(ckpt_->dir() + ": the CPU backend reads float32 or bfloat16 weights, not " +
+      throw CheckpointError(ckpt_->dir() + ": the CPU backend reads float32, bfloat16 or int4 weights, not " +
                             dtype_name(ckpt_->dtype()));
     const int64_t H = config_.hidden_size, I = config_.intermediate_size;
     const int64_t qd = int64_t(config_.num_heads) * config_.head_dim;
@@ -42,18 +43,18 @@ class CpuModel final : public Model {
     for (int l = 0; l < config_.num_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       Layer& L = layers_[l];
-      L.q = matrix(p + "self_attn.q_proj.weight", qd, H);
-      L.k = matrix(p + "self_attn.k_proj.weight", kvd, H);
-      L.v = matrix(p + "self_attn.v_proj.weight", kvd, H);
-      L.o = matrix(p + "self_attn.o_proj.weight", H, qd);
+      L.q = projection(p + "self_attn.q_proj", qd, H);
+      L.k = projection(p + "self_attn.k_proj", kvd, H);
+      L.v = projection(p + "self_attn.v_proj", kvd, H);
+      L.o = projection(p + "self_attn.o_proj", H, qd);
       if (config_.attention_bias) {
         L.q_bias = vec(p + "self_attn.q_proj.bias", qd);
         L.k_bias = vec(p + "self_attn.k_proj.bias", kvd);
         L.v_bias = vec(p + "self_attn.v_proj.bias", kvd);
       }
-      L.gate = matrix(p + "mlp.gate_proj.weight", I, H);
-      L.up = matrix(p + "mlp.up_proj.weight", I, H);
-      L.down = matrix(p + "mlp.down_proj.weight", H, I);
+      L.gate = projection(p + "mlp.gate_proj", I, H);
+      L.up = projection(p + "mlp.up_proj", I, H);
+      L.down = projection(p + "mlp.down_proj", H, I);
       L.input_norm = vec(p + "input_layernorm.weight", H);
       L.post_attention_norm = vec(p + "post_attention_layernorm.weight", H);
     }
@@ -102,6 +103,12 @@ class CpuModel final : public Model {
   WeightMatrix matrix(const std::string& name, int64_t n, int64_t k) const {
     const TensorView& t = ckpt_->tensor(name, {n, k});
     return WeightMatrix{t.data, t.dtype, static_cast<int>(n), static_cast<int>(k)};
+  }
+  // A linear projection `prefix` (".weight" in a float checkpoint; ".qweight", ".scales",
+  // ".zeros" in an int4 one). The embedding and the LM head stay float (matrix()).
+  WeightMatrix projection(const std::string& prefix, int64_t n, int64_t k) const {
+    if (ckpt_->quantization().int4()) return cpu::load_int4_matrix(*ckpt_, prefix, n, k);
+    return matrix(prefix + ".weight", n, k);
   }
   std::vector<float> vec(const std::string& name, int64_t n) const {
     const TensorView& t = ckpt_->tensor(name, {n});

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
+
+#include "backend/cpu/int4.h"
 
 namespace swiftspec::cpu {
 namespace {
@@ -101,31 +104,56 @@ inline void dot_rows(const float* const* x, const W* w, int k, float* out) {
   for (int r = 0; r < R; ++r) out[r] = hsum(add(acc0[r], acc1[r])) + tail[r];
 }
 
+// Outputs of columns [nb, ne) for every row; row_of(n) points at weight row n (length k).
+// Each (row, column) output is one dot_rows reduction, in the same order for any `rows`,
+// any column block and any row pointer: that is what batch invariance rests on.
+template <typename W, typename RowOf>
+void linear_block(const float* x, int rows, RowOf row_of, int k, const float* bias, float* y, int n_total, int nb,
+                  int ne) {
+  int m = 0;
+  for (; m + 4 <= rows; m += 4) {
+    const float* xr[4] = {x + (size_t)m * k, x + (size_t)(m + 1) * k, x + (size_t)(m + 2) * k,
+                          x + (size_t)(m + 3) * k};
+    for (int n = nb; n < ne; ++n) {
+      float out[4];
+      dot_rows<4>(xr, static_cast<const W*>(row_of(n)), k, out);
+      const float b = bias ? bias[n] : 0.0f;
+      for (int r = 0; r < 4; ++r) y[(size_t)(m + r) * n_total + n] = bias ? out[r] + b : out[r];
+    }
+  }
+  for (; m < rows; ++m) {
+    const float* xr[1] = {x + (size_t)m * k};
+    for (int n = nb; n < ne; ++n) {
+      float out[1];
+      dot_rows<1>(xr, static_cast<const W*>(row_of(n)), k, out);
+      y[(size_t)m * n_total + n] = bias ? out[0] + bias[n] : out[0];
+    }
+  }
+}
+
+constexpr int kColBlock = 8;  // weight rows kept hot while row tiles stream past
+
 template <typename W>
 void linear_columns(const float* x, int rows, const W* w, int k, const float* bias, float* y, int n_total,
                     int n_begin, int n_end) {
-  constexpr int kColBlock = 8;  // weight rows kept hot while row tiles stream past
   for (int nb = n_begin; nb < n_end; nb += kColBlock) {
     const int ne = std::min(nb + kColBlock, n_end);
-    int m = 0;
-    for (; m + 4 <= rows; m += 4) {
-      const float* xr[4] = {x + (size_t)m * k, x + (size_t)(m + 1) * k, x + (size_t)(m + 2) * k,
-                            x + (size_t)(m + 3) * k};
-      for (int n = nb; n < ne; ++n) {
-        float out[4];
-        dot_rows<4>(xr, w + (size_t)n * k, k, out);
-        const float b = bias ? bias[n] : 0.0f;
-        for (int r = 0; r < 4; ++r) y[(size_t)(m + r) * n_total + n] = bias ? out[r] + b : out[r];
-      }
-    }
-    for (; m < rows; ++m) {
-      const float* xr[1] = {x + (size_t)m * k};
-      for (int n = nb; n < ne; ++n) {
-        float out[1];
-        dot_rows<1>(xr, w + (size_t)n * k, k, out);
-        y[(size_t)m * n_total + n] = bias ? out[0] + bias[n] : out[0];
-      }
-    }
+    linear_block<W>(x, rows, [&](int n) { return w + (size_t)n * k; }, k, bias, y, n_total, nb, ne);
+  }
+}
+
+// Int4: each block of kColBlock weight rows is dequantized once into fp32 (reused by every
+// row tile), then reduced exactly as an F32 matrix would be.
+void linear_columns_int4(const float* x, int rows, const WeightMatrix& w, const float* bias, float* y, int n_begin,
+                         int n_end) {
+  thread_local std::vector<float> block;
+  block.resize(size_t(kColBlock) * w.k);
+  for (int nb = n_begin; nb < n_end; nb += kColBlock) {
+    const int ne = std::min(nb + kColBlock, n_end);
+    dequantize_int4_rows(w, nb, ne, block.data());
+    const float* rows_fp32 = block.data();
+    linear_block<float>(x, rows, [&](int n) { return rows_fp32 + (size_t)(n - nb) * w.k; }, w.k, bias, y, w.n, nb,
+                        ne);
   }
 }
 
@@ -136,7 +164,9 @@ void linear(const float* x, int rows, const WeightMatrix& w, const float* bias, 
   const int blocks = (w.n + 7) / 8;
   pool.parallel_for(blocks, [&](int b0, int b1) {
     const int n0 = b0 * 8, n1 = std::min(b1 * 8, w.n);
-    if (w.dtype == DType::BF16)
+    if (w.is_int4())
+      linear_columns_int4(x, rows, w, bias, y, n0, n1);
+    else if (w.dtype == DType::BF16)
       linear_columns(x, rows, static_cast<const uint16_t*>(w.data), w.k, bias, y, w.n, n0, n1);
     else
       linear_columns(x, rows, static_cast<const float*>(w.data), w.k, bias, y, w.n, n0, n1);

@@ -13,16 +13,27 @@
 
 namespace swiftspec::cpu {
 
-/// A weight matrix [N, K] (row-major, out x in) in F32 or BF16, viewed in place.
+/// A weight matrix [N, K] (row-major, out x in), viewed in place: F32 or BF16 values, or
+/// int4 (group_size > 0; docs/checkpoint_format.md "int4 weights"): `data` then points at
+/// the packed values U8 [N, K/2] (byte j of a row: element 2j in the low nibble, 2j+1 in
+/// the high one), `scales` at fp16 bits [N, K/group_size], `zeros` at U8 [N, K/group_size]
+/// (each 0..15), and element (n, k) is (q - zeros[n, k/G]) * scales[n, k/G] in fp32.
 struct WeightMatrix {
   const void* data = nullptr;
-  DType dtype = DType::F32;
+  DType dtype = DType::F32;  ///< F32 or BF16; U8 for int4
   int n = 0;  ///< output features
   int k = 0;  ///< input features
+  const uint16_t* scales = nullptr;  ///< int4 only: fp16 bit patterns [n, k/group_size]
+  const uint8_t* zeros = nullptr;    ///< int4 only: zero points [n, k/group_size]
+  int group_size = 0;                ///< int4 only: K elements per scale; 0 for F32/BF16
+  bool is_int4() const { return group_size > 0; }
 };
 
 /// Y[m, n] = sum_k X[m, k] * W[n, k] (+ bias[n]) for m < rows. X fp32 [rows, K],
-/// Y fp32 [rows, N], bias fp32 [N] or null. Parallel over N.
+/// Y fp32 [rows, N], bias fp32 [N] or null. Parallel over N. An int4 W is dequantized
+/// (cpu::dequantize_int4_rows, 8 weight rows at a time) into fp32 and then reduced in
+/// exactly the order of an F32 W: the result is bit-identical to `linear` over the
+/// dequantized F32 matrix, so int4 keeps the batch invariance of the F32/BF16 paths.
 void linear(const float* x, int rows, const WeightMatrix& w, const float* bias, float* y,
             ThreadPool& pool);
 

@@ -114,6 +114,9 @@ TpRankShard shard_checkpoint(std::shared_ptr<const Checkpoint> ckpt, const TpPla
   const ModelConfig& c = ckpt->config();
   plan.validate(c, ckpt->dir());
   if (r < 0 || r >= plan.tp) throw InvalidArgument("shard_checkpoint: rank " + str(r) + " outside [0, " + str(plan.tp) + ")");
+  if (ckpt->quantization().int4())
+    throw CheckpointError(ckpt->dir() + ": tensor parallelism (tp " + str(plan.tp) + ") is not supported with int4 "
+                          "weights yet; use tp 1, or a bfloat16 checkpoint (tools/convert_weights.py --dtype bfloat16)");
   check_dtype(ckpt->dtype(), ckpt->dir());
   const DType dt = ckpt->dtype();
   const int H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size, V = c.vocab_size;

@@ -1,5 +1,6 @@
 // Checkpoint loading: a swiftspec checkpoint folder holds
-//   manifest.json      {"format": "swiftspec-checkpoint", "format_version": 1, "dtype": ..., "files": [...]}
+//   manifest.json      {"format": "swiftspec-checkpoint", "format_version": 1 (float weights) or 3
+//                       (int4 projections), "dtype": ..., "files": [...]}
 //   config.json        model configuration (see config.h)
 //   tokenizer.json     HF tokenizers file (used by Python only)
 //   *.safetensors      weights, HF tensor names (model.layers.N.self_attn.q_proj.weight, ...)
@@ -60,6 +61,14 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+/// How a checkpoint's linear projections are quantized (format_version 3,
+/// docs/checkpoint_format.md "int4 weights"). bits == 0: not quantized.
+struct WeightQuantization {
+  int bits = 0;        ///< 4 for int4 (AWQ-style W4A16), 0 for float weights
+  int group_size = 0;  ///< input features (K) per scale / zero point; a multiple of 8
+  bool int4() const { return bits == 4; }
+};
+
 /// A checkpoint folder: config + manifest + one or more safetensors files.
 class Checkpoint {
  public:
@@ -70,8 +79,13 @@ class Checkpoint {
 
   const std::string& dir() const { return dir_; }
   const ModelConfig& config() const { return config_; }
-  /// Weight dtype stored in the files ("float32" or "bfloat16" in the manifest).
+  /// Float weight dtype stored in the files ("float32" or "bfloat16" in the manifest).
+  /// For an int4 checkpoint (manifest dtype "int4") this is BF16, the dtype of every
+  /// tensor that is not quantized (embedding, norms, biases, LM head); quantization()
+  /// says how the projections are stored.
   DType dtype() const { return dtype_; }
+  /// Int4 projections (format_version 3) or none (bits == 0).
+  const WeightQuantization& quantization() const { return quantization_; }
   int format_version() const { return format_version_; }
 
   bool has(const std::string& name) const;
@@ -79,15 +93,20 @@ class Checkpoint {
   /// shape differs from `expected_shape` (when given), naming both shapes.
   const TensorView& tensor(const std::string& name,
                            const std::vector<int64_t>& expected_shape = {}) const;
+  /// Path of the safetensors file holding tensor `name` (the folder if it is missing),
+  /// for error messages.
+  std::string file_of(const std::string& name) const;
 
  private:
   Checkpoint() = default;
   std::string dir_;
   ModelConfig config_;
   DType dtype_ = DType::F32;
+  WeightQuantization quantization_;
   int format_version_ = 0;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const TensorView*> index_;
+  std::map<std::string, const SafetensorsFile*> file_index_;
 };
 
 }  // namespace swiftspec
