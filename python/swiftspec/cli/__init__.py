@@ -15,7 +15,7 @@ import sys
 
 from swiftspec.errors import SwiftspecError
 
-_COMMANDS = ("generate", "bench")
+_COMMANDS = ("generate", "bench", "serve")
 
 
 def build_parser() -> argparse.ArgumentParser:

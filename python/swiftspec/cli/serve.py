@@ -1,0 +1,69 @@
+"""`swiftspec serve`: load the engine once and serve a chat page and an OpenAI-compatible API."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from swiftspec.cli.engine_options import add_decode_options, add_model_options, check_engine_options, load_engine
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a chat page and an OpenAI-compatible API",
+        description="Load the models once and serve, on http://HOST:PORT/, a chat page (GET /) and an "
+        "OpenAI-compatible API (POST /v1/chat/completions, GET /v1/models, GET /health). One request "
+        "decodes at a time; up to --max-waiting more wait, later ones get HTTP 503. With no "
+        "--target/--draft it serves the reference pair. Needs the 'serve' extra: "
+        "pip install 'swiftspec[serve]'.",
+    )
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    p.add_argument("--max-waiting", type=int, default=4,
+                   help="requests that may wait while one decodes (default 4); more are answered 503 at once")
+    add_model_options(p)
+    add_decode_options(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from swiftspec.errors import InvalidRequestError, SwiftspecError
+    from swiftspec.serve import EXTRA, missing_modules
+
+    if not 1 <= args.port <= 65535:
+        raise InvalidRequestError(f"--port must be in [1, 65535], got {args.port}")
+    if args.max_waiting < 0:
+        raise InvalidRequestError(f"--max-waiting must be >= 0, got {args.max_waiting}")
+    check_engine_options(args)
+    missing = missing_modules()
+    if missing:  # before the models load: a minute lost otherwise
+        raise SwiftspecError(f"the server needs the '{EXTRA}' extra ({', '.join(missing)} not installed): "
+                             f"pip install 'swiftspec[{EXTRA}]'")
+    from swiftspec.fetch import DEFAULT_PAIR
+    from swiftspec.serve.app import create_app
+    from swiftspec.serve.server import serve
+
+    engine = load_engine(args)
+    name = Path(args.target or DEFAULT_PAIR["target"]).name
+    model_id = name[: -len(".gguf")] if name.endswith(".gguf") else name
+    app = create_app(engine, model_id=model_id, default_mode=args.mode, tree_budget=args.tree_budget,
+                     max_depth=args.max_depth, branching=args.branching, max_waiting=args.max_waiting)
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+
+    def started():
+        print(f"[swiftspec] serving {model_id}: chat page http://{shown}:{args.port}/ , OpenAI API "
+              f"http://{shown}:{args.port}/v1 (Ctrl-C stops)", file=sys.stderr, flush=True)
+
+    try:
+        serve(app, args.host, args.port, on_started=started)
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled, once it has shut down
+        pass
+    except SystemExit:  # uvicorn could not listen, and logged why
+        raise SwiftspecError(f"cannot listen on {shown}:{args.port} (see the error above)") from None
+    finally:
+        engine.close()
+    print("[swiftspec] server stopped", file=sys.stderr)
+    return 0

@@ -1,0 +1,23 @@
+"""``swiftspec serve``: a demo chat page and an OpenAI-compatible chat-completions API over one
+loaded :class:`swiftspec.Engine`.
+
+    app.py            the routes (Starlette): /, /health, /v1/models, /v1/chat/completions
+    openai_schema.py  the request fields, their checks, and the response / chunk / error bodies
+    runner.py         one request at a time on the engine, a bounded wait line, cancellation
+    server.py         uvicorn, with Ctrl-C cancelling the running reply before shutting down
+    page.html         the chat page (self-contained)
+
+Needs the ``serve`` extra (``pip install 'swiftspec[serve]'``: Starlette and uvicorn); importing
+a submodule without it raises ModuleNotFoundError (``swiftspec serve`` names the extra instead).
+"""
+
+#: The modules the server needs, and the extra that installs them.
+REQUIRED_MODULES = ("starlette", "uvicorn")
+EXTRA = "serve"
+
+
+def missing_modules() -> list[str]:
+    """The modules of the ``serve`` extra that are not installed (none: the server can run)."""
+    import importlib.util
+
+    return [m for m in REQUIRED_MODULES if importlib.util.find_spec(m) is None]

@@ -1,0 +1,272 @@
+"""The ASGI app of ``swiftspec serve`` (Starlette): the chat page and an OpenAI-compatible API
+over one loaded :class:`swiftspec.Engine`.
+
+    GET  /                      the chat page (page.html: self-contained, no external resources)
+    GET  /health                {"status": "ok", "model", "running", "waiting", "max_waiting"}
+    GET  /v1/models             OpenAI's model list: the served model, with a "swiftspec" object
+                                (draft, modes, default_mode, max_context, tree_budget, max_tree)
+    POST /v1/chat/completions   OpenAI chat completions (openai_schema.py: fields, extras, stats)
+
+One request decodes at a time (runner.py); up to ``max_waiting`` more wait in arrival order, and
+one beyond them is answered at once with 503 and a ``Retry-After`` header. A client that
+disconnects, streamed or not, cancels its request within one decode step (or prefill chunk), also
+while it waits. Every error is OpenAI's JSON error object: 400 naming the field for a bad request,
+404/405 for a wrong path or method, 503 when busy or shutting down, 500 (no traceback; logged
+here) for a failure of the engine itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from importlib import resources
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from swiftspec.errors import InvalidRequestError, SwiftspecError
+from swiftspec.serve.openai_schema import (
+    DEFAULT_MAX_TOKENS,
+    MODES,
+    ChatRequest,
+    RequestError,
+    chunk_body,
+    completion_body,
+    error_body,
+    new_completion_id,
+    parse_chat_request,
+    swiftspec_stats,
+    usage,
+)
+from swiftspec.serve.runner import Busy, EngineRunner
+
+log = logging.getLogger("swiftspec.serve")
+
+RETRY_AFTER_S = 5  # the Retry-After of a 503: a short reply on the CPU takes seconds
+
+
+def _error(exc: RequestError) -> JSONResponse:
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status == 503 else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+def _sse(obj) -> str:
+    """One Server-Sent Event carrying ``obj`` as JSON (or the literal ``[DONE]``)."""
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _generation_error(exc: BaseException) -> RequestError:
+    """An exception of Engine.generate as the client sees it: the engine's own refusals of the
+    request are 400s; anything else a 500 whose traceback stays in this server's log."""
+    if isinstance(exc, InvalidRequestError):
+        return RequestError(str(exc))
+    if isinstance(exc, SwiftspecError):
+        return RequestError(str(exc), status=500, type="server_error")
+    log.error("generation failed", exc_info=(type(exc), exc, exc.__traceback__))
+    return RequestError(f"the engine failed: {type(exc).__name__}: {exc}", status=500, type="server_error")
+
+
+_SHUTTING_DOWN = RequestError("the server is shutting down; the reply was cut short", status=503,
+                              type="server_error", code="shutting_down")
+
+
+class ChatServer:
+    """The app's state and handlers: the engine, its runner and the served model's settings.
+
+    Args:
+        engine: a loaded :class:`swiftspec.Engine` (the server does not close it).
+        model_id: the id clients name in ``model`` (default: the target checkpoint's folder name).
+        default_mode: requests without ``swiftspec.mode`` (default: serial with a draft, else target).
+        tree_budget, max_depth, branching: the token tree of speculative requests (a request may
+            set ``swiftspec.tree_budget``).
+        max_waiting: requests that may wait behind the running one; more get 503.
+    """
+
+    def __init__(self, engine, *, model_id: str | None = None, default_mode: str | None = None,
+                 tree_budget: int = 16, max_depth: int = 8, branching: int = 2, max_waiting: int = 4):
+        self.engine = engine
+        self.runner = EngineRunner(engine, max_waiting=max_waiting)
+        self.model_id = model_id or engine.target_dir.name
+        self.modes = list(MODES) if engine.has_draft else ["target"]
+        if default_mode is None:
+            default_mode = "serial" if engine.has_draft else "target"
+        if default_mode not in self.modes:
+            raise InvalidRequestError(f"mode {default_mode!r} needs a draft model; this engine has none")
+        self.default_mode = default_mode
+        self.tree_budget, self.max_depth, self.branching = tree_budget, max_depth, branching
+        self.created = int(time.time())
+        self.page = resources.files("swiftspec.serve").joinpath("page.html").read_text(encoding="utf-8")
+
+    # ------------------------------------------------------------------ routes
+    async def page_route(self, request: Request) -> HTMLResponse:
+        return HTMLResponse(self.page)
+
+    async def health(self, request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "model": self.model_id, **self.runner.status()})
+
+    async def models(self, request: Request) -> JSONResponse:
+        target = self.engine.target_model
+        draft = self.engine.draft_model
+        context = target.max_context if draft is None else min(target.max_context, draft.max_context)
+        return JSONResponse({"object": "list", "data": [{
+            "id": self.model_id, "object": "model", "created": self.created, "owned_by": "swiftspec",
+            "swiftspec": {"draft": self.engine.draft_dir.name if self.engine.draft_dir else None,
+                          "modes": self.modes, "default_mode": self.default_mode, "max_context": context,
+                          "tree_budget": self.tree_budget, "max_tree": self._max_tree_budget()},
+        }]})
+
+    async def chat_completions(self, request: Request):
+        try:
+            raw = await request.body()
+            try:
+                body = json.loads(raw)
+            except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+                raise RequestError(f"the request body is not JSON: {exc}") from None
+            req = parse_chat_request(body, self.model_id)
+            prompt_ids, kwargs, mode = self._resolve(req)
+        except RequestError as exc:
+            return _error(exc)
+        try:
+            job = self.runner.submit(asyncio.get_running_loop(), prompt_ids, **kwargs)
+        except Busy as exc:
+            return _error(RequestError(str(exc), status=503, type="server_error", code="busy"))
+        cid, created = new_completion_id()
+        meta = dict(mode=mode, tree_budget=kwargs["tree_budget"] if mode != "target" else None,
+                    seed=kwargs["seed"] if req.temperature > 0 else None)
+        if req.stream:
+            # Starlette watches for the client's disconnect while it streams and cancels the
+            # generator, whose `finally` cancels the job.
+            return StreamingResponse(self._stream(job, req, cid, created, meta), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await self._whole(request, job, cid, created, meta)
+
+    # --------------------------------------------------------------- requests
+    def _max_tree_budget(self) -> int:
+        """The largest tree budget the models' tree KV holds (the runtime needs 2 slots more)."""
+        models = [m for m in (self.engine.target_model, self.engine.draft_model) if m is not None]
+        return min(m.max_tree for m in models) - 2
+
+    def _resolve(self, req: ChatRequest) -> tuple[list[int], dict, str]:
+        """The prompt's token ids, Engine.generate's keyword arguments and the mode; checks what
+        depends on the loaded models (messages against the chat template, the context, the mode,
+        the tree KV). Raises RequestError naming the field."""
+        mode = req.mode or self.default_mode
+        if mode not in self.modes:
+            raise RequestError(f"swiftspec.mode {mode!r} needs a draft model; this server has none (modes: "
+                               f"{', '.join(self.modes)})", "swiftspec.mode")
+        tree_budget = self.tree_budget
+        if req.tree_budget is not None:
+            if mode == "target":
+                raise RequestError("swiftspec.tree_budget has no effect in mode 'target' (no token tree is "
+                                   "verified); drop it or pick a speculative mode", "swiftspec.tree_budget")
+            tree_budget = req.tree_budget
+        if mode != "target" and tree_budget > self._max_tree_budget():
+            raise RequestError(f"swiftspec.tree_budget must be at most {self._max_tree_budget()} (the tree KV "
+                               f"capacity), got {tree_budget}", "swiftspec.tree_budget")
+        try:
+            prompt_ids = self.engine.encode_prompt(req.messages)
+        except InvalidRequestError as exc:  # named by the model's id, not by a path on this machine
+            raise RequestError(str(exc).replace(str(self.engine.tokenizer.source), self.model_id), "messages") from None
+        target, draft = self.engine.target_model, self.engine.draft_model
+        context = target.max_context if mode == "target" else min(target.max_context, draft.max_context)
+        room = context - len(prompt_ids)
+        if room < 1:
+            raise RequestError(f"the messages take {len(prompt_ids)} tokens, which leaves no room for a reply in "
+                               f"the context of {context} tokens", "messages", code="context_length_exceeded")
+        max_tokens = req.max_tokens if req.max_tokens is not None else min(DEFAULT_MAX_TOKENS, room)
+        if max_tokens > room:
+            raise RequestError(f"max_tokens {max_tokens} does not fit: the messages take {len(prompt_ids)} of the "
+                               f"context's {context} tokens, leaving {room}", "max_tokens",
+                               code="context_length_exceeded")
+        kwargs = dict(max_new_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+                      seed=req.seed, stop=req.stop, mode=mode, tree_budget=tree_budget, max_depth=self.max_depth,
+                      branching=self.branching)
+        return prompt_ids, kwargs, mode
+
+    async def _whole(self, request: Request, job, cid: str, created: int, meta: dict) -> JSONResponse:
+        """A non-streamed reply; a client that disconnects meanwhile cancels the job."""
+
+        async def cancel_on_disconnect():
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            job.cancel()
+
+        text_done = None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(cancel_on_disconnect)
+                async for kind, value in job.events():
+                    if kind != "text":
+                        text_done = (kind, value)
+                tg.cancel_scope.cancel()
+        finally:
+            job.cancel()  # (a no-op once it finished) the handler itself was cancelled: server shutdown
+        kind, value = text_done
+        if kind == "error":
+            return _error(_generation_error(value))
+        if kind == "cancelled":  # by the server's shutdown (a client that left reads nothing)
+            return _error(_SHUTTING_DOWN)
+        return JSONResponse(completion_body(cid, created, self.model_id, value,
+                                            swiftspec_stats(value, queue_s=job.queue_s, **meta)))
+
+    async def _stream(self, job, req: ChatRequest, cid: str, created: int, meta: dict):
+        """The SSE body: a first chunk with the role, one chunk per text piece, a last chunk with
+        finish_reason and the ``swiftspec`` stats (``usage`` too), then a usage-only chunk if
+        asked for (stream_options.include_usage), then ``[DONE]``. An error after the start is an
+        ``{"error": ...}`` event before ``[DONE]``."""
+        try:
+            yield _sse(chunk_body(cid, created, self.model_id, {"role": "assistant", "content": ""}))
+            async for kind, value in job.events():
+                if kind == "text":
+                    yield _sse(chunk_body(cid, created, self.model_id, {"content": value}))
+                elif kind == "done":
+                    stats = swiftspec_stats(value, queue_s=job.queue_s, **meta)
+                    yield _sse(chunk_body(cid, created, self.model_id, {}, value.finish_reason, swiftspec=stats,
+                                          usage=usage(value)))
+                    if req.include_usage:
+                        yield _sse(chunk_body(cid, created, self.model_id, None, usage=usage(value)))
+                else:
+                    yield _sse((_generation_error(value) if kind == "error" else _SHUTTING_DOWN).body())
+            yield _sse("[DONE]")
+        finally:
+            job.cancel()  # the client disconnected (Stop): the engine is free within one step
+
+
+def create_app(engine, **options) -> Starlette:
+    """The Starlette app serving ``engine``; ``options`` as :class:`ChatServer` takes them.
+    ``app.state.server`` is the :class:`ChatServer` (its ``runner`` tells the engine's load)."""
+    server = ChatServer(engine, **options)
+
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse(error_body(f"{request.method} {request.url.path}: {exc.detail}",
+                                       "invalid_request_error" if exc.status_code < 500 else "server_error"),
+                            status_code=exc.status_code, headers=exc.headers)
+
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error"), status_code=500)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        server.runner.close()  # (the server has stopped taking requests)
+
+    app = Starlette(
+        routes=[
+            Route("/", server.page_route, methods=["GET"]),
+            Route("/health", server.health, methods=["GET"]),
+            Route("/v1/models", server.models, methods=["GET"]),
+            Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
+        ],
+        exception_handlers={HTTPException: http_error, Exception: internal_error},
+        lifespan=lifespan,
+    )
+    app.state.server = server
+    return app
