@@ -176,7 +176,8 @@ def markdown(doc: dict) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated reference model names")
-    p.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated: bfloat16, float32")
+    p.add_argument("--dtypes", default=",".join(DTYPES),
+                   help="comma-separated: bfloat16, float32, int4 (int4: converted from the GGUF with group size 128)")
     p.add_argument("--new-tokens", default="64", help="new tokens per timed request (default 64)")
     p.add_argument("--repeats", default="3", help="timed requests per model and dtype (default 3)")
     p.add_argument("--threads", default="0", help="CPU threads (0: all cores)")
@@ -203,8 +204,8 @@ def main() -> int:
             raise InvalidRequestError(f"--models: unknown reference model {m!r} (known: {', '.join(REFERENCE_MODELS)})")
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     for d in dtypes:
-        if d not in DTYPES:
-            raise InvalidRequestError(f"--dtypes: unknown dtype {d!r} (expected bfloat16 or float32)")
+        if d not in DTYPES + ("int4",):
+            raise InvalidRequestError(f"--dtypes: unknown dtype {d!r} (expected bfloat16, float32 or int4)")
     new_tokens = integer("--new-tokens", args.new_tokens, 2)
     repeats = integer("--repeats", args.repeats, 1)
     threads = integer("--threads", args.threads, 0)

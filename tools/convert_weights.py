@@ -1,11 +1,20 @@
 #!/usr/bin/env python3
 """Convert a GGUF file or a Hugging Face model folder into a swiftspec checkpoint folder.
 
-    python tools/convert_weights.py model.gguf --out ckpt/ [--dtype bfloat16|float32]
+    python tools/convert_weights.py model.gguf --out ckpt/ [--dtype bfloat16|float32|int4]
     python tools/convert_weights.py hf_model_dir/ --out ckpt/ --dtype float32
+    python tools/convert_weights.py ckpt/ --out ckpt-int4/ --dtype int4 [--group-size 128]
 
-The folder format is docs/checkpoint_format.md. Exit status 2 with a one-line message on bad
-input (missing file, not a GGUF, unsupported architecture or tokenizer, non-empty --out ...).
+The folder format is docs/checkpoint_format.md. ``--dtype int4`` stores the linear projections
+(q/k/v/o, gate/up/down) as AWQ-style W4A16 groups: 4-bit values with one fp16 scale and one
+4-bit zero point per ``--group-size`` input features (the storage format of AWQ, Lin et al.,
+MLSys 2024), quantized by plain round-to-nearest (RTN), not AWQ's activation-aware scale search;
+the embedding, norms, biases and LM head stay bfloat16 (``swiftspec.convert.int4``). Its input
+may be a GGUF file, an HF folder, or a float swiftspec checkpoint folder (TP 1).
+
+Exit status 2 with a one-line message on bad input (missing file, not a GGUF, unsupported
+architecture or tokenizer, non-empty --out, a group size that does not divide a projection's
+input features, --tp with int4 ...).
 """
 
 from __future__ import annotations
@@ -20,13 +29,19 @@ import_swiftspec()
 
 def main() -> int:
     from swiftspec.convert import SUPPORTED_DTYPES, convert_gguf, convert_hf
+    from swiftspec.convert.int4 import DEFAULT_GROUP_SIZE, check_group_size
     from swiftspec.convert.writer import check_output_folder
     from swiftspec.errors import CheckpointError
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("input", type=Path, help="a .gguf file or a Hugging Face model folder")
+    p.add_argument("input", type=Path, help="a .gguf file or a Hugging Face model folder (with --tp N or --dtype int4 "
+                                            "also a float swiftspec checkpoint folder)")
     p.add_argument("--out", type=Path, required=True, help="checkpoint folder to create (must be empty or new)")
-    p.add_argument("--dtype", choices=SUPPORTED_DTYPES, default="bfloat16", help="weight storage dtype")
+    p.add_argument("--dtype", choices=SUPPORTED_DTYPES, default="bfloat16",
+                   help="weight storage dtype (int4: 4-bit projections, the rest bfloat16)")
+    p.add_argument("--group-size", type=int, default=None, metavar="G",
+                   help=f"int4 only: input features per scale and zero point, a multiple of 8 dividing every "
+                        f"projection's input features (default {DEFAULT_GROUP_SIZE})")
     p.add_argument("--tp", type=int, default=1, metavar="N",
                    help="tensor-parallel degree: N > 1 writes one padded shard per rank (docs/checkpoint_format.md); "
                         "the input may then also be a TP-1 checkpoint folder")
@@ -36,11 +51,24 @@ def main() -> int:
 
     if args.tp < 1:
         p.error(f"--tp {args.tp}: the tensor-parallel degree must be >= 1")
+    int4 = args.dtype == "int4"
+    if args.group_size is not None and not int4:
+        raise CheckpointError(f"--group-size {args.group_size} applies to --dtype int4 only (got --dtype {args.dtype})")
+    if int4 and args.tp > 1:
+        raise CheckpointError(f"--tp {args.tp} with --dtype int4: tensor-parallel int4 folders are not supported yet; "
+                              "convert with --tp 1 (TP 1 int4), or --dtype bfloat16 for tensor parallelism")
+    group_size = check_group_size(DEFAULT_GROUP_SIZE if args.group_size is None else args.group_size) if int4 else None
     if not args.input.exists():
         raise CheckpointError(f"input {args.input} does not exist")
     check_output_folder(args.out, args.overwrite, "--overwrite")  # before any work (reading, hashing the input)
     kwargs = dict(dtype=args.dtype, progress=not args.quiet, overwrite=args.overwrite)
-    if args.tp > 1:  # pre-sharded, padded folder (swiftspec.convert.tp_shard; input may be a TP-1 folder)
+    if int4:
+        kwargs["group_size"] = group_size
+    if int4 and args.input.is_dir() and (args.input / "manifest.json").is_file():  # a float swiftspec folder
+        from swiftspec.convert.int4_checkpoint import quantize_checkpoint
+
+        out = quantize_checkpoint(args.input, args.out, group_size, progress=not args.quiet, overwrite=args.overwrite)
+    elif args.tp > 1:  # pre-sharded, padded folder (swiftspec.convert.tp_shard; input may be a TP-1 folder)
         from swiftspec.convert.tp_shard import convert_sharded
 
         out = convert_sharded(args.input, args.out, args.tp, **kwargs)

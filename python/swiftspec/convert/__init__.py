@@ -11,11 +11,13 @@ The folder format is docs/checkpoint_format.md. One module per job:
 * ``safetensors_reader`` reading (possibly sharded, bf16/f16/f32) HF safetensors with numpy
 * ``layout``             the tensor names and shapes a checkpoint must have
 * ``dtypes``             float32 <-> bfloat16 bit conversion (round to nearest even)
+* ``int4``               int4 (AWQ-style W4A16) round-to-nearest quantization, packing, dequantization
+* ``int4_checkpoint``    :func:`quantize_checkpoint`: a float checkpoint folder -> an int4 one
 * ``writer``             the folder writer (weights through ``safetensors``, manifest last)
 * ``manifest``           manifest.json creation and validation
 
-Tensor-parallel sharding (``--tp N``) and int4 weights are later format versions; their hook
-is :class:`writer.CheckpointWriter` (see its module docstring).
+Tensor-parallel sharding (``--tp N``, ``tp_shard``) and int4 weights (``--dtype int4``) are
+format versions 2 and 3; both write through :class:`writer.CheckpointWriter`.
 """
 
 from .dtypes import SUPPORTED_DTYPES

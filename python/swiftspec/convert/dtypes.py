@@ -11,8 +11,11 @@ import numpy as np
 
 from ..errors import CheckpointError
 
-#: Checkpoint dtypes the converters write.
-SUPPORTED_DTYPES = ("bfloat16", "float32")
+#: Float checkpoint dtypes: every tensor is stored in it (format version 1).
+FLOAT_DTYPES = ("bfloat16", "float32")
+#: Checkpoint dtypes the converters write. "int4": the linear projections as 4-bit groups
+#: (swiftspec.convert.int4, format version 3), every other tensor bfloat16.
+SUPPORTED_DTYPES = FLOAT_DTYPES + ("int4",)
 
 _CHUNK = 1 << 24  # elements converted per step, bounds the temporaries of huge tensors
 
@@ -58,9 +61,10 @@ def to_storage(x: np.ndarray, dtype: str) -> np.ndarray:
     """Convert a float32 tensor to the checkpoint storage array for ``dtype``.
 
     ``"float32"`` -> C-contiguous float32; ``"bfloat16"`` -> uint16 bit patterns (see
-    :func:`float32_to_bfloat16_bits`).
+    :func:`float32_to_bfloat16_bits`). Raises :class:`CheckpointError` for other dtypes.
     """
-    check_dtype(dtype)
+    if dtype not in FLOAT_DTYPES:
+        raise CheckpointError(f"{dtype!r} is not a float storage dtype ({', '.join(FLOAT_DTYPES)})")
     if dtype == "float32":
         return np.ascontiguousarray(x, dtype=np.float32)
     return float32_to_bfloat16_bits(x)

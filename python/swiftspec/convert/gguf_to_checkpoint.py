@@ -13,6 +13,7 @@ from .dtypes import check_dtype
 from .gguf_config import PERMUTED_QK_ARCHITECTURES, build_config, check_architecture
 from .gguf_file import GGUFModelFile
 from .gguf_names import hf_tensor_name, unpermute_llama_rows
+from .int4 import DEFAULT_GROUP_SIZE, check_group_size
 from .layout import check_tensor_set
 from .manifest import make_manifest
 from .tokenizer_from_gguf import build_tokenizer, read_tokenizer_info, tokenizer_config
@@ -60,12 +61,15 @@ def hf_tensor(g: GGUFModelFile, gguf_name: str, config: dict) -> tuple[str, np.n
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "bfloat16", *,
-                 source_sha256: str | None = None, progress: bool = True, overwrite: bool = False) -> Path:
+                 source_sha256: str | None = None, progress: bool = True, overwrite: bool = False,
+                 group_size: int = DEFAULT_GROUP_SIZE) -> Path:
     """Convert a GGUF model file into a swiftspec checkpoint folder (docs/checkpoint_format.md).
 
     Every tensor is dequantized to float32 with ``gguf.quants.dequantize``, renamed to its HF
     name, un-permuted for Llama Q/K, and stored as ``dtype`` (``"bfloat16"``: round-to-nearest-
-    even from the float32 values; ``"float32"``: exact) in ``model.safetensors``. Also writes
+    even from the float32 values; ``"float32"``: exact; ``"int4"``: the linear projections
+    quantized round-to-nearest in groups of ``group_size`` from the float32 values, see
+    :mod:`.int4`, the rest bfloat16) in ``model.safetensors``. Also writes
     config.json, generation_config.json, tokenizer.json, tokenizer_config.json, and manifest.json
     last. ``source_sha256`` (hex) is recorded in the manifest; if omitted the file is hashed.
     ``overwrite`` allows a non-empty ``out_dir`` (see :class:`CheckpointWriter`).
@@ -76,25 +80,29 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "bfloa
     Raises :class:`CheckpointError` naming the file and field/tensor/value for: a missing file, a
     non-GGUF file, an unsupported ``general.architecture``, ``tokenizer.ggml.model`` or
     ``tokenizer.ggml.pre``, missing metadata, unknown/missing/mis-shaped tensors, a bad dtype,
-    or a non-empty output folder.
+    or a non-empty output folder; for int4, a group size that is not a multiple of 8 or does not
+    divide every projection's input features.
     """
     check_dtype(dtype)
+    int4 = dtype == "int4"
     g = GGUFModelFile(gguf_path)
     check_architecture(g)
     tok_info = read_tokenizer_info(g)
-    config = build_config(g, tok_info, dtype)
+    config = build_config(g, tok_info, "bfloat16" if int4 else dtype)
+    if int4:
+        check_group_size(group_size, config, str(g.path))
     tokenizer = build_tokenizer(g, tok_info)
     for name in g.tensors:
         hf_tensor_name(name)  # reject unknown tensors before any heavy work
     shapes = {hf_tensor_name(n): tuple(int(d) for d in reversed(t.shape)) for n, t in g.tensors.items()}
     check_tensor_set(shapes, config, str(g.path))
 
-    writer = CheckpointWriter(out_dir, dtype, overwrite=overwrite)
+    writer = CheckpointWriter(out_dir, dtype, overwrite=overwrite, group_size=group_size)
     for gguf_name in tqdm(list(g.tensors), desc=f"convert {g.path.name}", unit="tensor", disable=not progress):
         name, values = hf_tensor(g, gguf_name, config)
         writer.add(name, values)
         del values
-    check_tensor_set(writer.shapes, config, str(g.path))
+    check_tensor_set(writer.shapes, config, str(g.path), group_size if int4 else None)
     weights = writer.write_weights()
     writer.release()
 
@@ -109,4 +117,5 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "bfloa
     writer.write_json("tokenizer_config.json", tokenizer_config(tok_info, config["max_position_embeddings"]))
     if source_sha256 is None:
         source_sha256 = sha256_file(g.path)
-    return writer.finish(make_manifest(dtype, [weights], "gguf", str(g.path.resolve()), source_sha256))
+    return writer.finish(make_manifest(dtype, [weights], "gguf", str(g.path.resolve()), source_sha256,
+                                       group_size=group_size if int4 else None))

@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 
 from ..errors import CheckpointError
 from .dtypes import check_dtype
+from .int4 import DEFAULT_GROUP_SIZE, check_group_size
 from .layout import check_tensor_set
 from .manifest import make_manifest
 from .safetensors_reader import SafetensorsFile
@@ -134,7 +135,7 @@ def _source_sha256(files: list[Path]) -> str:
 
 
 def convert_hf(hf_dir: str | Path, out_dir: str | Path, dtype: str = "bfloat16", *,
-               progress: bool = True, overwrite: bool = False) -> Path:
+               progress: bool = True, overwrite: bool = False, group_size: int = DEFAULT_GROUP_SIZE) -> Path:
     """Convert a Hugging Face model folder into a swiftspec checkpoint folder.
 
     ``hf_dir`` holds config.json (model_type ``llama`` or ``qwen2``), weights as
@@ -142,15 +143,19 @@ def convert_hf(hf_dir: str | Path, out_dir: str | Path, dtype: str = "bfloat16",
     and tokenizer.json (required), tokenizer_config.json, chat_template.jinja,
     generation_config.json (optional). Tensor names are already HF names; ``lm_head.weight`` is
     dropped when embeddings are tied, rotary ``inv_freq`` buffers are dropped; every tensor is
-    stored as ``dtype`` (bfloat16 from float32 rounds to nearest even; bf16 -> bf16 is exact).
+    stored as ``dtype`` (bfloat16 from float32 rounds to nearest even; bf16 -> bf16 is exact;
+    ``"int4"``: the linear projections quantized round-to-nearest in groups of ``group_size``,
+    :mod:`.int4`, the rest bfloat16).
     The chat template from chat_template.jinja is folded into tokenizer_config.json. The
     manifest's source sha256 is the sha256 of the weight files' bytes concatenated in shard-name
     order. Returns ``out_dir`` as a Path.
 
     Raises :class:`CheckpointError` naming the file and key/tensor for a missing folder or file,
-    unsupported model_type, malformed safetensors, unexpected/missing/mis-shaped tensors.
+    unsupported model_type, malformed safetensors, unexpected/missing/mis-shaped tensors, and
+    for int4 a group size that is not a multiple of 8 or does not divide a projection's input.
     """
     check_dtype(dtype)
+    int4 = dtype == "int4"
     hf_dir = Path(hf_dir)
     if not hf_dir.is_dir():
         raise CheckpointError(f"HF model folder {hf_dir} does not exist or is not a folder")
@@ -171,12 +176,14 @@ def convert_hf(hf_dir: str | Path, out_dir: str | Path, dtype: str = "bfloat16",
             if name in where:
                 raise CheckpointError(f"tensor {name!r} appears in both {where[name].path} and {f.path}")
             where[name] = f
-    config = build_config(hf_config, set(where), dtype, config_path, generation_config)
+    config = build_config(hf_config, set(where), "bfloat16" if int4 else dtype, config_path, generation_config)
+    if int4:
+        check_group_size(group_size, config, str(config_path))
     if config["tie_word_embeddings"]:
         where.pop("lm_head.weight", None)
     check_tensor_set({n: f.shape(n) for n, f in where.items()}, config, str(hf_dir))
 
-    writer = CheckpointWriter(out_dir, dtype, overwrite=overwrite)
+    writer = CheckpointWriter(out_dir, dtype, overwrite=overwrite, group_size=group_size)
     for name in tqdm(sorted(where), desc=f"convert {hf_dir.name}", unit="tensor", disable=not progress):
         writer.add(name, where[name].float32(name))
     weights = writer.write_weights()
@@ -198,4 +205,5 @@ def convert_hf(hf_dir: str | Path, out_dir: str | Path, dtype: str = "bfloat16",
     if special_map.exists():
         writer.write_json("special_tokens_map.json", _read_json(special_map))
     sha = _source_sha256([f.path for f in files])
-    return writer.finish(make_manifest(dtype, [weights], "hf", str(hf_dir.resolve()), sha))
+    return writer.finish(make_manifest(dtype, [weights], "hf", str(hf_dir.resolve()), sha,
+                                       group_size=group_size if int4 else None))

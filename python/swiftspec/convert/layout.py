@@ -7,13 +7,28 @@ from typing import Mapping
 from ..errors import CheckpointError
 
 
-def expected_tensor_shapes(config: Mapping) -> dict[str, tuple[int, ...]]:
+def expected_tensor_shapes(config: Mapping, group_size: int | None = None) -> dict[str, tuple[int, ...]]:
     """Checkpoint tensor name -> shape, for a config.json dict with the swiftspec keys.
 
     Shapes are ``[out_features, in_features]`` as in Hugging Face. Q/K/V biases are included
     when ``config["swiftspec"]["attention_bias"]`` is true; ``lm_head.weight`` is absent when
-    ``tie_word_embeddings`` is true.
+    ``tie_word_embeddings`` is true. With ``group_size`` (an int4 checkpoint) every projection
+    ``P.weight`` [N, K] is replaced by ``P.qweight`` [N, K/2], ``P.scales`` and ``P.zeros``
+    [N, K/group_size].
     """
+    shapes = _float_tensor_shapes(config)
+    if group_size is None:
+        return shapes
+    from .int4 import int4_tensor_shapes, projection_prefix
+
+    out: dict[str, tuple[int, ...]] = {}
+    for name, shape in shapes.items():
+        prefix = projection_prefix(name)
+        out.update(int4_tensor_shapes(prefix, *shape, group_size) if prefix else {name: shape})
+    return out
+
+
+def _float_tensor_shapes(config: Mapping) -> dict[str, tuple[int, ...]]:
     hidden = config["hidden_size"]
     inter = config["intermediate_size"]
     vocab = config["vocab_size"]
@@ -45,13 +60,15 @@ def expected_tensor_shapes(config: Mapping) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_tensor_set(found: Mapping[str, tuple[int, ...]], config: Mapping, source: str) -> None:
-    """Raise :class:`CheckpointError` unless ``found`` (name -> shape) is exactly the expected set.
+def check_tensor_set(found: Mapping[str, tuple[int, ...]], config: Mapping, source: str,
+                     group_size: int | None = None) -> None:
+    """Raise :class:`CheckpointError` unless ``found`` (name -> shape) is exactly the expected set
+    (of an int4 checkpoint with ``group_size`` when given).
 
     ``source`` (a path) is named in the message, with the first missing, unexpected or
     mis-shaped tensors.
     """
-    expected = expected_tensor_shapes(config)
+    expected = expected_tensor_shapes(config, group_size)
     missing = sorted(set(expected) - set(found))
     extra = sorted(set(found) - set(expected))
     wrong = sorted(n for n in set(expected) & set(found) if tuple(found[n]) != expected[n])

@@ -1,12 +1,10 @@
 """Writing a checkpoint folder: weights via the ``safetensors`` package, JSON files, manifest last.
 
-Extension points (format version 2, see docs/checkpoint_format.md "Later versions"): a
-tensor-parallel writer would split each added tensor by rank (column-parallel Q/K/V/gate/up by
-rows, row-parallel O/down by columns, heads and FFN padded so any even TP degree divides them)
-and call :meth:`CheckpointWriter.write_weights` once per ``model-tp{r}-of-{N}.safetensors`` file;
-int4 (AWQ-style W4A16) adds ``qweight``/``scales``/``zeros`` tensors next to each projection. Both
-go through :meth:`add_raw` and ``make_manifest(..., tp_degree=N)``; nothing here assumes TP 1
-except the default file name.
+Tensor-parallel folders (format version 2) are written by :mod:`.tp_shard` through
+:meth:`CheckpointWriter.write_weights` once per ``model-tp{r}-of-{N}.safetensors`` file. Int4
+folders (format version 3, ``dtype="int4"``) quantize every linear projection as it is added
+(:mod:`.int4`: ``P.weight`` becomes ``P.qweight``/``P.scales``/``P.zeros``) and store the other
+tensors as bfloat16.
 """
 
 from __future__ import annotations
@@ -19,12 +17,14 @@ import numpy as np
 
 from ..errors import CheckpointError
 from .dtypes import check_dtype, to_storage
+from .int4 import DEFAULT_GROUP_SIZE, check_group_size, projection_prefix, quantize_rtn
 from .manifest import MANIFEST
 
 WEIGHTS_FILE = "model.safetensors"
 
-# numpy storage dtype -> safetensors TensorSpec dtype name, per checkpoint dtype
-_SPEC_DTYPE = {"float32": "float32", "bfloat16": "bfloat16"}
+# numpy storage dtype -> safetensors TensorSpec dtype name (uint16 arrays carry bfloat16 bits)
+_SPEC_DTYPE = {np.dtype(np.float32): "float32", np.dtype(np.uint16): "bfloat16",
+               np.dtype(np.float16): "float16", np.dtype(np.uint8): "uint8"}
 
 
 def _umask() -> int:
@@ -61,26 +61,47 @@ class CheckpointWriter:
     ``out_dir`` must not exist or be empty, unless ``overwrite`` is true: then an existing
     manifest.json is deleted first (so the folder stops looking complete) and the files
     written here replace their old versions; other files are left alone.
-    ``dtype`` is the storage dtype of every tensor (``"bfloat16"`` or ``"float32"``).
+    ``dtype`` is the storage dtype of every tensor (``"bfloat16"`` or ``"float32"``), or
+    ``"int4"``: linear projections quantized with ``group_size`` (:func:`.int4.quantize_rtn`),
+    every other tensor bfloat16.
     """
 
-    def __init__(self, out_dir: str | Path, dtype: str, overwrite: bool = False):
+    def __init__(self, out_dir: str | Path, dtype: str, overwrite: bool = False,
+                 group_size: int = DEFAULT_GROUP_SIZE):
         self.out_dir = Path(out_dir)
         self.dtype = check_dtype(dtype)
+        #: storage dtype of the tensors that are not quantized
+        self.float_dtype = "bfloat16" if self.dtype == "int4" else self.dtype
+        self.group_size = check_group_size(group_size) if self.dtype == "int4" else None
         if check_output_folder(self.out_dir, overwrite):
             (self.out_dir / MANIFEST).unlink(missing_ok=True)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._tensors: dict[str, np.ndarray] = {}
 
     def add(self, name: str, value: np.ndarray) -> None:
-        """Add a float tensor (any float dtype, HF shape); it is stored converted to the checkpoint dtype."""
+        """Add a float tensor (any float dtype, HF shape); it is stored converted to the checkpoint dtype.
+
+        In an int4 writer a projection ``P.weight`` is quantized and stored as ``P.qweight``,
+        ``P.scales`` and ``P.zeros`` (raises :class:`CheckpointError` naming it if its input
+        features are not a multiple of the group size or it holds non-finite values).
+        """
+        prefix = projection_prefix(name) if self.dtype == "int4" else None
+        if prefix is None:
+            self._put(name, to_storage(np.asarray(value, dtype=np.float32), self.float_dtype))
+            return
+        qweight, scales, zeros = quantize_rtn(np.asarray(value), self.group_size, name)
+        self._put(prefix + ".qweight", qweight)
+        self._put(prefix + ".scales", scales)
+        self._put(prefix + ".zeros", zeros)
+
+    def _put(self, name: str, storage: np.ndarray) -> None:
         if name in self._tensors:
             raise CheckpointError(f"tensor {name!r} added twice")
-        self._tensors[name] = to_storage(np.asarray(value, dtype=np.float32), self.dtype)
+        self._tensors[name] = storage
 
     def add_raw(self, name: str, storage: np.ndarray) -> None:
-        """Add a tensor already in storage form (float32, or uint16 bfloat16 bits)."""
-        want = np.float32 if self.dtype == "float32" else np.uint16
+        """Add a float tensor already in storage form (float32, or uint16 bfloat16 bits)."""
+        want = np.float32 if self.float_dtype == "float32" else np.uint16
         if storage.dtype != want:
             raise CheckpointError(f"tensor {name!r}: storage dtype {storage.dtype}, expected {np.dtype(want)}")
         self._tensors[name] = np.ascontiguousarray(storage)
@@ -102,7 +123,7 @@ class CheckpointWriter:
         specs = {}
         for n in names:
             a = self._tensors[n]
-            specs[n] = TensorSpec(dtype=_SPEC_DTYPE[self.dtype], shape=list(a.shape),
+            specs[n] = TensorSpec(dtype=_SPEC_DTYPE[a.dtype], shape=list(a.shape),
                                   data_ptr=a.ctypes.data, data_len=a.nbytes)
         # self._tensors keeps every buffer alive for the duration of the call, as serialize_file requires.
         path = self.out_dir / filename

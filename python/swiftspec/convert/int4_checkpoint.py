@@ -1,0 +1,61 @@
+"""A float swiftspec checkpoint folder -> an int4 one (``tools/convert_weights.py CKPT --dtype int4``).
+
+The linear projections are quantized round-to-nearest (:mod:`.int4`); every other tensor is
+stored bfloat16 (exact from a bfloat16 folder). config.json, the tokenizer files and
+generation_config.json are copied unchanged; the manifest keeps the folder's ``source`` (the
+GGUF or HF model it was converted from) and adds ``quantized_from`` (this folder and its dtype).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from ..errors import CheckpointError
+from .int4 import DEFAULT_GROUP_SIZE, check_group_size
+from .layout import check_tensor_set
+from .manifest import MANIFEST, make_manifest, read_manifest
+from .safetensors_reader import SafetensorsFile
+from .writer import CheckpointWriter
+
+
+def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path, group_size: int = DEFAULT_GROUP_SIZE, *,
+                        progress: bool = True, overwrite: bool = False) -> Path:
+    """Write an int4 copy (format version 3) of the TP-1 float checkpoint ``src_dir`` to ``out_dir``.
+
+    Peak memory: the int4 folder (about a third of a bfloat16 one) plus one float32 tensor.
+    Returns ``out_dir`` as a Path. Raises :class:`CheckpointError` naming the folder and problem:
+    not a complete checkpoint, already int4, tensor-parallel (shard after quantizing is not
+    supported either), a group size that does not divide a projection's input features, a
+    missing or mis-shaped tensor, a non-empty ``out_dir``.
+    """
+    src = Path(src_dir)
+    manifest = read_manifest(src)
+    if manifest["dtype"] == "int4":
+        raise CheckpointError(f"{src}: already an int4 checkpoint; quantize the bfloat16 or float32 folder")
+    if manifest.get("tp_degree", 1) != 1:
+        raise CheckpointError(f"{src}: a tensor-parallel folder (tp_degree {manifest['tp_degree']}); int4 needs the "
+                              "TP-1 folder")
+    config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    check_group_size(group_size, config, str(src / "config.json"))
+    files = [SafetensorsFile(src / f) for f in manifest["files"]]
+    where = {name: f for f in files for name in f.entries}
+    check_tensor_set({n: f.shape(n) for n, f in where.items()}, config, str(src))
+
+    writer = CheckpointWriter(out_dir, "int4", overwrite=overwrite, group_size=group_size)
+    for name in tqdm(sorted(where), desc=f"int4 {src.name}", unit="tensor", disable=not progress):
+        writer.add(name, where[name].float32(name))
+    check_tensor_set(writer.shapes, config, str(src), group_size)
+    weights = writer.write_weights()
+    writer.release()
+    for f in src.iterdir():
+        if f.is_file() and f.name != MANIFEST and f.suffix != ".safetensors":
+            shutil.copy2(f, writer.out_dir / f.name)
+    source = manifest["source"]
+    new_manifest = make_manifest("int4", [weights], source["kind"], source["path"], source.get("sha256"),
+                                 group_size=group_size)
+    new_manifest["quantized_from"] = {"path": str(src.resolve()), "dtype": manifest["dtype"]}
+    return writer.finish(new_manifest)
