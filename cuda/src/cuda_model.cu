@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdlib>
-#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -131,12 +130,6 @@ class CudaModelImpl final : public CudaModel {
       : cfg_(cfg), opt_(opt), copt_(copt), pdl_(copt.use_pdl) {
     const char* tune = std::getenv("SWIFTSPEC_PDL_TUNE");
     if (tune && std::string(tune) == "0") copt_.pdl_autotune = false;
-    // A/B of the attention's split count per bucket (nt 1, 2, 4, 8): "16,16,16,5".
-    if (const char* e = std::getenv("SWIFTSPEC_ATTN_SPLITS")) {
-      int v[4];
-      if (std::sscanf(e, "%d,%d,%d,%d", &v[0], &v[1], &v[2], &v[3]) == 4)
-        for (int i = 0; i < 4; ++i) attn_splits_[i] = std::clamp(v[i], 1, kAttnSplits);
-    }
     check_config();
     DeviceScope device_scope(copt_.device);  // the caller's thread gets its device back afterwards
     cudaDeviceProp prop;
@@ -1147,7 +1140,6 @@ class CudaModelImpl final : public CudaModel {
         p.max_context = opt_.max_context;
         p.max_chunks = max_chunks_;
         p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-        p.splits = attn_splits_[nt == 1 ? 0 : nt == 2 ? 1 : nt == 4 ? 2 : 3];
         p.trace = attn_trace_ ? attn_trace_.as<unsigned long long>() + attn_trace_per_layer() * l : nullptr;
         launch_attention(p, rows, pdl(kPdlAttention), s);
       }
@@ -1213,7 +1205,6 @@ class CudaModelImpl final : public CudaModel {
   bool pdl_ = true;
   std::map<int, unsigned> pdl_off_;  ///< per token bucket: PdlKind bits launched without PDL (tuned)
   std::string pdl_tuning_log_;       ///< debug_pdl_tuning()
-  int attn_splits_[4] = {kAttnSplits, kAttnSplits, kAttnSplits, kAttnSplits};  ///< per bucket nt 1, 2, 4, 8
   int num_sms_ = 0;
   int slots_ = 0;
   int max_chunks_ = 0;

@@ -9,7 +9,7 @@
 // tokens of a step; the union of the chunk's keys over a block of tokens is
 // loaded once and masked per token.
 //
-// Grid: (kv head, token block of T <= 4 tokens, AttnParams::splits); CTA z takes the
+// Grid: (kv head, token block of T <= 4 tokens, kAttnSplits); CTA z takes the
 // chunks from the last one down (the chunk holding the tree positions costs
 // the most and is dispatched first). Per chunk a CTA
 //   1. builds the union of its tokens' keys in logical order, with a
@@ -158,7 +158,6 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   // The last chunks first: the one holding the tree positions costs the most
   // (its union walk, more keys), and CTAs start in blockIdx.z order.
   const int split = blockIdx.z;
-  const int nsplit = gridDim.z;  // AttnParams::splits
   if (split >= nch) return;
   const int RH = T * G;  // query rows of the block (<= 16)
 
@@ -177,7 +176,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   cp_async_commit();
   // The attend lists, only where a chunk of this CTA holds tree positions.
   bool lists = false;
-  for (int cs = split; cs < nch; cs += nsplit) lists = lists || (tree && (nch - cs) * kAttnChunk > C);
+  for (int cs = split; cs < nch; cs += kAttnSplits) lists = lists || (tree && (nch - cs) * kAttnChunk > C);
   if (lists) {
     for (int i = tid; i < tact * kListMax; i += kAttnThreads) {
       const int t = i / kListMax, a = i - t * kListMax;
@@ -188,7 +187,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   for (int i = tid; i < kAttnChunk; i += kAttnThreads) Pb[16 * PLD + i] = __float2bfloat16_rn(0.f);
 
   int my_cnt = 0;
-  for (int cs = split; cs < nch; cs += nsplit) {
+  for (int cs = split; cs < nch; cs += kAttnSplits) {
     ++my_cnt;
     if (my_cnt == 1) stamp(2);
     const int c = nch - 1 - cs;  // see above: the last chunks first
@@ -450,7 +449,7 @@ void launch_attention_hd(const AttnParams& p, int rows, bool pdl, cudaStream_t s
   }
   cudaLaunchConfig_t lc = {};
   const int blocks = (rows + p.tokens_per_block - 1) / p.tokens_per_block;
-  lc.gridDim = dim3(static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(blocks), static_cast<unsigned>(p.splits));
+  lc.gridDim = dim3(static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(blocks), kAttnSplits);
   lc.blockDim = dim3(kAttnThreads, 1, 1);
   lc.dynamicSmemBytes = smem;
   lc.stream = stream;
@@ -469,9 +468,6 @@ int attn_tokens_per_block(int group) {
 }
 
 void launch_attention(const AttnParams& p, int rows, bool pdl, cudaStream_t stream) {
-  if (p.splits < 1 || p.splits > kAttnSplits)
-    throw InvalidArgument("attention: splits must be 1.." + std::to_string(kAttnSplits) + " (got " +
-                          std::to_string(p.splits) + ")");
   if (p.group > 16 || p.group < 1)
     throw InvalidArgument("attention: query heads per KV head must be 1..16 (got " +
                           std::to_string(p.group) + ")");

@@ -32,8 +32,8 @@ void launch_embedding(const __nv_bfloat16* table, int hidden, const StepDesc* de
 // ---------------------------------------------------------------------------
 /// Keys are processed in fixed chunks of kAttnChunk logical positions.
 constexpr int kAttnChunk = 64;
-/// The most CTAs along the KV length per (kv head, token block)
-/// (AttnParams::splits; the trace's layout).
+/// CTAs along the KV length per (kv head, token block); each loops over
+/// chunks split, split + kAttnSplits, ...
 constexpr int kAttnSplits = 16;
 
 struct AttnParams {
@@ -52,11 +52,6 @@ struct AttnParams {
   int max_context = 0;
   int max_chunks = 0;     ///< ceil(slots / kAttnChunk)
   float scale = 0.f;      ///< 1/sqrt(head_dim)
-  /// CTAs along the KV length per (kv head, token block), 1..kAttnSplits; CTA
-  /// z takes chunks z, z + splits, ... Each chunk's partial and the combine
-  /// (in chunk order) are the same whatever the split count: it changes no
-  /// arithmetic, only how many CTAs share a (kv head, token block)'s chunks.
-  int splits = kAttnSplits;
   /// Null, or this layer's [kv_heads][64][kAttnSplits][8] global-timer stamps
   /// per CTA (kAttnTraceStamps; benchmarks): entry, after the grid dependency,
   /// first chunk's start, its keys listed, its scores done, its partial
