@@ -2,7 +2,8 @@
 over one loaded :class:`swiftspec.Engine`.
 
     GET  /                      the chat page (page.html: self-contained, no external resources)
-    GET  /health                {"status": "ok", "model", "running", "waiting", "max_waiting"}
+    GET  /health                {"status": "ok", "model", "running", "waiting", "max_waiting",
+                                "ended": {"done", "cancelled", "error"}} (replies so far, by outcome)
     GET  /v1/models             OpenAI's model list: the served model, with a "swiftspec" object
                                 (draft, modes, default_mode, max_context, tree_budget, max_tree)
     POST /v1/chat/completions   OpenAI chat completions (openai_schema.py: fields, extras, stats)

@@ -89,12 +89,15 @@ class EngineRunner:
         self._cond = threading.Condition()  # guards _line; notified whenever it changes or a job is cancelled
         self._line: deque[Job] = deque()  # _line[0] runs (or is about to); the rest wait, in order
         self._closed = False
+        self._ended = {"done": 0, "cancelled": 0, "error": 0}  # jobs by how they ended
 
     def status(self) -> dict:
-        """``{"running": 0|1, "waiting": int, "max_waiting": int}``."""
+        """``{"running": 0|1, "waiting": int, "max_waiting": int, "ended": {"done": int,
+        "cancelled": int, "error": int}}`` (``ended``: the jobs so far, by their last event)."""
         with self._cond:
             n = len(self._line)
-        return {"running": min(n, 1), "waiting": max(n - 1, 0), "max_waiting": self.max_waiting}
+            ended = dict(self._ended)
+        return {"running": min(n, 1), "waiting": max(n - 1, 0), "max_waiting": self.max_waiting, "ended": ended}
 
     def submit(self, loop: asyncio.AbstractEventLoop, prompt_ids: list[int], **generate_kwargs) -> Job:
         """Queues ``Engine.generate(prompt_ids, **generate_kwargs)``; events go to ``loop``.
@@ -132,6 +135,7 @@ class EngineRunner:
                 self._cond.wait()
             if job.cancelled:  # gone before its turn: it never touches the engine
                 self._line.remove(job)
+                self._ended["cancelled"] += 1
                 self._cond.notify_all()
                 job._emit("cancelled", None)
                 return
@@ -141,6 +145,7 @@ class EngineRunner:
             job._emit("text", delta)
             return not job.cancelled
 
+        outcome = "error"
         try:
             # _cancel is the Engine's own cancellation flag (what Engine.stream uses): polled also
             # during the prompt's prefill, where no text arrives for on_text to refuse.
@@ -148,8 +153,10 @@ class EngineRunner:
         except BaseException as exc:  # handed to the request's handler, which answers with it
             job._emit("error", exc)
         else:
-            job._emit("cancelled" if result.finish_reason == "cancelled" else "done", result)
+            outcome = "cancelled" if result.finish_reason == "cancelled" else "done"
+            job._emit(outcome, result)
         finally:
             with self._cond:
                 self._line.remove(job)
+                self._ended[outcome] += 1
                 self._cond.notify_all()

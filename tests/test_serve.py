@@ -1,0 +1,402 @@
+"""`swiftspec serve` on the real 0.5B model (target alone; the 0.5B as its own draft for the
+serial test): the OpenAI-compatible API answers what Engine.generate answers, SSE framed as
+OpenAI's; the page has what its script uses; one request decodes at a time, one more waits
+(max_waiting=1) and a third gets 503; a client that leaves cancels its reply; every bad request
+is a 400 naming its field; and the real CLI serves and stops cleanly on SIGINT.
+
+Through the ASGI app (Starlette's TestClient) where a whole response is enough; through a real
+uvicorn server on 127.0.0.1 where the test needs a client that waits on a stream or leaves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from starlette.testclient import TestClient
+
+from swiftspec.datasets import prompt_messages
+from swiftspec.engine import Engine
+from swiftspec.serve.app import create_app
+
+NAME = "qwen2.5-coder-0.5b-instruct"
+CONTEXT = 512
+MODEL_ID = "served-0.5b"
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoint_dir):
+    with Engine(checkpoint_dir(NAME, "bfloat16"), max_context=CONTEXT) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def messages(mtbench):
+    """A real prompt (MT-Bench, writing) the 0.5B answers at length: 16 tokens end by "length"."""
+    return prompt_messages("mtbench", mtbench[6])
+
+
+@pytest.fixture(scope="module")
+def reference(engine, messages):
+    """Engine.generate's greedy reply to ``messages``, 16 tokens: what the API must answer."""
+    return engine.generate(messages, max_new_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def client(engine):
+    with TestClient(create_app(engine, model_id=MODEL_ID, max_waiting=1)) as client:
+        yield client
+
+
+def _chat(client, body, **kw):
+    return client.post("/v1/chat/completions", json=body, **kw)
+
+
+def _sse_events(text: str) -> list[str]:
+    """The data of each event, checking the framing: every event is one `data: ` line ended by a
+    blank line, and nothing else is in the body."""
+    assert text.endswith("\n\n")
+    events = text[:-2].split("\n\n")
+    for event in events:
+        assert event.startswith("data: ") and "\n" not in event, event
+    return [e[len("data: "):] for e in events]
+
+
+@contextlib.contextmanager
+def _running_server(app):
+    """`app` served by uvicorn (swiftspec's Server) on a free loopback port, in a thread."""
+    import uvicorn
+
+    from swiftspec.serve.server import Server
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"), app.state.server.runner)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+# ------------------------------------------------------------------------ page, health, models
+def test_page_has_the_elements_its_script_uses(client):
+    r = client.get("/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    page = r.text
+    used = set(re.findall(r'\$\("([\w-]+)"\)', page))
+    ids = set(re.findall(r'\bid="([\w-]+)"', page))
+    assert {"messages", "prompt", "send", "stop", "max-tokens", "temperature", "top-p", "mode"} <= used
+    assert used <= ids, f"the script uses ids the page lacks: {sorted(used - ids)}"
+    # self-contained: no script, style or image fetched from elsewhere
+    assert not re.search(r'<(script|link|img)[^>]+(src|href)=', page)
+    assert "/v1/chat/completions" in page and "/v1/models" in page and "AbortController" in page
+
+
+def test_health_and_models(client, engine):
+    assert client.get("/health").json() == {"status": "ok", "model": MODEL_ID, "running": 0, "waiting": 0,
+                                            "max_waiting": 1, "ended": {"done": 0, "cancelled": 0, "error": 0}}
+    models = client.get("/v1/models").json()
+    assert models["object"] == "list" and len(models["data"]) == 1
+    m = models["data"][0]
+    assert m["id"] == MODEL_ID and m["object"] == "model" and m["owned_by"] == "swiftspec"
+    assert m["swiftspec"] == {"draft": None, "modes": ["target"], "default_mode": "target", "max_context": CONTEXT,
+                              "tree_budget": 16, "max_tree": 254}
+
+
+# --------------------------------------------------------------------------- completions
+def test_completion_equals_engine_generate(client, engine, messages, reference):
+    r = _chat(client, {"model": MODEL_ID, "messages": messages, "max_tokens": 16, "temperature": 0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["model"] == MODEL_ID
+    assert re.fullmatch(r"chatcmpl-[0-9a-f]{24}", body["id"]) and abs(body["created"] - time.time()) < 60
+    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": reference.text},
+                                "logprobs": None, "finish_reason": "length"}]
+    n_prompt = len(engine.encode_prompt(messages))
+    assert body["usage"] == {"prompt_tokens": n_prompt, "completion_tokens": 16, "total_tokens": n_prompt + 16}
+    stats = body["swiftspec"]
+    assert stats["mode"] == "target" and stats["tree_budget"] is None and stats["seed"] is None
+    assert stats["acceptance_length"] is None and stats["draft_steps"] == 0 and stats["verification_steps"] == 15
+    assert 0 < stats["ttft_s"] < 60 and stats["tokens_per_s"] > 0
+    assert stats["tokens_per_s"] == pytest.approx(15 / stats["decode_s"])
+
+
+def test_stream_equals_engine_generate_with_openai_framing(client, messages, reference):
+    r = _chat(client, {"messages": messages, "max_tokens": 16, "temperature": 0, "stream": True,
+                       "stream_options": {"include_usage": True}})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = _sse_events(r.text)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len({c["id"] for c in chunks}) == 1 and {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    pieces = [c["choices"][0]["delta"]["content"] for c in chunks[1:-2]]
+    assert len(pieces) > 3 and all(pieces) and "".join(pieces) == reference.text
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-2])
+    last, usage_chunk = chunks[-2], chunks[-1]
+    assert last["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}
+    assert last["swiftspec"]["mode"] == "target" and last["swiftspec"]["ttft_s"] > 0
+    n_prompt = len(reference.prompt_token_ids)
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"] == {
+        "prompt_tokens": n_prompt, "completion_tokens": 16, "total_tokens": n_prompt + 16}
+    # without include_usage there is no usage-only chunk
+    plain = [json.loads(e) for e in _sse_events(_chat(client, {"messages": messages, "max_tokens": 2,
+                                                               "temperature": 0, "stream": True}).text)[:-1]]
+    assert all(c["choices"] for c in plain)
+
+
+def test_stop_strings(client, engine, messages, reference):
+    """The reply ends before the first stop string, streamed or not; usage counts the tokens
+    decoded up to the one that completed it."""
+    stop = reference.text[30:34]  # inside the reply, past its first tokens
+    cut_text = reference.text[: reference.text.find(stop)]
+    decoded = [engine.tokenizer.decode(reference.token_ids[:n], skip_special_tokens=True) for n in range(17)]
+    needed = next(n for n in range(17) if stop in decoded[n])
+    body = {"messages": messages, "max_tokens": 16, "temperature": 0, "stop": [stop, "never appears"]}
+    r = _chat(client, body).json()
+    assert r["choices"][0]["message"]["content"] == cut_text and r["choices"][0]["finish_reason"] == "stop"
+    assert r["usage"]["completion_tokens"] == needed < 16
+    chunks = [json.loads(e) for e in _sse_events(_chat(client, {**body, "stop": stop, "stream": True}).text)[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == cut_text
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_sampling_with_a_seed_is_reproducible(client, engine, mtbench):
+    messages = prompt_messages("mtbench", mtbench[5])
+    reference = engine.generate(messages, max_new_tokens=6, temperature=0.8, top_p=0.9, seed=7)
+    body = {"messages": messages, "max_tokens": 6, "temperature": 0.8, "top_p": 0.9, "seed": 7}
+    r = _chat(client, body).json()
+    assert r["choices"][0]["message"]["content"] == reference.text and r["swiftspec"]["seed"] == 7
+    # without a seed each request draws one, and reports it
+    seeded = _chat(client, {**body, "seed": None, "max_tokens": 1}).json()["swiftspec"]["seed"]
+    assert isinstance(seeded, int) and seeded >= 0
+
+
+def test_serial_speculation_with_a_draft(checkpoint_dir, messages, reference):
+    """The 0.5B as its own draft: serial speculation answers the target-only greedy text, and
+    reports its acceptance length and tree budget."""
+    ckpt = checkpoint_dir(NAME, "bfloat16")
+    with Engine(ckpt, ckpt, max_context=CONTEXT) as pair, TestClient(create_app(pair)) as client:
+        models = client.get("/v1/models").json()["data"][0]
+        assert models["swiftspec"]["modes"] == ["target", "serial", "async"]
+        assert models["swiftspec"]["default_mode"] == "serial"
+        r = _chat(client, {"messages": messages, "max_tokens": 16, "temperature": 0,
+                           "swiftspec": {"mode": "serial", "tree_budget": 4}}).json()
+    assert r["choices"][0]["message"]["content"] == reference.text
+    stats = r["swiftspec"]
+    assert stats["mode"] == "serial" and stats["tree_budget"] == 4 and stats["draft_steps"] > 0
+    assert stats["acceptance_length"] > 1.5  # the draft is the target: most proposals are accepted
+    assert stats["verification_steps"] < 15
+
+
+# ------------------------------------------------------------------------------ bad input
+_MSG = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("body,param,message", [
+    (b"{not json", None, "the request body is not JSON"),
+    (b"\xff\xfe", None, "the request body is not JSON"),
+    ([1, 2], None, "the request body must be a JSON object, got list"),
+    ({}, "messages", "messages is missing"),
+    ({"messages": []}, "messages", "messages must be a non-empty list"),
+    ({"messages": "hi"}, "messages", "messages must be a non-empty list"),
+    ({"messages": [{"role": "bot", "content": "x"}]}, "messages",
+     f"messages[0] has the role 'bot', which the chat template of {MODEL_ID} does not take"),
+    ({"messages": [{"role": "user"}]}, "messages", "messages[0] has no 'content'"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages",
+     "messages[0].content[0] must be a text part"),
+    ({"messages": _MSG, "temperature": -1}, "temperature", "temperature must be a finite number >= 0, got -1"),
+    ({"messages": _MSG, "temperature": "hot"}, "temperature", "temperature must be a number, got 'hot'"),
+    ({"messages": _MSG, "temperature": 0.5, "top_p": 1.5}, "top_p", "top_p must be in (0, 1], got 1.5"),
+    ({"messages": _MSG, "temperature": 0, "top_p": 0.5}, "top_p", "top_p=0.5 has no effect under greedy decoding"),
+    ({"messages": _MSG, "seed": -3}, "seed", "seed must be an integer >= 0, got -3"),
+    ({"messages": _MSG, "max_tokens": 0}, "max_tokens", "max_tokens must be an integer >= 1, got 0"),
+    ({"messages": _MSG, "max_tokens": 8.5}, "max_tokens", "max_tokens must be an integer >= 1, got 8.5"),
+    ({"messages": _MSG, "max_tokens": 4096}, "max_tokens", f"max_tokens 4096 does not fit: the messages take 30 of "
+     f"the context's {CONTEXT} tokens, leaving {CONTEXT - 30}"),
+    ({"messages": _MSG, "max_tokens": 8, "max_completion_tokens": 9}, "max_completion_tokens", "differ"),
+    ({"messages": _MSG, "stop": ""}, "stop", "stop must be a non-empty string or a list of non-empty strings"),
+    ({"messages": _MSG, "stop": ["a", 3]}, "stop", "stop must be a non-empty string or a list"),
+    ({"messages": _MSG, "stream": "yes"}, "stream", "stream must be true or false"),
+    ({"messages": _MSG, "stream_options": {"include_usage": True}}, "stream_options", "applies to stream=true only"),
+    ({"messages": _MSG, "swiftspec": {"mode": "fast"}}, "swiftspec.mode",
+     "swiftspec.mode must be one of target, serial, async, got 'fast'"),
+    ({"messages": _MSG, "swiftspec": {"mode": "serial"}}, "swiftspec.mode",
+     "swiftspec.mode 'serial' needs a draft model; this server has none"),
+    ({"messages": _MSG, "swiftspec": {"tree_budget": 8}}, "swiftspec.tree_budget", "has no effect in mode 'target'"),
+    ({"messages": _MSG, "swiftspec": {"depth": 3}}, "swiftspec.depth", "unknown field swiftspec.depth"),
+    ({"messages": _MSG, "temperature": 0, "swiftspec": {"top_k": 5}}, "swiftspec.top_k", "swiftspec.top_k=5 has no effect under greedy"),
+    ({"messages": _MSG, "n": 2}, "n", "n=2 is not supported by this server"),
+    ({"messages": _MSG, "logprobs": True}, "logprobs", "logprobs=True is not supported"),
+    ({"messages": _MSG, "frequency_penalty": 0.5}, "frequency_penalty", "is not supported"),
+    ({"messages": _MSG, "temprature": 0}, "temprature", "unknown field 'temprature'"),
+    ({"messages": _MSG, "model": "gpt-4o"}, "model", f"model 'gpt-4o' is not served here; this server serves "
+     f"'{MODEL_ID}'"),
+])
+def test_bad_requests_are_400_naming_the_field(client, body, param, message):
+    content = body if isinstance(body, bytes) else json.dumps(body)
+    r = client.post("/v1/chat/completions", content=content, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert message in error["message"], error["message"]
+    assert "Traceback" not in r.text and "/root" not in r.text and "/home" not in r.text
+
+
+def test_openai_options_at_their_no_effect_values_are_accepted(client):
+    """What OpenAI clients send by default passes: n 1, zero penalties, nulls, a user id, the
+    developer role, text parts, max_completion_tokens."""
+    r = _chat(client, {"messages": [{"role": "developer", "content": "Be brief."},
+                                    {"role": "user", "content": [{"type": "text", "text": "h"},
+                                                                 {"type": "text", "text": "i"}]}],
+                       "max_completion_tokens": 1, "temperature": 0, "n": 1, "presence_penalty": 0,
+                       "frequency_penalty": 0.0, "logprobs": False, "tools": None, "top_p": None, "user": "u1",
+                       "seed": 3})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 1
+
+
+def test_wrong_path_and_method_are_json_errors(client):
+    r = client.get("/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["message"] == "GET /v1/nothing: Not Found"
+    r = client.get("/v1/chat/completions")
+    assert r.status_code == 405 and "Method Not Allowed" in r.json()["error"]["message"]
+
+
+# ------------------------------------------------------------- one at a time, cancellation
+def test_one_runs_one_waits_a_third_gets_503_and_leaving_cancels(engine, mtbench, messages, reference):
+    """max_waiting=1: while a long stream runs, a second request waits and a third is refused
+    with 503 and Retry-After; the streaming client leaves (as the page's Stop does), its reply is
+    cancelled at once and the waiting request runs and answers correctly."""
+    long_messages = prompt_messages("mtbench", mtbench[0])  # a travel blog post: hundreds of tokens
+    short_messages = messages
+    expected = engine.tokenizer.decode(reference.token_ids[:4], skip_special_tokens=True)
+    with _running_server(create_app(engine, max_waiting=1)) as url, httpx.Client(base_url=url, timeout=120) as http:
+        waiting_reply = {}
+
+        def second():
+            waiting_reply["r"] = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+                "messages": short_messages, "max_tokens": 4, "temperature": 0})
+            waiting_reply["at"] = time.monotonic()
+
+        with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=120, json={
+                "messages": long_messages, "max_tokens": 460, "temperature": 0, "stream": True}) as stream:
+            lines = stream.iter_lines()
+            for line in lines:  # until the first text: the long request is decoding
+                if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                    break
+            thread = threading.Thread(target=second)
+            thread.start()
+            _wait_for(lambda: http.get("/health").json()["waiting"] == 1, 30, "the second request to wait")
+            assert http.get("/health").json() == {"status": "ok", "model": engine.target_dir.name, "running": 1,
+                                                  "waiting": 1, "max_waiting": 1,
+                                                  "ended": {"done": 0, "cancelled": 0, "error": 0}}
+            busy = http.post("/v1/chat/completions", json={"messages": short_messages, "max_tokens": 4})
+            assert busy.status_code == 503 and busy.headers["retry-after"] == "5"
+            assert busy.json()["error"]["code"] == "busy"
+            assert "1 request is running and 1 is waiting (at most 1 may wait)" in busy.json()["error"]["message"]
+            left = time.monotonic()
+        thread.join(60)
+        # 460 tokens would take a minute and more here: the second request started at once
+        assert waiting_reply["at"] - left < 15
+        r = waiting_reply["r"]
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == expected
+        assert r.json()["swiftspec"]["queue_s"] > 0.1
+        assert http.get("/health").json()["ended"] == {"done": 1, "cancelled": 1, "error": 0}
+        assert http.get("/health").json()["running"] == 0
+
+
+def test_a_non_streamed_client_that_leaves_cancels(engine, mtbench):
+    long_messages = prompt_messages("mtbench", mtbench[0])
+    with _running_server(create_app(engine, max_waiting=0)) as url, httpx.Client(base_url=url, timeout=120) as http:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+            http.post("/v1/chat/completions", json={"messages": long_messages, "max_tokens": 460, "temperature": 0},
+                      timeout=httpx.Timeout(120, read=3))
+        left = time.monotonic()
+        _wait_for(lambda: http.get("/health").json()["running"] == 0, 10, "the reply to be cancelled")
+        assert http.get("/health").json()["ended"] == {"done": 0, "cancelled": 1, "error": 0}
+        r = http.post("/v1/chat/completions", json={"messages": _MSG, "max_tokens": 2, "temperature": 0})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+        assert time.monotonic() - left < 15
+
+
+# ------------------------------------------------------------------------------------ CLI
+def test_cli_serve_answers_and_stops_on_sigint(checkpoint_dir):
+    ckpt = checkpoint_dir(NAME, "bfloat16")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "swiftspec.cli", "serve", "--target", str(ckpt), "--port",
+                             str(port), "--max-context", str(CONTEXT)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def up():
+            assert proc.poll() is None, proc.communicate()[1]
+            try:
+                return httpx.get(f"{url}/health", timeout=2).json()["status"] == "ok"
+            except httpx.TransportError:
+                return False
+
+        _wait_for(up, 120, "swiftspec serve to listen")
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=120,
+                       json={"model": ckpt.name, "messages": _MSG, "max_tokens": 3, "temperature": 0})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert f"[swiftspec] serving {ckpt.name}: chat page http://127.0.0.1:{port}/" in err
+    assert err.rstrip().endswith("[swiftspec] server stopped") and "Traceback" not in err
+
+
+def test_cli_serve_names_a_missing_extra_before_loading(monkeypatch, capsys, tmp_path):
+    import swiftspec.serve
+    from swiftspec.cli import main
+
+    monkeypatch.setattr(swiftspec.serve, "missing_modules", lambda: ["uvicorn"])
+    assert main(["serve", "--target", str(tmp_path / "never-loaded")]) == 2
+    err = capsys.readouterr().err
+    assert err == ("swiftspec serve: error: the server needs the 'serve' extra (uvicorn not installed): "
+                   "pip install 'swiftspec[serve]'\n")
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--port", "0"], "--port must be in [1, 65535], got 0"),
+    (["--max-waiting", "-1"], "--max-waiting must be >= 0, got -1"),
+    (["--tree-budget", "0"], "--tree-budget must be >= 1, got 0"),
+])
+def test_cli_serve_names_bad_options_before_loading(capsys, tmp_path, extra, message):
+    from swiftspec.cli import main
+
+    assert main(["serve", "--target", str(tmp_path / "never-loaded"), *extra]) == 2
+    assert capsys.readouterr().err == f"swiftspec serve: error: {message}\n"
