@@ -27,7 +27,7 @@
 //    the megakernel step only. --megakernel-trace: also one traced megakernel
 //    step per shape, its critical path per op kind.
 // Usage: swiftspec-cuda-bench [--json PATH] [--quick] [--no-gemm] [--sweep] [--mma-models] [--pdl-early] [--pdl-fixed]
-//        [--megakernel-only] [--megakernel-trace]
+//        [--megakernel-only] [--megakernel-trace] [--shapes qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -364,6 +364,7 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
       }
       for (char c : m->debug_pdl_tuning()) r.pdl_tuning += c == '\n' ? std::string("; ") : std::string(1, c);
       std::printf("model %-13s PDL tuning: %s\n", which.c_str(), r.pdl_tuning.c_str());
+      std::printf("model %-13s layered GEMM plans: %s\n", which.c_str(), m->debug_gemm_plans().c_str());
     } else if (!pdl) {
       r.decode_nopdl_ms = ms;
       if (which == "llama3-8b") {
@@ -475,6 +476,7 @@ int main(int argc, char** argv) {
   int profile_tree = 0;
   bool profile_megakernel = false;
   std::string attn_trace_path;
+  std::string shapes;     // --shapes a,b: only these model shapes (default all three)
   std::string gemm_only;  // one GEMM shape by name (e.g. "8B o"), for a kernel profiler
   int gemm_m = 0;
   for (int i = 1; i < argc; ++i) {
@@ -486,6 +488,7 @@ int main(int argc, char** argv) {
     if (a == "--mma-models") models_mma = true;
     if (a == "--pdl-early") models_pdl_early = true;
     if (a == "--pdl-fixed") models_pdl_fixed = true;
+    if (a == "--shapes" && i + 1 < argc) shapes = argv[++i];
     if (a == "--megakernel-trace") mk_trace = true;
     if (a == "--megakernel-only") {
       mk_only = true;
@@ -556,7 +559,8 @@ int main(int argc, char** argv) {
     }
     const int ctx = 512;
     std::vector<ModelRow> models;
-    for (const char* w : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"}) models.push_back(bench_model(w, bw, ctx, quick, models_mma, models_pdl_early, models_pdl_fixed, mk_only, mk_trace));
+    for (const char* w : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"})
+      if (shapes.empty() || ("," + shapes + ",").find("," + std::string(w) + ",") != std::string::npos) models.push_back(bench_model(w, bw, ctx, quick, models_mma, models_pdl_early, models_pdl_fixed, mk_only, mk_trace));
     std::string arr = "[";
     for (size_t i = 0; i < models.size(); ++i) {
       const auto& m = models[i];

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -1067,6 +1068,21 @@ class CudaModelImpl final : public CudaModel {
     if (it != plans_.end()) return it->second;
     GemmPlanHint hint;
     hint.engine = copt_.gemm_engine;  // per model, the same for every bucket (batch invariance)
+    // EXPERIMENT (A/B): SWIFTSPEC_GEMM_HINT_TREE="kind:wg:stages,..." for buckets nt >= 4.
+    if (const char* e = std::getenv("SWIFTSPEC_GEMM_HINT_TREE"); e && nt >= 4) {
+      std::string str(e);
+      size_t pos = 0;
+      while (pos < str.size()) {
+        size_t end = str.find(',', pos);
+        if (end == std::string::npos) end = str.size();
+        int kd = -1, wg = 0, st = 0;
+        if (std::sscanf(str.substr(pos, end - pos).c_str(), "%d:%d:%d", &kd, &wg, &st) == 3 && kd == kind) {
+          hint.wg = wg;
+          hint.stages = st;
+        }
+        pos = end + 1;
+      }
+    }
     return plans_.emplace(k, plan_gemm<Epi>(N, K, nt, num_sms_, hint)).first->second;
   }
 
