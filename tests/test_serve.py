@@ -394,6 +394,7 @@ def test_cli_serve_names_a_missing_extra_before_loading(monkeypatch, capsys, tmp
     (["--port", "0"], "--port must be in [1, 65535], got 0"),
     (["--max-waiting", "-1"], "--max-waiting must be >= 0, got -1"),
     (["--tree-budget", "0"], "--tree-budget must be >= 1, got 0"),
+    (["--mode", "serial"], "--mode serial needs a draft model: give --draft (or drop --no-draft)"),
 ])
 def test_cli_serve_names_bad_options_before_loading(capsys, tmp_path, extra, message):
     from swiftspec.cli import main

@@ -29,6 +29,13 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+def _model_id(model) -> str:
+    """How the API names a model given as a reference name, a folder or a GGUF file: its name
+    without the folder (and without .gguf)."""
+    name = Path(model).name
+    return name[: -len(".gguf")] if name.endswith(".gguf") else name
+
+
 def run(args: argparse.Namespace) -> int:
     from swiftspec.errors import InvalidRequestError, SwiftspecError
     from swiftspec.serve import EXTRA, missing_modules
@@ -38,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
     if args.max_waiting < 0:
         raise InvalidRequestError(f"--max-waiting must be >= 0, got {args.max_waiting}")
     check_engine_options(args)
+    if args.mode in ("serial", "async") and (args.no_draft or (args.target is not None and args.draft is None)):
+        raise InvalidRequestError(f"--mode {args.mode} needs a draft model: give --draft (or drop --no-draft)")
     missing = missing_modules()
     if missing:  # before the models load: a minute lost otherwise
         raise SwiftspecError(f"the server needs the '{EXTRA}' extra ({', '.join(missing)} not installed): "
@@ -47,9 +56,9 @@ def run(args: argparse.Namespace) -> int:
     from swiftspec.serve.server import serve
 
     engine = load_engine(args)
-    name = Path(args.target or DEFAULT_PAIR["target"]).name
-    model_id = name[: -len(".gguf")] if name.endswith(".gguf") else name
-    app = create_app(engine, model_id=model_id, default_mode=args.mode, tree_budget=args.tree_budget,
+    model_id = _model_id(args.target or DEFAULT_PAIR["target"])
+    draft_id = _model_id(args.draft or DEFAULT_PAIR["draft"]) if engine.has_draft else None
+    app = create_app(engine, model_id=model_id, draft_id=draft_id, default_mode=args.mode, tree_budget=args.tree_budget,
                      max_depth=args.max_depth, branching=args.branching, max_waiting=args.max_waiting)
     shown = f"[{args.host}]" if ":" in args.host else args.host
 

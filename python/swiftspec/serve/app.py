@@ -84,17 +84,20 @@ class ChatServer:
     Args:
         engine: a loaded :class:`swiftspec.Engine` (the server does not close it).
         model_id: the id clients name in ``model`` (default: the target checkpoint's folder name).
+        draft_id: how /v1/models names the draft (default: its checkpoint's folder name).
         default_mode: requests without ``swiftspec.mode`` (default: serial with a draft, else target).
         tree_budget, max_depth, branching: the token tree of speculative requests (a request may
             set ``swiftspec.tree_budget``).
         max_waiting: requests that may wait behind the running one; more get 503.
     """
 
-    def __init__(self, engine, *, model_id: str | None = None, default_mode: str | None = None,
+    def __init__(self, engine, *, model_id: str | None = None, draft_id: str | None = None,
+                 default_mode: str | None = None,
                  tree_budget: int = 16, max_depth: int = 8, branching: int = 2, max_waiting: int = 4):
         self.engine = engine
         self.runner = EngineRunner(engine, max_waiting=max_waiting)
         self.model_id = model_id or engine.target_dir.name
+        self.draft_id = draft_id or (engine.draft_dir.name if engine.draft_dir else None)
         self.modes = list(MODES) if engine.has_draft else ["target"]
         if default_mode is None:
             default_mode = "serial" if engine.has_draft else "target"
@@ -118,7 +121,7 @@ class ChatServer:
         context = target.max_context if draft is None else min(target.max_context, draft.max_context)
         return JSONResponse({"object": "list", "data": [{
             "id": self.model_id, "object": "model", "created": self.created, "owned_by": "swiftspec",
-            "swiftspec": {"draft": self.engine.draft_dir.name if self.engine.draft_dir else None,
+            "swiftspec": {"draft": self.draft_id,
                           "modes": self.modes, "default_mode": self.default_mode, "max_context": context,
                           "tree_budget": self.tree_budget, "max_tree": self._max_tree_budget()},
         }]})
