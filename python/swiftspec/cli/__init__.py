@@ -2,6 +2,7 @@
 
     swiftspec generate "Write quicksort in Python."      # reference pair, speculative
     swiftspec generate --target my.gguf --draft small.gguf --mode serial "..."
+    swiftspec serve                                      # chat page + OpenAI API on 127.0.0.1:8000
 
 Each subcommand lives in its own module and registers itself through
 ``add_parser(subparsers)``; user errors exit with status 2 and a one-line
