@@ -1,0 +1,308 @@
+"""Int4 checkpoints without the real models: the quantizer's arithmetic and packing, the
+converter's checks, and bad int4 folders, which the runtime must refuse with a CheckpointError
+naming the tensor and file (never a crash or silently wrong weights)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors import TensorSpec, serialize_file
+
+from swiftspec import CheckpointError
+from swiftspec import swiftspec_core as core
+from swiftspec.convert.int4 import check_group_size, dequantize, quantize_rtn, unpack
+from swiftspec.convert.layout import expected_tensor_shapes
+from swiftspec.convert.manifest import make_manifest, read_manifest
+from swiftspec.convert.writer import CheckpointWriter
+
+CONVERT = Path(__file__).resolve().parents[1] / "tools" / "convert_weights.py"
+GROUP = 16
+TINY = {
+    "model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+    "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 128,
+    "tie_word_embeddings": True, "eos_token_id": 2,
+    "swiftspec": {"rope_style": "neox", "attention_bias": True},
+}
+
+
+# ---------------------------------------------------------------------------- the quantizer
+def test_rtn_packs_known_values_low_nibble_first():
+    # One group of 8: lo = -1, hi = 6, s = fp16(7/15), z = round(1/s) = 2,
+    # q = round(w/s) + 2 = [0, 2, 4, 6, 8, 11, 13, 15].
+    w = np.array([[-1, 0, 1, 2, 3, 4, 5, 6]], dtype=np.float32)
+    qweight, scales, zeros = quantize_rtn(w, 8)
+    assert qweight.dtype == np.uint8 and scales.dtype == np.float16 and zeros.dtype == np.uint8
+    assert scales[0, 0] == np.float16(7 / 15) and zeros[0, 0] == 2
+    assert qweight.tolist() == [[0x20, 0x64, 0xB8, 0xFD]]
+    assert unpack(qweight).tolist() == [[0, 2, 4, 6, 8, 11, 13, 15]]
+    expect = (np.array([0, 2, 4, 6, 8, 11, 13, 15], np.float32) - 2) * np.float32(scales[0, 0])
+    assert np.array_equal(dequantize(qweight, scales, zeros, 8)[0], expect)
+
+
+@pytest.mark.parametrize("group", [8, 32, 128])
+def test_rtn_error_is_at_most_half_a_step(group):
+    rng = np.random.default_rng(group)
+    w = (rng.standard_normal((40, 256)) * 0.05).astype(np.float32)
+    w[3, :group] = np.abs(w[3, :group]) + 0.5  # an all-positive group: the range is widened to 0
+    w[5, :group] = 0.0                          # an all-zero group
+    qweight, scales, zeros = quantize_rtn(w, group)
+    assert qweight.shape == (40, 128) and scales.shape == zeros.shape == (40, 256 // group)
+    assert zeros.max() <= 15
+    deq = dequantize(qweight, scales, zeros, group)
+    step = np.repeat(scales.astype(np.float32), group, axis=1)
+    # Half a step, plus the float16 rounding of the scale (relative 2^-11 over up to 15 steps).
+    assert np.all(np.abs(deq - w) <= step * (0.5 + 15 * 2.0**-11) + 1e-7)
+    assert np.all(deq[5, :group] == 0.0)
+
+
+def test_quantizer_and_group_size_errors_name_the_problem():
+    for bad in (0, 12, 7, -8, 8.0, True):
+        with pytest.raises(CheckpointError, match="multiple of 8"):
+            check_group_size(bad)
+    with pytest.raises(CheckpointError, match=r"group size 24 does not divide hidden_size .* = 32"):
+        check_group_size(24, TINY, "tiny/config.json")
+    with pytest.raises(CheckpointError, match="'blk.w': int4 group size 32 does not divide its 48 input"):
+        quantize_rtn(np.zeros((4, 48), np.float32), 32, "blk.w")
+    w = np.zeros((4, 32), np.float32)
+    w[2, 5] = np.nan
+    with pytest.raises(CheckpointError, match="'blk.w': row 2 holds a non-finite value"):
+        quantize_rtn(w, 16, "blk.w")
+
+
+def test_int4_layout_replaces_every_projection():
+    shapes = expected_tensor_shapes(TINY, GROUP)
+    p = "model.layers.1."
+    assert shapes[p + "mlp.down_proj.qweight"] == (32, 32) and shapes[p + "mlp.down_proj.scales"] == (32, 4)
+    assert shapes[p + "self_attn.k_proj.zeros"] == (16, 2) and shapes[p + "self_attn.k_proj.bias"] == (16,)
+    assert not any(n.endswith("_proj.weight") for n in shapes)
+    assert shapes["model.embed_tokens.weight"] == (64, 32)
+
+
+# ---------------------------------------------------------------------------- tiny int4 folders
+def _tiny_float_tensors():
+    rng = np.random.default_rng(0)
+    shapes = expected_tensor_shapes(TINY)
+    return {n: (rng.standard_normal(s) * 0.1 + (1.0 if n.endswith("norm.weight") else 0.0)).astype(np.float32)
+            for n, s in shapes.items()}
+
+
+def _write_int4(folder, tensors=None, group=GROUP):
+    w = CheckpointWriter(folder, "int4", group_size=group)
+    for name, value in (tensors or _tiny_float_tensors()).items():
+        w.add(name, value)
+    w.write_weights()
+    w.write_json("config.json", TINY)
+    return w.finish(make_manifest("int4", ["model.safetensors"], "hf", "tiny", None, group_size=group))
+
+
+@pytest.fixture(scope="module")
+def tiny_int4(tmp_path_factory):
+    return _write_int4(tmp_path_factory.mktemp("int4") / "tiny")
+
+
+def _read_storage(folder):
+    """name -> (numpy storage array, safetensors dtype name) of the folder's weights."""
+    import struct
+
+    path = folder / "model.safetensors"
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    kinds = {"U8": np.uint8, "F16": np.float16, "BF16": np.uint16, "F32": np.float32, "I8": np.int8}
+    out = {}
+    for name, e in header.items():
+        a, b = e["data_offsets"]
+        out[name] = (np.frombuffer(raw[8 + n + a:8 + n + b], dtype=kinds[e["dtype"]]).reshape(e["shape"]).copy(),
+                     e["dtype"])
+    return out
+
+
+_SPEC = {"U8": "uint8", "F16": "float16", "BF16": "bfloat16", "F32": "float32", "I8": "int8"}
+
+
+def _variant(src, dst, change_tensors=None, change_manifest=None):
+    """A copy of the int4 folder `src` with its tensors and/or manifest changed."""
+    dst.mkdir()
+    tensors = _read_storage(src)
+    if change_tensors:
+        change_tensors(tensors)
+    specs = {n: TensorSpec(dtype=_SPEC[k], shape=list(a.shape), data_ptr=a.ctypes.data, data_len=a.nbytes)
+             for n, (a, k) in tensors.items()}
+    serialize_file(specs, str(dst / "model.safetensors"), metadata=None)
+    (dst / "config.json").write_text((src / "config.json").read_text())
+    manifest = json.loads((src / "manifest.json").read_text())
+    if change_manifest:
+        change_manifest(manifest)
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    return dst
+
+
+def test_tiny_int4_folder_loads_and_matches_its_dequantized_float_copy(tiny_int4, tmp_path):
+    """The runtime's int4 forward equals, bit for bit, a float32 folder of the weights dequantized
+    in numpy (the format's formula; the int4 GEMM reduces like the float32 one)."""
+    manifest = read_manifest(tiny_int4)
+    assert manifest["format_version"] == 3 and manifest["quantization"]["group_size"] == GROUP
+    storage = _read_storage(tiny_int4)
+    floats = {}
+    for name, (a, kind) in storage.items():
+        if name.endswith(".qweight"):
+            p = name[: -len(".qweight")]
+            floats[p + ".weight"] = dequantize(a, storage[p + ".scales"][0], storage[p + ".zeros"][0], GROUP)
+        elif kind == "BF16":
+            floats[name] = (a.astype(np.uint32) << 16).view(np.float32)
+    dense = tmp_path / "dense"
+    w = CheckpointWriter(dense, "float32")
+    for name, value in floats.items():
+        w.add(name, value)
+    w.write_weights()
+    w.write_json("config.json", TINY)
+    w.finish(make_manifest("float32", ["model.safetensors"], "hf", "tiny", None))
+    tokens = [1, 5, 7, 9, 30, 2]
+    ours = core.load_model(str(tiny_int4)).forward(tokens, logits="all")
+    ref = core.load_model(str(dense)).forward(tokens, logits="all")
+    assert np.isfinite(ours).all() and np.array_equal(ours, ref)
+
+
+def _prefix(layer=0, proj="self_attn.q_proj"):
+    return f"model.layers.{layer}.{proj}"
+
+
+def _set(name, fn):
+    def change(tensors):
+        a, kind = tensors[name]
+        tensors[name] = fn(a, kind)
+    return change
+
+
+BAD_FOLDERS = {
+    "mis-shaped qweight": (
+        _set(_prefix() + ".qweight", lambda a, k: (np.ascontiguousarray(a[:, :8]), k)), None,
+        r"model\.safetensors: tensor 'model\.layers\.0\.self_attn\.q_proj\.qweight' has shape \[32, 8\], "
+        r"expected \[32, 16\]"),
+    "missing scales": (
+        lambda t: t.pop(_prefix(1, "mlp.down_proj") + ".scales"), None,
+        r"missing tensor 'model\.layers\.1\.mlp\.down_proj\.scales'"),
+    "scales as bf16": (
+        _set(_prefix() + ".scales", lambda a, k: (a.view(np.uint16), "BF16")), None,
+        r"model\.safetensors: tensor 'model\.layers\.0\.self_attn\.q_proj\.scales' has dtype BF16 but the manifest "
+        r"\(dtype \"int4\"\) says F16"),
+    "qweight as int8": (
+        _set(_prefix() + ".qweight", lambda a, k: (a.view(np.int8), "I8")), None,
+        r"tensor 'model\.layers\.0\.self_attn\.q_proj\.qweight' has dtype I8 .* says U8"),
+    "zero point 16": (
+        _set(_prefix(1, "mlp.up_proj") + ".zeros", lambda a, k: (np.where(np.arange(a.size).reshape(a.shape) == 5, 16, a)
+                                                                    .astype(np.uint8), k)), None,
+        r"tensor 'model\.layers\.1\.mlp\.up_proj\.zeros' holds 16 at \[2, 1\]; 4-bit zero points are 0\.\.15"),
+    "infinite scale": (
+        _set(_prefix(0, "mlp.gate_proj") + ".scales", lambda a, k: (np.where(np.arange(a.size).reshape(a.shape) == 0,
+                                                                              np.float16(np.inf), a), k)), None,
+        r"tensor 'model\.layers\.0\.mlp\.gate_proj\.scales' holds a non-finite scale at \[0, 0\]"),
+    "float weight next to qweight": (
+        lambda t: t.__setitem__(_prefix() + ".weight", (np.zeros((32, 32), np.uint16), "BF16")), None,
+        r"tensor 'model\.layers\.0\.self_attn\.q_proj\.weight' is present next to the int4"),
+    "manifest group size of another folder": (
+        None, lambda m: m["quantization"].__setitem__("group_size", 8),
+        r"model\.safetensors: tensor 'model\.layers\.0\.self_attn\.q_proj\.scales' has shape \[32, 2\], expected "
+        r"\[32, 4\] \(group_size 8 from manifest\.json"),
+    "group size not dividing K": (
+        None, lambda m: m["quantization"].__setitem__("group_size", 64),
+        r"quantization\.group_size 64 does not divide the 32 input features of 'model\.layers\.0\.self_attn\.q_proj'"),
+    "group size not a multiple of 8": (
+        None, lambda m: m["quantization"].__setitem__("group_size", 12),
+        r"manifest\.json: field 'quantization\.group_size' is 12; it must be a positive multiple of 8"),
+    "3 bits": (
+        None, lambda m: m["quantization"].__setitem__("bits", 3), r"'quantization\.bits' is 3"),
+    "no quantization object": (
+        None, lambda m: m.pop("quantization"), r"needs the object 'quantization'"),
+    "int4 with format_version 1": (
+        None, lambda m: m.__setitem__("format_version", 1), r"'dtype' is \"int4\" but format_version is 1"),
+    "format_version 3 with bfloat16": (
+        None, lambda m: m.__setitem__("dtype", "bfloat16"), r"field 'dtype' must be \"int4\", got \"bfloat16\""),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FOLDERS))
+def test_bad_int4_folder_is_refused_naming_the_tensor(tiny_int4, tmp_path, case):
+    change_tensors, change_manifest, pattern = BAD_FOLDERS[case]
+    bad = _variant(tiny_int4, tmp_path / "bad", change_tensors, change_manifest)
+    with pytest.raises(CheckpointError, match=pattern):
+        core.load_model(str(bad))
+
+
+def test_tensor_parallel_int4_is_refused_by_name(tiny_int4):
+    with pytest.raises(CheckpointError, match=r"tensor parallelism \(tp 2\) is not supported with int4 weights"):
+        core.load_group_model(str(tiny_int4), json.dumps({"tp": 2}))
+
+
+# ---------------------------------------------------------------------------- the converter CLI
+def _convert(*args):
+    return subprocess.run([sys.executable, str(CONVERT), *map(str, args), "--quiet"], capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def tiny_float(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("float") / "tiny"
+    w = CheckpointWriter(folder, "bfloat16")
+    for name, value in _tiny_float_tensors().items():
+        w.add(name, value)
+    w.write_weights()
+    w.write_json("config.json", TINY)
+    (folder / "tokenizer.json").write_text("{}")
+    return w.finish(make_manifest("bfloat16", ["model.safetensors"], "gguf", "tiny.gguf", "ab" * 32))
+
+
+def test_convert_cli_quantizes_a_checkpoint_folder(tiny_float, tmp_path):
+    proc = _convert(tiny_float, "--out", tmp_path / "q", "--dtype", "int4", "--group-size", "32")
+    assert proc.returncode == 0, proc.stderr
+    manifest = read_manifest(tmp_path / "q")
+    assert manifest["quantization"]["group_size"] == 32 and manifest["source"]["kind"] == "gguf"
+    assert manifest["quantized_from"]["dtype"] == "bfloat16" and (tmp_path / "q" / "tokenizer.json").is_file()
+    # Every projection is quantize_rtn of the source's (bf16) values; the rest is copied exactly.
+    src, out = _read_storage(tiny_float), _read_storage(tmp_path / "q")
+    for name, (a, kind) in src.items():
+        if name.endswith("_proj.weight"):
+            p = name[: -len(".weight")]
+            q, sc, z = quantize_rtn((a.astype(np.uint32) << 16).view(np.float32), 32)
+            assert np.array_equal(out[p + ".qweight"][0], q) and np.array_equal(out[p + ".zeros"][0], z)
+            assert np.array_equal(out[p + ".scales"][0], sc)
+            assert name not in out
+        else:
+            assert out[name][1] == kind == "BF16" and np.array_equal(out[name][0], a)
+    logits = core.load_model(str(tmp_path / "q")).forward([3, 4, 5], logits="all")
+    assert np.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--dtype", "int4", "--group-size", "24"], "int4 group size 24 does not divide hidden_size"),
+    (["--dtype", "int4", "--group-size", "20"], "int4 group size 20 must be a positive multiple of 8"),
+    (["--dtype", "int4", "--tp", "2"], "--tp 2 with --dtype int4: tensor-parallel int4 folders are not supported"),
+    (["--dtype", "bfloat16", "--group-size", "64"], "--group-size 64 applies to --dtype int4 only"),
+])
+def test_convert_cli_rejects_bad_int4_options(tiny_float, tmp_path, args, needle):
+    proc = _convert(tiny_float, "--out", tmp_path / "q", *args)
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+    assert not (tmp_path / "q" / "manifest.json").exists()
+
+
+def test_int4_source_cannot_be_quantized_or_sharded_again(tiny_int4, tmp_path):
+    (tiny_int4 / "tokenizer.json").write_text("{}")
+    proc = _convert(tiny_int4, "--out", tmp_path / "q", "--dtype", "int4")
+    assert proc.returncode == 2 and "already an int4 checkpoint" in proc.stderr, proc.stderr
+    proc = _convert(tiny_int4, "--out", tmp_path / "tp", "--tp", "2")
+    assert proc.returncode == 2 and "sharding of int4 checkpoints is not supported" in proc.stderr, proc.stderr
+
+
+def test_cpp_int4_kernel_units():
+    """cpp/tests/test_int4.cpp: fp16 widening, dequantization (SIMD and scalar paths) against the
+    formula, and the int4 linear bit-identical to the float32 linear over the dequantized weights."""
+    from swiftspec.paths import binary
+
+    proc = subprocess.run([str(binary("swiftspec-cpp-tests")), "int4_"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert proc.stdout.count("[  OK  ]") == 3 and "3 tests, 0 failed" in proc.stdout
