@@ -138,7 +138,9 @@ class Engine:
             draft must share the target's vocabulary.
         backend: "cpu" or "cuda" (CUDA builds only).
         dtype: weight dtype used when a GGUF file or reference name must be
-            converted: "bfloat16" (default) or "float32".
+            converted: "bfloat16" (default), "float32" or "int4" (the linear
+            projections in 4 bits, group size 128; the cpu backend only). A
+            checkpoint folder is used as it is, whatever its dtype.
         max_context: KV capacity in tokens (prompt + new tokens), per model; at
             most the model's ``max_position_embeddings`` (config.json). None:
             4096, or that limit when a model's is smaller.

@@ -263,7 +263,7 @@ def ensure_checkpoint(name: str, dtype: str = "bfloat16", cache: Path | str | No
     reused as is. Conversion writes into a temporary sibling folder that is renamed into place
     when complete, so an interrupted conversion never leaves a folder that looks finished.
 
-    ``dtype`` is ``"bfloat16"`` or ``"float32"``. Raises :class:`FetchError` (download) or
+    ``dtype`` is ``"bfloat16"``, ``"float32"`` or ``"int4"`` (group size 128). Raises :class:`FetchError` (download) or
     :class:`CheckpointError` (bad dtype, conversion failure).
     """
     from .convert import SUPPORTED_DTYPES, convert_gguf

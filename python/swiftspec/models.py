@@ -51,7 +51,7 @@ def resolve_checkpoint(model: str | os.PathLike, dtype: str = "bfloat16") -> Pat
     Args:
         model: a reference model name, a checkpoint folder (has manifest.json),
             a ``.gguf`` file, or an HF folder (config.json + *.safetensors).
-        dtype: "bfloat16" or "float32", for conversions.
+        dtype: "bfloat16", "float32" or "int4", for conversions.
 
     Raises:
         CheckpointError: the path does not exist or is none of the above.

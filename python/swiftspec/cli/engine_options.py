@@ -34,8 +34,9 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-depth", type=int, default=8, help="depth limit of the token tree (default 8)")
     p.add_argument("--branching", type=int, default=2, help="children per expanded node (1 = chain; default 2)")
     p.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
-                   help="weight dtype when converting a GGUF/HF model")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "int4"],
+                   help="weight dtype when converting a GGUF/HF model or a reference model (int4: 4-bit projections, "
+                        "group size 128, cpu backend only; a converted folder keeps its own dtype)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads per model (0: all cores)")
     p.add_argument("--max-context", type=int, default=None,
                    help="tokens of KV cache per model: prompt + new tokens must fit; at most the model's "
