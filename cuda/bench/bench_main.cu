@@ -17,16 +17,17 @@
 //  * --sweep: every wgmma-engine choice (warpgroups, depth, resident
 //    activations) per GEMM shape; --mma-models: each model step also with the
 //    mma.sync engine (SWIFTSPEC_GEMM_ENGINE=mma); --pdl-early: also with GEMMs
-//    releasing their dependents at entry (SWIFTSPEC_GEMM_PDL_EARLY=1); --pdl-fixed: also
-//    with every PDL edge on, untuned (SWIFTSPEC_PDL_TUNE=0; the PDL rows are tuned per
-//    bucket, CudaModelOptions::pdl_autotune, and the choice is printed).
+//    releasing their dependents at entry (SWIFTSPEC_GEMM_PDL_EARLY=1); --untuned: also
+//    with the untuned launch settings (SWIFTSPEC_STEP_TUNE=0: every PDL edge on, the
+//    planner's GEMM plans; the PDL rows are tuned per bucket, CudaModelOptions::autotune,
+//    and the choices are printed).
 //  * --profile SHAPE [--profile-tree N [--attn-trace CSV]] [--profile-megakernel]: one greedy decode
 //    step of SHAPE (as the decode megakernel with --profile-megakernel; then
 //    a tree of N nodes, graph replayed 4 times) and nothing else, for ncu.
 //  * --megakernel-only: no GEMMs; per shape the layered decode step (PDL) and
 //    the megakernel step only. --megakernel-trace: also one traced megakernel
 //    step per shape, its critical path per op kind.
-// Usage: swiftspec-cuda-bench [--json PATH] [--quick] [--no-gemm] [--sweep] [--mma-models] [--pdl-early] [--pdl-fixed]
+// Usage: swiftspec-cuda-bench [--json PATH] [--quick] [--no-gemm] [--sweep] [--mma-models] [--pdl-early] [--untuned]
 //        [--megakernel-only] [--megakernel-trace] [--shapes qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b]
 #include <algorithm>
 #include <chrono>
@@ -273,8 +274,8 @@ struct ModelRow {
   double tree32_nopdl_ms, tree64_nopdl_ms;  ///< the steps without programmatic dependent launch
   double mma_decode_ms, mma_tree32_ms, mma_tree64_ms;  ///< GEMM engine Mma (with PDL), if asked
   double early_decode_ms, early_tree32_ms, early_tree64_ms;  ///< GEMMs release dependents at entry
-  double fixed_decode_ms, fixed_tree32_ms, fixed_tree64_ms;  ///< every PDL edge on, not tuned (--pdl-fixed)
-  std::string pdl_tuning;  ///< CudaModel::debug_pdl_tuning() of the PDL model, lines joined by "; "
+  double untuned_decode_ms, untuned_tree32_ms, untuned_tree64_ms;  ///< SWIFTSPEC_STEP_TUNE=0 (--untuned)
+  std::string step_tuning;  ///< CudaModel::debug_step_tuning() of the PDL model, lines joined by "; "
   double mk_decode_ms, mk_host_ms;  ///< the decode megakernel (CudaModelOptions::megakernel)
   std::string mk_trace_json;        ///< per-op critical path (--megakernel-trace)
 };
@@ -333,7 +334,7 @@ std::string megakernel_trace_summary(const std::string& which, const ModelConfig
 }
 
 ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quick, bool with_mma,
-                     bool with_pdl_early, bool with_pdl_fixed, bool megakernel_only, bool mk_trace) {
+                     bool with_pdl_early, bool with_untuned, bool megakernel_only, bool mk_trace) {
   ModelRow r{};
   r.shape = which;
   const ModelConfig cfg = shape_config(which);
@@ -362,8 +363,8 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
         r.tree32_ms = m->debug_replay_ms(t32, iters);
         r.tree64_ms = m->debug_replay_ms(t64, iters);
       }
-      for (char c : m->debug_pdl_tuning()) r.pdl_tuning += c == '\n' ? std::string("; ") : std::string(1, c);
-      std::printf("model %-13s PDL tuning: %s\n", which.c_str(), r.pdl_tuning.c_str());
+      for (char c : m->debug_step_tuning()) r.step_tuning += c == '\n' ? std::string("; ") : std::string(1, c);
+      std::printf("model %-13s step tuning: %s\n", which.c_str(), r.step_tuning.c_str());
       std::printf("model %-13s layered GEMM plans: %s\n", which.c_str(), m->debug_gemm_plans().c_str());
     } else if (!pdl) {
       r.decode_nopdl_ms = ms;
@@ -410,8 +411,8 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
   if (with_mma) variant("SWIFTSPEC_GEMM_ENGINE", "mma", "engine=mma", r.mma_decode_ms, r.mma_tree32_ms, r.mma_tree64_ms);
   if (with_pdl_early)
     variant("SWIFTSPEC_GEMM_PDL_EARLY", "1", "gemm-pdl-early", r.early_decode_ms, r.early_tree32_ms, r.early_tree64_ms);
-  if (with_pdl_fixed)
-    variant("SWIFTSPEC_PDL_TUNE", "0", "pdl-fixed", r.fixed_decode_ms, r.fixed_tree32_ms, r.fixed_tree64_ms);
+  if (with_untuned)
+    variant("SWIFTSPEC_STEP_TUNE", "0", "untuned", r.untuned_decode_ms, r.untuned_tree32_ms, r.untuned_tree64_ms);
   return r;
 }
 
@@ -470,7 +471,7 @@ void write_attention_trace(CudaModel& m, int layers, const std::string& path) {
 
 int main(int argc, char** argv) {
   std::string json_path;
-  bool quick = false, gemms = true, sweep = false, models_mma = false, models_pdl_early = false, models_pdl_fixed = false, mk_only = false;
+  bool quick = false, gemms = true, sweep = false, models_mma = false, models_pdl_early = false, models_untuned = false, mk_only = false;
   bool mk_trace = false;
   std::string profile;
   int profile_tree = 0;
@@ -487,7 +488,7 @@ int main(int argc, char** argv) {
     if (a == "--sweep") sweep = true;
     if (a == "--mma-models") models_mma = true;
     if (a == "--pdl-early") models_pdl_early = true;
-    if (a == "--pdl-fixed") models_pdl_fixed = true;
+    if (a == "--untuned") models_untuned = true;
     if (a == "--shapes" && i + 1 < argc) shapes = argv[++i];
     if (a == "--megakernel-trace") mk_trace = true;
     if (a == "--megakernel-only") {
@@ -560,7 +561,7 @@ int main(int argc, char** argv) {
     const int ctx = 512;
     std::vector<ModelRow> models;
     for (const char* w : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"})
-      if (shapes.empty() || ("," + shapes + ",").find("," + std::string(w) + ",") != std::string::npos) models.push_back(bench_model(w, bw, ctx, quick, models_mma, models_pdl_early, models_pdl_fixed, mk_only, mk_trace));
+      if (shapes.empty() || ("," + shapes + ",").find("," + std::string(w) + ",") != std::string::npos) models.push_back(bench_model(w, bw, ctx, quick, models_mma, models_pdl_early, models_untuned, mk_only, mk_trace));
     std::string arr = "[";
     for (size_t i = 0; i < models.size(); ++i) {
       const auto& m = models[i];
@@ -581,10 +582,10 @@ int main(int argc, char** argv) {
              (m.early_decode_ms > 0 ? ", \"gemm_pdl_early_decode_ms\": " + num(m.early_decode_ms) : "") +
              (m.early_tree32_ms > 0 ? ", \"gemm_pdl_early_tree32_ms\": " + num(m.early_tree32_ms) +
                                           ", \"gemm_pdl_early_tree64_ms\": " + num(m.early_tree64_ms) : "") +
-             (m.fixed_decode_ms > 0 ? ", \"pdl_fixed_decode_ms\": " + num(m.fixed_decode_ms) : "") +
-             (m.fixed_tree32_ms > 0 ? ", \"pdl_fixed_tree32_ms\": " + num(m.fixed_tree32_ms) +
-                                          ", \"pdl_fixed_tree64_ms\": " + num(m.fixed_tree64_ms) : "") +
-             (m.pdl_tuning.empty() ? "" : ", \"pdl_tuning\": \"" + m.pdl_tuning + "\"") + "}";
+             (m.untuned_decode_ms > 0 ? ", \"untuned_decode_ms\": " + num(m.untuned_decode_ms) : "") +
+             (m.untuned_tree32_ms > 0 ? ", \"untuned_tree32_ms\": " + num(m.untuned_tree32_ms) +
+                                            ", \"untuned_tree64_ms\": " + num(m.untuned_tree64_ms) : "") +
+             (m.step_tuning.empty() ? "" : ", \"step_tuning\": \"" + m.step_tuning + "\"") + "}";
     }
     json_kv("models", arr + "\n  ]");
     std::printf("\n%-14s %9s %9s %10s %10s %10s %8s %9s %9s %9s %8s\n", "shape", "weightsGB", "limit_ms", "decode_ms",

@@ -16,7 +16,7 @@
 #include "device_memory.h"
 #include "graph_cache.h"
 #include "green_context.h"
-#include "pdl_tuner.h"
+#include "step_choice.h"
 #include "kernels/decode_megakernel.h"
 #include "kernels/epilogues.h"
 #include "kernels/gemm_skinny.h"
@@ -110,7 +110,6 @@ int bucket_nt(int n) {
   return 8;
 }
 
-enum GemmKind { kQKV = 0, kO = 1, kGU = 2, kDown = 3, kLM = 4 };
 
 /// What every entry point of the model makes current: its GPU (the caller's
 /// thread may be on another one: a draft on GPU 1 and a target on GPU 0 run
@@ -129,8 +128,8 @@ class CudaModelImpl final : public CudaModel {
  public:
   CudaModelImpl(const ModelConfig& cfg, const ModelOptions& opt, const CudaModelOptions& copt)
       : cfg_(cfg), opt_(opt), copt_(copt), pdl_(copt.use_pdl) {
-    const char* tune = std::getenv("SWIFTSPEC_PDL_TUNE");
-    if (tune && std::string(tune) == "0") copt_.pdl_autotune = false;
+    const char* tune = std::getenv("SWIFTSPEC_STEP_TUNE");
+    if (tune && std::string(tune) == "0") copt_.autotune = false;
     check_config();
     DeviceScope device_scope(copt_.device);  // the caller's thread gets its device back afterwards
     cudaDeviceProp prop;
@@ -544,16 +543,16 @@ class CudaModelImpl final : public CudaModel {
 
   int num_sms() const override { return num_sms_; }
 
-  std::string debug_pdl_tuning() const override { return pdl_tuning_log_; }
+  std::string debug_step_tuning() const override { return tuning_log_; }
 
   std::string debug_gemm_plans() const override {
-    static const char* names[] = {"qkv", "o", "gate_up", "down", "lm_head"};
     std::string out;
     for (const auto& [key, c] : plans_) {
       const int kind = key / 16;
-      out += std::string(kind >= 0 && kind < 5 ? names[kind] : "?") + " nt=" + std::to_string(key % 16) +
-             " S=" + std::to_string(c.S) + " BR=" + std::to_string(c.BR) + " grid=" + std::to_string(c.grid_x) +
-             "x" + std::to_string(c.S) + " ctas=" + std::to_string(c.grid_x * c.S) + "\n";
+      out += std::string(kind >= 0 && kind < kStepKernels ? step_kernel_name(kind) : "?") + " nt=" +
+             std::to_string(key % 16) + " S=" + std::to_string(c.S) + " BR=" + std::to_string(c.BR) +
+             " stages=" + std::to_string(c.stages) + " grid=" + std::to_string(c.grid_x) + "x" + std::to_string(c.S) +
+             " ctas=" + std::to_string(c.grid_x * c.S) + "\n";
     }
     if (mk_)
       out += "megakernel ctas=" + std::to_string(mk_plan_.ctas) + " slots=" + std::to_string(mk_plan_.num_slots) +
@@ -978,42 +977,97 @@ class CudaModelImpl final : public CudaModel {
   void run_step(int nt, LogitsMode mode, bool write_logits) {
     const int key = nt * 16 + static_cast<int>(mode) * 2 + (write_logits ? 1 : 0);
     if (!copt_.use_graphs) {
-      record_step(stream_, nt, mode, write_logits, 0);
+      record_step(stream_, nt, mode, write_logits, StepChoice{});
       return;
     }
     try {
-      if (needs_pdl_tuning(nt)) tune_pdl(nt, key, mode, write_logits);
-      const auto it = pdl_off_.find(nt);
-      const unsigned off = it == pdl_off_.end() ? 0u : it->second;
-      graphs_.launch(key, stream_, [&](cudaStream_t s) { record_step(s, nt, mode, write_logits, off); });
+      if (needs_tuning(nt)) tune_bucket(nt, key, mode, write_logits);
+      const auto it = tuned_.find(nt);
+      const StepChoice choice = it == tuned_.end() ? StepChoice{} : it->second;
+      graphs_.launch(key, stream_, [&](cudaStream_t s) { record_step(s, nt, mode, write_logits, choice); });
     } catch (const CudaError&) {
       if (!pdl_) throw;
-      // Some drivers refuse programmatic edges in captured graphs: fall back.
+      // Some drivers refuse programmatic edges in captured graphs: fall back
+      // (and keep the planner's plans: tuned choices were timed with PDL).
       pdl_ = false;
       graphs_.clear();
-      pdl_off_.clear();
-      graphs_.launch(key, stream_, [&](cudaStream_t s) { record_step(s, nt, mode, write_logits, 0); });
+      tuned_.clear();
+      graphs_.launch(key, stream_, [&](cudaStream_t s) { record_step(s, nt, mode, write_logits, StepChoice{}); });
     }
   }
 
-  bool needs_pdl_tuning(int nt) const {
-    return pdl_ && copt_.pdl_autotune && !copt_.row_parallel && !pdl_off_.count(nt);
+  bool needs_tuning(int nt) const {
+    return pdl_ && copt_.autotune && !copt_.row_parallel && !tuned_.count(nt);
   }
 
-  /// Picks the PDL edges of bucket `nt` by timing the current step's graph
-  /// with each candidate set (pdl_tuner.h); the step's descriptor is already
-  /// uploaded and replaying it is idempotent. Leaves the winner as `key`'s graph.
-  void tune_pdl(int nt, int key, LogitsMode mode, bool write_logits) {
+  /// Chooses bucket `nt`'s PDL edges and GEMM plan variants by timing the
+  /// current step's graph under each candidate setting (step_tuner.h); the
+  /// step's descriptor is already uploaded and replaying it is idempotent.
+  /// Leaves the winner as `key`'s graph. The LM head's plan is tuned only in
+  /// steps with every row's logits (a Last-logits step runs it at one row, the
+  /// decode bucket's plan).
+  void tune_bucket(int nt, int key, LogitsMode mode, bool write_logits) {
+    const int H = cfg_.hidden_size, I = cfg_.intermediate_size;
+    const int nq = cfg_.num_heads * cfg_.head_dim, nkv = cfg_.num_kv_heads * cfg_.head_dim;
+    std::vector<std::string> options[kStepKernels];
+    options[kStepQkv] = variant_names(plan_variants<EpiQKV>(kStepQkv, nq + 2 * nkv, H, nt));
+    options[kStepOProj] = variant_names(plan_variants<EpiResidual>(kStepOProj, H, nq, nt));
+    options[kStepGateUp] = variant_names(plan_variants<EpiSwiGLU>(kStepGateUp, 2 * I, H, nt));
+    options[kStepDown] = variant_names(plan_variants<EpiResidual>(kStepDown, H, I, nt));
+    if (mode == LogitsMode::All)
+      options[kStepLmHead] = variant_names(plan_variants<EpiLMHead>(kStepLmHead, vocab_rows_, H, nt));
+    const std::vector<TunerKnob> knobs = step_knobs(options);
     cudaGraphExec_t best = nullptr;
-    const PdlTuning t = tune_pdl_edges(
-        stream_,
-        [&](unsigned off) {
-          return capture_graph(stream_, [&](cudaStream_t s) { record_step(s, nt, mode, write_logits, off); });
+    const StepTuning t = tune_step(
+        stream_, knobs, {step_setting_all_pdl_off()},
+        [&](const StepSetting& setting) {
+          const StepChoice c = step_choice_of(setting);
+          return capture_graph(stream_, [&](cudaStream_t s) { record_step(s, nt, mode, write_logits, c); });
         },
         &best);
-    pdl_off_[nt] = t.off_mask;
+    tuned_[nt] = step_choice_of(t.chosen);
     graphs_.put(key, best);
-    pdl_tuning_log_ += "nt=" + std::to_string(nt) + ": " + t.summary() + "\n";
+    tuning_log_ += "nt=" + std::to_string(nt) + ": " + t.summary() + "\n";
+  }
+
+  /// The plans a GEMM may run with in bucket `nt`: [0] the planner's, then
+  /// the distinct ones with the other row-block size (warpgroups) and
+  /// pipeline depths 3 / 4. The K slices, and so every output's reduction
+  /// order, are the same in all of them (gemm_slices).
+  template <class Epi>
+  const std::vector<GemmConfig>& plan_variants(int kind, int N, int K, int nt) {
+    const int k = kind * 16 + nt;
+    auto it = plan_variants_.find(k);
+    if (it != plan_variants_.end()) return it->second;
+    std::vector<GemmConfig> v{plan<Epi>(kind, N, K, nt)};
+    if (v[0].engine == GemmEngine::Wgmma) {
+      for (int wg : {1, 2})
+        for (int stages : {3, 4}) {
+          GemmPlanHint hint;
+          hint.engine = copt_.gemm_engine;
+          hint.wg = wg;
+          hint.stages = stages;
+          GemmConfig c;
+          try {
+            c = plan_gemm<Epi>(N, K, nt, num_sms_, hint);
+          } catch (const InvalidArgument&) {
+            continue;  // does not fit this shape
+          }
+          const bool seen = std::any_of(v.begin(), v.end(), [&](const GemmConfig& o) {
+            return o.WR == c.WR && o.BR == c.BR && o.stages == c.stages && o.xres == c.xres &&
+                   o.palias == c.palias && o.grid_x == c.grid_x && o.S == c.S;
+          });
+          if (!seen && c.S == v[0].S) v.push_back(c);
+        }
+    }
+    return plan_variants_.emplace(k, std::move(v)).first->second;
+  }
+
+  static std::vector<std::string> variant_names(const std::vector<GemmConfig>& v) {
+    std::vector<std::string> names;
+    for (const GemmConfig& c : v)
+      names.push_back("br" + std::to_string(c.BR) + "st" + std::to_string(c.stages) + (c.palias ? "pa" : ""));
+    return names;
   }
 
   /// One single-token step as the decode megakernel (its own graph per
@@ -1068,35 +1122,21 @@ class CudaModelImpl final : public CudaModel {
     if (it != plans_.end()) return it->second;
     GemmPlanHint hint;
     hint.engine = copt_.gemm_engine;  // per model, the same for every bucket (batch invariance)
-    // EXPERIMENT (A/B): SWIFTSPEC_GEMM_HINT_TREE="kind:wg:stages,..." for buckets nt >= 4.
-    if (const char* e = std::getenv("SWIFTSPEC_GEMM_HINT_TREE"); e && nt >= 4) {
-      std::string str(e);
-      size_t pos = 0;
-      while (pos < str.size()) {
-        size_t end = str.find(',', pos);
-        if (end == std::string::npos) end = str.size();
-        int kd = -1, wg = 0, st = 0;
-        if (std::sscanf(str.substr(pos, end - pos).c_str(), "%d:%d:%d", &kd, &wg, &st) == 3 && kd == kind) {
-          hint.wg = wg;
-          hint.stages = st;
-        }
-        pos = end + 1;
-      }
-    }
     return plans_.emplace(k, plan_gemm<Epi>(N, K, nt, num_sms_, hint)).first->second;
   }
 
+  /// Launches GEMM `kind` with plan variant `variant` of its bucket (0: the planner's).
   template <class Epi>
   void gemm(int kind, const void* w, int N, int K, const void* x, int nt, const GemmArgs& args,
-            const typename Epi::Params& ep, bool pdl, cudaStream_t s) {
-    const GemmConfig& c = plan<Epi>(kind, N, K, nt);
+            const typename Epi::Params& ep, bool pdl, int variant, cudaStream_t s) {
+    const GemmConfig& c = variant == 0 ? plan<Epi>(kind, N, K, nt) : plan_variants<Epi>(kind, N, K, nt).at(variant);
     launch_gemm<Epi>(c, tmap(w, N, K, c.BR), tmap(x, kRows, K, 8 * nt), args, ep, pdl, s);
   }
 
-  /// Records one layered step; `pdl_off` (PdlKind bits) names the kernels
-  /// launched without a PDL edge (all of them when PDL is off for the model).
-  void record_step(cudaStream_t s, int nt, LogitsMode mode, bool write_logits, unsigned pdl_off) {
-    auto pdl = [&](PdlKind k) { return pdl_ && !(pdl_off & (1u << k)); };
+  /// Records one layered step with the launch settings `choice` (PDL edges,
+  /// GEMM plan variants; no PDL at all when it is off for the model).
+  void record_step(cudaStream_t s, int nt, LogitsMode mode, bool write_logits, const StepChoice& choice) {
+    auto pdl = [&](StepKernel k) { return pdl_ && choice.pdl(k); };
     const int H = cfg_.hidden_size, I = cfg_.intermediate_size, hd = cfg_.head_dim;
     const int nq = cfg_.num_heads * hd, nkv = cfg_.num_kv_heads * hd;
     const int rows = 8 * nt;
@@ -1135,7 +1175,7 @@ class CudaModelImpl final : public CudaModel {
         e.head_dim = hd;
         e.slots = slots_;
         e.neox = cfg_.rope_style == RopeStyle::NeoX ? 1 : 0;
-        gemm<EpiQKV>(kQKV, L.qkv.get(), a.N, H, h16_.get(), nt, a, e, pdl(kPdlQkv), s);
+        gemm<EpiQKV>(kStepQkv, L.qkv.get(), a.N, H, h16_.get(), nt, a, e, pdl(kStepQkv), choice.plan[kStepQkv], s);
       }
       {
         AttnParams p;
@@ -1157,7 +1197,7 @@ class CudaModelImpl final : public CudaModel {
         p.max_chunks = max_chunks_;
         p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
         p.trace = attn_trace_ ? attn_trace_.as<unsigned long long>() + attn_trace_per_layer() * l : nullptr;
-        launch_attention(p, rows, pdl(kPdlAttention), s);
+        launch_attention(p, rows, pdl(kStepAttention), s);
       }
       EpiResidual::Params res;
       res.h32 = h32_.as<float>();
@@ -1172,9 +1212,10 @@ class CudaModelImpl final : public CudaModel {
         a.m_active_max = rows;
         if (copt_.row_parallel)
           copt_.row_parallel->residual_gemm(RowParallel::kAttnOut, L.o.get(), attn_.get(), nt, a, res,
-                                            pdl(kPdlOProj), s);
+                                            pdl(kStepOProj), s);
         else
-          gemm<EpiResidual>(kO, L.o.get(), H, nq, attn_.get(), nt, a, res, pdl(kPdlOProj), s);
+          gemm<EpiResidual>(kStepOProj, L.o.get(), H, nq, attn_.get(), nt, a, res, pdl(kStepOProj),
+                            choice.plan[kStepOProj], s);
       }
       {
         GemmArgs a = norm_args;
@@ -1182,7 +1223,8 @@ class CudaModelImpl final : public CudaModel {
         EpiSwiGLU::Params e;
         e.act = act_.as<__nv_bfloat16>();
         e.intermediate = I;
-        gemm<EpiSwiGLU>(kGU, L.gu.get(), 2 * I, H, h16_.get(), nt, a, e, pdl(kPdlGateUp), s);
+        gemm<EpiSwiGLU>(kStepGateUp, L.gu.get(), 2 * I, H, h16_.get(), nt, a, e, pdl(kStepGateUp),
+                        choice.plan[kStepGateUp], s);
       }
       {
         GemmArgs a;
@@ -1192,9 +1234,10 @@ class CudaModelImpl final : public CudaModel {
         a.m_active_max = rows;
         if (copt_.row_parallel)
           copt_.row_parallel->residual_gemm(RowParallel::kMlpDown, L.down.get(), act_.get(), nt, a, res,
-                                            pdl(kPdlDown), s);
+                                            pdl(kStepDown), s);
         else
-          gemm<EpiResidual>(kDown, L.down.get(), H, I, act_.get(), nt, a, res, pdl(kPdlDown), s);
+          gemm<EpiResidual>(kStepDown, L.down.get(), H, I, act_.get(), nt, a, res, pdl(kStepDown),
+                            choice.plan[kStepDown], s);
       }
     }
     if (mode == LogitsMode::None) return;
@@ -1208,9 +1251,10 @@ class CudaModelImpl final : public CudaModel {
       a.m_active_ptr = nullptr;
       a.m_active_max = 1;
       a.x_row0_ptr = desc_field(offsetof(StepDesc, last_row));
-      gemm<EpiLMHead>(kLM, lm_.get(), vocab_rows_, H, h16_.get(), 1, a, e, pdl(kPdlLmHead), s);
+      gemm<EpiLMHead>(kStepLmHead, lm_.get(), vocab_rows_, H, h16_.get(), 1, a, e, pdl(kStepLmHead), 0, s);
     } else {
-      gemm<EpiLMHead>(kLM, lm_.get(), vocab_rows_, H, h16_.get(), nt, a, e, pdl(kPdlLmHead), s);
+      gemm<EpiLMHead>(kStepLmHead, lm_.get(), vocab_rows_, H, h16_.get(), nt, a, e, pdl(kStepLmHead),
+                      choice.plan[kStepLmHead], s);
     }
   }
 
@@ -1219,8 +1263,8 @@ class CudaModelImpl final : public CudaModel {
   CudaModelOptions copt_;
   std::unique_ptr<GreenContext> green_;  ///< SM partition (null: whole GPU); outlives stream_ and events
   bool pdl_ = true;
-  std::map<int, unsigned> pdl_off_;  ///< per token bucket: PdlKind bits launched without PDL (tuned)
-  std::string pdl_tuning_log_;       ///< debug_pdl_tuning()
+  std::map<int, StepChoice> tuned_;  ///< per token bucket: the tuned launch settings (autotune)
+  std::string tuning_log_;           ///< debug_step_tuning()
   int num_sms_ = 0;
   int slots_ = 0;
   int max_chunks_ = 0;
@@ -1263,7 +1307,8 @@ class CudaModelImpl final : public CudaModel {
 
   GraphCache graphs_;
   std::map<std::tuple<const void*, int, int, int>, CUtensorMap> maps_;
-  std::map<int, GemmConfig> plans_;
+  std::map<int, GemmConfig> plans_;                   ///< (kind * 16 + nt): the planner's plan
+  std::map<int, std::vector<GemmConfig>> plan_variants_;  ///< (kind * 16 + nt): [0] the planner's, then variants
   std::vector<Prepared> prepared_;
 };
 

@@ -757,19 +757,20 @@ void check_model(const std::string& tag, const ModelConfig& cfg, uint64_t seed) 
 /// a 70-token prompt and `steps` decode steps (attention over 1..5 key
 /// splits); bitwise repeatability; GPU arg-max; a tree-mode single-node step;
 /// a step without logits; K/V written into the cache.
-/// CudaModelOptions::pdl_autotune: the tuned model (it times each bucket's
-/// step graph several times at its first step, then keeps one) gives the same
+/// CudaModelOptions::autotune: the tuned model (it times each bucket's step
+/// graph under several launch settings at its first step, then keeps one:
+/// PDL edges, GEMM plan variants) gives the same
 /// logits, bit for bit, as a model without PDL, over a prefill (buckets 8 and
 /// 1), decode steps and a 40-node tree (bucket 8 again, bucket 4 via a
 /// 20-node tree), and it reports one tuning line per bucket it ran.
-void check_pdl_tuning(const ModelConfig& cfg, uint64_t seed) {
+void check_step_tuning(const ModelConfig& cfg, uint64_t seed) {
   Rng rng(seed);
   TinyWeights tw = make_weights(cfg, rng);
   ModelOptions opt;
   opt.max_context = 320;
   opt.max_tree = 128;
   CudaModelOptions tuned, nopdl;
-  tuned.pdl_autotune = true;
+  tuned.autotune = true;
   nopdl.use_pdl = false;
   auto a = tiny_model(cfg, tw, opt, tuned);
   auto b = tiny_model(cfg, tw, opt, nopdl);
@@ -786,12 +787,12 @@ void check_pdl_tuning(const ModelConfig& cfg, uint64_t seed) {
     b->forward(s, lb);
     if (la.size() != lb.size() || std::memcmp(la.data(), lb.data(), sizeof(float) * la.size()) != 0) ++differ;
   }
-  const std::string log = a->debug_pdl_tuning();
+  const std::string log = a->debug_step_tuning();
   const int lines = static_cast<int>(std::count(log.begin(), log.end(), '\n'));
-  std::printf("pdl tuning of the tiny model:\n%s", log.c_str());
+  std::printf("step tuning of the tiny model:\n%s", log.c_str());
   char det[160];
   std::snprintf(det, sizeof det, "(%d of %zu steps differ; %d buckets tuned)", differ, steps.size(), lines);
-  record("pdl autotune: logits bitwise == no-PDL model (prefill, decode, trees)", differ, 0,
+  record("step autotune: logits bitwise == untuned no-PDL model (prefill, decode, trees)", differ, 0,
          differ == 0 && lines == 3, det);
 }
 
@@ -1173,7 +1174,7 @@ int main(int argc, char** argv) {
       q1.num_layers = 1;
       diagnose_model("qwen2 L=1", q1, dflt, 13);
     }
-    check_pdl_tuning(tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 14);
+    check_step_tuning(tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 14);
     check_gemm(2048, 1536, {1, 5, 8, 9, 16, 17, 32, 33, 64}, rng, prop.multiProcessorCount, st);
     check_gemm(4096, 4096, {1, 64}, rng, prop.multiProcessorCount, st);
     check_gemm(1152, 896, {1, 13, 64}, rng, prop.multiProcessorCount, st);

@@ -64,12 +64,14 @@ struct CudaModelOptions {
   bool use_graphs = true;       ///< replay each step as a CUDA graph (false: plain launches)
   bool use_pdl = true;          ///< programmatic dependent launch between kernels of a step
   /// With use_pdl and graphs: at the first step of each token bucket, time the
-  /// step's graph with every PDL edge on, every edge off, each kind of kernel's
-  /// edge off alone (and the union of those that paid) and keep the fastest
-  /// (cuda/src/pdl_tuner.h; the arithmetic is the same in all). Costs ~10
-  /// replays of the step once per bucket. Off for tensor-parallel ranks (the
-  /// ranks must replay in step). SWIFTSPEC_PDL_TUNE=0 turns it off (A/B).
-  bool pdl_autotune = true;
+  /// step's graph under candidate launch settings that change no arithmetic
+  /// (each kernel kind's PDL edge off, every edge off, each GEMM's other
+  /// row-block sizes and pipeline depths, then the combination of those that
+  /// paid) and keep the fastest (cuda/src/step_tuner.h). Costs ~6 replays per
+  /// candidate (~20 candidates), once per bucket, at its first step. Off for
+  /// tensor-parallel ranks (their all-reduces must pair up). SWIFTSPEC_STEP_TUNE=0
+  /// turns it off (A/B).
+  bool autotune = true;
   /// SM partition [sm_first, sm_first + sm_count) of logical SMs (sm_partition.h):
   /// the model's stream belongs to a CUDA green context over those SMs, and the
   /// persistent GEMM grids are sized for them (SwiftSpec ASPLOS'26 §4, one-GPU
@@ -179,10 +181,10 @@ class CudaModel : public Model {
   /// Diagnostics: the persistent GEMM launch plans made so far, one line per
   /// (matrix, token bucket): "qkv nt=1 S=2 BR=64 grid=66x2 ctas=132".
   virtual std::string debug_gemm_plans() const = 0;
-  /// Diagnostics: one line per token bucket tuned so far (pdl_autotune): the
-  /// median ms of each PDL candidate and the kinds launched without PDL,
-  /// "nt=1: none 4.9120, all 4.7810, ... -> off: all". Empty if none.
-  virtual std::string debug_pdl_tuning() const = 0;
+  /// Diagnostics: one line per token bucket tuned so far (autotune): the
+  /// median ms of each candidate setting and the choice, "nt=1: default
+  /// 4.9120, pdl.attn=off 4.7810, ... -> pdl.attn=off". Empty if none.
+  virtual std::string debug_step_tuning() const = 0;
   /// Diagnostics: the distinct SM ids (%smid) that `ctas` spinning CTAs
   /// launched on this model's stream ran on (synchronizes the stream).
   virtual std::vector<int> debug_probe_sm_ids(int ctas) = 0;
