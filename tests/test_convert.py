@@ -94,12 +94,17 @@ def hf_name(gguf_name: str) -> str:
 def test_manifest(checkpoint_dir, gguf_path, dtype):
     folder = checkpoint_dir(QWEN_05, dtype)
     manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest == {
+    expected = {
         "format": "swiftspec-checkpoint", "format_version": 1, "dtype": dtype,
         "files": ["model.safetensors"], "tp_degree": 1,
         "source": {"kind": "gguf", "path": str(gguf_path(QWEN_05).resolve()),
                    "sha256": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"},
     }
+    if dtype == "int4":  # format version 3: the quantization object (docs/checkpoint_format.md)
+        from swiftspec.convert.manifest import quantization_entry
+
+        expected.update(format_version=3, quantization=quantization_entry(128))
+    assert manifest == expected
     assert read_manifest(folder) == manifest
     assert sorted(p.name for p in folder.iterdir()) == [
         "config.json", "generation_config.json", "manifest.json", "model.safetensors",
