@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/int4.h"
@@ -104,19 +105,19 @@ inline void dot_rows(const float* const* x, const W* w, int k, float* out) {
   for (int r = 0; r < R; ++r) out[r] = hsum(add(acc0[r], acc1[r])) + tail[r];
 }
 
-// Outputs of columns [nb, ne) for every row; row_of(n) points at weight row n (length k).
-// Each (row, column) output is one dot_rows reduction, in the same order for any `rows`,
-// any column block and any row pointer: that is what batch invariance rests on.
-template <typename W, typename RowOf>
-void linear_block(const float* x, int rows, RowOf row_of, int k, const float* bias, float* y, int n_total, int nb,
-                  int ne) {
+// Outputs of columns [nb, ne) for every row, in tiles of 4 rows then single rows;
+// dot(std::integral_constant<int, R>, xr, n, out) reduces R rows against weight row n.
+// Each (row, column) output is one such reduction, in the same order for any `rows` and
+// any column block: that is what batch invariance rests on.
+template <typename Dot>
+void tile_rows(const float* x, int rows, int k, const float* bias, float* y, int n_total, int nb, int ne, Dot dot) {
   int m = 0;
   for (; m + 4 <= rows; m += 4) {
     const float* xr[4] = {x + (size_t)m * k, x + (size_t)(m + 1) * k, x + (size_t)(m + 2) * k,
                           x + (size_t)(m + 3) * k};
     for (int n = nb; n < ne; ++n) {
       float out[4];
-      dot_rows<4>(xr, static_cast<const W*>(row_of(n)), k, out);
+      dot(std::integral_constant<int, 4>{}, xr, n, out);
       const float b = bias ? bias[n] : 0.0f;
       for (int r = 0; r < 4; ++r) y[(size_t)(m + r) * n_total + n] = bias ? out[r] + b : out[r];
     }
@@ -125,10 +126,19 @@ void linear_block(const float* x, int rows, RowOf row_of, int k, const float* bi
     const float* xr[1] = {x + (size_t)m * k};
     for (int n = nb; n < ne; ++n) {
       float out[1];
-      dot_rows<1>(xr, static_cast<const W*>(row_of(n)), k, out);
+      dot(std::integral_constant<int, 1>{}, xr, n, out);
       y[(size_t)m * n_total + n] = bias ? out[0] + bias[n] : out[0];
     }
   }
+}
+
+// The same with weight row n at row_of(n), F32 or BF16 (W).
+template <typename W, typename RowOf>
+void linear_block(const float* x, int rows, RowOf row_of, int k, const float* bias, float* y, int n_total, int nb,
+                  int ne) {
+  tile_rows(x, rows, k, bias, y, n_total, nb, ne, [&](auto r, const float* const* xr, int n, float* out) {
+    dot_rows<decltype(r)::value>(xr, static_cast<const W*>(row_of(n)), k, out);
+  });
 }
 
 constexpr int kColBlock = 8;  // weight rows kept hot while row tiles stream past
@@ -142,10 +152,61 @@ void linear_columns(const float* x, int rows, const W* w, int k, const float* bi
   }
 }
 
-// Int4: each block of kColBlock weight rows is dequantized once into fp32 (reused by every
-// row tile), then reduced exactly as an F32 matrix would be.
+#if defined(__AVX512F__)
+// dot_rows over an int4 weight row whose group size is a multiple of 32 (so K is too), with
+// the weights dequantized in registers: per group a 16-entry table t[q] = (q - z) * s (the
+// formula of int4.h, same bits), per 32 elements one lookup of the low and of the high
+// nibbles, interleaved back into element order. The FMAs and the final reduction are those
+// of dot_rows over the dequantized F32 row (32-wide steps, two accumulators, no tail; the
+// "+ 0.0f" is dot_rows' empty tail), so the result has the same bits as the buffered path.
+template <int R>
+inline void dot_rows_int4(const float* const* x, const WeightMatrix& w, int n, float* out) {
+  const int k = w.k, g = w.group_size, groups = k / g;
+  const uint8_t* q = static_cast<const uint8_t*>(w.data) + size_t(n) * (k / 2);
+  const uint16_t* sc = w.scales + size_t(n) * groups;
+  const uint8_t* zr = w.zeros + size_t(n) * groups;
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i first = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i second = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  const __m512i low4 = _mm512_set1_epi32(15);
+  V16 acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) { acc0[r] = zero(); acc1[r] = zero(); }
+  for (int gi = 0; gi < groups; ++gi) {
+    const __m512 table = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(iota, _mm512_set1_epi32(zr[gi]))),
+                                       _mm512_set1_ps(fp16_to_float(sc[gi])));
+    for (int i = gi * g; i < (gi + 1) * g; i += 32) {
+      const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i / 2)));
+      const __m512 lo = _mm512_permutexvar_ps(_mm512_and_si512(bytes, low4), table);
+      const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
+      const V16 w0{_mm512_permutex2var_ps(lo, first, hi)}, w1{_mm512_permutex2var_ps(lo, second, hi)};
+      for (int r = 0; r < R; ++r) {
+        acc0[r] = fma(load(x[r] + i), w0, acc0[r]);
+        acc1[r] = fma(load(x[r] + i + 16), w1, acc1[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(add(acc0[r], acc1[r])) + 0.0f;
+}
+constexpr bool kFusedInt4 = true;
+#else
+constexpr bool kFusedInt4 = false;
+#endif
+
+// Int4. Decode-sized batches (at most 4 rows: one row tile) dequantize in registers
+// (dot_rows_int4) where the build and the group size allow; larger batches dequantize each
+// block of kColBlock weight rows once into fp32, reused by every row tile, and reduce it as
+// an F32 matrix. Both give the bits of `linear` over the dequantized F32 matrix, so which
+// one runs cannot change a result.
 void linear_columns_int4(const float* x, int rows, const WeightMatrix& w, const float* bias, float* y, int n_begin,
                          int n_end) {
+#if defined(__AVX512F__)
+  if (kFusedInt4 && rows <= 4 && w.group_size % 32 == 0) {
+    tile_rows(x, rows, w.k, bias, y, w.n, n_begin, n_end, [&](auto r, const float* const* xr, int n, float* out) {
+      dot_rows_int4<decltype(r)::value>(xr, w, n, out);
+    });
+    return;
+  }
+#endif
   thread_local std::vector<float> block;
   block.resize(size_t(kColBlock) * w.k);
   for (int nb = n_begin; nb < n_end; nb += kColBlock) {

@@ -30,10 +30,11 @@ struct WeightMatrix {
 };
 
 /// Y[m, n] = sum_k X[m, k] * W[n, k] (+ bias[n]) for m < rows. X fp32 [rows, K],
-/// Y fp32 [rows, N], bias fp32 [N] or null. Parallel over N. An int4 W is dequantized
-/// (cpu::dequantize_int4_rows, 8 weight rows at a time) into fp32 and then reduced in
-/// exactly the order of an F32 W: the result is bit-identical to `linear` over the
-/// dequantized F32 matrix, so int4 keeps the batch invariance of the F32/BF16 paths.
+/// Y fp32 [rows, N], bias fp32 [N] or null. Parallel over N. An int4 W is dequantized to
+/// fp32 (in registers for up to 4 rows when the build has AVX-512 and the group size is a
+/// multiple of 32; else cpu::dequantize_int4_rows, 8 weight rows at a time, into a buffer)
+/// and reduced in exactly the order of an F32 W: the result is bit-identical to `linear`
+/// over the dequantized F32 matrix, so int4 keeps the batch invariance of the F32/BF16 paths.
 void linear(const float* x, int rows, const WeightMatrix& w, const float* bias, float* y,
             ThreadPool& pool);
 
