@@ -1,5 +1,6 @@
 // Int4 (W4A16) kernels of the CPU backend: dequantization and the int4 linear.
-//  - fp16_to_float is exact on every half-precision bit pattern class;
+//  - fp16_to_float (and the kernels' inline fp16_to_float_fast) is exact on every finite
+//    half-precision pattern, infinities and NaN;
 //  - dequantize_int4_rows (AVX-512 for groups of 32 and more, scalar otherwise) equals the
 //    documented formula (q - z) * s element by element, for group sizes 8..128;
 //  - linear over an int4 matrix is bit-identical to linear over its dequantized F32 copy,
@@ -83,7 +84,9 @@ SWIFTSPEC_TEST(int4_fp16_to_float_is_exact) {
     if (e == 31) continue;
     const float mag = e == 0 ? std::ldexp(float(m), -24) : std::ldexp(float(m | 1024), int(e) - 25);
     CHECK(same_bits(cpu::fp16_to_float(static_cast<uint16_t>(h)), (h & 0x8000) ? -mag : mag));
+    CHECK(same_bits(cpu::fp16_to_float_fast(static_cast<uint16_t>(h)), (h & 0x8000) ? -mag : mag));
   }
+  CHECK(std::isinf(cpu::fp16_to_float_fast(0x7C00)) && std::isnan(cpu::fp16_to_float_fast(0x7E00)));
 }
 
 SWIFTSPEC_TEST(int4_dequantize_matches_the_formula) {

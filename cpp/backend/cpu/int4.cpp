@@ -70,7 +70,7 @@ void dequantize_int4_rows(const WeightMatrix& w, int n0, int n1, float* out) {
     const uint8_t* zr = w.zeros + size_t(n) * groups;
     float* o = out + size_t(n - n0) * k;
     for (int gi = 0; gi < groups; ++gi) {
-      const float s = fp16_to_float(sc[gi]);
+      const float s = fp16_to_float_fast(sc[gi]);
       const int z = zr[gi];
       const uint8_t* qg = q + size_t(gi) * (g / 2);
       float* og = o + size_t(gi) * g;

@@ -10,6 +10,8 @@
 // rounding is the fp32 product. A numpy reference `(q.astype(f32) - z) * s.astype(f32)`
 // gives the same bits.
 #pragma once
+#include <immintrin.h>
+
 #include <cstdint>
 
 #include "backend/cpu/kernels.h"
@@ -18,6 +20,17 @@ namespace swiftspec::cpu {
 
 /// IEEE half-precision bits -> fp32, exactly (subnormals, infinities and NaN included).
 float fp16_to_float(uint16_t h);
+
+/// The same, inline for the kernels: the F16C instruction where the build has it (exact
+/// for every finite value and infinities; the payload of a NaN may change, and NaN scales
+/// are refused at load time), else fp16_to_float.
+inline float fp16_to_float_fast(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  return fp16_to_float(h);
+#endif
+}
 
 /// Rows [n0, n1) of the int4 matrix `w` (w.is_int4()) as fp32, written to
 /// out[(n - n0) * w.k + k]. The values are those of the formula above, whatever SIMD

@@ -173,9 +173,10 @@ inline void dot_rows_int4(const float* const* x, const WeightMatrix& w, int n, f
   for (int r = 0; r < R; ++r) { acc0[r] = zero(); acc1[r] = zero(); }
   for (int gi = 0; gi < groups; ++gi) {
     const __m512 table = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(iota, _mm512_set1_epi32(zr[gi]))),
-                                       _mm512_set1_ps(fp16_to_float(sc[gi])));
-    for (int i = gi * g; i < (gi + 1) * g; i += 32) {
-      const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i / 2)));
+                                       _mm512_set1_ps(fp16_to_float_fast(sc[gi])));
+    const uint8_t* qg = q + size_t(gi) * (g / 2);
+    for (int i = gi * g; i < (gi + 1) * g; i += 32, qg += 16) {
+      const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qg)));
       const __m512 lo = _mm512_permutexvar_ps(_mm512_and_si512(bytes, low4), table);
       const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
       const V16 w0{_mm512_permutex2var_ps(lo, first, hi)}, w1{_mm512_permutex2var_ps(lo, second, hi)};
