@@ -3,11 +3,12 @@
 //    half-precision pattern, infinities and NaN;
 //  - dequantize_int4_rows (AVX-512 for groups of 32 and more, scalar otherwise) equals the
 //    documented formula (q - z) * s element by element, for group sizes 8..128;
-//  - linear over an int4 matrix is bit-identical to linear over its dequantized F32 copy,
-//    for every row count (1..9: the 4-row tiles and the tail; up to 4 rows the AVX-512 build
-//    dequantizes in registers when the group size is a multiple of 32, beyond that through
-//    a buffer), N not a multiple of 8 and threads 1 or 2: the int4 path inherits the F32
-//    path's batch invariance, whichever of its code paths runs.
+//  - linear over an int4 matrix is bit-identical to linear over its dequantized F32 copy
+//    (with K in block order, activations and weights alike, when the group size is a
+//    multiple of 32), for every row count (1..9: the 4-row tiles and the tail; up to 4 rows
+//    the AVX-512 build dequantizes in registers, beyond that through a buffer), N not a
+//    multiple of 8 and threads 1 or 2: the int4 path inherits the F32 path's batch
+//    invariance, whichever of its code paths runs.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -110,18 +111,29 @@ SWIFTSPEC_TEST(int4_linear_is_bit_identical_to_f32_over_dequantized_weights) {
     const Int4Data d = random_int4(n, k, g, 99u + n);
     std::vector<float> dense(size_t(n) * k);
     cpu::dequantize_int4_rows(d.view(), 0, n, dense.data());
-    const cpu::WeightMatrix f32{dense.data(), DType::F32, n, k};
     std::mt19937 rng(7);
     std::normal_distribution<float> normal;
     std::vector<float> x(size_t(9) * k), bias(n);
     for (auto& v : x) v = normal(rng);
     for (auto& v : bias) v = normal(rng);
+    // The F32 reference over the same K order: block order when the group size allows it.
+    const bool block = cpu::int4_block_order(d.view());
+    CHECK_EQ(block, g % 32 == 0);
+    std::vector<float> xref = x, wref = dense;
+    if (block) {
+      cpu::block_order_rows(x.data(), 9, k, xref.data());
+      cpu::block_order_rows(dense.data(), n, k, wref.data());
+      std::vector<float> direct(size_t(n) * k);
+      cpu::dequantize_int4_rows_block_order(d.view(), 0, n, direct.data());
+      CHECK(std::memcmp(direct.data(), wref.data(), direct.size() * 4) == 0);
+    }
+    const cpu::WeightMatrix f32{wref.data(), DType::F32, n, k};
     for (int threads : {1, 2}) {
       cpu::ThreadPool pool(threads);
       for (int rows = 1; rows <= 9; ++rows) {
         std::vector<float> y4(size_t(rows) * n), y32(size_t(rows) * n), y1(n);
         cpu::linear(x.data(), rows, d.view(), bias.data(), y4.data(), pool);
-        cpu::linear(x.data(), rows, f32, bias.data(), y32.data(), pool);
+        cpu::linear(xref.data(), rows, f32, bias.data(), y32.data(), pool);
         CHECK(std::memcmp(y4.data(), y32.data(), y4.size() * 4) == 0);
         // Batch invariance: the last row alone gives the same bits.
         cpu::linear(x.data() + size_t(rows - 1) * k, 1, d.view(), bias.data(), y1.data(), pool);

@@ -85,4 +85,36 @@ void dequantize_int4_rows(const WeightMatrix& w, int n0, int n1, float* out) {
   }
 }
 
+void dequantize_int4_rows_block_order(const WeightMatrix& w, int n0, int n1, float* out) {
+  const int k = w.k, g = w.group_size, groups = k / g;
+  const auto* qbase = static_cast<const uint8_t*>(w.data);
+  for (int n = n0; n < n1; ++n) {
+    const uint8_t* q = qbase + size_t(n) * (k / 2);
+    float* o = out + size_t(n - n0) * k;
+    for (int gi = 0; gi < groups; ++gi) {
+      const float s = fp16_to_float_fast(w.scales[size_t(n) * groups + gi]);
+      const int z = w.zeros[size_t(n) * groups + gi];
+      for (int b = gi * g; b < (gi + 1) * g; b += 32) {
+        const uint8_t* qb = q + b / 2;
+        for (int p = 0; p < 16; ++p) {
+          o[b + p] = static_cast<float>((qb[p] & 15) - z) * s;
+          o[b + 16 + p] = static_cast<float>((qb[p] >> 4) - z) * s;
+        }
+      }
+    }
+  }
+}
+
+void block_order_rows(const float* x, int rows, int k, float* out) {
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + size_t(r) * k;
+    float* o = out + size_t(r) * k;
+    for (int b = 0; b < k; b += 32)
+      for (int p = 0; p < 16; ++p) {
+        o[b + p] = xr[b + 2 * p];
+        o[b + 16 + p] = xr[b + 2 * p + 1];
+      }
+  }
+}
+
 }  // namespace swiftspec::cpu

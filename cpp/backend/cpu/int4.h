@@ -37,4 +37,22 @@ inline float fp16_to_float_fast(uint16_t h) {
 /// path computes them.
 void dequantize_int4_rows(const WeightMatrix& w, int n0, int n1, float* out);
 
+// Block order. The low nibbles of 16 packed bytes are the even elements of a 32-element
+// block, the high nibbles the odd ones; a kernel that keeps them apart (instead of
+// interleaving them back, one shuffle per 16 values) reduces the K axis in *block order*:
+// within each block of 32, elements 0, 2, ..., 30, then 1, 3, ..., 31. The activations are
+// put in the same order (block_order_rows), so the products are the same; only the order of
+// the sum differs from the natural one, identically for every batch size.
+
+/// Whether `linear` over `w` reduces in block order: int4 with a group size that is a
+/// multiple of 32 (so every 32-element block has one scale and one zero point).
+inline bool int4_block_order(const WeightMatrix& w) { return w.is_int4() && w.group_size % 32 == 0; }
+
+/// dequantize_int4_rows in block order: out[(n - n0) * k + 32t + p] is element 32t + 2p
+/// for p < 16 and element 32t + 2(p - 16) + 1 for p >= 16. Needs int4_block_order(w).
+void dequantize_int4_rows_block_order(const WeightMatrix& w, int n0, int n1, float* out);
+
+/// The rows of x (fp32 [rows, k], k a multiple of 32) in block order, into out [rows, k].
+void block_order_rows(const float* x, int rows, int k, float* out);
+
 }  // namespace swiftspec::cpu

@@ -153,12 +153,13 @@ void linear_columns(const float* x, int rows, const W* w, int k, const float* bi
 }
 
 #if defined(__AVX512F__)
-// dot_rows over an int4 weight row whose group size is a multiple of 32 (so K is too), with
-// the weights dequantized in registers: per group a 16-entry table t[q] = (q - z) * s (the
-// formula of int4.h, same bits), per 32 elements one lookup of the low and of the high
-// nibbles, interleaved back into element order. The FMAs and the final reduction are those
-// of dot_rows over the dequantized F32 row (32-wide steps, two accumulators, no tail; the
-// "+ 0.0f" is dot_rows' empty tail), so the result has the same bits as the buffered path.
+// dot_rows over an int4 weight row in block order (int4.h; the group size a multiple of 32)
+// against activations already in block order, with the weights dequantized in registers:
+// per group a 16-entry table t[q] = (q - z) * s (the formula of int4.h, same bits), per 32
+// elements one lookup of the 16 low nibbles (the even elements) and one of the 16 high ones
+// (the odd elements). The FMAs and the final reduction are those of dot_rows over the
+// block-order F32 row (32-wide steps, two accumulators, no tail; "+ 0.0f" is dot_rows' empty
+// tail), so the result has the bits of the buffered path.
 template <int R>
 inline void dot_rows_int4(const float* const* x, const WeightMatrix& w, int n, float* out) {
   const int k = w.k, g = w.group_size, groups = k / g;
@@ -166,8 +167,6 @@ inline void dot_rows_int4(const float* const* x, const WeightMatrix& w, int n, f
   const uint16_t* sc = w.scales + size_t(n) * groups;
   const uint8_t* zr = w.zeros + size_t(n) * groups;
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i first = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  const __m512i second = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
   const __m512i low4 = _mm512_set1_epi32(15);
   V16 acc0[R], acc1[R];
   for (int r = 0; r < R; ++r) { acc0[r] = zero(); acc1[r] = zero(); }
@@ -177,9 +176,8 @@ inline void dot_rows_int4(const float* const* x, const WeightMatrix& w, int n, f
     const uint8_t* qg = q + size_t(gi) * (g / 2);
     for (int i = gi * g; i < (gi + 1) * g; i += 32, qg += 16) {
       const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qg)));
-      const __m512 lo = _mm512_permutexvar_ps(_mm512_and_si512(bytes, low4), table);
-      const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
-      const V16 w0{_mm512_permutex2var_ps(lo, first, hi)}, w1{_mm512_permutex2var_ps(lo, second, hi)};
+      const V16 w0{_mm512_permutexvar_ps(_mm512_and_si512(bytes, low4), table)};
+      const V16 w1{_mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table)};
       for (int r = 0; r < R; ++r) {
         acc0[r] = fma(load(x[r] + i), w0, acc0[r]);
         acc1[r] = fma(load(x[r] + i + 16), w1, acc1[r]);
@@ -188,20 +186,19 @@ inline void dot_rows_int4(const float* const* x, const WeightMatrix& w, int n, f
   }
   for (int r = 0; r < R; ++r) out[r] = hsum(add(acc0[r], acc1[r])) + 0.0f;
 }
-constexpr bool kFusedInt4 = true;
-#else
-constexpr bool kFusedInt4 = false;
 #endif
 
-// Int4. Decode-sized batches (at most 4 rows: one row tile) dequantize in registers
-// (dot_rows_int4) where the build and the group size allow; larger batches dequantize each
-// block of kColBlock weight rows once into fp32, reused by every row tile, and reduce it as
-// an F32 matrix. Both give the bits of `linear` over the dequantized F32 matrix, so which
-// one runs cannot change a result.
+// Int4 (x already in block order when int4_block_order(w)). Decode-sized batches (at most
+// 4 rows: one row tile) in an AVX-512 build dequantize in registers (dot_rows_int4); larger
+// batches, or other builds, dequantize each block of kColBlock weight rows once into fp32,
+// reused by every row tile, and reduce it as an F32 matrix. Both give the bits of `linear`
+// over the dequantized F32 matrix with K in the same order, so which one runs cannot change
+// a result.
 void linear_columns_int4(const float* x, int rows, const WeightMatrix& w, const float* bias, float* y, int n_begin,
                          int n_end) {
+  const bool block_order = int4_block_order(w);
 #if defined(__AVX512F__)
-  if (kFusedInt4 && rows <= 4 && w.group_size % 32 == 0) {
+  if (block_order && rows <= 4) {
     tile_rows(x, rows, w.k, bias, y, w.n, n_begin, n_end, [&](auto r, const float* const* xr, int n, float* out) {
       dot_rows_int4<decltype(r)::value>(xr, w, n, out);
     });
@@ -212,7 +209,10 @@ void linear_columns_int4(const float* x, int rows, const WeightMatrix& w, const 
   block.resize(size_t(kColBlock) * w.k);
   for (int nb = n_begin; nb < n_end; nb += kColBlock) {
     const int ne = std::min(nb + kColBlock, n_end);
-    dequantize_int4_rows(w, nb, ne, block.data());
+    if (block_order)
+      dequantize_int4_rows_block_order(w, nb, ne, block.data());
+    else
+      dequantize_int4_rows(w, nb, ne, block.data());
     const float* rows_fp32 = block.data();
     linear_block<float>(x, rows, [&](int n) { return rows_fp32 + (size_t)(n - nb) * w.k; }, w.k, bias, y, w.n, nb,
                         ne);
@@ -224,10 +224,17 @@ void linear_columns_int4(const float* x, int rows, const WeightMatrix& w, const 
 void linear(const float* x, int rows, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
   // Split N into chunks of 8 columns so every worker gets whole column blocks.
   const int blocks = (w.n + 7) / 8;
+  const float* xi = x;
+  if (int4_block_order(w)) {  // the activations in the int4 kernels' K order (int4.h)
+    thread_local std::vector<float> reordered;
+    reordered.resize(size_t(rows) * w.k);
+    block_order_rows(x, rows, w.k, reordered.data());
+    xi = reordered.data();
+  }
   pool.parallel_for(blocks, [&](int b0, int b1) {
     const int n0 = b0 * 8, n1 = std::min(b1 * 8, w.n);
     if (w.is_int4())
-      linear_columns_int4(x, rows, w, bias, y, n0, n1);
+      linear_columns_int4(xi, rows, w, bias, y, n0, n1);
     else if (w.dtype == DType::BF16)
       linear_columns(x, rows, static_cast<const uint16_t*>(w.data), w.k, bias, y, w.n, n0, n1);
     else

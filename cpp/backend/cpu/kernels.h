@@ -31,10 +31,11 @@ struct WeightMatrix {
 
 /// Y[m, n] = sum_k X[m, k] * W[n, k] (+ bias[n]) for m < rows. X fp32 [rows, K],
 /// Y fp32 [rows, N], bias fp32 [N] or null. Parallel over N. An int4 W is dequantized to
-/// fp32 (in registers for up to 4 rows when the build has AVX-512 and the group size is a
-/// multiple of 32; else cpu::dequantize_int4_rows, 8 weight rows at a time, into a buffer)
-/// and reduced in exactly the order of an F32 W: the result is bit-identical to `linear`
-/// over the dequantized F32 matrix, so int4 keeps the batch invariance of the F32/BF16 paths.
+/// fp32 (in registers for up to 4 rows when the build has AVX-512; else 8 weight rows at a
+/// time into a buffer) and reduced as an F32 W would be, over K in block order (int4.h)
+/// when its group size is a multiple of 32, in natural order otherwise: the result is
+/// bit-identical to `linear` over the dequantized F32 matrix with X and W in that K order,
+/// whatever the number of rows, so int4 keeps the batch invariance of the F32/BF16 paths.
 void linear(const float* x, int rows, const WeightMatrix& w, const float* bias, float* y,
             ThreadPool& pool);
 
