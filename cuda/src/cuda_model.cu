@@ -171,6 +171,60 @@ class CudaModelImpl final : public CudaModel {
     if (stream_) cudaStreamDestroy(stream_);
   }
 
+  /// Tunes every token bucket now (autotune), so that no request pays for it:
+  /// tuned lazily, a bucket's first step took ~0.3-1 s, and in the real-pair
+  /// benchmark the first requests of a configuration dropped to a quarter of
+  /// their speed (run 18). Each bucket is timed on a synthetic step of its
+  /// size over a committed context of up to 512 keys: a single-token decode
+  /// for bucket 1 (a tree of 8 with the megakernel, which takes the decode
+  /// steps), trees of 16 / 32 / 64 nodes (forks along chains, as drafts grow)
+  /// for the others, or a prefill piece where max_tree is smaller. Only the
+  /// timing matters, not the values the KV cache holds; the step writes tree
+  /// slots or slots past the committed length and commits nothing.
+  void tune_all_buckets() {
+    if (!copt_.use_graphs) return;
+    ModelScope scope(copt_.device, green_.get());
+    const int saved = committed_;
+    for (int nt : {1, 2, 4, 8}) {
+      if (!needs_tuning(nt)) continue;
+      const int n = nt == 1 ? (mk_ ? 8 : 1) : 8 * nt;
+      const bool tree = n > 1 && n <= opt_.max_tree;
+      committed_ = std::max(0, std::min(512, opt_.max_context - n));
+      ForwardBatch b;
+      b.logits = LogitsMode::All;
+      std::vector<int> depth(n, 0), parent(n, -1);
+      for (int i = 0; i < n; ++i) {
+        b.tokens.push_back(0);
+        if (!tree) {
+          b.positions.push_back(committed_ + i);
+          continue;
+        }
+        parent[i] = i == 0 ? -1 : (i % 4 == 0 ? i / 2 : i - 1);
+        depth[i] = i == 0 ? 0 : depth[parent[i]] + 1;
+        b.positions.push_back(committed_ + depth[i]);
+        b.tree_slots.push_back(i);
+      }
+      if (tree) {
+        b.attend_offsets.push_back(0);
+        for (int i = 0; i < n; ++i) {
+          std::vector<int> chain;
+          for (int j = i; j >= 0; j = parent[j]) chain.push_back(j);
+          b.attend_slots.insert(b.attend_slots.end(), chain.rbegin(), chain.rend());
+          b.attend_offsets.push_back(static_cast<int>(b.attend_slots.size()));
+        }
+      }
+      if (committed_ + (tree ? 0 : n) > opt_.max_context) continue;
+      validate(b);
+      auto d = std::make_unique<StepDesc>();  // ~17 KB: not on the stack
+      const int na = fill_desc(*d, b, 0, n);
+      forget_logits_rows();  // the step rewrites logits_ / keys_
+      upload_desc(*d, na);
+      run_step(nt, LogitsMode::All, false);
+    }
+    SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    committed_ = saved;
+  }
+
   // ---------------------------------------------------------------- loading
   void load_host(const WeightLookup& lookup, const WeightExists& exists) {
     ModelScope scope(copt_.device, green_.get());
@@ -1319,6 +1373,7 @@ std::unique_ptr<CudaModel> make_cuda_model_from_host(const ModelConfig& config, 
                                                      const CudaModelOptions& cuda_options) {
   auto m = std::make_unique<cuda::CudaModelImpl>(config, options, cuda_options);
   m->load_host(lookup, exists);
+  m->tune_all_buckets();
   return m;
 }
 
@@ -1326,6 +1381,7 @@ std::unique_ptr<CudaModel> make_cuda_model_random(const ModelConfig& config, con
                                                   const CudaModelOptions& cuda_options, uint64_t seed) {
   auto m = std::make_unique<cuda::CudaModelImpl>(config, options, cuda_options);
   m->init_random(seed);
+  m->tune_all_buckets();
   return m;
 }
 

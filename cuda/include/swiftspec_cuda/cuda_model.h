@@ -67,8 +67,9 @@ struct CudaModelOptions {
   /// step's graph under candidate launch settings that change no arithmetic
   /// (each kernel kind's PDL edge off, every edge off, each GEMM's other
   /// row-block sizes and pipeline depths, then the combination of those that
-  /// paid) and keep the fastest (cuda/src/step_tuner.h). Costs ~6 replays per
-  /// candidate (~20 candidates), once per bucket, at its first step. Off for
+  /// paid) and keep the fastest (cuda/src/step_tuner.h). Done when the model
+  /// is made, on a synthetic step per bucket (~6 replays per candidate, ~20
+  /// candidates: ~1 s per bucket at the 8B shape, ~0.4 s at the 1.5B). Off for
   /// tensor-parallel ranks (their all-reduces must pair up). SWIFTSPEC_STEP_TUNE=0
   /// turns it off (A/B).
   bool autotune = true;
