@@ -308,6 +308,14 @@ def test_cli_generate_names_the_flag_before_loading(tmp_path, extra, message):
     (["generate", "one", "two"], "usage: swiftspec generate ", "swiftspec generate: error: unrecognized arguments: two\n"),
     (["bench", "--num-promts", "3"], "usage: swiftspec bench ",
      "swiftspec bench: error: unrecognized arguments: --num-promts (did you mean --num-prompts?)\n"),
+    # abbreviations are not expanded (argparse would read --temp as --temperature)
+    (["generate", "--temp", "0.5", "hi"], "usage: swiftspec generate ",
+     "swiftspec generate: error: unrecognized arguments: --temp (did you mean --temperature?)\n"),
+    (["bench", "--num-prompt", "3"], "usage: swiftspec bench ",
+     "swiftspec bench: error: unrecognized arguments: --num-prompt (did you mean --num-prompts?)\n"),
+    (["generate", "--t", "x", "hi"], "usage: swiftspec generate ",
+     "swiftspec generate: error: unrecognized arguments: --t (did you mean one of --target, --temperature, "
+     "--threads, --top-k, --top-p, --tree-budget?)\n"),
 ])
 def test_cli_unknown_options_are_named_by_the_subcommand(capsys, argv, usage, message):
     """An unknown option is reported by the subcommand's parser (its usage, not swiftspec's), by

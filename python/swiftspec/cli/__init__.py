@@ -22,8 +22,15 @@ _COMMANDS = ("generate", "bench", "serve")
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
-    parser = argparse.ArgumentParser(prog="swiftspec", description="Low-latency speculative LLM inference.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    import functools
+
+    # No abbreviations: argparse would take "--temp" as --temperature and "--max" as whichever option
+    # starts so, and a later option could change what an old command line means. An abbreviation is
+    # an unknown option, named with the closest one (_unrecognized).
+    parser = argparse.ArgumentParser(prog="swiftspec", description="Low-latency speculative LLM inference.",
+                                     allow_abbrev=False)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                parser_class=functools.partial(argparse.ArgumentParser, allow_abbrev=False))
     sub.required = True
     for name in _COMMANDS:
         try:
@@ -46,16 +53,23 @@ def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.Argume
 def _unrecognized(sub: argparse.ArgumentParser, extras: list[str]) -> str:
     """The error for arguments a subcommand did not take: its unknown options (an option's value
     taken as the prompt is not named), each with the closest option of the subcommand if one is
-    close ("--max-tokens (did you mean --max-new-tokens?)"); the extra arguments when none is an
-    option."""
+    close ("--max-tokens (did you mean --max-new-tokens?)"), or the options an abbreviation starts
+    ("--temp (did you mean --temperature?)"); the extra arguments when none is an option."""
     import difflib
 
     options = [s for action in sub._actions for s in action.option_strings if s.startswith("--")]
     unknown = [a for a in extras if a.startswith("-") and a not in ("-", "--") and not sub._negative_number_matcher.match(a)]
     named = []
     for arg in unknown or extras:
-        close = difflib.get_close_matches(arg.split("=", 1)[0], options, n=1) if arg in unknown else []
-        named.append(f"{arg} (did you mean {close[0]}?)" if close else arg)
+        name = arg.split("=", 1)[0]
+        # An abbreviation ("--temp") names the options it starts; else the closest by spelling.
+        close = sorted(o for o in options if o.startswith(name)) if arg in unknown else []
+        if not close and arg in unknown:
+            close = difflib.get_close_matches(name, options, n=1)
+        if len(close) > 1:
+            named.append(f"{arg} (did you mean one of {', '.join(close)}?)")
+        else:
+            named.append(f"{arg} (did you mean {close[0]}?)" if close else arg)
     return "unrecognized arguments: " + " ".join(named)
 
 
