@@ -230,6 +230,28 @@ def test_bad_input_is_named(qwen):
         qwen.stream_decoder().push([1.5])
 
 
+def test_padding_ids_of_a_padded_model_vocabulary_decode_to_nothing(tmp_path):
+    """A model whose vocabulary is padded beyond its tokenizer's tokens (an HF Qwen2.5 folder: 151936
+    rows, 151665 tokens) can emit a padding id: decode and the stream decoder render it as nothing
+    (as HF does) instead of refusing the generation; ids beyond the model's vocabulary are refused."""
+    import json
+
+    from tokenizers import Tokenizer as Backend, models, pre_tokenizers, decoders
+
+    backend = Backend(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.decoder = decoders.WordPiece()
+    backend.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 10}))
+    tok = Tokenizer.from_checkpoint(tmp_path)
+    assert (tok.vocab_size, tok.model_vocab_size) == (3, 10)
+    assert tok.decode([0, 7, 1]) == tok.decode([0, 1]) == "a b"
+    stream = tok.stream_decoder()
+    assert stream.push([0, 9]) + stream.push(1) + stream.flush() == "a b"
+    with pytest.raises(InvalidRequestError, match=r"token ids\[0\] is 10, outside the vocabulary \[0, 10\)"):
+        tok.decode([10])
+
+
 def test_template_errors(checkpoint_dir):
     from tokenizers import Tokenizer as Backend
 

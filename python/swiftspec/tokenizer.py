@@ -137,10 +137,14 @@ def _check_messages(messages: Any) -> list[dict]:
 class Tokenizer:
     """A checkpoint's tokenizer.
 
-    Build it with :meth:`from_checkpoint`. Token ids are Python ints in ``[0, vocab_size)``.
+    Build it with :meth:`from_checkpoint`. Token ids are Python ints in ``[0, vocab_size)``
+    (``vocab_size``: the tokenizer's tokens). A model's vocabulary may be padded beyond them
+    (Qwen2.5: 151936 rows, 151665 tokens); :meth:`decode` takes ids up to ``model_vocab_size`` and
+    renders the padding ids as nothing, as HF does, since a model can emit them.
     """
 
-    def __init__(self, backend, config: dict, eos_token_ids: Sequence[int], source: str = "<memory>"):
+    def __init__(self, backend, config: dict, eos_token_ids: Sequence[int], source: str = "<memory>",
+                 model_vocab_size: int | None = None):
         self._tk = backend
         self.config = dict(config)
         self.source = source
@@ -153,6 +157,8 @@ class Tokenizer:
             ids.append(self._tk.token_to_id(eos_text))
         self._eos = list(dict.fromkeys(ids))
         self.vocab_size: int = self._tk.get_vocab_size(with_added_tokens=True)
+        #: ids decode() takes: the model's vocabulary (config.json) when it is padded beyond the tokens
+        self.model_vocab_size: int = max(self.vocab_size, model_vocab_size or 0)
 
     @classmethod
     def from_checkpoint(cls, folder: str | Path) -> "Tokenizer":
@@ -181,7 +187,7 @@ class Tokenizer:
         eos: list[int] = _eos_ids(model_config.get("eos_token_id"), folder / "config.json", vocab)
         eos += _eos_ids(_read_json(folder / "generation_config.json", required=False).get("eos_token_id"),
                         folder / "generation_config.json", vocab)
-        tokenizer = cls(backend, config, eos, source=str(folder))
+        tokenizer = cls(backend, config, eos, source=str(folder), model_vocab_size=vocab)
         bad = [e for e in tokenizer.eos_token_ids if e >= vocab]  # only tokenizer_config's eos_token is left
         if bad:
             raise CheckpointError(f"{folder / 'tokenizer_config.json'}: eos_token {tokenizer.special_tokens['eos_token']!r} is "
@@ -219,7 +225,8 @@ class Tokenizer:
             raise InvalidRequestError(f"text to encode must be a str, got {type(text).__name__}")
         return self._tk.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def _check_ids(self, ids: Any) -> list[int]:
+    def _check_ids(self, ids: Any, limit: int | None = None) -> list[int]:
+        limit = self.vocab_size if limit is None else limit
         if not isinstance(ids, (list, tuple)):
             try:
                 ids = list(ids)
@@ -230,15 +237,16 @@ class Tokenizer:
             if isinstance(t, bool) or not hasattr(t, "__index__"):
                 raise InvalidRequestError(f"token ids[{i}] is {t!r}, not an int")
             t = int(t)
-            if not 0 <= t < self.vocab_size:
-                raise InvalidRequestError(f"token ids[{i}] is {t}, outside the vocabulary [0, {self.vocab_size})")
+            if not 0 <= t < limit:
+                raise InvalidRequestError(f"token ids[{i}] is {t}, outside the vocabulary [0, {limit})")
             out.append(t)
         return out
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
-        """Text of token ``ids``. Bytes that do not form complete UTF-8 become U+FFFD.
-        Raises :class:`InvalidRequestError` for non-int or out-of-vocabulary ids."""
-        return self._tk.decode(self._check_ids(ids), skip_special_tokens=skip_special_tokens)
+        """Text of token ``ids``. Bytes that do not form complete UTF-8 become U+FFFD; ids of the
+        model's padding rows (``vocab_size <= id < model_vocab_size``) become nothing.
+        Raises :class:`InvalidRequestError` for non-int ids or ids outside ``[0, model_vocab_size)``."""
+        return self._tk.decode(self._check_ids(ids, self.model_vocab_size), skip_special_tokens=skip_special_tokens)
 
     # ------------------------------------------------------------------- chat
 
@@ -322,7 +330,7 @@ class StreamDecoder:
             new = list(ids)
         except TypeError:  # a single id (int or numpy integer)
             new = [ids]
-        self._ids.extend(self._tok._check_ids(new))
+        self._ids.extend(self._tok._check_ids(new, self._tok.model_vocab_size))
         return self._delta(final=False)
 
     def flush(self) -> str:

@@ -388,7 +388,8 @@ class Runner:
                 json.loads(lines[-1])
             except (ValueError, RecursionError):
                 self._resume_cut = lines.pop()
-        vocab = getattr(self.tokenizer, "vocab_size", None)  # None: not loaded (the runner's tests)
+        # The model's vocabulary (it may emit padding ids beyond the tokens); None: not loaded (the runner's tests)
+        vocab = getattr(self.tokenizer, "model_vocab_size", getattr(self.tokenizer, "vocab_size", None))
         for n, line in enumerate(lines):
             try:
                 row = json.loads(line)
