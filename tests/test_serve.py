@@ -257,6 +257,27 @@ _MSG = [{"role": "user", "content": "hi"}]
     ({"messages": _MSG, "temprature": 0}, "temprature", "unknown field 'temprature'"),
     ({"messages": _MSG, "model": "gpt-4o"}, "model", f"model 'gpt-4o' is not served here; this server serves "
      f"'{MODEL_ID}'"),
+    # found by an adversarial pass: each was a 200 (silently dropped or ignored) or a 500
+    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "max_tokens": 2}', "max_tokens",
+     "the request body has the key 'max_tokens' twice in one object; give it once"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": 0, "temperature": 1}', "temperature",
+     "has the key 'temperature' twice"),
+    pytest.param(b"[" * 100_000 + b"]" * 100_000, None, "the request body nests lists and objects deeper than 32 "
+                 "levels", id="nested-100000-deep"),
+    pytest.param(b'{"messages": [{"role": "user", "content": "hi"}], "model": ' + b"[" * 900 + b"]" * 900 + b"}",
+                 None, "nests lists and objects deeper than 32 levels", id="model-nested-900-deep"),
+    ({"messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages",
+     "messages[0].name is not supported by this server (a message takes role and content)"),
+    ({"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}, *_MSG]}, "messages",
+     "messages[0].tool_calls is not supported"),
+    ({"messages": _MSG, "stop": [f"s{i}" for i in range(17)]}, "stop",
+     "stop has 17 strings; this server takes at most 16"),
+    ({"messages": _MSG, "stop": ["ok", "x" * 100_000]}, "stop",
+     "stop[1] has 100000 characters; this server takes at most 256 per stop string"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "stop": ["ok", "\\udc00"]}', "stop",
+     "stop[1] is not valid text: surrogates not allowed at position 0"),
+    ({"messages": [{"role": "user", "content": "word " * 600}]}, "messages",
+     f"which leaves no room for a reply in the context of {CONTEXT} tokens"),
 ])
 def test_bad_requests_are_400_naming_the_field(client, body, param, message):
     content = body if isinstance(body, bytes) else json.dumps(body)
@@ -286,6 +307,77 @@ def test_wrong_path_and_method_are_json_errors(client):
     assert r.status_code == 404 and r.json()["error"]["message"] == "GET /v1/nothing: Not Found"
     r = client.get("/v1/chat/completions")
     assert r.status_code == 405 and "Method Not Allowed" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("headers", [{"Content-Type": "text/plain"}, {},
+                                     {"Content-Type": "application/x-www-form-urlencoded"}])
+def test_a_body_not_sent_as_json_is_415(client, headers):
+    """text/plain or no type at all is what a page on another site can POST here without the
+    browser asking first (no CORS preflight): refused, so no site spends the engine unasked."""
+    body = json.dumps({"messages": _MSG, "max_tokens": 1, "temperature": 0})
+    r = client.post("/v1/chat/completions", content=body, headers=headers)
+    assert r.status_code == 415, r.text
+    error = r.json()["error"]
+    assert error["code"] == "unsupported_media_type"
+    assert error["message"] == ("the request body must be JSON with the header 'Content-Type: application/json', got "
+                                + (repr(headers["Content-Type"]) if headers else "no Content-Type"))
+    r = client.post("/v1/chat/completions", content=body, headers={"Content-Type": "Application/JSON; charset=utf-8"})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 1
+
+
+def test_oversized_bodies_are_413_before_they_are_read(engine):
+    """A body over --max-body-bytes is refused from its Content-Length alone (50 MB announced, a
+    few bytes sent: the answer comes at once), or while a chunked one arrives; 100k messages
+    (3 MB) are refused too. The server then answers normally."""
+    with _running_server(create_app(engine, max_body_bytes=1 << 20)) as url:
+        host, port = url.rsplit("/", 1)[1].split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 50000000\r\n\r\n{\"messages\": [")
+            reply = b""
+            while b"}}" not in reply:
+                chunk = sock.recv(65536)
+                assert chunk, reply
+                reply += chunk
+        head, body = reply.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 413 "), head
+        assert json.loads(body)["error"] == {
+            "message": "the request body is 50000000 bytes; this server takes at most 1048576 (swiftspec serve "
+                       "--max-body-bytes)", "type": "invalid_request_error", "param": None, "code": "request_too_large"}
+        many = httpx.post(f"{url}/v1/chat/completions", timeout=60,
+                          json={"messages": [{"role": "user", "content": ""}] * 100_000, "max_tokens": 1})
+        assert many.status_code == 413 and many.json()["error"]["code"] == "request_too_large"
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={"messages": _MSG, "max_tokens": 2,
+                                                                        "temperature": 0})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+    with TestClient(create_app(engine, max_body_bytes=1000)) as small:  # chunked: no Content-Length
+        r = small.post("/v1/chat/completions", headers={"Content-Type": "application/json"},
+                       content=iter([b'{"messages": [{"role": "user", "content": "', b"x" * 2000, b'"}]}']))
+        assert r.status_code == 413
+        assert r.json()["error"]["message"] == ("the request body is more than 1000 bytes; this server takes at most "
+                                                "1000 (swiftspec serve --max-body-bytes)")
+
+
+def test_a_long_conversation_is_rendered_off_the_event_loop(engine):
+    """Rendering 30k messages (just under 1 MB) through the chat template takes seconds; meanwhile
+    the server answers /health (before: its event loop was blocked until the prompt was refused)."""
+    with _running_server(create_app(engine)) as url:
+        done = {}
+
+        def big():
+            r = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+                "messages": [{"role": "user", "content": ""}] * 30_000})
+            done["big"] = (time.monotonic(), r)
+
+        thread = threading.Thread(target=big)
+        thread.start()
+        time.sleep(0.3)  # the big request is being tokenized
+        assert httpx.get(f"{url}/health", timeout=60).json()["running"] == 0
+        done["health"] = time.monotonic()
+        thread.join(120)
+    at, r = done["big"]
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert done["health"] < at
 
 
 # ------------------------------------------------------------- one at a time, cancellation
@@ -390,7 +482,35 @@ def test_cli_serve_names_a_missing_extra_before_loading(monkeypatch, capsys, tmp
                    "pip install 'swiftspec[serve]'\n")
 
 
+@pytest.mark.parametrize("host,warned", [("0.0.0.0", True), ("::", True), ("192.168.1.5", True),
+                                         ("my-host.example", True), ("127.0.0.1", False), ("localhost", False),
+                                         ("::1", False)])
+def test_cli_serve_warns_when_it_listens_beyond_this_machine(monkeypatch, capsys, engine, host, warned):
+    """Beyond loopback anyone who reaches the port can use the API: no authentication, no TLS."""
+    import swiftspec.cli.serve
+    import swiftspec.serve.server
+    from swiftspec.cli import main
+
+    class Unclosable:  # the module's engine, which the command must not close
+        def __getattr__(self, name):
+            return getattr(engine, name)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(swiftspec.cli.serve, "load_engine", lambda args: Unclosable())
+    monkeypatch.setattr(swiftspec.serve.server, "serve", lambda app, host, port, on_started: on_started())
+    assert main(["serve", "--target", "served", "--host", host]) == 0
+    err = capsys.readouterr().err
+    shown = f"[{host}]" if ":" in host else host
+    warning = (f"[swiftspec] warning: listening on {shown}, beyond this machine: the API has no authentication and "
+               "no TLS; anyone who can reach this port can use the models and read the replies\n")
+    assert f"[swiftspec] serving served: chat page http://{shown}:8000/" in err
+    assert (warning in err) == warned, err
+
+
 @pytest.mark.parametrize("extra,message", [
+    (["--max-body-bytes", "0"], "--max-body-bytes must be >= 1, got 0"),
     (["--port", "0"], "--port must be in [1, 65535], got 0"),
     (["--max-waiting", "-1"], "--max-waiting must be >= 0, got -1"),
     (["--tree-budget", "0"], "--tree-budget must be >= 1, got 0"),

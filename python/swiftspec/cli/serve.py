@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from swiftspec.cli.engine_options import add_decode_options, add_model_options, check_engine_options, load_engine
+from swiftspec.serve import DEFAULT_MAX_BODY_BYTES
 
 
 def add_parser(sub) -> None:
@@ -20,10 +21,14 @@ def add_parser(sub) -> None:
         "pip install 'swiftspec[serve]'.",
     )
     p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)")
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface, "
+                   "with a warning: the API has no authentication)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     p.add_argument("--max-waiting", type=int, default=4,
                    help="requests that may wait while one decodes (default 4); more are answered 503 at once")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help=f"largest request body taken, in bytes (default {DEFAULT_MAX_BODY_BYTES}: 1 MiB); a larger "
+                   "one gets HTTP 413 before it is read")
     add_model_options(p)
     add_decode_options(p)
     p.set_defaults(run=run)
@@ -36,6 +41,18 @@ def _model_id(model) -> str:
     return name[: -len(".gguf")] if name.endswith(".gguf") else name
 
 
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` reaches this machine only: 127.0.0.0/8, ::1 or "localhost"."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
 def run(args: argparse.Namespace) -> int:
     from swiftspec.errors import InvalidRequestError, SwiftspecError
     from swiftspec.serve import EXTRA, missing_modules
@@ -44,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequestError(f"--port must be in [1, 65535], got {args.port}")
     if args.max_waiting < 0:
         raise InvalidRequestError(f"--max-waiting must be >= 0, got {args.max_waiting}")
+    if args.max_body_bytes < 1:
+        raise InvalidRequestError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
     check_engine_options(args)
     if args.mode in ("serial", "async") and (args.no_draft or (args.target is not None and args.draft is None)):
         raise InvalidRequestError(f"--mode {args.mode} needs a draft model: give --draft (or drop --no-draft)")
@@ -59,12 +78,17 @@ def run(args: argparse.Namespace) -> int:
     model_id = _model_id(args.target or DEFAULT_PAIR["target"])
     draft_id = _model_id(args.draft or DEFAULT_PAIR["draft"]) if engine.has_draft else None
     app = create_app(engine, model_id=model_id, draft_id=draft_id, default_mode=args.mode, tree_budget=args.tree_budget,
-                     max_depth=args.max_depth, branching=args.branching, max_waiting=args.max_waiting)
+                     max_depth=args.max_depth, branching=args.branching, max_waiting=args.max_waiting,
+                     max_body_bytes=args.max_body_bytes)
     shown = f"[{args.host}]" if ":" in args.host else args.host
 
     def started():
         print(f"[swiftspec] serving {model_id}: chat page http://{shown}:{args.port}/ , OpenAI API "
               f"http://{shown}:{args.port}/v1 (Ctrl-C stops)", file=sys.stderr, flush=True)
+        if not _is_loopback(args.host):
+            print(f"[swiftspec] warning: listening on {shown}, beyond this machine: the API has no authentication "
+                  "and no TLS; anyone who can reach this port can use the models and read the replies",
+                  file=sys.stderr, flush=True)
 
     try:
         serve(app, args.host, args.port, on_started=started)

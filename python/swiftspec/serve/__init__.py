@@ -15,6 +15,11 @@ a submodule without it raises ModuleNotFoundError (``swiftspec serve`` names the
 REQUIRED_MODULES = ("starlette", "uvicorn")
 EXTRA = "serve"
 
+#: The largest request body the server takes by default, in bytes (1 MiB; ``swiftspec serve
+#: --max-body-bytes``): a conversation filling a 32k-token context is about 130 KB of JSON (more
+#: with escaped non-ASCII text). A larger body is refused with HTTP 413 before it is read.
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+
 
 def missing_modules() -> list[str]:
     """The modules of the ``serve`` extra that are not installed (none: the server can run)."""

@@ -12,8 +12,9 @@ One request decodes at a time (runner.py); up to ``max_waiting`` more wait in ar
 one beyond them is answered at once with 503 and a ``Retry-After`` header. A client that
 disconnects, streamed or not, cancels its request within one decode step (or prefill chunk), also
 while it waits. Every error is OpenAI's JSON error object: 400 naming the field for a bad request,
-404/405 for a wrong path or method, 503 when busy or shutting down, 500 (no traceback; logged
-here) for a failure of the engine itself.
+413 for a body over ``max_body_bytes``, 415 for a body not sent as application/json, 404/405 for
+a wrong path or method, 503 when busy or shutting down, 500 (no traceback; logged here) for a
+failure of the engine itself.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from swiftspec.errors import InvalidRequestError, SwiftspecError
+from swiftspec.serve import DEFAULT_MAX_BODY_BYTES
 from swiftspec.serve.openai_schema import (
     DEFAULT_MAX_TOKENS,
     MODES,
@@ -40,6 +42,7 @@ from swiftspec.serve.openai_schema import (
     RequestError,
     chunk_body,
     completion_body,
+    decode_body,
     error_body,
     new_completion_id,
     parse_chat_request,
@@ -89,11 +92,20 @@ class ChatServer:
         tree_budget, max_depth, branching: the token tree of speculative requests (a request may
             set ``swiftspec.tree_budget``).
         max_waiting: requests that may wait behind the running one; more get 503.
+        max_body_bytes: the largest request body taken, in bytes (>= 1); a larger one gets 413
+            before it is read (default :data:`DEFAULT_MAX_BODY_BYTES`).
+
+    Raises:
+        InvalidRequestError: ``default_mode`` needs a draft the engine lacks; ``max_body_bytes`` < 1.
     """
 
     def __init__(self, engine, *, model_id: str | None = None, draft_id: str | None = None,
                  default_mode: str | None = None,
-                 tree_budget: int = 16, max_depth: int = 8, branching: int = 2, max_waiting: int = 4):
+                 tree_budget: int = 16, max_depth: int = 8, branching: int = 2, max_waiting: int = 4,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+        if max_body_bytes < 1:
+            raise InvalidRequestError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
+        self.max_body_bytes = max_body_bytes
         self.engine = engine
         self.runner = EngineRunner(engine, max_waiting=max_waiting)
         self.model_id = model_id or engine.target_dir.name
@@ -128,13 +140,12 @@ class ChatServer:
 
     async def chat_completions(self, request: Request):
         try:
-            raw = await request.body()
-            try:
-                body = json.loads(raw)
-            except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
-                raise RequestError(f"the request body is not JSON: {exc}") from None
+            self._check_content_type(request)
+            body = decode_body(await self._read_body(request))
             req = parse_chat_request(body, self.model_id)
-            prompt_ids, kwargs, mode = self._resolve(req)
+            # Rendering and tokenizing a long conversation takes seconds (1 MB: ~2 s here): off the
+            # event loop, which meanwhile streams other replies and answers /health.
+            prompt_ids, kwargs, mode = await anyio.to_thread.run_sync(self._resolve, req)
         except RequestError as exc:
             return _error(exc)
         try:
@@ -152,6 +163,38 @@ class ChatServer:
         return await self._whole(request, job, cid, created, meta)
 
     # --------------------------------------------------------------- requests
+    @staticmethod
+    def _check_content_type(request: Request) -> None:
+        """Only ``application/json`` bodies: a web page on any other site may POST text/plain (or
+        no type) to this server from its visitor's browser without asking (no CORS preflight),
+        spending the engine on the page's behalf; a JSON body makes the browser ask first, and
+        this server grants no cross-origin access."""
+        given = request.headers.get("content-type", "")
+        if given.split(";")[0].strip().lower() != "application/json":
+            raise RequestError(f"the request body must be JSON with the header 'Content-Type: application/json', "
+                               f"got {repr(given) if given else 'no Content-Type'}", status=415,
+                               code="unsupported_media_type")
+
+    async def _read_body(self, request: Request) -> bytes:
+        """The request body, refused (413) as soon as it is known to exceed ``max_body_bytes``:
+        from its Content-Length before reading any of it, else while it arrives (chunked)."""
+        limit = self.max_body_bytes
+
+        def too_large(size: str) -> RequestError:
+            return RequestError(f"the request body is {size} bytes; this server takes at most {limit} "
+                                "(swiftspec serve --max-body-bytes)", status=413, code="request_too_large")
+
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:  # (the HTTP server checked that it is a number)
+            raise too_large(declared)
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large(f"more than {limit}")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     def _max_tree_budget(self) -> int:
         """The largest tree budget the models' tree KV holds (the runtime needs 2 slots more)."""
         models = [m for m in (self.engine.target_model, self.engine.draft_model) if m is not None]

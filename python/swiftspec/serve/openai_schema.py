@@ -4,7 +4,8 @@ by field into a :class:`ChatRequest`, and the bodies of responses, stream chunks
 Request fields (``POST /v1/chat/completions``, a JSON object; a field sent as ``null`` counts as
 absent, as OpenAI's clients send nulls):
 
-  messages      required, a non-empty list of ``{"role": str, "content": str}``; ``content`` may
+  messages      required, a non-empty list of ``{"role": str, "content": str}`` (no other keys:
+                ``name``, ``tool_calls``, ... are refused, not dropped); ``content`` may
                 also be a list of text parts ``[{"type": "text", "text": str}, ...]`` (joined);
                 the role ``developer`` is taken as ``system``. Roles and contents are checked by
                 the model's chat template (:meth:`swiftspec.tokenizer.Tokenizer.apply_chat_template`).
@@ -16,7 +17,8 @@ absent, as OpenAI's clients send nulls):
   top_p         in (0, 1] (default 1); a value below 1 needs temperature > 0.
   seed          an integer in [0, 2**64) (default: a fresh random seed, reported back in the
                 response's ``swiftspec.seed`` so a reply can be reproduced).
-  stop          a non-empty string or a list of them: the text ends before the first one.
+  stop          a non-empty string or a list of at most 16 of them, each at most 256 characters:
+                the text ends before the first one.
   stream        true: Server-Sent Events, one ``data: {chunk}`` per text piece, ``data: [DONE]`` last.
   stream_options  ``{"include_usage": bool}``, with stream only: a last chunk with ``usage``.
   user          accepted and unused (OpenAI's end-user id for abuse reports).
@@ -26,12 +28,15 @@ absent, as OpenAI's clients send nulls):
   tool_choice, response_format, parallel_tool_calls: only their no-effect value (n 1, penalties 0,
                 ...), which clients often send; any other value is refused as not supported.
 
-Any other field is refused: a parameter swiftspec would ignore is an error, not a surprise.
+Any other field is refused: a parameter swiftspec would ignore is an error, not a surprise. So is
+a key given twice in one object (:func:`decode_body`: JSON decoders differ on which one wins), and
+lists and objects nested deeper than :data:`MAX_JSON_DEPTH`.
 Every refusal is a :class:`RequestError` naming the field (``param``) in OpenAI's error shape.
 """
 
 from __future__ import annotations
 
+import json
 import numbers
 import secrets
 import time
@@ -63,6 +68,17 @@ _NO_EFFECT_VALUES: dict[str, tuple] = {
 _FIELDS = {"messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
            "stream", "stream_options", "user", "swiftspec"} | set(_NO_EFFECT_VALUES)
 _SWIFTSPEC_FIELDS = ("mode", "tree_budget", "top_k")
+_MESSAGE_FIELDS = ("role", "content")
+
+#: Objects and lists inside one another at most this deep in a request body. A chat request is 4
+#: deep (body, messages, message, content parts, part); far deeper nesting is an attack on the
+#: recursive JSON decoder and on repr() in error messages (RecursionError).
+MAX_JSON_DEPTH = 32
+#: Stop strings per request and characters per stop string, at most. Every new token checks every
+#: stop string against the text's tail (time ~ strings x length^2), so unbounded lists would let
+#: one request slow the engine for everyone waiting; OpenAI itself takes 4 strings.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
 
 
 class RequestError(Exception):
@@ -103,6 +119,57 @@ class ChatRequest:
     tree_budget: int | None = None
 
 
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _no_duplicate_keys(pairs: list) -> dict:
+    """json.loads' object hook: Python keeps the last of two equal keys, silently dropping the
+    first value; a client sending both meant one of them, and the server cannot know which."""
+    obj = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _DuplicateKey(key)
+        obj[key] = value
+    return obj
+
+
+def _depth(value) -> int:
+    """How deep lists and objects nest in ``value`` (a scalar: 0); iterative, so no recursion limit."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, (list, dict)):
+            deepest = max(deepest, d)
+            if deepest > MAX_JSON_DEPTH:
+                break
+            todo.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def decode_body(raw: bytes) -> Any:
+    """The JSON value of a request body (UTF-8, or UTF-16/32 as json.loads detects them).
+
+    Raises:
+        RequestError: 400 when ``raw`` is not JSON, has one key twice in an object (naming it), or
+            nests objects and lists deeper than :data:`MAX_JSON_DEPTH`.
+    """
+    try:
+        value = json.loads(raw, object_pairs_hook=_no_duplicate_keys)
+    except _DuplicateKey as exc:
+        raise RequestError(f"the request body has the key {exc.key!r:.80} twice in one object; give it once",
+                           exc.key[:80]) from None
+    except RecursionError:  # the decoder recurses per nesting level; the interpreter's limit is ~1000
+        raise RequestError(f"the request body nests lists and objects deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+        raise RequestError(f"the request body is not JSON: {exc}") from None
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise RequestError(f"the request body nests lists and objects deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
 def _is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
@@ -125,7 +192,11 @@ def _messages(value) -> list[dict]:
         if not isinstance(m, dict):
             raise RequestError(f"messages[{i}] must be an object with 'role' and 'content', got {type(m).__name__}",
                                "messages")
-        m = dict(m)
+        extra = sorted(k for k, v in m.items() if k not in _MESSAGE_FIELDS and v is not None)
+        if extra:  # e.g. OpenAI's "name" or "tool_calls": the chat template would drop or misuse them
+            raise RequestError(f"messages[{i}].{extra[0]:.80} is not supported by this server (a message takes "
+                               f"{' and '.join(_MESSAGE_FIELDS)})", "messages")
+        m = {k: v for k, v in m.items() if k in _MESSAGE_FIELDS}
         if m.get("role") == "developer":  # OpenAI's newer name for the system message
             m["role"] = "system"
         content = m.get("content")
@@ -242,6 +313,16 @@ def parse_chat_request(body: Any, model_id: str) -> ChatRequest:
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
             raise RequestError(f"stop must be a non-empty string or a list of non-empty strings, got {stop!r:.80}",
                                "stop")
+        if len(stops) > MAX_STOP_STRINGS:
+            raise RequestError(f"stop has {len(stops)} strings; this server takes at most {MAX_STOP_STRINGS}", "stop")
+        for j, s in enumerate(stops):
+            if len(s) > MAX_STOP_CHARS:
+                raise RequestError(f"stop[{j}] has {len(s)} characters; this server takes at most {MAX_STOP_CHARS} "
+                                   "per stop string", "stop")
+            try:
+                s.encode("utf-8")
+            except UnicodeEncodeError as exc:  # a lone surrogate (JSON's "\\ud800"): no text can match it
+                raise RequestError(f"stop[{j}] is not valid text: {exc.reason} at position {exc.start}", "stop") from None
         req.stop = list(stops)
 
     if "stream" in body:
