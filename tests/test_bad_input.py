@@ -861,3 +861,32 @@ def test_forward_top_k_refuses_a_second_thread_and_changes_nothing(qwen_small_mo
     ids, values, lse = model.forward_top_k([LONG_IDS[0]], 2, log_normalizer=True)
     assert ids.shape == (1, 2) and values[0, 0] >= values[0, 1] and lse[0] >= values[0, 0]
     assert model.committed_len == len(LONG_IDS) + 1
+
+
+def test_generate_cancel_is_a_public_event(small_pair):
+    """Engine.generate(cancel=event) stops a request from another thread (what swiftspec serve
+    uses for a client that leaves); before, only the private _cancel existed."""
+    e = small_pair
+    ready = threading.Event()
+    ready.set()
+    r = e.generate("def add(a, b):", max_new_tokens=8, mode="target", cancel=ready)
+    assert r.finish_reason == "cancelled" and r.token_ids == [] and r.text == ""
+    cancel, pieces = threading.Event(), []
+
+    def on_text(delta):  # the first text: another thread sets the event
+        pieces.append(delta)
+        if len(pieces) == 1:
+            t = threading.Thread(target=cancel.set)
+            t.start()
+            t.join()
+
+    r = e.generate([{"role": "user", "content": "Write a long story about a dragon."}], max_new_tokens=64,
+                   mode="target", cancel=cancel, on_text=on_text)
+    assert r.finish_reason == "cancelled" and 1 <= len(r.token_ids) < 64 and r.text == "".join(pieces)
+    with pytest.raises(InvalidRequestError, match="cancel must be a threading.Event .an object with is_set... or "
+                                                  "None, got str"):
+        e.generate("hi", max_new_tokens=2, cancel="stop")
+    with pytest.raises(InvalidRequestError, match="stream.. is cancelled by closing the iterator"):
+        next(e.stream("hi", max_new_tokens=2, cancel=cancel))
+    assert "".join(e.stream("def add(a, b):", max_new_tokens=4, mode="target")) == e.generate(
+        "def add(a, b):", max_new_tokens=4, mode="target").text

@@ -320,7 +320,7 @@ class Engine:
         branching: int = 2,
         on_text=None,
         async_options: dict | None = None,
-        _cancel: threading.Event | None = None,
+        cancel: threading.Event | None = None,
     ) -> GenerationResult:
         """Generates a continuation of ``prompt`` (text, chat messages or token ids).
 
@@ -334,6 +334,13 @@ class Engine:
         called with new text as it is final; returning False cancels.
         ``async_options`` (async mode): growth_depth, min_send_nodes,
         expand_width, min_expand_prob, record_timeline (swiftspec_core.generate_async).
+
+        ``cancel`` (a ``threading.Event``, or any object with ``is_set()``)
+        cancels from another thread: once it is set, the request stops within
+        one prefill chunk or decode step, also during a long prompt's prefill
+        where no text reaches ``on_text`` (one waiting for the engine behind
+        another request stops as soon as its turn comes), and returns what it
+        has with finish_reason "cancelled" (set before the call: no new tokens).
 
         Ctrl-C (SIGINT, when called from the main thread) stops the request
         within about one prefill chunk or decode step, also during a long
@@ -363,6 +370,9 @@ class Engine:
             _check_text("a stop string", s_)
         if on_text is not None and not callable(on_text):  # else a TypeError once the prompt is prefilled
             raise InvalidRequestError(f"on_text must be callable or None, got {type(on_text).__name__}")
+        if cancel is not None and not callable(getattr(cancel, "is_set", None)):  # else an error mid-prefill
+            raise InvalidRequestError(f"cancel must be a threading.Event (an object with is_set()) or None, got "
+                                      f"{type(cancel).__name__}")
         # Ranges the runtime can hold (int32 counts, a uint64 seed): beyond them the binding
         # would refuse the call without naming the parameter. The runtime checks the
         # meaningful ranges again (max_new_tokens >= 1, ...).
@@ -407,7 +417,7 @@ class Engine:
             return not text_stream.stopped
 
         def cancel_check() -> bool:  # polled by the runtime between prefill chunks and decode steps
-            return _exiting.is_set() or (_cancel is not None and _cancel.is_set())
+            return _exiting.is_set() or (cancel is not None and bool(cancel.is_set()))
 
         global _running
         with _running_changed:  # counted while it waits for the engine too: see _cancel_requests_at_exit
@@ -429,7 +439,7 @@ class Engine:
                         max_depth=max_depth,
                         branching=branching,
                         on_tokens=on_tokens,
-                        # Ctrl-C is polled by the runtime itself; a stream() closed early sets _cancel,
+                        # Ctrl-C is polled by the runtime itself; a stream() closed early sets cancel,
                         # the interpreter's exit _exiting.
                         cancel_check=cancel_check,
                     )
@@ -472,6 +482,9 @@ class Engine:
         exit with the stream unfinished (the request runs on a daemon thread)."""
         if "on_text" in kwargs:
             raise InvalidRequestError("stream() yields the text itself; do not pass on_text")
+        if "cancel" in kwargs:
+            raise InvalidRequestError("stream() is cancelled by closing the iterator (close() or leaving the loop); "
+                                      "do not pass cancel")
         pieces: queue.Queue = queue.Queue()
         cancel = threading.Event()
         done = object()
@@ -483,7 +496,7 @@ class Engine:
 
         def run():
             try:
-                self.generate(prompt, on_text=on_text, _cancel=cancel, **kwargs)
+                self.generate(prompt, on_text=on_text, cancel=cancel, **kwargs)
             except BaseException as exc:  # surfaced in the consumer's thread
                 error.append(exc)
             finally:

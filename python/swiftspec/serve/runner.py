@@ -147,9 +147,8 @@ class EngineRunner:
 
         outcome = "error"
         try:
-            # _cancel is the Engine's own cancellation flag (what Engine.stream uses): polled also
-            # during the prompt's prefill, where no text arrives for on_text to refuse.
-            result = self.engine.generate(prompt_ids, on_text=on_text, _cancel=job.cancel_event, **kwargs)
+            # cancel is polled also during the prompt's prefill, where no text arrives for on_text to refuse.
+            result = self.engine.generate(prompt_ids, on_text=on_text, cancel=job.cancel_event, **kwargs)
         except BaseException as exc:  # handed to the request's handler, which answers with it
             job._emit("error", exc)
         else:
