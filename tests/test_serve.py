@@ -438,7 +438,11 @@ def test_a_non_streamed_client_that_leaves_cancels(engine, mtbench):
 
 
 # ------------------------------------------------------------------------------------ CLI
-def test_cli_serve_answers_and_stops_on_sigint(checkpoint_dir):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_cli_serve_answers_and_stops_on_sigint_or_sigterm(checkpoint_dir, sig):
+    """SIGINT (Ctrl-C) or SIGTERM while one reply streams and another waits: both clients are
+    told the server is shutting down, and it exits with status 0 and no traceback (before, on
+    SIGTERM: killed by the signal, -15, without closing the engine or saying it stopped)."""
     ckpt = checkpoint_dir(NAME, "bfloat16")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -460,12 +464,32 @@ def test_cli_serve_answers_and_stops_on_sigint(checkpoint_dir):
         r = httpx.post(f"{url}/v1/chat/completions", timeout=120,
                        json={"model": ckpt.name, "messages": _MSG, "max_tokens": 3, "temperature": 0})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
-        proc.send_signal(signal.SIGINT)
+        replies = {}
+
+        def waiting():
+            replies["waiting"] = httpx.post(f"{url}/v1/chat/completions", timeout=60,
+                                            json={"messages": _MSG, "max_tokens": 4, "temperature": 0})
+
+        with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=60, json={
+                "messages": [{"role": "user", "content": "Write a long story about a dragon."}], "max_tokens": 400,
+                "temperature": 0, "stream": True}) as stream:
+            lines = stream.iter_lines()
+            assert next(lines).startswith("data: ")  # streaming
+            thread = threading.Thread(target=waiting)
+            thread.start()
+            _wait_for(lambda: httpx.get(f"{url}/health", timeout=5).json()["waiting"] == 1, 30, "a waiting request")
+            proc.send_signal(sig)
+            events = [line[len("data: "):] for line in lines if line]
+        thread.join(30)
         _, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+    shutting_down = {"message": "the server is shutting down; the reply was cut short", "type": "server_error",
+                     "param": None, "code": "shutting_down"}
+    assert events[-1] == "[DONE]" and json.loads(events[-2]) == {"error": shutting_down}
+    assert replies["waiting"].status_code == 503 and replies["waiting"].json() == {"error": shutting_down}
     assert proc.returncode == 0, err
     assert f"[swiftspec] serving {ckpt.name}: chat page http://127.0.0.1:{port}/" in err
     assert err.rstrip().endswith("[swiftspec] server stopped") and "Traceback" not in err

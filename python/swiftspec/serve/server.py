@@ -1,4 +1,4 @@
-"""Runs the app under uvicorn until Ctrl-C (SIGINT) or SIGTERM.
+"""Runs the app under uvicorn until Ctrl-C (SIGINT) or SIGTERM; either shuts it down gracefully.
 
 uvicorn's graceful shutdown waits for open responses to end; a reply being streamed would keep
 it waiting for the whole reply. So the signal first cancels every queued and running request
@@ -8,6 +8,8 @@ uvicorn shuts down as usual.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import threading
 
 import uvicorn
@@ -29,6 +31,16 @@ class Server(uvicorn.Server):
         if self._on_started is not None and not self.should_exit:
             self._on_started()
 
+    @contextlib.contextmanager
+    def capture_signals(self):
+        with super().capture_signals():
+            yield
+            # uvicorn re-raises the signals it handled once it has shut down. SIGINT becomes
+            # KeyboardInterrupt, which the CLI catches; SIGTERM would kill the process by the
+            # signal (status -15) before the engine is closed and "server stopped" printed, though
+            # the shutdown it asks for is done: it is dropped, and run() returns normally.
+            self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
+
     def handle_exit(self, sig, frame) -> None:
         # A signal handler must not take locks the interrupted code may hold (the runner's, an
         # Event's): cancel from a thread of its own.
@@ -38,7 +50,7 @@ class Server(uvicorn.Server):
 
 def serve(app, host: str, port: int, *, on_started=None, log_level: str = "info") -> None:
     """Serves ``app`` (from :func:`swiftspec.serve.app.create_app`) on ``host:port``; returns after
-    a clean shutdown (uvicorn then re-raises the SIGINT it handled: KeyboardInterrupt).
+    a clean shutdown (on SIGTERM; on SIGINT uvicorn then re-raises it: KeyboardInterrupt).
     ``on_started()`` is called once it listens.
 
     Raises:
