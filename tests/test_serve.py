@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import signal
@@ -356,6 +357,20 @@ def test_oversized_bodies_are_413_before_they_are_read(engine):
         assert r.status_code == 413
         assert r.json()["error"]["message"] == ("the request body is more than 1000 bytes; this server takes at most "
                                                 "1000 (swiftspec serve --max-body-bytes)")
+
+
+def test_a_client_that_leaves_before_its_whole_body_is_no_server_error(engine, caplog):
+    """Before: starlette's ClientDisconnect reached the app's 500 handler and uvicorn, two
+    tracebacks in the server's log for a client that merely went away."""
+    with _running_server(create_app(engine)) as url:
+        host, port = url.rsplit("/", 1)[1].split(":")
+        with caplog.at_level(logging.INFO), socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 500\r\n\r\n{\"messages\": [")
+            time.sleep(0.3)
+        time.sleep(0.5)  # the server notices the disconnect
+        assert httpx.get(f"{url}/health", timeout=10).json()["ended"] == {"done": 0, "cancelled": 0, "error": 0}
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 def test_a_long_conversation_is_rendered_off_the_event_loop(engine):

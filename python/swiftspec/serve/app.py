@@ -29,7 +29,7 @@ from importlib import resources
 import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.routing import Route
 
@@ -188,11 +188,14 @@ class ChatServer:
         if declared.isdigit() and int(declared) > limit:  # (the HTTP server checked that it is a number)
             raise too_large(declared)
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise too_large(f"more than {limit}")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large(f"more than {limit}")
+                chunks.append(chunk)
+        except ClientDisconnect:  # (uvicorn drops the answer: no one is there to read it)
+            raise RequestError(f"the client disconnected after {size} bytes of the request body") from None
         return b"".join(chunks)
 
     def _max_tree_budget(self) -> int:
