@@ -519,6 +519,22 @@ def test_numpy_sampling_parameters_are_numbers(small_pair):
     assert str(info.value) == "temperature must be a number, got '0.5'"
 
 
+def test_generate_refuses_top_p_and_top_k_under_greedy_decoding(small_pair):
+    """top_p / top_k with temperature 0 were ignored silently (greedy decoding ran); they are refused
+    by name, as swiftspec generate and swiftspec serve do. A seed under greedy decoding is accepted
+    and changes nothing."""
+    with pytest.raises(InvalidRequestError) as info:
+        small_pair.generate("hi", max_new_tokens=2, top_p=0.9)
+    assert str(info.value) == ("top_p=0.9 has no effect under greedy decoding (temperature 0); give temperature > 0 "
+                               "to sample, or drop it")
+    with pytest.raises(InvalidRequestError) as info:
+        small_pair.generate("hi", max_new_tokens=2, temperature=0, top_k=40, top_p=0.5)
+    assert str(info.value) == ("top_p=0.5, top_k=40 have no effect under greedy decoding (temperature 0); give "
+                               "temperature > 0 to sample, or drop them")
+    greedy = small_pair.generate("def f(x):", max_new_tokens=4, mode="target").token_ids
+    assert small_pair.generate("def f(x):", max_new_tokens=4, mode="target", seed=7).token_ids == greedy
+
+
 @pytest.mark.parametrize("kwargs,message", [
     # a temperature float32 holds as a denormal: the engine ran it (logits / T overflow), bench refused it
     (dict(temperature=1e-40), "temperature must be 0 (greedy decoding) or at least 1.1754944e-38 (the runtime "

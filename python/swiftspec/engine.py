@@ -20,7 +20,8 @@ from typing import Iterator, Sequence
 
 from swiftspec.errors import CheckpointError, InvalidRequestError
 from swiftspec.models import resolve_checkpoint
-from swiftspec.sampling_params import FLOAT32_MIN_NORMAL, check_sampling_params
+from swiftspec.sampling_params import (FLOAT32_MIN_NORMAL, SAMPLING_DEFAULTS, check_sampling_params,
+                                       check_unused_under_greedy)
 from swiftspec.text_stream import TextStream
 from swiftspec.tokenizer import Tokenizer
 
@@ -351,6 +352,7 @@ class Engine:
         Raises:
             InvalidRequestError: bad prompt or parameter (named in the message; the
                 sampling parameters' ranges: :func:`swiftspec.sampling_params.check_sampling_params`;
+                top_p or top_k with temperature 0, where they would have no effect;
                 chat messages: :meth:`swiftspec.tokenizer.Tokenizer.apply_chat_template`, e.g. a
                 message without string 'content' or with a role the model's chat template does not
                 take, named by its index), or a prompt plus max_new_tokens longer than the context.
@@ -382,6 +384,9 @@ class Engine:
         branching = _check_int("branching", branching, -_INT32_MAX)
         # The sampling parameters as swiftspec bench checks them (numpy numbers too).
         sampling = check_sampling_params(temperature, top_p, top_k, seed)
+        # top_p / top_k under greedy decoding would be ignored silently (as the CLI and the server
+        # refuse them); a seed is harmless there (greedy output is reproducible anyway).
+        check_unused_under_greedy(sampling, [k for k in ("top_p", "top_k") if sampling[k] != SAMPLING_DEFAULTS[k]])
         temperature, top_p, top_k, seed = (sampling[k] for k in ("temperature", "top_p", "top_k", "seed"))
         # The runtime samples in float32: a top_p below its smallest normal number keeps the same
         # nucleus (the most likely token alone) at that smallest number.
