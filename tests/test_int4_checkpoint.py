@@ -234,6 +234,15 @@ def test_bad_int4_folder_is_refused_naming_the_tensor(tiny_int4, tmp_path, case)
         core.load_model(str(bad))
 
 
+def test_truncated_int4_file_is_refused_naming_the_file(tiny_int4, tmp_path):
+    bad = _variant(tiny_int4, tmp_path / "bad")
+    data = (bad / "model.safetensors").read_bytes()
+    (bad / "model.safetensors").write_bytes(data[:-100])
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor '.*': data_offsets end \d+ lies past the data "
+                                              r"section .*truncated"):
+        core.load_model(str(bad))
+
+
 def test_tensor_parallel_int4_is_refused_by_name(tiny_int4):
     with pytest.raises(CheckpointError, match=r"tensor parallelism \(tp 2\) is not supported with int4 weights"):
         core.load_group_model(str(tiny_int4), json.dumps({"tp": 2}))

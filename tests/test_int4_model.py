@@ -170,3 +170,21 @@ def test_int4_draft_speculation_equals_target_only(checkpoint_dir, int4_dir, pro
               f"({st['verification_steps']} verifications)")
         assert out["tokens"] == ref
         assert st["acceptance_length"] > 1.0
+
+
+def test_cli_generate_with_int4_folders(int4_dir):
+    """`swiftspec generate --target INT4 --draft INT4`: the int4 folders load through the CLI, and the
+    speculative output equals target-only decoding of the same int4 target."""
+    import subprocess
+    import sys
+
+    def generate(*extra):
+        proc = subprocess.run([sys.executable, "-m", "swiftspec.cli", "generate", "--target", str(int4_dir),
+                               "--max-new-tokens", "6", "--json", *extra, "Write a Python function that adds two numbers."],
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)["token_ids"]
+
+    target_only = generate("--mode", "target")
+    assert len(target_only) == 6
+    assert generate("--draft", str(int4_dir), "--mode", "serial") == target_only
