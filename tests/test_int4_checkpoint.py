@@ -315,3 +315,25 @@ def test_cpp_int4_kernel_units():
     proc = subprocess.run([str(binary("swiftspec-cpp-tests")), "int4_"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert proc.stdout.count("[  OK  ]") == 3 and "3 tests, 0 failed" in proc.stdout
+
+
+def test_hf_folder_and_checkpoint_folder_give_the_same_int4_weights(tiny_float, tmp_path):
+    """convert_hf(..., dtype="int4") and quantize_checkpoint quantize the same values the same way."""
+    import shutil
+
+    from swiftspec.convert import convert_hf
+    from swiftspec.convert.int4_checkpoint import quantize_checkpoint
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    for name in ("model.safetensors", "tokenizer.json"):
+        shutil.copy(tiny_float / name, hf / name)
+    (hf / "config.json").write_text(json.dumps({k: v for k, v in TINY.items() if k != "swiftspec"}))
+    a = convert_hf(hf, tmp_path / "from-hf", dtype="int4", group_size=16, progress=False)
+    b = quantize_checkpoint(tiny_float, tmp_path / "from-ckpt", 16, progress=False)
+    ta, tb = _read_storage(a), _read_storage(b)
+    assert sorted(ta) == sorted(tb) and any(n.endswith(".qweight") for n in ta)
+    for name in ta:
+        assert ta[name][1] == tb[name][1] and np.array_equal(ta[name][0], tb[name][0]), name
+    assert read_manifest(a)["format_version"] == 3 and read_manifest(a)["source"]["kind"] == "hf"
+    assert json.loads((a / "config.json").read_text())["torch_dtype"] == "bfloat16"
