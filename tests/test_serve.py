@@ -452,6 +452,46 @@ def test_a_non_streamed_client_that_leaves_cancels(engine, mtbench):
         assert time.monotonic() - left < 15
 
 
+
+def test_a_streamed_client_that_left_before_its_reply_started_cancels(engine, mtbench):
+    """The client is gone by the time the streamed reply starts (it left while its prompt was being
+    rendered off the event loop). Under an ASGI server of spec 2.4, `send` then raises OSError for
+    the response's first message and Starlette never iterates the body generator, so a `finally`
+    inside it never runs. Before: the job was not cancelled and the engine decoded the whole reply
+    for no one, holding up every request behind it. Through the ASGI interface, with the event
+    loop kept running while the job is watched (a closed loop would cancel the job by itself)."""
+    import asyncio
+
+    app = create_app(engine, max_waiting=0)
+    runner = app.state.server.runner
+    body = json.dumps({"messages": prompt_messages("mtbench", mtbench[0]), "max_tokens": 460, "temperature": 0,
+                       "stream": True}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000),
+             "headers": [(b"host", b"x"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())]}
+
+    async def client_that_left():
+        pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive():  # the body, then: the client has disconnected
+            return pending.pop(0) if pending else {"type": "http.disconnect"}
+
+        async def send(message):  # ASGI 2.4: sending on a closed connection raises an OSError
+            raise ConnectionResetError("the client disconnected")
+
+        with contextlib.suppress(Exception):  # (starlette's ClientDisconnect)
+            await app(scope, receive, send)
+        deadline = time.monotonic() + 15  # 460 tokens take a minute and more here
+        while runner.status()["running"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return runner.status()
+
+    status = asyncio.run(client_that_left())
+    assert status["running"] == 0 and status["ended"] == {"done": 0, "cancelled": 1, "error": 0}, status
+
+
 # ------------------------------------------------------------------------------------ CLI
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_cli_serve_answers_and_stops_on_sigint_or_sigterm(checkpoint_dir, sig):

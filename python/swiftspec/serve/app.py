@@ -156,10 +156,7 @@ class ChatServer:
         meta = dict(mode=mode, tree_budget=kwargs["tree_budget"] if mode != "target" else None,
                     seed=kwargs["seed"] if req.temperature > 0 else None)
         if req.stream:
-            # Starlette watches for the client's disconnect while it streams and cancels the
-            # generator, whose `finally` cancels the job.
-            return StreamingResponse(self._stream(job, req, cid, created, meta), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return _JobStream(job, self._stream(job, req, cid, created, meta))
         return await self._whole(request, job, cid, created, meta)
 
     # --------------------------------------------------------------- requests
@@ -270,23 +267,41 @@ class ChatServer:
         """The SSE body: a first chunk with the role, one chunk per text piece, a last chunk with
         finish_reason and the ``swiftspec`` stats (``usage`` too), then a usage-only chunk if
         asked for (stream_options.include_usage), then ``[DONE]``. An error after the start is an
-        ``{"error": ...}`` event before ``[DONE]``."""
+        ``{"error": ...}`` event before ``[DONE]``. (The job is cancelled by :class:`_JobStream`
+        when the response ends, whether or not this generator ever ran.)"""
+        yield _sse(chunk_body(cid, created, self.model_id, {"role": "assistant", "content": ""}))
+        async for kind, value in job.events():
+            if kind == "text":
+                yield _sse(chunk_body(cid, created, self.model_id, {"content": value}))
+            elif kind == "done":
+                stats = swiftspec_stats(value, queue_s=job.queue_s, **meta)
+                yield _sse(chunk_body(cid, created, self.model_id, {}, value.finish_reason, swiftspec=stats,
+                                      usage=usage(value)))
+                if req.include_usage:
+                    yield _sse(chunk_body(cid, created, self.model_id, None, usage=usage(value)))
+            else:
+                yield _sse((_generation_error(value) if kind == "error" else _SHUTTING_DOWN).body())
+        yield _sse("[DONE]")
+
+
+class _JobStream(StreamingResponse):
+    """The SSE response of a streamed request: it cancels the request's job however the response
+    ends (no-op once the job finished). A client that disconnects makes Starlette stop the
+    response (it cancels it, or `send` raises); the job must stop then too, within one step. Not
+    from a `finally` in the body generator: when the client is gone before the first chunk (it left
+    while the prompt was being rendered) Starlette never starts the generator, so its `finally`
+    never runs, and the engine would decode the whole reply for no one."""
+
+    def __init__(self, job, content):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._job = job
+
+    async def __call__(self, scope, receive, send) -> None:
         try:
-            yield _sse(chunk_body(cid, created, self.model_id, {"role": "assistant", "content": ""}))
-            async for kind, value in job.events():
-                if kind == "text":
-                    yield _sse(chunk_body(cid, created, self.model_id, {"content": value}))
-                elif kind == "done":
-                    stats = swiftspec_stats(value, queue_s=job.queue_s, **meta)
-                    yield _sse(chunk_body(cid, created, self.model_id, {}, value.finish_reason, swiftspec=stats,
-                                          usage=usage(value)))
-                    if req.include_usage:
-                        yield _sse(chunk_body(cid, created, self.model_id, None, usage=usage(value)))
-                else:
-                    yield _sse((_generation_error(value) if kind == "error" else _SHUTTING_DOWN).body())
-            yield _sse("[DONE]")
+            await super().__call__(scope, receive, send)
         finally:
-            job.cancel()  # the client disconnected (Stop): the engine is free within one step
+            self._job.cancel()
 
 
 def create_app(engine, **options) -> Starlette:
