@@ -288,6 +288,12 @@ def test_cpp_example_reports_bad_checkpoint(tmp_path):
      "--placement: placement.target.megakernel applies to the cuda backend only (add --backend cuda"),
     (["--placement", '{"draft": {"sm_partition": [0, 16]}, "target": {"devices": [0]}}', "hi"],
      "--placement: placement.draft.sm_partition, placement.target.devices applies to the cuda backend only"),
+    # before: the draft was loaded and speculated with, --no-draft ignored
+    (["--draft", "d", "--no-draft", "hi"], "swiftspec generate: error: --no-draft and --draft contradict each other: "
+                                           "give one of them\n"),
+    # before: GGUF / reference models were converted to int4 (minutes), then the backend refused them
+    (["--dtype", "int4", "--backend", "cuda", "hi"], "swiftspec generate: error: --dtype int4 runs on the cpu backend "
+     "only; the cuda backend refuses int4 weights: drop --dtype int4, or use --backend cpu\n"),
 ])
 def test_cli_generate_names_the_flag_before_loading(tmp_path, extra, message):
     """Bad generate options fail at once (a missing --target is never opened) naming the flag."""

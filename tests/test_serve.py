@@ -594,6 +594,8 @@ def test_cli_serve_warns_when_it_listens_beyond_this_machine(monkeypatch, capsys
     (["--max-waiting", "-1"], "--max-waiting must be >= 0, got -1"),
     (["--tree-budget", "0"], "--tree-budget must be >= 1, got 0"),
     (["--mode", "serial"], "--mode serial needs a draft model: give --draft (or drop --no-draft)"),
+    (["--draft", "d", "--no-draft", "--mode", "serial"], "--no-draft and --draft contradict each other: give one of "
+                                                          "them"),
 ])
 def test_cli_serve_names_bad_options_before_loading(capsys, tmp_path, extra, message):
     from swiftspec.cli import main

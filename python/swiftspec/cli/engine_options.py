@@ -54,8 +54,9 @@ def check_engine_options(args: argparse.Namespace) -> None:
     (``args.placement`` becomes its dict), before any model is loaded.
 
     Raises:
-        InvalidRequestError: e.g. "--tree-budget must be >= 1, got 0", a --placement that does not
-            parse, or cuda-only placement fields on the cpu backend.
+        InvalidRequestError: e.g. "--tree-budget must be >= 1, got 0", --no-draft with --draft,
+            --dtype int4 on a backend other than cpu, a --placement that does not parse, or cuda-only
+            placement fields on the cpu backend.
     """
     from swiftspec.errors import InvalidRequestError, SwiftspecError
     from swiftspec.placement import cuda_only_fields, normalize
@@ -66,6 +67,11 @@ def check_engine_options(args: argparse.Namespace) -> None:
     for flag, (value, low) in at_least.items():
         if value is not None and value < low:
             raise InvalidRequestError(f"{flag} must be >= {low}, got {value}")
+    if args.no_draft and args.draft is not None:  # (the draft was loaded and used, --no-draft ignored)
+        raise InvalidRequestError("--no-draft and --draft contradict each other: give one of them")
+    if args.dtype == "int4" and args.backend != "cpu":  # (else the models are converted, then refused)
+        raise InvalidRequestError(f"--dtype int4 runs on the cpu backend only; the {args.backend} backend refuses "
+                                  "int4 weights: drop --dtype int4, or use --backend cpu")
     if args.placement is not None:
         try:
             args.placement = normalize(args.placement)
