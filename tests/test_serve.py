@@ -198,6 +198,24 @@ def test_sampling_with_a_seed_is_reproducible(client, engine, mtbench):
     assert isinstance(seeded, int) and seeded >= 0
 
 
+def test_a_default_tree_budget_beyond_the_tree_kv_is_refused_at_start():
+    """Before: the server started, then refused every speculative request that did not set its own
+    tree_budget, naming swiftspec.tree_budget, a field the client had not sent."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from swiftspec.errors import InvalidRequestError
+
+    fake = SimpleNamespace(target_dir=Path("t"), draft_dir=Path("d"), has_draft=True,
+                           target_model=SimpleNamespace(max_tree=18), draft_model=SimpleNamespace(max_tree=20))
+    assert create_app(fake, tree_budget=16).state.server.tree_budget == 16
+    with pytest.raises(InvalidRequestError, match=r"^tree_budget 17 exceeds the tree KV capacity of the models: at "
+                                                  r"most 16$"):
+        create_app(fake, tree_budget=17)
+    no_draft = SimpleNamespace(**{**vars(fake), "has_draft": False, "draft_dir": None, "draft_model": None})
+    create_app(no_draft, tree_budget=17)  # no draft: no tree is ever verified
+
+
 def test_serial_speculation_with_a_draft(checkpoint_dir, messages, reference):
     """The 0.5B as its own draft: serial speculation answers the target-only greedy text, and
     reports its acceptance length and tree budget."""

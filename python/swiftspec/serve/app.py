@@ -96,7 +96,9 @@ class ChatServer:
             before it is read (default :data:`DEFAULT_MAX_BODY_BYTES`).
 
     Raises:
-        InvalidRequestError: ``default_mode`` needs a draft the engine lacks; ``max_body_bytes`` < 1.
+        InvalidRequestError: ``default_mode`` needs a draft the engine lacks; ``max_body_bytes`` < 1;
+            ``tree_budget`` beyond the models' tree KV (with a draft: else every speculative request
+            that does not set its own would be refused, naming a field it did not send).
     """
 
     def __init__(self, engine, *, model_id: str | None = None, draft_id: str | None = None,
@@ -117,6 +119,9 @@ class ChatServer:
             raise InvalidRequestError(f"mode {default_mode!r} needs a draft model; this engine has none")
         self.default_mode = default_mode
         self.tree_budget, self.max_depth, self.branching = tree_budget, max_depth, branching
+        if engine.has_draft and tree_budget > self._max_tree_budget():
+            raise InvalidRequestError(f"tree_budget {tree_budget} exceeds the tree KV capacity of the models: at most "
+                                      f"{self._max_tree_budget()}")
         self.created = int(time.time())
         self.page = resources.files("swiftspec.serve").joinpath("page.html").read_text(encoding="utf-8")
 
