@@ -184,7 +184,11 @@ class CudaModelImpl final : public CudaModel {
   void tune_all_buckets() {
     if (!copt_.use_graphs) return;
     ModelScope scope(copt_.device, green_.get());
-    const int saved = committed_;
+    struct RestoreCommitted {  // the synthetic steps borrow committed_; give it back whatever happens
+      int& ref;
+      int saved;
+      ~RestoreCommitted() { ref = saved; }
+    } restore{committed_, committed_};
     for (int nt : {1, 2, 4, 8}) {
       if (!needs_tuning(nt)) continue;
       const int n = nt == 1 ? (mk_ ? 8 : 1) : 8 * nt;
@@ -222,7 +226,6 @@ class CudaModelImpl final : public CudaModel {
       run_step(nt, LogitsMode::All, false);
     }
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    committed_ = saved;
   }
 
   // ---------------------------------------------------------------- loading
@@ -1035,7 +1038,17 @@ class CudaModelImpl final : public CudaModel {
       return;
     }
     try {
-      if (needs_tuning(nt)) tune_bucket(nt, key, mode, write_logits);
+      if (needs_tuning(nt)) {
+        try {
+          tune_bucket(nt, key, mode, write_logits);
+        } catch (const CudaError& e) {
+          // A candidate failed (a capture refused, out of memory): the bucket
+          // keeps the default setting; a driver that refuses PDL altogether
+          // fails the default capture below and falls back there.
+          tuned_[nt] = StepChoice{};
+          tuning_log_ += "nt=" + std::to_string(nt) + ": tuning failed, default kept: " + e.what() + "\n";
+        }
+      }
       const auto it = tuned_.find(nt);
       const StepChoice choice = it == tuned_.end() ? StepChoice{} : it->second;
       graphs_.launch(key, stream_, [&](cudaStream_t s) { record_step(s, nt, mode, write_logits, choice); });
@@ -1072,15 +1085,25 @@ class CudaModelImpl final : public CudaModel {
       options[kStepLmHead] = variant_names(plan_variants<EpiLMHead>(kStepLmHead, vocab_rows_, H, nt));
     const std::vector<TunerKnob> knobs = step_knobs(options);
     cudaGraphExec_t best = nullptr;
+    const int rows = 8 * nt;
     const StepTuning t = tune_step(
         stream_, knobs, {step_setting_all_pdl_off()},
         [&](const StepSetting& setting) {
           const StepChoice c = step_choice_of(setting);
           return capture_graph(stream_, [&](cudaStream_t s) { record_step(s, nt, mode, write_logits, c); });
         },
-        &best);
+        &best, 5, 0.01,
+        copt_.autotune_verify ? std::function<std::vector<uint8_t>()>([&, rows] {
+          // The arg-max keys of every row and the residual stream after the last layer.
+          const size_t kb = sizeof(unsigned long long) * rows, hb = sizeof(float) * rows * cfg_.hidden_size;
+          std::vector<uint8_t> out(kb + hb);
+          SS_CUDA_CHECK(cudaMemcpy(out.data(), keys_.get(), kb, cudaMemcpyDeviceToHost));
+          SS_CUDA_CHECK(cudaMemcpy(out.data() + kb, h32_.get(), hb, cudaMemcpyDeviceToHost));
+          return out;
+        })
+                              : std::function<std::vector<uint8_t>()>());
+    graphs_.put(key, best);  // owned by the cache from here on, whatever follows
     tuned_[nt] = step_choice_of(t.chosen);
-    graphs_.put(key, best);
     tuning_log_ += "nt=" + std::to_string(nt) + ": " + t.summary() + "\n";
   }
 

@@ -29,7 +29,7 @@ class GraphCache {
   /// Captures (if needed) without launching.
   void ensure(int key, cudaStream_t stream, const std::function<void(cudaStream_t)>& record);
   /// Stores an executable graph made elsewhere (e.g. chosen by
-  /// tune_pdl_edges) under `key`, taking ownership; replaces any graph there.
+  /// tune_step) under `key`, taking ownership; replaces any graph there.
   void put(int key, cudaGraphExec_t exec);
   void clear();
   size_t size() const { return graphs_.size(); }

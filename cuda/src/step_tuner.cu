@@ -84,10 +84,26 @@ std::string StepTuning::summary() const {
   return s + " -> " + (measured.empty() ? std::string("default") : chosen_name);
 }
 
+/// Replays each candidate once and compares `outputs()` with the first's (tune_step's `outputs`).
+static void verify_candidates(cudaStream_t stream, const std::vector<TunerKnob>& knobs,
+                       const std::vector<std::unique_ptr<Candidate>>& list,
+                       const std::function<std::vector<uint8_t>()>& outputs) {
+  std::vector<uint8_t> want;
+  for (const auto& c : list) {
+    SS_CUDA_CHECK(cudaGraphLaunch(c->exec, stream));
+    SS_CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<uint8_t> got = outputs();
+    if (&c == &list.front()) want = std::move(got);
+    else if (got != want)
+      throw Error("step tuner: the setting " + step_setting_name(knobs, c->setting) +
+                  " changed the step's outputs (it must change only the timing)");
+  }
+}
+
 StepTuning tune_step(cudaStream_t stream, const std::vector<TunerKnob>& knobs,
                      const std::vector<StepSetting>& extra,
                      const std::function<cudaGraphExec_t(const StepSetting&)>& capture, cudaGraphExec_t* chosen,
-                     int rounds, double min_gain) {
+                     int rounds, double min_gain, const std::function<std::vector<uint8_t>()>& outputs) {
   for (const TunerKnob& k : knobs)
     if (k.options.empty()) throw InvalidArgument("tune_step: knob " + k.name + " has no options");
   for (const StepSetting& s : extra)
@@ -132,6 +148,7 @@ StepTuning tune_step(cudaStream_t stream, const std::vector<TunerKnob>& knobs,
     out.measured.emplace_back(step_setting_name(knobs, combined), second[1]->median_ms);
     if (second[1]->median_ms < second[0]->median_ms) best = second[1];
   }
+  if (outputs) verify_candidates(stream, knobs, cands.list, outputs);  // list[0]: the default setting
   out.chosen = best->setting;
   out.chosen_name = step_setting_name(knobs, best->setting);
   *chosen = best->exec;

@@ -12,8 +12,9 @@
 //    cost model picks them per matrix in isolation; in the 8B 32-node tree
 //    step a deeper gate/up pipeline than the planner's saved ~0.1 ms (run 18).
 // So the engine picks, per token bucket, the setting that replays fastest on
-// the machine at hand, as a GEMM library picks a tactic: once, at the
-// bucket's first step.
+// the machine at hand, as a GEMM library picks a tactic: once per bucket, when
+// the model is made (CudaModelOptions::autotune).
+#include <cstdint>
 #pragma once
 #include <cuda_runtime.h>
 
@@ -61,9 +62,16 @@ std::string step_setting_name(const std::vector<TunerKnob>& knobs, const StepSet
 /// `stream` and synchronizes it. Throws CudaError (graphs captured so far are
 /// destroyed first) and InvalidArgument for knobs without options or extra
 /// settings of the wrong size.
+///
+/// `outputs` (checks; may be empty): after the timing, every candidate is
+/// replayed once more and `outputs()` (the step's results copied to the host,
+/// after a stream synchronization) must equal the default setting's byte for
+/// byte; otherwise Error naming the setting is thrown (a setting that changed
+/// the arithmetic is a bug).
 StepTuning tune_step(cudaStream_t stream, const std::vector<TunerKnob>& knobs,
                      const std::vector<StepSetting>& extra,
                      const std::function<cudaGraphExec_t(const StepSetting&)>& capture, cudaGraphExec_t* chosen,
-                     int rounds = 5, double min_gain = 0.01);
+                     int rounds = 5, double min_gain = 0.01,
+                     const std::function<std::vector<uint8_t>()>& outputs = {});
 
 }  // namespace swiftspec::cuda

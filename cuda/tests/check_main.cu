@@ -758,8 +758,9 @@ void check_model(const std::string& tag, const ModelConfig& cfg, uint64_t seed) 
 /// splits); bitwise repeatability; GPU arg-max; a tree-mode single-node step;
 /// a step without logits; K/V written into the cache.
 /// CudaModelOptions::autotune: the tuned model (it times each bucket's step
-/// graph under several launch settings at its first step, then keeps one:
-/// PDL edges, GEMM plan variants) gives the same
+/// graph under several launch settings when it is made, then keeps one: PDL
+/// edges, GEMM plan variants; with autotune_verify every candidate's outputs
+/// must equal the default's bitwise, or the model is not made) gives the same
 /// logits, bit for bit, as a model without PDL, over a prefill (buckets 8 and
 /// 1), decode steps and a 40-node tree (bucket 8 again, bucket 4 via a
 /// 20-node tree), and it reports one tuning line per bucket (all four are
@@ -772,6 +773,7 @@ void check_step_tuning(const ModelConfig& cfg, uint64_t seed) {
   opt.max_tree = 128;
   CudaModelOptions tuned, nopdl;
   tuned.autotune = true;
+  tuned.autotune_verify = true;
   nopdl.use_pdl = false;
   auto a = tiny_model(cfg, tw, opt, tuned);
   auto b = tiny_model(cfg, tw, opt, nopdl);

@@ -63,7 +63,7 @@ struct CudaModelOptions {
   int device = 0;               ///< CUDA device ordinal
   bool use_graphs = true;       ///< replay each step as a CUDA graph (false: plain launches)
   bool use_pdl = true;          ///< programmatic dependent launch between kernels of a step
-  /// With use_pdl and graphs: at the first step of each token bucket, time the
+  /// With use_pdl and graphs: for each token bucket, time the
   /// step's graph under candidate launch settings that change no arithmetic
   /// (each kernel kind's PDL edge off, every edge off, each GEMM's other
   /// row-block sizes and pipeline depths, then the combination of those that
@@ -71,8 +71,14 @@ struct CudaModelOptions {
   /// is made, on a synthetic step per bucket (~6 replays per candidate, ~20
   /// candidates: ~1 s per bucket at the 8B shape, ~0.4 s at the 1.5B). Off for
   /// tensor-parallel ranks (their all-reduces must pair up). SWIFTSPEC_STEP_TUNE=0
-  /// turns it off (A/B).
+  /// turns it off (A/B). A candidate that fails (a capture refused, memory)
+  /// leaves its bucket untuned (debug_step_tuning says why).
   bool autotune = true;
+  /// Checks: the tuner also replays every candidate once more and requires
+  /// the step's outputs (arg-max keys and residual rows) to be bitwise those of
+  /// the default setting; the constructor throws Error naming a setting that
+  /// changes them.
+  bool autotune_verify = false;
   /// SM partition [sm_first, sm_first + sm_count) of logical SMs (sm_partition.h):
   /// the model's stream belongs to a CUDA green context over those SMs, and the
   /// persistent GEMM grids are sized for them (SwiftSpec ASPLOS'26 §4, one-GPU
