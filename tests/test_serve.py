@@ -391,26 +391,37 @@ def test_a_client_that_leaves_before_its_whole_body_is_no_server_error(engine, c
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
-def test_a_long_conversation_is_rendered_off_the_event_loop(engine):
+def test_a_long_conversation_is_rendered_off_the_event_loop(engine, monkeypatch):
     """Rendering 30k messages (just under 1 MB) through the chat template takes seconds; meanwhile
-    the server answers /health (before: its event loop was blocked until the prompt was refused)."""
+    the server answers /health (before: its event loop was blocked until the prompt was refused).
+    The rendering is held until /health has answered, so the test does not depend on the machine's
+    speed: rendered on the event loop, /health would time out."""
+    entered, release = threading.Event(), threading.Event()
+    encode_prompt = engine.encode_prompt
+
+    def held(messages):
+        entered.set()
+        release.wait(60)
+        return encode_prompt(messages)
+
+    monkeypatch.setattr(engine, "encode_prompt", held)
     with _running_server(create_app(engine)) as url:
         done = {}
 
         def big():
-            r = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+            done["big"] = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
                 "messages": [{"role": "user", "content": ""}] * 30_000})
-            done["big"] = (time.monotonic(), r)
 
         thread = threading.Thread(target=big)
         thread.start()
-        time.sleep(0.3)  # the big request is being tokenized
-        assert httpx.get(f"{url}/health", timeout=60).json()["running"] == 0
-        done["health"] = time.monotonic()
-        thread.join(120)
-    at, r = done["big"]
-    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
-    assert done["health"] < at
+        try:
+            assert entered.wait(60), "the request never reached the rendering"
+            assert httpx.get(f"{url}/health", timeout=10).json()["running"] == 0
+        finally:
+            release.set()
+            thread.join(120)
+        r = done["big"]
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
 
 
 # ------------------------------------------------------------- one at a time, cancellation
