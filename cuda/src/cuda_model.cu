@@ -128,8 +128,12 @@ class CudaModelImpl final : public CudaModel {
  public:
   CudaModelImpl(const ModelConfig& cfg, const ModelOptions& opt, const CudaModelOptions& copt)
       : cfg_(cfg), opt_(opt), copt_(copt), pdl_(copt.use_pdl) {
-    const char* tune = std::getenv("SWIFTSPEC_STEP_TUNE");
-    if (tune && std::string(tune) == "0") copt_.autotune = false;
+    if (const char* tune = std::getenv("SWIFTSPEC_STEP_TUNE")) {
+      const std::string v(tune);
+      if (v == "0") copt_.autotune = false;
+      else if (!v.empty() && v != "1")
+        throw InvalidArgument("SWIFTSPEC_STEP_TUNE must be 0 (no step tuning) or 1, got '" + v + "'");
+    }
     check_config();
     DeviceScope device_scope(copt_.device);  // the caller's thread gets its device back afterwards
     cudaDeviceProp prop;

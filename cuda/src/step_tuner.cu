@@ -65,6 +65,22 @@ void time_candidates(cudaStream_t stream, const std::vector<Candidate*>& which, 
   }
 }
 
+/// Replays each candidate once and compares `outputs()` with the first's (tune_step's `outputs`).
+void verify_candidates(cudaStream_t stream, const std::vector<TunerKnob>& knobs,
+                       const std::vector<std::unique_ptr<Candidate>>& list,
+                       const std::function<std::vector<uint8_t>()>& outputs) {
+  std::vector<uint8_t> want;
+  for (const auto& c : list) {
+    SS_CUDA_CHECK(cudaGraphLaunch(c->exec, stream));
+    SS_CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<uint8_t> got = outputs();
+    if (&c == &list.front()) want = std::move(got);
+    else if (got != want)
+      throw Error("step tuner: the setting " + step_setting_name(knobs, c->setting) +
+                  " changed the step's outputs (it must change only the timing)");
+  }
+}
+
 }  // namespace
 
 std::string step_setting_name(const std::vector<TunerKnob>& knobs, const StepSetting& s) {
@@ -82,22 +98,6 @@ std::string StepTuning::summary() const {
     s += (s.empty() ? "" : ", ") + name + buf;
   }
   return s + " -> " + (measured.empty() ? std::string("default") : chosen_name);
-}
-
-/// Replays each candidate once and compares `outputs()` with the first's (tune_step's `outputs`).
-static void verify_candidates(cudaStream_t stream, const std::vector<TunerKnob>& knobs,
-                       const std::vector<std::unique_ptr<Candidate>>& list,
-                       const std::function<std::vector<uint8_t>()>& outputs) {
-  std::vector<uint8_t> want;
-  for (const auto& c : list) {
-    SS_CUDA_CHECK(cudaGraphLaunch(c->exec, stream));
-    SS_CUDA_CHECK(cudaStreamSynchronize(stream));
-    std::vector<uint8_t> got = outputs();
-    if (&c == &list.front()) want = std::move(got);
-    else if (got != want)
-      throw Error("step tuner: the setting " + step_setting_name(knobs, c->setting) +
-                  " changed the step's outputs (it must change only the timing)");
-  }
 }
 
 StepTuning tune_step(cudaStream_t stream, const std::vector<TunerKnob>& knobs,

@@ -69,9 +69,10 @@ struct CudaModelOptions {
   /// row-block sizes and pipeline depths, then the combination of those that
   /// paid) and keep the fastest (cuda/src/step_tuner.h). Done when the model
   /// is made, on a synthetic step per bucket (~6 replays per candidate, ~20
-  /// candidates: ~1 s per bucket at the 8B shape, ~0.4 s at the 1.5B). Off for
-  /// tensor-parallel ranks (their all-reduces must pair up). SWIFTSPEC_STEP_TUNE=0
-  /// turns it off (A/B). A candidate that fails (a capture refused, memory)
+  /// candidates: an estimate from run 18's step times, not measured, ~1 s per
+  /// bucket at the 8B shape, ~0.4 s at the 1.5B). Off for tensor-parallel ranks
+  /// (their all-reduces must pair up). SWIFTSPEC_STEP_TUNE=0 turns it off (A/B);
+  /// another value than 0, 1 or empty makes the constructor throw InvalidArgument. A candidate that fails (a capture refused, memory)
   /// leaves its bucket untuned (debug_step_tuning says why).
   bool autotune = true;
   /// Checks: the tuner also replays every candidate once more and requires
