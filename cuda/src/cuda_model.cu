@@ -1087,6 +1087,8 @@ class CudaModelImpl final : public CudaModel {
     options[kStepDown] = variant_names(plan_variants<EpiResidual>(kStepDown, H, I, nt));
     if (mode == LogitsMode::All)
       options[kStepLmHead] = variant_names(plan_variants<EpiLMHead>(kStepLmHead, vocab_rows_, H, nt));
+    options[kStepAttention] = attn_shared_prefix(nt, 0) ? std::vector<std::string>{"prefix", "blocks"}
+                                                        : std::vector<std::string>{"blocks", "prefix"};
     const std::vector<TunerKnob> knobs = step_knobs(options);
     cudaGraphExec_t best = nullptr;
     const int rows = 8 * nt;
@@ -1142,6 +1144,15 @@ class CudaModelImpl final : public CudaModel {
         }
     }
     return plan_variants_.emplace(k, std::move(v)).first->second;
+  }
+
+  /// Whether bucket `nt`'s attention runs shared-prefix CTAs (AttnParams::
+  /// shared_prefix; the same bits either way) under attention plan variant
+  /// `variant` (the tuner's "plan.attn": 0 the default, 1 the other). The
+  /// default: on where a step has several token blocks (nt >= 2, 16+ rows).
+  static bool attn_shared_prefix(int nt, int variant) {
+    const bool dflt = nt >= 2;
+    return variant == 0 ? dflt : !dflt;
   }
 
   static std::vector<std::string> variant_names(const std::vector<GemmConfig>& v) {
@@ -1273,6 +1284,7 @@ class CudaModelImpl final : public CudaModel {
         p.head_dim = hd;
         p.group = cfg_.num_heads / cfg_.num_kv_heads;
         p.tokens_per_block = attn_tokens_per_block(p.group);
+        p.shared_prefix = attn_shared_prefix(nt, choice.plan[kStepAttention]) ? 1 : 0;
         p.slots = slots_;
         p.max_context = opt_.max_context;
         p.max_chunks = max_chunks_;

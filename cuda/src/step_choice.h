@@ -20,7 +20,8 @@ inline const char* step_kernel_name(int k) {
 }
 
 /// One step's settings: kinds launched without PDL, the plan variant per GEMM
-/// kind (0: the planner's; the attention entry is unused).
+/// kind (0: the planner's) and for the attention (0: its default CTA layout,
+/// 1: the other; CudaModel's attn_shared_prefix).
 struct StepChoice {
   unsigned pdl_off = 0;
   int plan[kStepKernels] = {};

@@ -551,7 +551,7 @@ void check_model(const std::string& tag, const ModelConfig& cfg, uint64_t seed) 
   }
 
   // (c) tree verification, exactness, commit
-  for (int nodes : {12, 20, 64}) {
+  const auto check_tree = [&](int nodes) {
     Tree t = make_tree(nodes, C, V, opt.max_tree, rng);
     std::vector<float> tl;
     m->debug_poison_buffers();
@@ -620,6 +620,29 @@ void check_model(const std::string& tag, const ModelConfig& cfg, uint64_t seed) 
     std::snprintf(name, sizeof name, "model[%s] decode after committing a %zu-node path", tag.c_str(), path.size());
     record(name, err, 1e-2, err < 1e-2 && bad == 0);
     ++C;
+  };
+  for (int nodes : {12, 20, 64}) check_tree(nodes);
+
+  // (c2) a long committed prefix: 160 tokens appended in steps of 64 (the attention's shared-prefix CTAs
+  // take the whole committed chunks, 1..3 of them, in append mode), then a 40-node tree over 3-4 whole
+  // committed chunks: logits against the reference, the path bitwise == decode alone (per-block CTAs).
+  {
+    std::vector<int> more(160);
+    for (auto& t : more) t = rng.below(V);
+    std::vector<float> ml;
+    m->debug_poison_buffers();
+    m->forward(append_batch(more, C, LogitsMode::All), ml);
+    std::vector<float> mr;
+    for (int i = 0; i < 160; ++i) {
+      const std::vector<float> r = ref.step(st, more[i], C + i);
+      mr.insert(mr.end(), r.begin(), r.end());
+    }
+    err = rel_err(ml, mr, &bad);
+    std::snprintf(name, sizeof name, "model[%s] append 160 tokens after %d, all logits", tag.c_str(), C);
+    std::snprintf(det, sizeof det, "(nonfinite=%zu)", bad);
+    record(name, err, 1e-2, err < 1e-2 && bad == 0 && ml.size() == static_cast<size_t>(160) * V, det);
+    C += 160;
+    check_tree(40);
   }
 
   // (g) forward_top_k (Model::forward_top_k on the GPU) == the host selection from forward()'s logits:

@@ -35,6 +35,21 @@
 // Measured (benchmarks/README.md, run 15): the phases of each CTA are
 // latency-bound; CTAs with more tokens lengthen them (slower), P V on CUDA
 // cores was the longest phase.
+//
+// Shared-prefix CTAs (AttnParams::prefix_groups, run 19). A chunk that lies
+// wholly inside the committed prefix C holds the same 64 keys, unmasked, for
+// every token of the step (every token attends [0, C)). With shared-prefix
+// CTAs on, such chunks are computed once per (kv head, group of
+// kPrefixBlocks token blocks, chunk): K and V are loaded once, the group's
+// query rows (<= 64) sit in four m16 tiles, and the P V tiles hold several
+// tokens (their B rows are the same V rows). The per-block CTAs above keep
+// the chunks from floor(C / 64) on (the tree positions). Every output element
+// is the same dot products in the same k order as in a per-block CTA (an mma
+// element depends only on its A row and B column), and the combine is the
+// same code: a token's result is bit-identical either way (checked by
+// swiftspec-cuda-check: tree == decode alone, the step tuner's bitwise
+// comparison of its candidates). A 64-node step at context 512 runs 384 CTAs
+// with keys instead of 1152 (~2.2 waves).
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -56,6 +71,14 @@ constexpr int kUnionMax = kAttnChunk * kMaxTokPerBlock;  ///< a chunk's union ov
 // step's 1152 CTAs ran in ~3 waves (run 15).
 constexpr int kVCap = 64;
 constexpr int kListMax = 128;       ///< attend-list entries per token kept in shared memory
+constexpr int kPrefixBlocks = 4;    ///< token blocks per shared-prefix CTA (<= 64 query rows)
+constexpr int kPrefixRows = 16 * kPrefixBlocks;
+constexpr int kPrefixTokMax = kMaxTokPerBlock * kPrefixBlocks;
+/// Splits of the per-block CTAs when shared-prefix CTAs take the full
+/// committed chunks: what is left is the chunk(s) holding position C and the
+/// tree positions, at most two for a step of <= 64 tokens (a CTA loops over
+/// more if there are).
+constexpr int kTailSplits = 2;
 
 template <int HD>
 struct AttnGeom {
@@ -74,17 +97,144 @@ struct AttnGeom {
   }
 };
 
+/// Shared memory of a shared-prefix CTA: Q of the group's rows, one chunk's K
+/// and V, the scores by key; P (bf16) is written over K once the scores are
+/// done.
+template <int HD>
+struct PrefixGeom {
+  static constexpr int kLD = HD + 8;
+  static constexpr int kSLD = kAttnChunk + 1;
+  static constexpr int kPLD = kAttnChunk + 8;
+  static_assert(kPLD <= kLD, "P rows must fit in the K rows they overwrite");
+  static constexpr size_t smem_bytes() {
+    return size_t(3) * kPrefixRows * kLD * 2 + size_t(kPrefixRows) * kSLD * 4;
+  }
+};
+
+/// Statically allocated shared state of either CTA kind.
+struct AttnShared {
+  int U;
+  int last;
+  int nch[kPrefixTokMax];     ///< per token: chunks it attends
+  int prefix[kPrefixTokMax];  ///< per token: committed keys it attends
+  int len[kMaxTokPerBlock];   ///< per token: tree keys it attends
+  int last_blk[kPrefixBlocks];
+  // The block's attend lists (ancestor slots by depth), loaded once: the
+  // union of a tree chunk walks them position by position (a dependent
+  // global load per position cost ~0.15 us each on the critical path).
+  int list[kMaxTokPerBlock][kListMax];
+  float m[kPrefixRows];
+  float l[kPrefixRows];
+};
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
+/// Launch geometry beside AttnParams (set by launch_attention_hd). blockIdx.y
+/// < blocks * block_splits: a per-block CTA (split y / blocks, token block
+/// y % blocks); above: a shared-prefix CTA (split y' / groups, group y' %
+/// groups, y' = y - blocks * block_splits).
+struct AttnGrid {
+  int blocks = 0;        ///< token blocks of the bucket
+  int block_splits = 0;  ///< kAttnSplits, or kTailSplits with shared-prefix CTAs
+  int groups = 0;        ///< shared-prefix CTA groups (0: off)
+};
+
+/// One query row of a chunk: max, P = bf16(exp(s - max)) per logical position
+/// (0 where s = -inf, i.e. no key), l = the sum of P in a fixed warp order.
+/// Both CTA kinds call this, so a row's P and l are the same bits in either.
+__device__ __forceinline__ void chunk_softmax_row(const float* srow, __nv_bfloat16* prow, float* m_out, float* l_out,
+                                                  int lane) {
+  const float s0 = srow[lane], s1 = srow[lane + 32];
+  float mx = fmaxf(s0, s1);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  const __nv_bfloat16 p0 = __float2bfloat16_rn((mx == -INFINITY || s0 == -INFINITY) ? 0.f : expf(s0 - mx));
+  const __nv_bfloat16 p1 = __float2bfloat16_rn((mx == -INFINITY || s1 == -INFINITY) ? 0.f : expf(s1 - mx));
+  prow[lane] = p0;
+  prow[lane + 32] = p1;
+  float l = __bfloat162float(p0) + __bfloat162float(p1);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+  if (lane == 0) {
+    *m_out = mx;
+    *l_out = l;
+  }
+}
+
+/// Combines the chunk partials of tokens tok0 .. tok0 + tact - 1 (one token
+/// block, <= 16 query rows; 16 threads per row) in chunk order and writes the
+/// attention output. nch[t]: chunks token t attends.
 template <int HD>
-__global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParams p) {
+__device__ void combine_block(const AttnParams& p, int kvh, int tok0, int tact, const int* nch) {
+  constexpr int DPT = AttnGeom<HD>::kDPT;
+  const int tid = threadIdx.x;
+  const int G = p.group;
+  const int H = p.num_heads;
+  // Role in the combine: query row prh, dims pd0..pd0+DPT-1 (16 threads per row).
+  const int prh = tid >> 4;
+  const int pd0 = (tid & 15) * DPT;
+  const int pt = prh / G;
+  if (prh < tact * G) {
+    const int p_tk = tok0 + pt;
+    const int p_head = kvh * G + prh % G;
+    const int p_nch = nch[pt];
+    // Combine in chunk order. The loads of a batch of chunks are all issued
+    // before its adds (one L2 round trip per batch instead of per chunk); the
+    // arithmetic is the same sequence as chunk by chunk.
+    constexpr int kB = 4;  // 8: 112 registers (ptxas), 2 CTAs per SM instead of 3
+    const float2* ml = p.part_ml + (static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks;
+    const float* pob = p.part_o + (static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks * HD + pd0;
+    float M = -INFINITY;
+#pragma unroll 4
+    for (int c = 0; c < p_nch; ++c) M = fmaxf(M, __ldcg(&ml[c]).x);
+    float o[DPT];
+#pragma unroll
+    for (int j = 0; j < DPT; ++j) o[j] = 0.f;
+    float lsum = 0.f;
+    for (int c0 = 0; c0 < p_nch; c0 += kB) {
+      float2 v[kB];
+      float pv[kB][DPT];
+#pragma unroll
+      for (int i = 0; i < kB; ++i) {
+        if (c0 + i < p_nch) {
+          v[i] = __ldcg(&ml[c0 + i]);
+#pragma unroll
+          for (int j = 0; j < DPT; j += 4) {
+            const float4 f = __ldcg(reinterpret_cast<const float4*>(pob + static_cast<size_t>(c0 + i) * HD + j));
+            pv[i][j] = f.x;
+            pv[i][j + 1] = f.y;
+            pv[i][j + 2] = f.z;
+            pv[i][j + 3] = f.w;
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kB; ++i) {
+        if (c0 + i < p_nch) {
+          const float w = expf(v[i].x - M);
+          lsum = fmaf(w, v[i].y, lsum);
+#pragma unroll
+          for (int j = 0; j < DPT; ++j) o[j] = fmaf(w, pv[i][j], o[j]);
+        }
+      }
+    }
+    const float inv = 1.0f / lsum;
+    __nv_bfloat16* out = p.out + (static_cast<size_t>(p_tk) * H + p_head) * HD + pd0;
+#pragma unroll
+    for (int j = 0; j < DPT; ++j) out[j] = __float2bfloat16_rn(o[j] * inv);
+  }
+}
+
+/// A per-block CTA: token block `blk`, chunks nlo .. nch - 1 of its tokens
+/// (the last first), split `split` of `nsplit`; see the file comment.
+template <int HD>
+__device__ void block_cta(const AttnParams& p, AttnShared& sh, uint8_t* smem_raw, int kvh, int blk, int split,
+                          int nsplit, bool prefix_ctas, unsigned long long* tr) {
   using Geom = AttnGeom<HD>;
   constexpr int LD = Geom::kLD, SLD = Geom::kSLD, PLD = Geom::kPLD;
   constexpr int CH = HD / 8;  // 16-byte chunks per row
-  constexpr int DPT = Geom::kDPT;
   constexpr int ZROW = kVCap;  // the zero row of Vs
-  extern __shared__ __align__(16) uint8_t smem_raw[];
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [16][LD]
   __nv_bfloat16* Ks = Qs + 16 * LD;                                // [64][LD] one block of union keys
   __nv_bfloat16* Vs = Ks + 64 * LD;                                // [kVCap + 1][LD] the pass's union
@@ -94,24 +244,6 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   int16_t* kidx = reinterpret_cast<int16_t*>(keys + kUnionMax);     // [4][64] union index or -1
   uint16_t* kmask = reinterpret_cast<uint16_t*>(kidx + kMaxTokPerBlock * kAttnChunk);  // [kUnionMax]
   uint8_t* kpos = reinterpret_cast<uint8_t*>(kmask + kUnionMax);    // [kUnionMax] logical position in the chunk
-  __shared__ int s_U;
-  __shared__ int s_last;
-  __shared__ int s_nch[kMaxTokPerBlock];
-  __shared__ int s_prefix[kMaxTokPerBlock];
-  __shared__ int s_len[kMaxTokPerBlock];
-  // The block's attend lists (ancestor slots by depth), loaded once: the
-  // union of a tree chunk walks them position by position (a dependent
-  // global load per position cost ~0.15 us each on the critical path).
-  __shared__ int s_list[kMaxTokPerBlock][kListMax];
-  __shared__ float s_m[16];
-  __shared__ float s_l[16];
-
-  // Benchmark trace (AttnParams::trace): thread 0 stamps the phases.
-  unsigned long long* tr =
-      p.trace == nullptr
-          ? nullptr
-          : p.trace + ((static_cast<size_t>(blockIdx.x) * kMaxStepTokens + blockIdx.y) * kAttnSplits + blockIdx.z) *
-                          kAttnTraceStamps;
   const auto stamp = [&](int i) {
     if (tr != nullptr && threadIdx.x == 0) {
       unsigned long long t;
@@ -119,14 +251,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
       tr[i] = t;
     }
   };
-  stamp(0);
-  griddep_launch_dependents();
-  griddep_wait();
-  stamp(1);
 
   const StepDesc* d = p.desc;
-  const int kvh = blockIdx.x;
-  const int blk = blockIdx.y;
   const int T = p.tokens_per_block;
   const int G = p.group;
   const int n = d->n;
@@ -144,21 +270,18 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
     const int off = d->attend_off[tk];
     const int len = tree ? d->attend_off[tk + 1] - off : 0;
     const int P = d->prefix_len[tk];
-    s_prefix[tid] = P;
-    s_len[tid] = len;
-    s_nch[tid] = (P + len + kAttnChunk - 1) / kAttnChunk;
+    sh.prefix[tid] = P;
+    sh.len[tid] = len;
+    sh.nch[tid] = (P + len + kAttnChunk - 1) / kAttnChunk;
   }
   __syncthreads();
-  int maxP = 0, maxlen = 0, nch = 0;
-  for (int t = 0; t < tact; ++t) {
-    maxP = max(maxP, s_prefix[t]);
-    maxlen = max(maxlen, s_len[t]);
-    nch = max(nch, s_nch[t]);
-  }
+  int nch = 0;
+  for (int t = 0; t < tact; ++t) nch = max(nch, sh.nch[t]);
+  // Chunks below nlo are the shared-prefix CTAs' (every token attends them whole).
+  const int nlo = prefix_ctas ? C / kAttnChunk : 0;
   // The last chunks first: the one holding the tree positions costs the most
-  // (its union walk, more keys), and CTAs start in blockIdx.z order.
-  const int split = blockIdx.z;
-  if (split >= nch) return;
+  // (its union walk, more keys), and CTAs start in blockIdx.y order.
+  if (split >= nch - nlo) return;
   const int RH = T * G;  // query rows of the block (<= 16)
 
   // Q by cp.async, in flight while the keys are listed (the scores' wait covers it).
@@ -176,18 +299,18 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   cp_async_commit();
   // The attend lists, only where a chunk of this CTA holds tree positions.
   bool lists = false;
-  for (int cs = split; cs < nch; cs += kAttnSplits) lists = lists || (tree && (nch - cs) * kAttnChunk > C);
+  for (int cs = split; cs < nch - nlo; cs += nsplit) lists = lists || (tree && (nch - cs) * kAttnChunk > C);
   if (lists) {
     for (int i = tid; i < tact * kListMax; i += kAttnThreads) {
       const int t = i / kListMax, a = i - t * kListMax;
-      if (a < s_len[t]) s_list[t][a] = d->attend_slots[d->attend_off[tok0 + t] + a];
+      if (a < sh.len[t]) sh.list[t][a] = d->attend_slots[d->attend_off[tok0 + t] + a];
     }
   }
   for (int i = tid; i < HD; i += kAttnThreads) Vs[ZROW * LD + i] = __float2bfloat16_rn(0.f);
   for (int i = tid; i < kAttnChunk; i += kAttnThreads) Pb[16 * PLD + i] = __float2bfloat16_rn(0.f);
 
   int my_cnt = 0;
-  for (int cs = split; cs < nch; cs += kAttnSplits) {
+  for (int cs = split; cs < nch - nlo; cs += nsplit) {
     ++my_cnt;
     if (my_cnt == 1) stamp(2);
     const int c = nch - 1 - cs;  // see above: the last chunks first
@@ -200,11 +323,11 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
       // Committed keys first (logical position = key), then the tree keys of
       // each position (one per distinct ancestor slot among the pass tokens).
       int n1 = 0;
-      for (int t = pt0; t < pt0 + pn; ++t) n1 = max(n1, s_prefix[t]);
+      for (int t = pt0; t < pt0 + pn; ++t) n1 = max(n1, sh.prefix[t]);
       n1 = max(0, min(q0 + kAttnChunk, n1) - q0);
       for (int i = tid; i < kMaxTokPerBlock * kAttnChunk; i += kAttnThreads) {
         const int t = i / kAttnChunk, j = i - t * kAttnChunk;
-        kidx[i] = (t >= pt0 && t < pt0 + pn && j < n1 && q0 + j < s_prefix[t]) ? static_cast<int16_t>(j)
+        kidx[i] = (t >= pt0 && t < pt0 + pn && j < n1 && q0 + j < sh.prefix[t]) ? static_cast<int16_t>(j)
                                                                                  : int16_t(-1);
       }
       for (int i = tid; i < 16 * SLD; i += kAttnThreads) Ss[i] = -INFINITY;
@@ -212,7 +335,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
         const int key = q0 + j;
         unsigned mk = 0;
         for (int t = pt0; t < pt0 + pn; ++t)
-          if (key < s_prefix[t]) mk |= 1u << t;
+          if (key < sh.prefix[t]) mk |= 1u << t;
         keys[j] = key;
         kmask[j] = static_cast<uint16_t>(mk);
         kpos[j] = static_cast<uint8_t>(j);
@@ -222,15 +345,15 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
         int U = n1;
         if (tree) {
           int mlen = 0;
-          for (int t = pt0; t < pt0 + pn; ++t) mlen = max(mlen, s_len[t]);
+          for (int t = pt0; t < pt0 + pn; ++t) mlen = max(mlen, sh.len[t]);
           const int qlo = max(q0, C);
           const int qhi = min(q0 + kAttnChunk, C + mlen);
           const bool mine = lane >= pt0 && lane < pt0 + pn;  // lane = token of the block
-          const int len = mine ? s_len[lane] : 0;
+          const int len = mine ? sh.len[lane] : 0;
           const int off = mine ? d->attend_off[tok0 + lane] : 0;
           for (int q = qlo; q < qhi; ++q) {
             const int a = q - C;
-            const int slot = (mine && a < len) ? (a < kListMax ? s_list[lane][a] : d->attend_slots[off + a]) : -1;
+            const int slot = (mine && a < len) ? (a < kListMax ? sh.list[lane][a] : d->attend_slots[off + a]) : -1;
             unsigned same = 0;
             for (int u = pt0; u < pt0 + pn; ++u)
               if (__shfl_sync(0xffffffffu, slot, u) == slot) same |= 1u << u;
@@ -249,10 +372,10 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
             U += __popc(lb);
           }
         }
-        if (lane == 0) s_U = U;
+        if (lane == 0) sh.U = U;
       }
       __syncthreads();
-      const int U = s_U;  // <= 64 * pn
+      const int U = sh.U;  // <= 64 * pn
       if (U > kVCap) {  // too many distinct keys for one pass: one token at a time
         pn = 1;
         continue;
@@ -300,24 +423,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
       if (my_cnt == 1 && pt0 == 0) stamp(4);
 
       // ---- 3. per query row: max, P = bf16(exp(s - max)) (0 where no key), l = sum of P ----
-      for (int rh = warp; rh < 16; rh += kAttnThreads / 32) {
-        const float* srow = Ss + rh * SLD;
-        const float s0 = srow[lane], s1 = srow[lane + 32];
-        float mx = fmaxf(s0, s1);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        const __nv_bfloat16 p0 = __float2bfloat16_rn((mx == -INFINITY || s0 == -INFINITY) ? 0.f : expf(s0 - mx));
-        const __nv_bfloat16 p1 = __float2bfloat16_rn((mx == -INFINITY || s1 == -INFINITY) ? 0.f : expf(s1 - mx));
-        Pb[rh * PLD + lane] = p0;
-        Pb[rh * PLD + lane + 32] = p1;
-        float l = __bfloat162float(p0) + __bfloat162float(p1);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-        if (lane == 0) {
-          s_m[rh] = mx;
-          s_l[rh] = l;
-        }
-      }
+      for (int rh = warp; rh < 16; rh += kAttnThreads / 32)
+        chunk_softmax_row(Ss + rh * SLD, Pb + rh * PLD, &sh.m[rh], &sh.l[rh], lane);
       cp_async_wait_all();  // V
       __syncthreads();
 
@@ -342,7 +449,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
           mma_bf16_16816(acc[1], a, b[2], b[3]);
         }
         // ---- 5. the chunk partial of the token's heads ----
-        if (c < s_nch[t]) {
+        if (c < sh.nch[t]) {
           const int tk = tok0 + t;
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
@@ -359,9 +466,9 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
       }
       if (tid < RH) {
         const int t = tid / G;
-        if (t >= pt0 && t < pt0 + pn && c < s_nch[t])
+        if (t >= pt0 && t < pt0 + pn && c < sh.nch[t])
           p.part_ml[(static_cast<size_t>(tok0 + t) * H + kvh * G + tid % G) * p.max_chunks + c] =
-              make_float2(s_m[tid], s_l[tid]);
+              make_float2(sh.m[tid], sh.l[tid]);
       }
       __syncthreads();
       pt0 += pn;
@@ -373,83 +480,246 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttnParam
   if (tid == 0) {
     __threadfence();
     const int prev = atomicAdd(&p.counters[kvh * kMaxStepTokens + blk], my_cnt);
-    s_last = (prev + my_cnt == nch) ? 1 : 0;
+    sh.last = (prev + my_cnt == nch) ? 1 : 0;
   }
   __syncthreads();
   stamp(6);
-  if (!s_last) return;
+  if (!sh.last) return;
   __threadfence();
-  // Role in the combine: query row prh, dims pd0..pd0+DPT-1 (16 threads per row).
-  const int prh = tid >> 4;
-  const int pd0 = (tid & 15) * DPT;
-  const int pt = prh / G;
-  if (prh < RH && pt < tact) {
-    const int p_tk = tok0 + pt;
-    const int p_head = kvh * G + prh % G;
-    const int p_nch = s_nch[pt];
-    // Combine in chunk order. The loads of a batch of chunks are all issued
-    // before its adds (one L2 round trip per batch instead of per chunk); the
-    // arithmetic is the same sequence as chunk by chunk.
-    constexpr int kB = 4;  // 8: 112 registers (ptxas), 2 CTAs per SM instead of 3
-    const float2* ml = p.part_ml + (static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks;
-    const float* pob = p.part_o + (static_cast<size_t>(p_tk) * H + p_head) * p.max_chunks * HD + pd0;
-    float M = -INFINITY;
-#pragma unroll 4
-    for (int c = 0; c < p_nch; ++c) M = fmaxf(M, __ldcg(&ml[c]).x);
-    float o[DPT];
-#pragma unroll
-    for (int j = 0; j < DPT; ++j) o[j] = 0.f;
-    float lsum = 0.f;
-    for (int c0 = 0; c0 < p_nch; c0 += kB) {
-      float2 v[kB];
-      float pv[kB][DPT];
-#pragma unroll
-      for (int i = 0; i < kB; ++i) {
-        if (c0 + i < p_nch) {
-          v[i] = __ldcg(&ml[c0 + i]);
-#pragma unroll
-          for (int j = 0; j < DPT; j += 4) {
-            const float4 f = __ldcg(reinterpret_cast<const float4*>(pob + static_cast<size_t>(c0 + i) * HD + j));
-            pv[i][j] = f.x;
-            pv[i][j + 1] = f.y;
-            pv[i][j + 2] = f.z;
-            pv[i][j + 3] = f.w;
-          }
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kB; ++i) {
-        if (c0 + i < p_nch) {
-          const float w = expf(v[i].x - M);
-          lsum = fmaf(w, v[i].y, lsum);
-#pragma unroll
-          for (int j = 0; j < DPT; ++j) o[j] = fmaf(w, pv[i][j], o[j]);
-        }
-      }
-    }
-    const float inv = 1.0f / lsum;
-    __nv_bfloat16* out = p.out + (static_cast<size_t>(p_tk) * H + p_head) * HD + pd0;
-#pragma unroll
-    for (int j = 0; j < DPT; ++j) out[j] = __float2bfloat16_rn(o[j] * inv);
-  }
+  combine_block<HD>(p, kvh, tok0, tact, sh.nch);
   __syncthreads();
   stamp(7);
   if (tid == 0) p.counters[kvh * kMaxStepTokens + blk] = 0;
 }
 
+/// A shared-prefix CTA: the full committed chunks z, z + kAttnSplits, ... <
+/// floor(C / 64) of the tokens of token blocks kPrefixBlocks * g ... (see the
+/// file comment). Each chunk's arithmetic per query row is block_cta's.
 template <int HD>
-void launch_attention_hd(const AttnParams& p, int rows, bool pdl, cudaStream_t stream) {
+__device__ void prefix_cta(const AttnParams& p, AttnShared& sh, uint8_t* smem_raw, int kvh, int g, int z,
+                           unsigned long long* tr) {
+  using Geom = PrefixGeom<HD>;
+  constexpr int LD = Geom::kLD, SLD = Geom::kSLD, PLD = Geom::kPLD;
+  constexpr int CH = HD / 8;
+  constexpr int R = kPrefixRows;
+  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [64][LD]
+  __nv_bfloat16* Ks = Qs + R * LD;                                 // [64][LD] the chunk's keys
+  __nv_bfloat16* Vs = Ks + R * LD;                                 // [64][LD]
+  float* Ss = reinterpret_cast<float*>(Vs + R * LD);                // [64][SLD]
+  __nv_bfloat16* Pb = Ks;                                          // [64][PLD] over Ks after the scores
+  const auto stamp = [&](int i) {
+    if (tr != nullptr && threadIdx.x == 0) {
+      unsigned long long t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      tr[i] = t;
+    }
+  };
+
+  const StepDesc* d = p.desc;
+  const int T = p.tokens_per_block;
+  const int G = p.group;
+  const int H = p.num_heads;
+  const int n = d->n;
+  const int tok0 = g * kPrefixBlocks * T;
+  if (tok0 >= n) return;
+  const int gact = min(kPrefixBlocks * T, n - tok0);
+  const int nfull = d->committed / kAttnChunk;
+  if (z >= nfull) return;
+  const bool tree = d->is_tree != 0;
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int RA = gact * G;  // query rows of the group (<= 64)
+  const int mtiles = (RA + 15) / 16;
+  if (tid < gact) {
+    const int tk = tok0 + tid;
+    const int len = tree ? d->attend_off[tk + 1] - d->attend_off[tk] : 0;
+    sh.nch[tid] = (d->prefix_len[tk] + len + kAttnChunk - 1) / kAttnChunk;
+  }
+  for (int i = tid; i < R * CH; i += kAttnThreads) {
+    const int rh = i / CH;
+    const int ch = i - rh * CH;
+    if (rh < RA) {
+      const size_t qrow = static_cast<size_t>(tok0 + rh / G) * H + kvh * G + rh % G;
+      cp_async_16(Qs + rh * LD + ch * 8, p.q + qrow * HD + ch * 8);
+    } else {
+      *reinterpret_cast<uint4*>(Qs + rh * LD + ch * 8) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  cp_async_commit();
+  // Rows past the group's: no scores (P = 0, so their P V rows are zero and unused).
+  for (int i = RA * SLD + tid; i < R * SLD; i += kAttnThreads) Ss[i] = -INFINITY;
+
+  int my_cnt = 0;
+  for (int c = z; c < nfull; c += kAttnSplits) {
+    ++my_cnt;
+    if (my_cnt == 1) stamp(2);
+    const size_t row0 = static_cast<size_t>(kvh) * p.slots + static_cast<size_t>(c) * kAttnChunk;
+    for (int i = tid; i < kAttnChunk * CH; i += kAttnThreads) {
+      const int u = i / CH;
+      const int ch = i - u * CH;
+      cp_async_16(Ks + u * LD + ch * 8, p.kcache + (row0 + u) * HD + ch * 8);
+      cp_async_16(Vs + u * LD + ch * 8, p.vcache + (row0 + u) * HD + ch * 8);
+    }
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+    if (my_cnt == 1) stamp(3);
+    // ---- S = scale * Q K^T: warp w the keys 8w .. 8w + 7 of every m16 tile ----
+    {
+      float acc[4][4] = {};
+#pragma unroll
+      for (int ks = 0; ks < HD / 16; ++ks) {
+        uint32_t b[2];
+        ldmatrix_x2(b, smem_u32(Ks + (warp * 8 + (lane & 7)) * LD + ks * 16 + ((lane >> 3) & 1) * 8));
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) {
+          if (mt < mtiles) {
+            uint32_t a[4];
+            ldmatrix_x4(a, smem_u32(Qs + (mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + ks * 16 +
+                                    (lane >> 4) * 8));
+            mma_bf16_16816(acc[mt], a, b[0], b[1]);
+          }
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int rh = mt * 16 + (lane >> 2) + (j >= 2 ? 8 : 0);
+          if (rh < RA) Ss[rh * SLD + warp * 8 + (lane & 3) * 2 + (j & 1)] = acc[mt][j] * p.scale;
+        }
+      }
+    }
+    __syncthreads();  // the scores are in Ss; Ks is free for P
+    if (my_cnt == 1) stamp(4);
+    for (int rh = warp; rh < mtiles * 16; rh += kAttnThreads / 32)
+      chunk_softmax_row(Ss + rh * SLD, Pb + rh * PLD, &sh.m[rh], &sh.l[rh], lane);
+    __syncthreads();
+    // ---- O = P V: (m16 tile, 16 columns) units; a tile's tokens share the B rows ----
+    constexpr int NP = HD / 16;
+    for (int w = warp; w < mtiles * NP; w += kAttnThreads / 32) {
+      const int mt = w / NP;
+      const int n0 = (w % NP) * 16;
+      float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+      for (int ks = 0; ks < kAttnChunk / 16; ++ks) {
+        uint32_t a[4];
+        ldmatrix_x4(a, smem_u32(Pb + (mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * PLD + ks * 16 + (lane >> 4) * 8));
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, smem_u32(Vs + (ks * 16 + (lane & 15)) * LD + n0 + (lane >> 4) * 8));
+        mma_bf16_16816(acc[0], a, b[0], b[1]);
+        mma_bf16_16816(acc[1], a, b[2], b[3]);
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = mt * 16 + (lane >> 2) + half * 8;
+        if (r < RA) {
+          const size_t qrow = static_cast<size_t>(tok0 + r / G) * H + kvh * G + r % G;
+          float* po = p.part_o + (qrow * p.max_chunks + c) * HD + n0 + (lane & 3) * 2;
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+            *reinterpret_cast<float2*>(po + j * 8) = make_float2(acc[j][half * 2], acc[j][half * 2 + 1]);
+        }
+      }
+    }
+    for (int r = tid; r < RA; r += kAttnThreads) {
+      const size_t qrow = static_cast<size_t>(tok0 + r / G) * H + kvh * G + r % G;
+      p.part_ml[qrow * p.max_chunks + c] = make_float2(sh.m[r], sh.l[r]);
+    }
+    __syncthreads();  // before the next chunk overwrites K / V / P
+  }
+  if (my_cnt > 0) stamp(5);
+
+  // ---- arrival at each token block of the group; the last CTA of a block combines it ----
+  const int nblk = (gact + T - 1) / T;
+  if (tid < nblk) {
+    int nch = 0;
+    for (int t = tid * T; t < min(gact, tid * T + T); ++t) nch = max(nch, sh.nch[t]);
+    __threadfence();
+    const int prev = atomicAdd(&p.counters[kvh * kMaxStepTokens + g * kPrefixBlocks + tid], my_cnt);
+    sh.last_blk[tid] = (prev + my_cnt == nch) ? 1 : 0;
+  }
+  __syncthreads();
+  stamp(6);
+  for (int b = 0; b < nblk; ++b) {
+    if (!sh.last_blk[b]) continue;
+    __threadfence();
+    combine_block<HD>(p, kvh, tok0 + b * T, min(T, gact - b * T), sh.nch + b * T);
+    __syncthreads();
+    stamp(7);
+    if (tid == 0) p.counters[kvh * kMaxStepTokens + g * kPrefixBlocks + b] = 0;
+  }
+}
+
+// Two instantiations: per-block CTAs only (bound to 64 registers: four CTAs
+// per SM, as before), and with shared-prefix CTAs (70 KB of shared memory:
+// three per SM; bound to 80 registers so that the register file allows three).
+template <int HD, bool kWithPrefix>
+__global__ void __launch_bounds__(kAttnThreads, kWithPrefix ? 3 : 4) attention_kernel(const AttnParams p,
+                                                                                      const AttnGrid grid) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  __shared__ AttnShared sh;
+  const int kvh = blockIdx.x;
+  const int y = blockIdx.y;
+  const bool per_block = !kWithPrefix || y < grid.blocks * grid.block_splits;
+  // The CTA's row of trace stamps (AttnParams::trace): shared-prefix CTAs sit
+  // at token-block indices blocks + g (none where that passes kMaxStepTokens).
+  int tb, tz;
+  if (per_block) {
+    tb = y % grid.blocks;
+    tz = y / grid.blocks;
+  } else {
+    const int yp = y - grid.blocks * grid.block_splits;
+    tb = grid.blocks + yp % grid.groups;
+    tz = yp / grid.groups;
+  }
+  unsigned long long* tr =
+      p.trace == nullptr || tb >= kMaxStepTokens
+          ? nullptr
+          : p.trace + ((static_cast<size_t>(kvh) * kMaxStepTokens + tb) * kAttnSplits + tz) * kAttnTraceStamps;
+  if (tr != nullptr && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    tr[0] = t;
+  }
+  griddep_launch_dependents();
+  griddep_wait();
+  if (tr != nullptr && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    tr[1] = t;
+  }
+  if (per_block)
+    block_cta<HD>(p, sh, smem_raw, kvh, tb, tz, grid.block_splits, kWithPrefix, tr);
+  else
+    prefix_cta<HD>(p, sh, smem_raw, kvh, tb - grid.blocks, tz, tr);
+}
+
+/// Sets the kernel's shared-memory limit once per device.
+template <int HD, bool kWithPrefix>
+void allow_smem(size_t bytes) {
   static std::atomic<uint64_t> attr_done{0};  // per device (current_device_bit)
-  constexpr size_t smem = AttnGeom<HD>::smem_bytes();
   const uint64_t bit = current_device_bit();
   if (!bit || !(attr_done.load(std::memory_order_acquire) & bit)) {
-    SS_CUDA_CHECK(cudaFuncSetAttribute(&attention_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem)));
+    SS_CUDA_CHECK(cudaFuncSetAttribute(&attention_kernel<HD, kWithPrefix>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
     attr_done.fetch_or(bit, std::memory_order_acq_rel);
   }
+}
+
+template <int HD>
+void launch_attention_hd(const AttnParams& p, int rows, bool pdl, cudaStream_t stream) {
+  AttnGrid g;
+  g.blocks = (rows + p.tokens_per_block - 1) / p.tokens_per_block;
+  g.groups = p.shared_prefix ? (g.blocks + kPrefixBlocks - 1) / kPrefixBlocks : 0;
+  g.block_splits = g.groups > 0 ? kTailSplits : kAttnSplits;
+  const size_t smem = g.groups > 0 ? std::max(AttnGeom<HD>::smem_bytes(), PrefixGeom<HD>::smem_bytes())
+                                   : AttnGeom<HD>::smem_bytes();
   cudaLaunchConfig_t lc = {};
-  const int blocks = (rows + p.tokens_per_block - 1) / p.tokens_per_block;
-  lc.gridDim = dim3(static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(blocks), kAttnSplits);
+  // Per-block CTAs first (the tree chunk's are the longest), then the shared-prefix ones.
+  lc.gridDim = dim3(static_cast<unsigned>(p.num_kv_heads),
+                    static_cast<unsigned>(g.blocks * g.block_splits + g.groups * kAttnSplits), 1);
   lc.blockDim = dim3(kAttnThreads, 1, 1);
   lc.dynamicSmemBytes = smem;
   lc.stream = stream;
@@ -458,7 +728,13 @@ void launch_attention_hd(const AttnParams& p, int rows, bool pdl, cudaStream_t s
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   lc.attrs = attr;
   lc.numAttrs = pdl ? 1 : 0;
-  SS_CUDA_CHECK(cudaLaunchKernelEx(&lc, &attention_kernel<HD>, p));
+  if (g.groups > 0) {
+    allow_smem<HD, true>(smem);
+    SS_CUDA_CHECK(cudaLaunchKernelEx(&lc, &attention_kernel<HD, true>, p, g));
+  } else {
+    allow_smem<HD, false>(smem);
+    SS_CUDA_CHECK(cudaLaunchKernelEx(&lc, &attention_kernel<HD, false>, p, g));
+  }
 }
 
 }  // namespace

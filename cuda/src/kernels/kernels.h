@@ -47,7 +47,12 @@ struct AttnParams {
   const StepDesc* desc = nullptr;
   int num_heads = 0, num_kv_heads = 0, head_dim = 0;
   int group = 0;          ///< num_heads / num_kv_heads
-  int tokens_per_block = 0;  ///< T = min(8, max(1, 16 / group))
+  int tokens_per_block = 0;  ///< T = min(4, max(1, 16 / group))
+  /// 1: shared-prefix CTAs compute the chunks that lie wholly inside the
+  /// committed prefix, once per group of 4 token blocks (attention_tree.cu);
+  /// the same bits as 0. Requires prefix_len >= committed for every token,
+  /// which StepDesc guarantees.
+  int shared_prefix = 0;
   int slots = 0;          ///< max_context + max_tree
   int max_context = 0;
   int max_chunks = 0;     ///< ceil(slots / kAttnChunk)
