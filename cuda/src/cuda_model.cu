@@ -1290,7 +1290,7 @@ class CudaModelImpl final : public CudaModel {
         p.max_chunks = max_chunks_;
         p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
         p.trace = attn_trace_ ? attn_trace_.as<unsigned long long>() + attn_trace_per_layer() * l : nullptr;
-        launch_attention(p, rows, pdl(kStepAttention), s);
+        launch_attention(p, rows, pdl(kStepAttention), pdl_, s);
       }
       EpiResidual::Params res;
       res.h32 = h32_.as<float>();

@@ -36,20 +36,23 @@
 // latency-bound; CTAs with more tokens lengthen them (slower), P V on CUDA
 // cores was the longest phase.
 //
-// Shared-prefix CTAs (AttnParams::prefix_groups, run 19). A chunk that lies
+// Shared-prefix CTAs (AttnParams::shared_prefix, run 19). A chunk that lies
 // wholly inside the committed prefix C holds the same 64 keys, unmasked, for
-// every token of the step (every token attends [0, C)). With shared-prefix
-// CTAs on, such chunks are computed once per (kv head, group of
-// kPrefixBlocks token blocks, chunk): K and V are loaded once, the group's
+// every token of the step (every token attends [0, C)). With shared_prefix
+// such chunks are computed by a grid of their own, once per (kv head, group
+// of kPrefixBlocks token blocks, chunk): K and V are loaded once, the group's
 // query rows (<= 64) sit in four m16 tiles, and the P V tiles hold several
-// tokens (their B rows are the same V rows). The per-block CTAs above keep
-// the chunks from floor(C / 64) on (the tree positions). Every output element
-// is the same dot products in the same k order as in a per-block CTA (an mma
-// element depends only on its A row and B column), and the combine is the
-// same code: a token's result is bit-identical either way (checked by
-// swiftspec-cuda-check: tree == decode alone, the step tuner's bitwise
-// comparison of its candidates). A 64-node step at context 512 runs 384 CTAs
-// with keys instead of 1152 (~2.2 waves).
+// tokens (their B rows are the same V rows). A second grid of per-block CTAs
+// (the tail) takes the chunks from floor(C / 64) on (the tree positions); it
+// starts while the first runs (PDL) and waits for it only before combining.
+// Every output element is the same dot products in the same k order as in a
+// per-block CTA (an mma element depends only on its A row and B column), and
+// the combine is the same code: a token's result is bit-identical either way
+// (checked by swiftspec-cuda-check: tree == decode alone, and the step
+// tuner's bitwise comparison of its candidates). A 64-node step at context
+// 512: 256 + 128 CTAs with keys instead of 1152 (~2.2 waves), and the combine
+// stays in the per-block CTAs (when the shared-prefix CTAs combined their
+// four blocks in turn, the last one's combine took 13-17 us: slower).
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -73,7 +76,6 @@ constexpr int kVCap = 64;
 constexpr int kListMax = 128;       ///< attend-list entries per token kept in shared memory
 constexpr int kPrefixBlocks = 4;    ///< token blocks per shared-prefix CTA (<= 64 query rows)
 constexpr int kPrefixRows = 16 * kPrefixBlocks;
-constexpr int kPrefixTokMax = kMaxTokPerBlock * kPrefixBlocks;
 /// Splits of the per-block CTAs when shared-prefix CTAs take the full
 /// committed chunks: what is left is the chunk(s) holding position C and the
 /// tree positions, at most two for a step of <= 64 tokens (a CTA loops over
@@ -115,10 +117,9 @@ struct PrefixGeom {
 struct AttnShared {
   int U;
   int last;
-  int nch[kPrefixTokMax];     ///< per token: chunks it attends
-  int prefix[kPrefixTokMax];  ///< per token: committed keys it attends
-  int len[kMaxTokPerBlock];   ///< per token: tree keys it attends
-  int last_blk[kPrefixBlocks];
+  int nch[kMaxTokPerBlock];     ///< per token: chunks it attends
+  int prefix[kMaxTokPerBlock];  ///< per token: committed keys it attends
+  int len[kMaxTokPerBlock];     ///< per token: tree keys it attends
   // The block's attend lists (ancestor slots by depth), loaded once: the
   // union of a tree chunk walks them position by position (a dependent
   // global load per position cost ~0.15 us each on the critical path).
@@ -130,14 +131,11 @@ struct AttnShared {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
-/// Launch geometry beside AttnParams (set by launch_attention_hd). blockIdx.y
-/// < blocks * block_splits: a per-block CTA (split y / blocks, token block
-/// y % blocks); above: a shared-prefix CTA (split y' / groups, group y' %
-/// groups, y' = y - blocks * block_splits).
+/// Launch geometry beside AttnParams (set by launch_attention_hd).
 struct AttnGrid {
   int blocks = 0;        ///< token blocks of the bucket
-  int block_splits = 0;  ///< kAttnSplits, or kTailSplits with shared-prefix CTAs
-  int groups = 0;        ///< shared-prefix CTA groups (0: off)
+  int block_splits = 0;  ///< per-block CTAs per token block: kAttnSplits, or kTailSplits after shared-prefix CTAs
+  int groups = 0;        ///< shared-prefix CTA groups (0: none)
 };
 
 /// One query row of a chunk: max, P = bf16(exp(s - max)) per logical position
@@ -480,11 +478,15 @@ __device__ void block_cta(const AttnParams& p, AttnShared& sh, uint8_t* smem_raw
   if (tid == 0) {
     __threadfence();
     const int prev = atomicAdd(&p.counters[kvh * kMaxStepTokens + blk], my_cnt);
-    sh.last = (prev + my_cnt == nch) ? 1 : 0;
+    sh.last = (prev + my_cnt == nch - nlo) ? 1 : 0;
   }
   __syncthreads();
   stamp(6);
   if (!sh.last) return;
+  // Tail mode: the shared-prefix grid wrote the other chunks' partials; it has
+  // finished once this returns (PDL; a no-op without it: this grid then
+  // started after that one's end).
+  if (prefix_ctas) griddep_wait();
   __threadfence();
   combine_block<HD>(p, kvh, tok0, tact, sh.nch);
   __syncthreads();
@@ -492,9 +494,10 @@ __device__ void block_cta(const AttnParams& p, AttnShared& sh, uint8_t* smem_raw
   if (tid == 0) p.counters[kvh * kMaxStepTokens + blk] = 0;
 }
 
-/// A shared-prefix CTA: the full committed chunks z, z + kAttnSplits, ... <
-/// floor(C / 64) of the tokens of token blocks kPrefixBlocks * g ... (see the
-/// file comment). Each chunk's arithmetic per query row is block_cta's.
+/// A shared-prefix CTA: the partials of the full committed chunks z, z +
+/// kAttnSplits, ... < floor(C / 64) for the tokens of token blocks
+/// kPrefixBlocks * g ... (see the file comment); the tail grid combines them.
+/// Each chunk's arithmetic per query row is block_cta's.
 template <int HD>
 __device__ void prefix_cta(const AttnParams& p, AttnShared& sh, uint8_t* smem_raw, int kvh, int g, int z,
                            unsigned long long* tr) {
@@ -525,17 +528,11 @@ __device__ void prefix_cta(const AttnParams& p, AttnShared& sh, uint8_t* smem_ra
   const int gact = min(kPrefixBlocks * T, n - tok0);
   const int nfull = d->committed / kAttnChunk;
   if (z >= nfull) return;
-  const bool tree = d->is_tree != 0;
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
   const int RA = gact * G;  // query rows of the group (<= 64)
   const int mtiles = (RA + 15) / 16;
-  if (tid < gact) {
-    const int tk = tok0 + tid;
-    const int len = tree ? d->attend_off[tk + 1] - d->attend_off[tk] : 0;
-    sh.nch[tid] = (d->prefix_len[tk] + len + kAttnChunk - 1) / kAttnChunk;
-  }
   for (int i = tid; i < R * CH; i += kAttnThreads) {
     const int rh = i / CH;
     const int ch = i - rh * CH;
@@ -630,96 +627,75 @@ __device__ void prefix_cta(const AttnParams& p, AttnShared& sh, uint8_t* smem_ra
     __syncthreads();  // before the next chunk overwrites K / V / P
   }
   if (my_cnt > 0) stamp(5);
+}
 
-  // ---- arrival at each token block of the group; the last CTA of a block combines it ----
-  const int nblk = (gact + T - 1) / T;
-  if (tid < nblk) {
-    int nch = 0;
-    for (int t = tid * T; t < min(gact, tid * T + T); ++t) nch = max(nch, sh.nch[t]);
-    __threadfence();
-    const int prev = atomicAdd(&p.counters[kvh * kMaxStepTokens + g * kPrefixBlocks + tid], my_cnt);
-    sh.last_blk[tid] = (prev + my_cnt == nch) ? 1 : 0;
-  }
-  __syncthreads();
-  stamp(6);
-  for (int b = 0; b < nblk; ++b) {
-    if (!sh.last_blk[b]) continue;
-    __threadfence();
-    combine_block<HD>(p, kvh, tok0 + b * T, min(T, gact - b * T), sh.nch + b * T);
-    __syncthreads();
-    stamp(7);
-    if (tid == 0) p.counters[kvh * kMaxStepTokens + g * kPrefixBlocks + b] = 0;
+__device__ __forceinline__ unsigned long long* trace_row(const AttnParams& p, int kvh, int tb, int tz) {
+  return p.trace == nullptr || tb >= kMaxStepTokens
+             ? nullptr
+             : p.trace + ((static_cast<size_t>(kvh) * kMaxStepTokens + tb) * kAttnSplits + tz) * kAttnTraceStamps;
+}
+
+__device__ __forceinline__ void trace_stamp(unsigned long long* tr, int i) {
+  if (tr != nullptr && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    tr[i] = t;
   }
 }
 
-// Two instantiations: per-block CTAs only (bound to 64 registers: four CTAs
-// per SM, as before), and with shared-prefix CTAs (70 KB of shared memory:
-// three per SM; bound to 80 registers so that the register file allows three).
-template <int HD, bool kWithPrefix>
-__global__ void __launch_bounds__(kAttnThreads, kWithPrefix ? 3 : 4) attention_kernel(const AttnParams p,
-                                                                                      const AttnGrid grid) {
+/// Per-block CTAs, blockIdx.y = split * blocks + token block. kTail = false:
+/// every chunk (the grid waits for the QKV GEMM at entry). kTail = true: the
+/// chunks from floor(C / 64) on, after the shared-prefix grid; it reads only
+/// what the QKV GEMM wrote (that grid let this one start once the GEMM had
+/// finished) until its combine, which waits for the shared-prefix grid.
+template <int HD, bool kTail>
+__global__ void __launch_bounds__(kAttnThreads, 4) attention_kernel(const AttnParams p, const AttnGrid grid) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __shared__ AttnShared sh;
   const int kvh = blockIdx.x;
-  const int y = blockIdx.y;
-  const bool per_block = !kWithPrefix || y < grid.blocks * grid.block_splits;
-  // The CTA's row of trace stamps (AttnParams::trace): shared-prefix CTAs sit
-  // at token-block indices blocks + g (none where that passes kMaxStepTokens).
-  int tb, tz;
-  if (per_block) {
-    tb = y % grid.blocks;
-    tz = y / grid.blocks;
-  } else {
-    const int yp = y - grid.blocks * grid.block_splits;
-    tb = grid.blocks + yp % grid.groups;
-    tz = yp / grid.groups;
-  }
-  unsigned long long* tr =
-      p.trace == nullptr || tb >= kMaxStepTokens
-          ? nullptr
-          : p.trace + ((static_cast<size_t>(kvh) * kMaxStepTokens + tb) * kAttnSplits + tz) * kAttnTraceStamps;
-  if (tr != nullptr && threadIdx.x == 0) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    tr[0] = t;
-  }
+  const int blk = blockIdx.y % grid.blocks;
+  const int split = blockIdx.y / grid.blocks;
+  unsigned long long* tr = trace_row(p, kvh, blk, split);
+  trace_stamp(tr, 0);
   griddep_launch_dependents();
-  griddep_wait();
-  if (tr != nullptr && threadIdx.x == 0) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    tr[1] = t;
-  }
-  if (per_block)
-    block_cta<HD>(p, sh, smem_raw, kvh, tb, tz, grid.block_splits, kWithPrefix, tr);
-  else
-    prefix_cta<HD>(p, sh, smem_raw, kvh, tb - grid.blocks, tz, tr);
+  if (!kTail) griddep_wait();
+  trace_stamp(tr, 1);
+  block_cta<HD>(p, sh, smem_raw, kvh, blk, split, grid.block_splits, kTail, tr);
 }
 
-/// Sets the kernel's shared-memory limit once per device.
-template <int HD, bool kWithPrefix>
-void allow_smem(size_t bytes) {
-  static std::atomic<uint64_t> attr_done{0};  // per device (current_device_bit)
-  const uint64_t bit = current_device_bit();
-  if (!bit || !(attr_done.load(std::memory_order_acquire) & bit)) {
-    SS_CUDA_CHECK(cudaFuncSetAttribute(&attention_kernel<HD, kWithPrefix>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-    attr_done.fetch_or(bit, std::memory_order_acq_rel);
-  }
-}
-
+/// Shared-prefix CTAs, blockIdx.y = split * groups + group; trace rows at
+/// token-block index blocks + group. The tail grid may start once every CTA
+/// of this one is past the QKV GEMM's completion.
 template <int HD>
-void launch_attention_hd(const AttnParams& p, int rows, bool pdl, cudaStream_t stream) {
-  AttnGrid g;
-  g.blocks = (rows + p.tokens_per_block - 1) / p.tokens_per_block;
-  g.groups = p.shared_prefix ? (g.blocks + kPrefixBlocks - 1) / kPrefixBlocks : 0;
-  g.block_splits = g.groups > 0 ? kTailSplits : kAttnSplits;
-  const size_t smem = g.groups > 0 ? std::max(AttnGeom<HD>::smem_bytes(), PrefixGeom<HD>::smem_bytes())
-                                   : AttnGeom<HD>::smem_bytes();
+__global__ void __launch_bounds__(kAttnThreads) attention_prefix_kernel(const AttnParams p, const AttnGrid grid) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  __shared__ AttnShared sh;
+  const int kvh = blockIdx.x;
+  const int g = blockIdx.y % grid.groups;
+  const int z = blockIdx.y / grid.groups;
+  unsigned long long* tr = trace_row(p, kvh, grid.blocks + g, z);
+  trace_stamp(tr, 0);
+  griddep_wait();
+  griddep_launch_dependents();
+  trace_stamp(tr, 1);
+  prefix_cta<HD>(p, sh, smem_raw, kvh, g, z, tr);
+}
+
+/// Sets a kernel's shared-memory limit once per device.
+template <class Kernel>
+void allow_smem(Kernel* kernel, size_t bytes, std::atomic<uint64_t>& done) {
+  const uint64_t bit = current_device_bit();
+  if (!bit || !(done.load(std::memory_order_acquire) & bit)) {
+    SS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    done.fetch_or(bit, std::memory_order_acq_rel);
+  }
+}
+
+template <class Kernel>
+void launch(Kernel* kernel, dim3 grid, size_t smem, bool pdl, cudaStream_t stream, const AttnParams& p,
+            const AttnGrid& g) {
   cudaLaunchConfig_t lc = {};
-  // Per-block CTAs first (the tree chunk's are the longest), then the shared-prefix ones.
-  lc.gridDim = dim3(static_cast<unsigned>(p.num_kv_heads),
-                    static_cast<unsigned>(g.blocks * g.block_splits + g.groups * kAttnSplits), 1);
+  lc.gridDim = grid;
   lc.blockDim = dim3(kAttnThreads, 1, 1);
   lc.dynamicSmemBytes = smem;
   lc.stream = stream;
@@ -728,13 +704,29 @@ void launch_attention_hd(const AttnParams& p, int rows, bool pdl, cudaStream_t s
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   lc.attrs = attr;
   lc.numAttrs = pdl ? 1 : 0;
-  if (g.groups > 0) {
-    allow_smem<HD, true>(smem);
-    SS_CUDA_CHECK(cudaLaunchKernelEx(&lc, &attention_kernel<HD, true>, p, g));
-  } else {
-    allow_smem<HD, false>(smem);
-    SS_CUDA_CHECK(cudaLaunchKernelEx(&lc, &attention_kernel<HD, false>, p, g));
+  SS_CUDA_CHECK(cudaLaunchKernelEx(&lc, kernel, p, g));
+}
+
+template <int HD>
+void launch_attention_hd(const AttnParams& p, int rows, bool pdl, bool pdl_tail, cudaStream_t stream) {
+  static std::atomic<uint64_t> done_block{0}, done_tail{0}, done_prefix{0};  // per device (current_device_bit)
+  constexpr size_t block_smem = AttnGeom<HD>::smem_bytes();
+  constexpr size_t prefix_smem = PrefixGeom<HD>::smem_bytes();
+  AttnGrid g;
+  g.blocks = (rows + p.tokens_per_block - 1) / p.tokens_per_block;
+  const unsigned kvh = static_cast<unsigned>(p.num_kv_heads);
+  if (!p.shared_prefix) {
+    g.block_splits = kAttnSplits;
+    allow_smem(&attention_kernel<HD, false>, block_smem, done_block);
+    launch(&attention_kernel<HD, false>, dim3(kvh, g.blocks * g.block_splits, 1), block_smem, pdl, stream, p, g);
+    return;
   }
+  g.groups = (g.blocks + kPrefixBlocks - 1) / kPrefixBlocks;
+  g.block_splits = kTailSplits;
+  allow_smem(&attention_prefix_kernel<HD>, prefix_smem, done_prefix);
+  allow_smem(&attention_kernel<HD, true>, block_smem, done_tail);
+  launch(&attention_prefix_kernel<HD>, dim3(kvh, g.groups * kAttnSplits, 1), prefix_smem, pdl, stream, p, g);
+  launch(&attention_kernel<HD, true>, dim3(kvh, g.blocks * g.block_splits, 1), block_smem, pdl_tail, stream, p, g);
 }
 
 }  // namespace
@@ -743,14 +735,14 @@ int attn_tokens_per_block(int group) {
   return std::min(kMaxTokPerBlock, std::max(1, 16 / group));
 }
 
-void launch_attention(const AttnParams& p, int rows, bool pdl, cudaStream_t stream) {
+void launch_attention(const AttnParams& p, int rows, bool pdl, bool pdl_tail, cudaStream_t stream) {
   if (p.group > 16 || p.group < 1)
     throw InvalidArgument("attention: query heads per KV head must be 1..16 (got " +
                           std::to_string(p.group) + ")");
   if (p.head_dim == 128) {
-    launch_attention_hd<128>(p, rows, pdl, stream);
+    launch_attention_hd<128>(p, rows, pdl, pdl_tail, stream);
   } else if (p.head_dim == 64) {
-    launch_attention_hd<64>(p, rows, pdl, stream);
+    launch_attention_hd<64>(p, rows, pdl, pdl_tail, stream);
   } else {
     throw InvalidArgument("attention: head_dim must be 64 or 128 (got " +
                           std::to_string(p.head_dim) + ")");

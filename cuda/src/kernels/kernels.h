@@ -69,8 +69,12 @@ constexpr int kAttnTraceStamps = 8;
 /// Tokens per attention CTA for a GQA group size (<= 16 query rows per CTA).
 int attn_tokens_per_block(int group);
 /// Launches attention for the first `rows` token rows (rows = graph bucket;
-/// rows >= desc->n do nothing). head_dim must be 64 or 128.
-void launch_attention(const AttnParams& p, int rows, bool pdl, cudaStream_t stream);
+/// rows >= desc->n do nothing): one grid, or with p.shared_prefix two (the
+/// shared-prefix grid, then the tail grid). `pdl`: the first grid's launch
+/// has a programmatic edge to the previous kernel; `pdl_tail`: the tail
+/// grid's to the first (without it the two run one after the other).
+/// head_dim must be 64 or 128 (else InvalidArgument).
+void launch_attention(const AttnParams& p, int rows, bool pdl, bool pdl_tail, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------
 // logits_top_k.cu — Model::forward_top_k on the GPU: each logits row's k best
