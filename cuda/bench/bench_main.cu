@@ -525,6 +525,10 @@ int main(int argc, char** argv) {
         // Then 4 replays (3 warm-up + 1) of the graph of a tree of N nodes.
         m->truncate_committed(512);
         const int id = m->debug_prepare(tree_batch(profile_tree, 512, 6), false);
+        if (!attn_trace_path.empty()) {
+          std::vector<unsigned long long> stale;  // the tuning's and the decode step's stamps, cleared
+          m->debug_attention_trace(stale);
+        }
         std::printf("profile %s: tree of %d nodes %.4f ms\n", profile.c_str(), profile_tree, m->debug_replay_ms(id, 1));
         if (!attn_trace_path.empty()) write_attention_trace(*m, shape_config(profile).num_layers, attn_trace_path);
       }

@@ -582,6 +582,7 @@ class CudaModelImpl final : public CudaModel {
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
     stamps.resize(attn_trace_.bytes() / sizeof(unsigned long long));
     SS_CUDA_CHECK(cudaMemcpy(stamps.data(), attn_trace_.get(), attn_trace_.bytes(), cudaMemcpyDeviceToHost));
+    SS_CUDA_CHECK(cudaMemset(attn_trace_.get(), 0, attn_trace_.bytes()));  // the next read sees only later steps
     return cfg_.num_kv_heads;
   }
 

@@ -172,11 +172,13 @@ class CudaModel : public Model {
   virtual int debug_megakernel_trace(std::vector<unsigned long long>& stamps) = 0;
 
   /// Benchmark hook: the global-timer stamps (ns) of the attention CTAs of the
-  /// last layered step, [num_layers][kv_heads][64 blocks][16 splits][8]
-  /// (kernels.h, AttnParams::trace: entry, after the grid dependency, chunk
-  /// start, keys listed, scores done, partial written, arrival, end; 0 where a
-  /// CTA did not get there). Returns kv_heads. Throws InvalidArgument unless
-  /// the model was made with attention_trace.
+  /// layered steps since the last call (a CTA keeps its last step's; the call
+  /// clears them), [num_layers][kv_heads][64 blocks][16 splits][8] (kernels.h,
+  /// AttnParams::trace: entry, after the grid dependency, chunk start, keys
+  /// listed, scores done, partial written, arrival, end; 0 where a CTA did not
+  /// get there; shared-prefix CTAs at block index token blocks + group).
+  /// Returns kv_heads. Throws InvalidArgument unless the model was made with
+  /// attention_trace.
   virtual int debug_attention_trace(std::vector<unsigned long long>& stamps) = 0;
 
   /// Bytes of weights one decode step reads (all layers, final norm, LM head;
