@@ -295,6 +295,8 @@ _MSG = [{"role": "user", "content": "hi"}]
      "stop[1] has 100000 characters; this server takes at most 256 per stop string"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "stop": ["ok", "\\udc00"]}', "stop",
      "stop[1] is not valid text: surrogates not allowed at position 0"),
+    (b'{"messages": [{"role": "user", "content": "caf\\udce9"}]}', "messages",
+     "messages[0].content is not valid text: surrogates not allowed at position 3"),
     ({"messages": [{"role": "user", "content": "word " * 600}]}, "messages",
      f"which leaves no room for a reply in the context of {CONTEXT} tokens"),
 ])
@@ -397,14 +399,14 @@ def test_a_long_conversation_is_rendered_off_the_event_loop(engine, monkeypatch)
     The rendering is held until /health has answered, so the test does not depend on the machine's
     speed: rendered on the event loop, /health would time out."""
     entered, release = threading.Event(), threading.Event()
-    encode_prompt = engine.encode_prompt
+    render = engine.tokenizer.apply_chat_template
 
-    def held(messages):
+    def held(messages, *args, **kwargs):
         entered.set()
         release.wait(60)
-        return encode_prompt(messages)
+        return render(messages, *args, **kwargs)
 
-    monkeypatch.setattr(engine, "encode_prompt", held)
+    monkeypatch.setattr(engine.tokenizer, "apply_chat_template", held)
     with _running_server(create_app(engine)) as url:
         done = {}
 
@@ -422,6 +424,46 @@ def test_a_long_conversation_is_rendered_off_the_event_loop(engine, monkeypatch)
             thread.join(120)
         r = done["big"]
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_tokenizing_a_huge_message_leaves_the_event_loop_free(engine, monkeypatch):
+    """One 4 MB message takes seconds to tokenize (2.5 s here); /health answers meanwhile. Before:
+    though the prompt was tokenized on a worker thread, the tokenizers library held the GIL for
+    the whole text, and /health waited until it was done. /health is asked once the chat template
+    has rendered, i.e. while the text is being tokenized; timed from then (the test's own thread
+    may get the GIL back only when the tokenizer lets go of it)."""
+    rendered, rendered_at = threading.Event(), []
+    render = engine.tokenizer.apply_chat_template
+
+    def signalled(messages, *args, **kwargs):
+        text = render(messages, *args, **kwargs)
+        rendered_at.append(time.monotonic())
+        rendered.set()
+        return text
+
+    monkeypatch.setattr(engine.tokenizer, "apply_chat_template", signalled)
+    with _running_server(create_app(engine, max_body_bytes=8 << 20)) as url:
+        done = {}
+
+        def big():
+            done["big"] = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+                "messages": [{"role": "user", "content": "word " * 800_000}]})
+
+        thread = threading.Thread(target=big)
+        thread.start()
+        try:
+            assert rendered.wait(60), "the request never reached the tokenizer"
+            health = httpx.get(f"{url}/health", timeout=30)
+            took = time.monotonic() - rendered_at[0]
+            tokenizing = "big" not in done
+        finally:
+            thread.join(120)
+    assert health.status_code == 200 and health.json()["running"] == 0
+    assert took < 1.0 and tokenizing, f"/health answered {took:.2f} s after the rendering; the big request " + (
+        "was still being tokenized" if tokenizing else "was answered first")
+    r = done["big"]
+    assert r.status_code == 400 and r.json()["error"]["message"] == (
+        f"the messages take 800030 tokens, which leaves no room for a reply in the context of {CONTEXT} tokens")
 
 
 # ------------------------------------------------------------- one at a time, cancellation

@@ -148,8 +148,8 @@ class ChatServer:
             self._check_content_type(request)
             body = decode_body(await self._read_body(request))
             req = parse_chat_request(body, self.model_id)
-            # Rendering and tokenizing a long conversation takes seconds (1 MB: ~2 s here): off the
-            # event loop, which meanwhile streams other replies and answers /health.
+            # Rendering and tokenizing a long conversation takes seconds (1 MB: 0.5-2 s here): off the
+            # event loop, which meanwhile streams other replies and answers /health (see _prompt_ids).
             prompt_ids, kwargs, mode = await anyio.to_thread.run_sync(self._resolve, req)
         except RequestError as exc:
             return _error(exc)
@@ -223,7 +223,7 @@ class ChatServer:
             raise RequestError(f"swiftspec.tree_budget must be at most {self._max_tree_budget()} (the tree KV "
                                f"capacity), got {tree_budget}", "swiftspec.tree_budget")
         try:
-            prompt_ids = self.engine.encode_prompt(req.messages)
+            prompt_ids = self._prompt_ids(req.messages)
         except InvalidRequestError as exc:  # named by the model's id, not by a path on this machine
             raise RequestError(str(exc).replace(str(self.engine.tokenizer.source), self.model_id), "messages") from None
         target, draft = self.engine.target_model, self.engine.draft_model
@@ -241,6 +241,19 @@ class ChatServer:
                       seed=req.seed, stop=req.stop, mode=mode, tree_budget=tree_budget, max_depth=self.max_depth,
                       branching=self.branching)
         return prompt_ids, kwargs, mode
+
+    def _prompt_ids(self, messages: list[dict]) -> list[int]:
+        """The token ids of ``messages`` rendered by the chat template, as ``Engine.encode_prompt``
+        gives them (openai_schema checked the contents are valid text), tokenized with the GIL
+        released: the tokenizers library's ``encode`` holds it for the whole text (4 MB: 2.5 s
+        here), so the event loop stalled though the work ran on another thread; its
+        ``encode_batch`` releases it."""
+        tokenizer = self.engine.tokenizer
+        text = tokenizer.apply_chat_template(messages)
+        backend = getattr(tokenizer, "_tk", None)
+        if not hasattr(backend, "encode_batch"):  # (not the tokenizers library)
+            return tokenizer.encode(text)
+        return backend.encode_batch([text], add_special_tokens=False)[0].ids
 
     async def _whole(self, request: Request, job, cid: str, created: int, meta: dict) -> JSONResponse:
         """A non-streamed reply; a client that disconnects meanwhile cancels the job."""

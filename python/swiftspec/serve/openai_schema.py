@@ -208,6 +208,12 @@ def _messages(value) -> list[dict]:
                                        f"\"text\": str}} (this server takes text only), got {part!r:.80}", "messages")
                 texts.append(part["text"])
             m["content"] = "".join(texts)
+        if isinstance(m.get("content"), str):
+            try:
+                m["content"].encode("utf-8")
+            except UnicodeEncodeError as exc:  # a lone surrogate (JSON's "\\ud800"): not text the tokenizer takes
+                raise RequestError(f"messages[{i}].content is not valid text: {exc.reason} at position {exc.start}",
+                                   "messages") from None
         out.append(m)
     return out
 
