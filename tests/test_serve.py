@@ -111,11 +111,13 @@ def test_page_has_the_elements_its_script_uses(client):
     page = r.text
     used = set(re.findall(r'\$\("([\w-]+)"\)', page))
     ids = set(re.findall(r'\bid="([\w-]+)"', page))
-    assert {"messages", "prompt", "send", "stop", "max-tokens", "temperature", "top-p", "mode"} <= used
+    assert {"messages", "prompt", "send", "stop", "max-tokens", "temperature", "top-p", "mode", "api-key"} <= used
     assert used <= ids, f"the script uses ids the page lacks: {sorted(used - ids)}"
     # self-contained: no script, style or image fetched from elsewhere
     assert not re.search(r'<(script|link|img)[^>]+(src|href)=', page)
     assert "/v1/chat/completions" in page and "/v1/models" in page and "AbortController" in page
+    # both API calls send the key when one is entered (a server with --api-key refuses them without)
+    assert '{"Authorization": "Bearer " + key}' in page and page.count("headers: headers(") == 2
 
 
 def test_health_and_models(client, engine):
@@ -466,6 +468,140 @@ def test_tokenizing_a_huge_message_leaves_the_event_loop_free(engine, monkeypatc
         f"the messages take 800030 tokens, which leaves no room for a reply in the context of {CONTEXT} tokens")
 
 
+# ------------------------------------------------------------------------- API key, Host check
+KEY = "sk-Test_key.123"
+_LOOPBACK = ["localhost", "127.0.0.1", "::1"]
+
+
+@pytest.fixture(scope="module")
+def keyed(engine):
+    with TestClient(create_app(engine, model_id=MODEL_ID, api_key=KEY)) as client:
+        yield client
+
+
+def _refusal(code: str, message: str) -> dict:
+    return {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+
+
+_MISSING = "this server needs an API key: send the header 'Authorization: Bearer <key>'"
+_WRONG = "the API key is not this server's (Authorization: Bearer <key>)"
+_MALFORMED = "the Authorization header must be 'Bearer <key>' (one header)"
+
+
+@pytest.mark.parametrize("authorization,code,message", [
+    (None, "missing_api_key", _MISSING),
+    (f"Bearer {KEY}x", "invalid_api_key", _WRONG),
+    (f"Bearer {KEY[:-1]}", "invalid_api_key", _WRONG),
+    (f"Bearer {KEY.lower()}", "invalid_api_key", _WRONG),
+    ("Bearer ключ".encode(), "invalid_api_key", _WRONG),
+    (KEY, "invalid_authorization", _MALFORMED),
+    (f"Basic {KEY}", "invalid_authorization", _MALFORMED),
+    ("Bearer ", "invalid_authorization", _MALFORMED),
+    ("", "invalid_authorization", _MALFORMED),
+])
+def test_v1_without_the_api_key_is_401(keyed, authorization, code, message):
+    """Every /v1 path, before the body is read (this one would be answered): 401, OpenAI's error
+    object telling a missing header from a wrong key, and WWW-Authenticate: Bearer."""
+    headers = {} if authorization is None else {"Authorization": authorization}
+    for method, path in [("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("GET", "/v1/nothing")]:
+        r = keyed.request(method, path, headers=headers, json={"messages": _MSG, "max_tokens": 1, "temperature": 0})
+        assert r.status_code == 401 and r.json() == _refusal(code, message), (path, r.text)
+        assert r.headers["www-authenticate"] == "Bearer"
+        assert KEY not in r.text
+
+
+def test_the_api_key_opens_v1_and_health_and_the_page_stay_open(keyed):
+    for auth in (f"Bearer {KEY}", f"bearer  {KEY} "):  # the scheme is case-insensitive (RFC 7235)
+        r = _chat(keyed, {"messages": _MSG, "max_tokens": 1, "temperature": 0}, headers={"Authorization": auth})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 1
+        r = keyed.get("/v1/models", headers={"Authorization": auth})
+        assert r.status_code == 200 and r.json()["data"][0]["id"] == MODEL_ID
+    assert keyed.get("/health").json()["status"] == "ok"
+    assert keyed.get("/").status_code == 200
+
+
+def test_api_keys_are_compared_in_constant_time(keyed, monkeypatch):
+    import hmac
+
+    compare, calls = hmac.compare_digest, []
+
+    def spy(a, b):
+        calls.append((a, b))
+        return compare(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", spy)
+    assert keyed.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert keyed.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    assert calls == [(b"wrong", KEY.encode()), (KEY.encode(), KEY.encode())]
+
+
+@pytest.mark.parametrize("host", ["localhost", "localhost:8000", "LocalHost:8000", "127.0.0.1", "127.0.0.1:8000",
+                                  "[::1]", "[::1]:8000", "[0:0::1]:80"])
+def test_loopback_hosts_are_answered(engine, host):
+    with TestClient(create_app(engine, model_id=MODEL_ID, allowed_hosts=_LOOPBACK)) as client:
+        assert client.get("/health", headers={"Host": host}).status_code == 200
+        assert client.get("/v1/models", headers={"Host": host}).json()["data"][0]["id"] == MODEL_ID
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:8000", "localhost.evil.example",
+                                  "127.0.0.1.nip.io:8000", "127.0.0.2", "[::2]:8000", "localhost:99999",
+                                  "localhost:x", "", "local host"])
+def test_other_hosts_are_421_against_dns_rebinding(engine, host):
+    """A page whose name was rebound to 127.0.0.1 reaches the server with its own name as Host:
+    refused on every path, before the API key is looked at, with a JSON error naming the Host."""
+    with TestClient(create_app(engine, model_id=MODEL_ID, allowed_hosts=_LOOPBACK, api_key=KEY)) as client:
+        for method, path in [("GET", "/"), ("GET", "/health"), ("GET", "/v1/models"),
+                             ("POST", "/v1/chat/completions")]:
+            r = client.request(method, path, headers={"Host": host, "Authorization": f"Bearer {KEY}"},
+                               json={"messages": _MSG, "max_tokens": 1})
+            assert r.status_code == 421, (path, r.text)
+            assert r.json() == _refusal("invalid_host", f"this server does not answer requests for the Host "
+                                        f"{host!r}; it answers 127.0.0.1, ::1, localhost (swiftspec serve "
+                                        "--allowed-hosts)")
+
+
+@pytest.mark.parametrize("headers,status,message", [
+    ([], 421, "this server does not answer requests without a Host header; it answers localhost"),
+    ([(b"host", b"localhost"), (b"host", b"evil.example")], 421,
+     "this server does not answer requests with 2 Host headers; it answers localhost"),
+    ([(b"host", b"localhost"), (b"authorization", b"Bearer k"), (b"authorization", b"Bearer k")], 401,
+     "the Authorization header must be 'Bearer <key>' (one header)"),
+    ([(b"host", b"localhost:8000"), (b"authorization", b"Bearer k")], None, None),
+])
+def test_no_host_or_repeated_headers_are_refused(headers, status, message):
+    """Headers an HTTP client can send but TestClient cannot (none, or twice), as ASGI hands them over."""
+    from swiftspec.serve.guard import Guard
+
+    refusal = Guard(None, api_key="k", allowed_hosts=["localhost"]).refusal(
+        {"type": "http", "path": "/v1/models", "headers": headers})
+    assert (refusal and (refusal.status, refusal.message.split(" (swiftspec")[0])) == (
+        status and (status, message))
+
+
+def test_any_host_without_allowed_hosts_or_with_a_star(client, engine):
+    assert client.get("/health", headers={"Host": "evil.example:8000"}).status_code == 200
+    with TestClient(create_app(engine, allowed_hosts="localhost, *")) as star:
+        assert star.get("/health", headers={"Host": "evil.example"}).status_code == 200
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"api_key": ""}, "the API key must not be empty"),
+    ({"api_key": "two words"}, "the API key may hold visible ASCII characters only (no spaces); character 4 of 9 "
+                               "is not one"),
+    ({"api_key": "clé"}, "character 3 of 3 is not one"),
+    ({"allowed_hosts": "localhost,"}, "the allowed host '' is not a host name or IP address without a port"),
+    ({"allowed_hosts": ["localhost:8000"]}, "the allowed host 'localhost:8000' is not a host name or IP address "
+                                            "without a port (give names such as localhost,my-host.lan; '*' for any)"),
+    ({"allowed_hosts": ["[::1]:80"]}, "the allowed host '[::1]:80' is not"),
+])
+def test_bad_api_key_or_allowed_hosts_are_refused_when_the_app_is_made(engine, options, message):
+    from swiftspec.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError) as exc:
+        create_app(engine, **options)
+    assert message in str(exc.value)
+
+
 # ------------------------------------------------------------- one at a time, cancellation
 def test_one_runs_one_waits_a_third_gets_503_and_leaving_cancels(engine, mtbench, messages, reference):
     """max_waiting=1: while a long stream runs, a second request waits and a third is refused
@@ -575,7 +711,8 @@ def test_cli_serve_answers_and_stops_on_sigint_or_sigterm(checkpoint_dir, sig):
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "swiftspec.cli", "serve", "--target", str(ckpt), "--port",
                              str(port), "--max-context", str(CONTEXT)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            env={k: v for k, v in os.environ.items() if k != "SWIFTSPEC_API_KEY"})
     try:
         url = f"http://127.0.0.1:{port}"
 
@@ -587,6 +724,9 @@ def test_cli_serve_answers_and_stops_on_sigint_or_sigterm(checkpoint_dir, sig):
                 return False
 
         _wait_for(up, 120, "swiftspec serve to listen")
+        # bound to 127.0.0.1: another name for it (DNS rebinding) is refused
+        rebound = httpx.get(f"{url}/health", timeout=10, headers={"Host": f"evil.example:{port}"})
+        assert rebound.status_code == 421 and rebound.json()["error"]["code"] == "invalid_host"
         r = httpx.post(f"{url}/v1/chat/completions", timeout=120,
                        json={"model": ckpt.name, "messages": _MSG, "max_tokens": 3, "temperature": 0})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
@@ -632,31 +772,100 @@ def test_cli_serve_names_a_missing_extra_before_loading(monkeypatch, capsys, tmp
                    "pip install 'swiftspec[serve]'\n")
 
 
-@pytest.mark.parametrize("host,warned", [("0.0.0.0", True), ("::", True), ("192.168.1.5", True),
-                                         ("my-host.example", True), ("127.0.0.1", False), ("localhost", False),
-                                         ("::1", False)])
-def test_cli_serve_warns_when_it_listens_beyond_this_machine(monkeypatch, capsys, engine, host, warned):
-    """Beyond loopback anyone who reaches the port can use the API: no authentication, no TLS."""
+def _cli_app(monkeypatch, engine, argv: list[str]):
+    """The app ``swiftspec serve --target served ARGV`` serves (over the module's engine, which it
+    must not close; nothing listens: the started callback is called at once)."""
     import swiftspec.cli.serve
     import swiftspec.serve.server
     from swiftspec.cli import main
 
-    class Unclosable:  # the module's engine, which the command must not close
+    class Unclosable:
         def __getattr__(self, name):
             return getattr(engine, name)
 
         def close(self):
             pass
 
+    apps = []
+
+    def serve(app, host, port, on_started):
+        apps.append(app)
+        on_started()
+
     monkeypatch.setattr(swiftspec.cli.serve, "load_engine", lambda args: Unclosable())
-    monkeypatch.setattr(swiftspec.serve.server, "serve", lambda app, host, port, on_started: on_started())
-    assert main(["serve", "--target", "served", "--host", host]) == 0
+    monkeypatch.setattr(swiftspec.serve.server, "serve", serve)
+    assert main(["serve", "--target", "served", *argv]) == 0
+    return apps[0]
+
+
+@pytest.mark.parametrize("host,warned", [("0.0.0.0", True), ("::", True), ("192.168.1.5", True),
+                                         ("my-host.example", True), ("127.0.0.1", False), ("localhost", False),
+                                         ("::1", False)])
+def test_cli_serve_warns_when_it_listens_beyond_this_machine(monkeypatch, capsys, engine, host, warned):
+    """Beyond loopback anyone who reaches the port can use the API: no authentication, no TLS."""
+    monkeypatch.delenv("SWIFTSPEC_API_KEY", raising=False)
+    _cli_app(monkeypatch, engine, ["--host", host])
     err = capsys.readouterr().err
     shown = f"[{host}]" if ":" in host else host
     warning = (f"[swiftspec] warning: listening on {shown}, beyond this machine: the API has no authentication and "
                "no TLS; anyone who can reach this port can use the models and read the replies\n")
     assert f"[swiftspec] serving served: chat page http://{shown}:8000/" in err
     assert (warning in err) == warned, err
+    _cli_app(monkeypatch, engine, ["--host", host, "--api-key", KEY])
+    err = capsys.readouterr().err
+    warning = (f"[swiftspec] warning: listening on {shown}, beyond this machine: no TLS: the API key and the replies "
+               "cross the network unencrypted\n")
+    assert "[swiftspec] the API needs the header 'Authorization: Bearer <key>'\n" in err and KEY not in err
+    assert (warning in err) == warned and "no authentication" not in err, err
+
+
+@pytest.mark.parametrize("argv,env,key", [
+    (["--api-key", "k1"], None, "k1"),
+    ([], "k2", "k2"),
+    (["--api-key", "k1"], "k2", "k1"),
+    ([], "", None),  # set but empty: no key
+    ([], None, None),
+])
+def test_cli_serve_takes_the_api_key_from_the_option_or_the_environment(monkeypatch, capsys, engine, argv, env, key):
+    if env is None:
+        monkeypatch.delenv("SWIFTSPEC_API_KEY", raising=False)
+    else:
+        monkeypatch.setenv("SWIFTSPEC_API_KEY", env)
+    with TestClient(_cli_app(monkeypatch, engine, argv), base_url="http://localhost:8000") as client:
+        assert client.get("/v1/models").status_code == (200 if key is None else 401)
+        for k in ("k1", "k2"):
+            r = client.get("/v1/models", headers={"Authorization": f"Bearer {k}"})
+            assert r.status_code == (200 if key in (None, k) else 401), k
+    assert ("Authorization: Bearer <key>" in capsys.readouterr().err) == (key is not None)
+
+
+@pytest.mark.parametrize("argv,answered,refused", [
+    ([], ["localhost:8000", "127.0.0.1:8000", "[::1]:8000"], ["evil.example:8000", "192.168.1.5:8000"]),
+    (["--host", "127.0.0.2"], ["127.0.0.2:8000", "localhost:8000"], ["evil.example"]),
+    (["--host", "::1"], ["[::1]:8000", "localhost"], ["evil.example"]),
+    (["--allowed-hosts", "*"], ["localhost:8000", "evil.example:8000"], []),
+    (["--host", "0.0.0.0"], ["evil.example:8000", "192.168.1.5"], []),
+    (["--host", "0.0.0.0", "--allowed-hosts", "My-Box.lan, 192.168.1.5"], ["my-box.lan:8000", "192.168.1.5"],
+     ["localhost:8000", "evil.example"]),
+])
+def test_cli_serve_checks_the_host_header(monkeypatch, engine, argv, answered, refused):
+    """Bound to a loopback address: the loopback names (and the address bound) only; beyond it:
+    any Host, unless --allowed-hosts names them."""
+    with TestClient(_cli_app(monkeypatch, engine, argv)) as client:
+        for host in answered:
+            assert client.get("/health", headers={"Host": host}).status_code == 200, host
+        for host in refused:
+            r = client.get("/health", headers={"Host": host})
+            assert r.status_code == 421 and r.json()["error"]["code"] == "invalid_host", host
+
+
+def test_cli_serve_names_a_bad_api_key_from_the_environment(monkeypatch, capsys, tmp_path):
+    from swiftspec.cli import main
+
+    monkeypatch.setenv("SWIFTSPEC_API_KEY", "my key")
+    assert main(["serve", "--target", str(tmp_path / "never-loaded")]) == 2
+    assert capsys.readouterr().err == ("swiftspec serve: error: SWIFTSPEC_API_KEY: the API key may hold visible ASCII "
+                                       "characters only (no spaces); character 3 of 6 is not one\n")
 
 
 @pytest.mark.parametrize("extra,message", [
@@ -667,9 +876,18 @@ def test_cli_serve_warns_when_it_listens_beyond_this_machine(monkeypatch, capsys
     (["--mode", "serial"], "--mode serial needs a draft model: give --draft (or drop --no-draft)"),
     (["--draft", "d", "--no-draft", "--mode", "serial"], "--no-draft and --draft contradict each other: give one of "
                                                           "them"),
+    (["--api-key", ""], "--api-key: the API key must not be empty"),
+    (["--api-key", "a key"], "--api-key: the API key may hold visible ASCII characters only (no spaces); character 2 "
+                             "of 5 is not one"),
+    (["--allowed-hosts", "localhost:8000"], "--allowed-hosts: the allowed host 'localhost:8000' is not a host name "
+                                            "or IP address without a port (give names such as localhost,my-host.lan; "
+                                            "'*' for any)"),
+    (["--allowed-hosts", "a,,b"], "--allowed-hosts: the allowed host '' is not a host name or IP address without a "
+                                  "port (give names such as localhost,my-host.lan; '*' for any)"),
 ])
-def test_cli_serve_names_bad_options_before_loading(capsys, tmp_path, extra, message):
+def test_cli_serve_names_bad_options_before_loading(monkeypatch, capsys, tmp_path, extra, message):
     from swiftspec.cli import main
 
+    monkeypatch.delenv("SWIFTSPEC_API_KEY", raising=False)
     assert main(["serve", "--target", str(tmp_path / "never-loaded"), *extra]) == 2
     assert capsys.readouterr().err == f"swiftspec serve: error: {message}\n"

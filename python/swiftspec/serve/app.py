@@ -12,9 +12,10 @@ One request decodes at a time (runner.py); up to ``max_waiting`` more wait in ar
 one beyond them is answered at once with 503 and a ``Retry-After`` header. A client that
 disconnects, streamed or not, cancels its request within one decode step (or prefill chunk), also
 while it waits. Every error is OpenAI's JSON error object: 400 naming the field for a bad request,
-413 for a body over ``max_body_bytes``, 415 for a body not sent as application/json, 404/405 for
-a wrong path or method, 503 when busy or shutting down, 500 (no traceback; logged here) for a
-failure of the engine itself.
+401 for a missing or wrong API key (``api_key``; /v1 only), 413 for a body over ``max_body_bytes``,
+415 for a body not sent as application/json, 421 for a Host not in ``allowed_hosts`` (guard.py),
+404/405 for a wrong path or method, 503 when busy or shutting down, 500 (no traceback; logged
+here) for a failure of the engine itself.
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ from importlib import resources
 import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from swiftspec.errors import InvalidRequestError, SwiftspecError
 from swiftspec.serve import DEFAULT_MAX_BODY_BYTES
+from swiftspec.serve.guard import Guard, check_api_key, parse_allowed_hosts
 from swiftspec.serve.openai_schema import (
     DEFAULT_MAX_TOKENS,
     MODES,
@@ -94,9 +97,15 @@ class ChatServer:
         max_waiting: requests that may wait behind the running one; more get 503.
         max_body_bytes: the largest request body taken, in bytes (>= 1); a larger one gets 413
             before it is read (default :data:`DEFAULT_MAX_BODY_BYTES`).
+        api_key: the key /v1 requests must send as ``Authorization: Bearer <key>`` (else 401);
+            None: no key (the default).
+        allowed_hosts: the Host names answered (a list, or a comma-separated string; ports aside),
+            others get 421; None or "*": any (the default; ``swiftspec serve`` bound to a loopback
+            address passes the loopback names).
 
     Raises:
         InvalidRequestError: ``default_mode`` needs a draft the engine lacks; ``max_body_bytes`` < 1;
+            an empty ``api_key`` or one not of visible ASCII; an ``allowed_hosts`` entry not a host;
             ``tree_budget`` beyond the models' tree KV (with a draft: else every speculative request
             that does not set its own would be refused, naming a field it did not send).
     """
@@ -104,10 +113,12 @@ class ChatServer:
     def __init__(self, engine, *, model_id: str | None = None, draft_id: str | None = None,
                  default_mode: str | None = None,
                  tree_budget: int = 16, max_depth: int = 8, branching: int = 2, max_waiting: int = 4,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, api_key: str | None = None, allowed_hosts=None):
         if max_body_bytes < 1:
             raise InvalidRequestError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
         self.max_body_bytes = max_body_bytes
+        self.api_key = None if api_key is None else check_api_key(api_key)
+        self.allowed_hosts = parse_allowed_hosts(allowed_hosts)  # (None: any)
         self.engine = engine
         self.runner = EngineRunner(engine, max_waiting=max_waiting)
         self.model_id = model_id or engine.target_dir.name
@@ -342,6 +353,7 @@ def create_app(engine, **options) -> Starlette:
         server.runner.close()  # (the server has stopped taking requests)
 
     app = Starlette(
+        middleware=[Middleware(Guard, api_key=server.api_key, allowed_hosts=server.allowed_hosts)],
         routes=[
             Route("/", server.page_route, methods=["GET"]),
             Route("/health", server.health, methods=["GET"]),
