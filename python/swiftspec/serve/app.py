@@ -255,16 +255,10 @@ class ChatServer:
 
     def _prompt_ids(self, messages: list[dict]) -> list[int]:
         """The token ids of ``messages`` rendered by the chat template, as ``Engine.encode_prompt``
-        gives them (openai_schema checked the contents are valid text), tokenized with the GIL
-        released: the tokenizers library's ``encode`` holds it for the whole text (4 MB: 2.5 s
-        here), so the event loop stalled though the work ran on another thread; its
-        ``encode_batch`` releases it."""
+        gives them (openai_schema checked the contents are valid text). ``Tokenizer.encode``
+        releases the GIL while it tokenizes, so a huge prompt does not stall the event loop."""
         tokenizer = self.engine.tokenizer
-        text = tokenizer.apply_chat_template(messages)
-        backend = getattr(tokenizer, "_tk", None)
-        if not hasattr(backend, "encode_batch"):  # (not the tokenizers library)
-            return tokenizer.encode(text)
-        return backend.encode_batch([text], add_special_tokens=False)[0].ids
+        return tokenizer.encode(tokenizer.apply_chat_template(messages))
 
     async def _whole(self, request: Request, job, cid: str, created: int, meta: dict) -> JSONResponse:
         """A non-streamed reply; a client that disconnects meanwhile cancels the job."""
