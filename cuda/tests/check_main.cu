@@ -485,11 +485,13 @@ std::unique_ptr<CudaModel> tiny_model(const ModelConfig& cfg, TinyWeights& tw, c
   return make_cuda_model_from_host(cfg, lookup, exists, opt, copt);
 }
 
-void check_model(const std::string& tag, const ModelConfig& cfg, uint64_t seed) {
+/// `append`: tokens appended after the first trees (c2), in steps of 64; a long one (> 16 * 64
+/// committed keys) makes the attention's CTAs loop over several chunks each.
+void check_model(const std::string& tag, const ModelConfig& cfg, uint64_t seed, int append = 160) {
   Rng rng(seed);
   TinyWeights tw = make_weights(cfg, rng);
   ModelOptions opt;
-  opt.max_context = 320;
+  opt.max_context = append + 200;
   opt.max_tree = 128;
   CudaModelOptions copt;
   auto m = tiny_model(cfg, tw, opt, copt);
@@ -623,25 +625,26 @@ void check_model(const std::string& tag, const ModelConfig& cfg, uint64_t seed) 
   };
   for (int nodes : {12, 20, 64}) check_tree(nodes);
 
-  // (c2) a long committed prefix: 160 tokens appended in steps of 64 (the attention's shared-prefix CTAs
-  // take the whole committed chunks, 1..3 of them, in append mode), then a 40-node tree over 3-4 whole
-  // committed chunks: logits against the reference, the path bitwise == decode alone (per-block CTAs).
+  // (c2) a longer committed prefix: `append` tokens appended in steps of 64 (the attention's shared-prefix
+  // CTAs take the whole committed chunks in append mode), then a 40-node tree over the whole committed
+  // chunks (3-4 of them, or > 16 with a long append: a CTA then loops over several): logits against the
+  // reference, the path bitwise == decode alone (per-block CTAs).
   {
-    std::vector<int> more(160);
+    std::vector<int> more(append);
     for (auto& t : more) t = rng.below(V);
     std::vector<float> ml;
     m->debug_poison_buffers();
     m->forward(append_batch(more, C, LogitsMode::All), ml);
     std::vector<float> mr;
-    for (int i = 0; i < 160; ++i) {
+    for (int i = 0; i < append; ++i) {
       const std::vector<float> r = ref.step(st, more[i], C + i);
       mr.insert(mr.end(), r.begin(), r.end());
     }
     err = rel_err(ml, mr, &bad);
-    std::snprintf(name, sizeof name, "model[%s] append 160 tokens after %d, all logits", tag.c_str(), C);
+    std::snprintf(name, sizeof name, "model[%s] append %d tokens after %d, all logits", tag.c_str(), append, C);
     std::snprintf(det, sizeof det, "(nonfinite=%zu)", bad);
-    record(name, err, 1e-2, err < 1e-2 && bad == 0 && ml.size() == static_cast<size_t>(160) * V, det);
-    C += 160;
+    record(name, err, 1e-2, err < 1e-2 && bad == 0 && ml.size() == static_cast<size_t>(append) * V, det);
+    C += append;
     check_tree(40);
   }
 
@@ -1237,7 +1240,7 @@ int main(int argc, char** argv) {
       check_gemm_rms(2048, 1536, {1, 64}, rng, prop.multiProcessorCount, st, hm);
     }
     check_logits_top_k(rng, st);
-    check_model("llama-like", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 1);
+    check_model("llama-like", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 1, 1060);
     check_model("qwen2-like", tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false), 2);
     check_model("gqa7", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 3);
     }
