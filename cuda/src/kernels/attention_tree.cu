@@ -138,6 +138,21 @@ struct AttnGrid {
   int groups = 0;        ///< shared-prefix CTA groups (0: none)
 };
 
+/// The CTA's row of phase stamps (AttnParams::trace), or null.
+__device__ __forceinline__ unsigned long long* trace_row(const AttnParams& p, int kvh, int tb, int tz) {
+  return p.trace == nullptr || tb >= kMaxStepTokens
+             ? nullptr
+             : p.trace + ((static_cast<size_t>(kvh) * kMaxStepTokens + tb) * kAttnSplits + tz) * kAttnTraceStamps;
+}
+
+__device__ __forceinline__ void trace_stamp(unsigned long long* tr, int i) {
+  if (tr != nullptr && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    tr[i] = t;
+  }
+}
+
 /// One query row of a chunk: max, P = bf16(exp(s - max)) per logical position
 /// (0 where s = -inf, i.e. no key), l = the sum of P in a fixed warp order.
 /// Both CTA kinds call this, so a row's P and l are the same bits in either.
@@ -242,13 +257,7 @@ __device__ void block_cta(const AttnParams& p, AttnShared& sh, uint8_t* smem_raw
   int16_t* kidx = reinterpret_cast<int16_t*>(keys + kUnionMax);     // [4][64] union index or -1
   uint16_t* kmask = reinterpret_cast<uint16_t*>(kidx + kMaxTokPerBlock * kAttnChunk);  // [kUnionMax]
   uint8_t* kpos = reinterpret_cast<uint8_t*>(kmask + kUnionMax);    // [kUnionMax] logical position in the chunk
-  const auto stamp = [&](int i) {
-    if (tr != nullptr && threadIdx.x == 0) {
-      unsigned long long t;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-      tr[i] = t;
-    }
-  };
+  const auto stamp = [&](int i) { trace_stamp(tr, i); };
 
   const StepDesc* d = p.desc;
   const int T = p.tokens_per_block;
@@ -510,13 +519,7 @@ __device__ void prefix_cta(const AttnParams& p, AttnShared& sh, uint8_t* smem_ra
   __nv_bfloat16* Vs = Ks + R * LD;                                 // [64][LD]
   float* Ss = reinterpret_cast<float*>(Vs + R * LD);                // [64][SLD]
   __nv_bfloat16* Pb = Ks;                                          // [64][PLD] over Ks after the scores
-  const auto stamp = [&](int i) {
-    if (tr != nullptr && threadIdx.x == 0) {
-      unsigned long long t;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-      tr[i] = t;
-    }
-  };
+  const auto stamp = [&](int i) { trace_stamp(tr, i); };
 
   const StepDesc* d = p.desc;
   const int T = p.tokens_per_block;
@@ -627,20 +630,6 @@ __device__ void prefix_cta(const AttnParams& p, AttnShared& sh, uint8_t* smem_ra
     __syncthreads();  // before the next chunk overwrites K / V / P
   }
   if (my_cnt > 0) stamp(5);
-}
-
-__device__ __forceinline__ unsigned long long* trace_row(const AttnParams& p, int kvh, int tb, int tz) {
-  return p.trace == nullptr || tb >= kMaxStepTokens
-             ? nullptr
-             : p.trace + ((static_cast<size_t>(kvh) * kMaxStepTokens + tb) * kAttnSplits + tz) * kAttnTraceStamps;
-}
-
-__device__ __forceinline__ void trace_stamp(unsigned long long* tr, int i) {
-  if (tr != nullptr && threadIdx.x == 0) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    tr[i] = t;
-  }
 }
 
 /// Per-block CTAs, blockIdx.y = split * blocks + token block. kTail = false:
