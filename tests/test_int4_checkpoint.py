@@ -83,19 +83,19 @@ def test_int4_layout_replaces_every_projection():
 
 
 # ---------------------------------------------------------------------------- tiny int4 folders
-def _tiny_float_tensors():
+def _tiny_float_tensors(config=TINY):
     rng = np.random.default_rng(0)
-    shapes = expected_tensor_shapes(TINY)
+    shapes = expected_tensor_shapes(config)
     return {n: (rng.standard_normal(s) * 0.1 + (1.0 if n.endswith("norm.weight") else 0.0)).astype(np.float32)
             for n, s in shapes.items()}
 
 
-def _write_int4(folder, tensors=None, group=GROUP):
+def _write_int4(folder, tensors=None, group=GROUP, config=TINY):
     w = CheckpointWriter(folder, "int4", group_size=group)
-    for name, value in (tensors or _tiny_float_tensors()).items():
+    for name, value in (tensors or _tiny_float_tensors(config)).items():
         w.add(name, value)
     w.write_weights()
-    w.write_json("config.json", TINY)
+    w.write_json("config.json", config)
     return w.finish(make_manifest("int4", ["model.safetensors"], "hf", "tiny", None, group_size=group))
 
 
@@ -142,12 +142,9 @@ def _variant(src, dst, change_tensors=None, change_manifest=None):
     return dst
 
 
-def test_tiny_int4_folder_loads_and_matches_its_dequantized_float_copy(tiny_int4, tmp_path):
-    """The runtime's int4 forward equals, bit for bit, a float32 folder of the weights dequantized
-    in numpy (the format's formula; the int4 GEMM reduces like the float32 one)."""
-    manifest = read_manifest(tiny_int4)
-    assert manifest["format_version"] == 3 and manifest["quantization"]["group_size"] == GROUP
-    storage = _read_storage(tiny_int4)
+def _dequantized_copy(int4_folder, dense):
+    """A float32 folder `dense` of the int4 folder's weights dequantized in numpy (the format's formula)."""
+    storage = _read_storage(int4_folder)
     floats = {}
     for name, (a, kind) in storage.items():
         if name.endswith(".qweight"):
@@ -155,13 +152,20 @@ def test_tiny_int4_folder_loads_and_matches_its_dequantized_float_copy(tiny_int4
             floats[p + ".weight"] = dequantize(a, storage[p + ".scales"][0], storage[p + ".zeros"][0], GROUP)
         elif kind == "BF16":
             floats[name] = (a.astype(np.uint32) << 16).view(np.float32)
-    dense = tmp_path / "dense"
     w = CheckpointWriter(dense, "float32")
     for name, value in floats.items():
         w.add(name, value)
     w.write_weights()
     w.write_json("config.json", TINY)
-    w.finish(make_manifest("float32", ["model.safetensors"], "hf", "tiny", None))
+    return w.finish(make_manifest("float32", ["model.safetensors"], "hf", "tiny", None))
+
+
+def test_tiny_int4_folder_loads_and_matches_its_dequantized_float_copy(tiny_int4, tmp_path):
+    """The runtime's int4 forward equals, bit for bit, a float32 folder of the weights dequantized
+    in numpy (the format's formula; the int4 GEMM reduces like the float32 one)."""
+    manifest = read_manifest(tiny_int4)
+    assert manifest["format_version"] == 3 and manifest["quantization"]["group_size"] == GROUP
+    dense = _dequantized_copy(tiny_int4, tmp_path / "dense")
     tokens = [1, 5, 7, 9, 30, 2]
     ours = core.load_model(str(tiny_int4)).forward(tokens, logits="all")
     ref = core.load_model(str(dense)).forward(tokens, logits="all")
@@ -243,9 +247,44 @@ def test_truncated_int4_file_is_refused_naming_the_file(tiny_int4, tmp_path):
         core.load_model(str(bad))
 
 
-def test_tensor_parallel_int4_is_refused_by_name(tiny_int4):
-    with pytest.raises(CheckpointError, match=r"tensor parallelism \(tp 2\) is not supported with int4 weights"):
-        core.load_group_model(str(tiny_int4), json.dumps({"tp": 2}))
+@pytest.mark.parametrize("tp", [2, 4])
+def test_tensor_parallel_int4_equals_its_dequantized_float_copy_at_the_same_degree(tiny_int4, tmp_path, tp):
+    """Load-time TP sharding of int4 weights: each rank's packed rows, column slices, scales and zero
+    points dequantize to exactly the float32 copy's shard, so TP-N int4 logits equal TP-N float32
+    logits bit for bit (group size 16: both reduce in the natural order). At tp 4 every rank's
+    o_proj columns are one 8-column head, half a group of 16: the shard repeats that group's scale
+    and zero point for its own groups of 8."""
+    dense = _dequantized_copy(tiny_int4, tmp_path / "dense")
+    group = json.dumps({"tp": tp, "threads_per_rank": 1})
+    tokens = [1, 5, 7, 9, 30, 2]
+    ours = core.load_group_model(str(tiny_int4), group).forward(tokens, logits="all")
+    ref = core.load_group_model(str(dense), group).forward(tokens, logits="all")
+    assert ours.shape == (len(tokens), TINY["vocab_size"])
+    assert np.isfinite(ours).all() and np.array_equal(ours, ref)
+    tp1 = core.load_model(str(tiny_int4)).forward(tokens, logits="all")
+    assert np.abs(ours - tp1).max() < 1e-5  # only the row-parallel sums' order differs from TP 1
+
+
+def test_tensor_parallel_int4_splits_the_ffn_on_whole_groups(tiny_int4):
+    """The runtime's plan for an int4 folder puts the FFN bounds on multiples of the group size (16:
+    64 rows in 4 groups over 3 ranks), so no rank's down_proj columns cut a group; a float folder's
+    plan splits the rows evenly."""
+    plan = json.loads(core.tp_plan(str(tiny_int4), 3))
+    assert plan["ffn_bounds"] == [0, 16, 32, 64] and plan["ffn_per_rank"] == 32
+    logits = core.load_group_model(str(tiny_int4), json.dumps({"tp": 3})).forward([1, 5, 7], logits="all")
+    assert np.abs(logits - core.load_model(str(tiny_int4)).forward([1, 5, 7], logits="all")).max() < 1e-5
+
+
+def test_tensor_parallel_int4_refuses_a_slice_that_cuts_below_8_columns(tmp_path):
+    """Heads of 4 columns (head_dim 4): at tp 3, rank 1's o_proj columns start at column 4, inside an
+    8-column unit of the int4 kernels; refused naming the projection, int4 and the TP degree."""
+    config = {**TINY, "head_dim": 4}
+    folder = _write_int4(tmp_path / "hd4", config=config)
+    core.load_group_model(str(folder), json.dumps({"tp": 2}))  # 8-column heads per rank: fine
+    with pytest.raises(CheckpointError, match=r"'model\.layers\.0\.self_attn\.o_proj': tensor parallelism \(tp 3\) "
+                                              r"with int4 weights \(group size 16\) would cut its input columns at a "
+                                              r"multiple of only 4"):
+        core.load_group_model(str(folder), json.dumps({"tp": 3}))
 
 
 # ---------------------------------------------------------------------------- the converter CLI

@@ -56,7 +56,7 @@ def main() -> int:
         raise CheckpointError(f"--group-size {args.group_size} applies to --dtype int4 only (got --dtype {args.dtype})")
     if int4 and args.tp > 1:
         raise CheckpointError(f"--tp {args.tp} with --dtype int4: tensor-parallel int4 folders are not supported yet; "
-                              "convert with --tp 1 (TP 1 int4), or --dtype bfloat16 for tensor parallelism")
+                              "convert with --tp 1 (the runtime shards an int4 folder at load time: placement tp)")
     group_size = check_group_size(DEFAULT_GROUP_SIZE if args.group_size is None else args.group_size) if int4 else None
     if not args.input.exists():
         raise CheckpointError(f"input {args.input} does not exist")

@@ -191,7 +191,9 @@ void bind_async(nb::module_& m) {
   m.def(
       "tp_plan",
       [](const std::string& checkpoint_dir, int tp, int ffn_align) {
-        return TpPlan::make(Checkpoint::open(checkpoint_dir)->config(), tp, ffn_align).to_json();
+        const auto ckpt = Checkpoint::open(checkpoint_dir);  // int4: FFN bounds on whole groups, as the runtime cuts
+        const int group = ckpt->quantization().int4() ? ckpt->quantization().group_size : 1;
+        return TpPlan::make(ckpt->config(), tp, ffn_align, group).to_json();
       },
       "checkpoint_dir"_a, "tp"_a, "ffn_align"_a = 8,
       "The tensor-parallel plan (tensor_parallel.h) of a checkpoint over tp ranks, as JSON.");

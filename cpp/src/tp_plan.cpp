@@ -18,9 +18,12 @@ int split(long long total, int r, int parts) { return static_cast<int>(total * r
 
 }  // namespace
 
-TpPlan TpPlan::make(const ModelConfig& c, int tp, int ffn_align) {
+TpPlan TpPlan::make(const ModelConfig& c, int tp, int ffn_align, int ffn_group) {
   if (tp < 1) throw InvalidArgument("tp (TP degree) must be >= 1, got " + str(tp));
   if (ffn_align < 1) throw InvalidArgument("ffn_align must be >= 1, got " + str(ffn_align));
+  if (ffn_group < 1 || (c.intermediate_size > 0 && c.intermediate_size % ffn_group != 0))
+    throw InvalidArgument("ffn_group must be >= 1 and divide intermediate_size " + str(c.intermediate_size) +
+                          ", got " + str(ffn_group));
   if (c.num_heads < 1 || c.num_kv_heads < 1 || c.num_heads % c.num_kv_heads != 0 || c.intermediate_size < 1 ||
       c.vocab_size < 1)
     throw InvalidArgument("TpPlan: invalid model config (heads " + str(c.num_heads) + ", kv heads " +
@@ -54,13 +57,14 @@ TpPlan TpPlan::make(const ModelConfig& c, int tp, int ffn_align) {
   p.kv_heads.assign(tp, std::vector<int>(p.kv_heads_per_rank, -1));
   for (int r = 0; r < tp; ++r) std::copy(kv[r].begin(), kv[r].end(), p.kv_heads[r].begin());
 
-  const int ffn = (c.intermediate_size + tp - 1) / tp;
-  p.ffn_per_rank = (ffn + ffn_align - 1) / ffn_align * ffn_align;
   p.vocab_per_rank = (c.vocab_size + tp - 1) / tp;
+  int ffn = 0;  // the largest slice: ceil(I/tp) when ffn_group is 1
   for (int r = 0; r <= tp; ++r) {
-    p.ffn_bounds.push_back(split(c.intermediate_size, r, tp));
+    p.ffn_bounds.push_back(ffn_group * split(c.intermediate_size / ffn_group, r, tp));
     p.vocab_bounds.push_back(split(c.vocab_size, r, tp));
+    if (r > 0) ffn = std::max(ffn, p.ffn_bounds[r] - p.ffn_bounds[r - 1]);
   }
+  p.ffn_per_rank = (ffn + ffn_align - 1) / ffn_align * ffn_align;
   return p;
 }
 

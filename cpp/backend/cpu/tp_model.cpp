@@ -346,7 +346,9 @@ std::unique_ptr<Model> make_tp_cpu_model(std::shared_ptr<const Checkpoint> check
   const ModelOptions options =
       resolve_max_context(requested, checkpoint->config(), checkpoint->dir() + "/config.json");
   check_options(options, tp, tp.tp);
-  const TpPlan plan = TpPlan::make(checkpoint->config(), tp.tp, tp.ffn_align);
+  // int4: FFN bounds on whole quantization groups, so down_proj's slices keep their groups.
+  const int ffn_group = checkpoint->quantization().int4() ? checkpoint->quantization().group_size : 1;
+  const TpPlan plan = TpPlan::make(checkpoint->config(), tp.tp, tp.ffn_align, ffn_group);
   std::vector<cpu::TpRankShard> shards;
   for (int r = 0; r < tp.tp; ++r) shards.push_back(cpu::shard_checkpoint(checkpoint, plan, r));
   return std::make_unique<TpCpuModel>(checkpoint->config(), plan, std::move(shards), options, tp);

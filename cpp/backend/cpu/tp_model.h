@@ -36,7 +36,8 @@ struct TpCpuOptions {
   int ffn_align = 8;                         ///< FFN padding multiple (load-time sharding)
 };
 
-/// A TP model sharded at load time from a TP-1 checkpoint. `options` sizes
+/// A TP model sharded at load time from a TP-1 checkpoint (float32, bfloat16
+/// or int4; an int4 one's FFN is split on whole quantization groups). `options` sizes
 /// the KV cache (max_context, max_tree); its num_threads / cpu_affinity are
 /// replaced by threads_per_rank and rank 0's cores. Throws InvalidArgument
 /// for bad options, CheckpointError for a bad checkpoint.

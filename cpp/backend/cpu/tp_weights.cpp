@@ -6,8 +6,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <sstream>
 
+#include "backend/cpu/int4_weights.h"
 #include "swiftspec/error.h"
 #include "src/json_error.h"
 
@@ -68,10 +70,103 @@ class ShardBuilder {
     return WeightMatrix{dst, dt_, n, k};
   }
 
+  // The int4 forms (int4.h layout: qweight U8 [n, k/2], scales F16 [n, k/G], zeros U8 [n, k/G]).
+  // A padding row or column gets q = z = 0 and scale 0: it dequantizes to exactly 0, like the
+  // float paths' zero padding.
+
+  // Rows of the int4 matrix `src` (its packed bytes, scales and zero points), as rows() does.
+  WeightMatrix rows_int4(const WeightMatrix& src, const std::vector<std::pair<int, int>>& blocks) {
+    int n = 0;
+    for (auto [b, cnt] : blocks) n += cnt;
+    const size_t qb = size_t(src.k) / 2, gb = size_t(src.k) / src.group_size;
+    uint8_t* q = bytes(size_t(n) * qb);
+    auto* sc = reinterpret_cast<uint16_t*>(bytes(size_t(n) * gb * sizeof(uint16_t)));
+    uint8_t* z = bytes(size_t(n) * gb);
+    const auto* src_q = static_cast<const uint8_t*>(src.data);
+    size_t row = 0;
+    for (auto [b, cnt] : blocks) {
+      if (b >= 0) {
+        std::memcpy(q + row * qb, src_q + size_t(b) * qb, size_t(cnt) * qb);
+        std::memcpy(sc + row * gb, src.scales + size_t(b) * gb, size_t(cnt) * gb * sizeof(uint16_t));
+        std::memcpy(z + row * gb, src.zeros + size_t(b) * gb, size_t(cnt) * gb);
+      }
+      row += cnt;
+    }
+    return int4_matrix(q, sc, z, n, src.k, src.group_size);
+  }
+
+  // Column blocks of the int4 matrix `src`, as cols() does. A rank's slice may start or end inside
+  // one of src's groups of G columns (o_proj: heads of 64 columns, groups of 128), so the shard's
+  // group size is the largest g dividing G and the start and length of every run of adjacent
+  // blocks (real columns or padding); each shard group
+  // repeats the scale and zero point of the source group it lies in: the same dequantized
+  // values. `where` names the projection in the error when g is not a multiple of 8 (the int4
+  // kernels' unit).
+  WeightMatrix cols_int4(const WeightMatrix& src, const std::vector<std::pair<int, int>>& in_blocks, int tp,
+                         const std::string& where) {
+    // Adjacent blocks merged (a rank's heads are contiguous columns), so only the slice's ends count.
+    std::vector<std::pair<int, int>> blocks;
+    for (auto [b, cnt] : in_blocks) {
+      if (!blocks.empty()) {
+        auto& [pb, pcnt] = blocks.back();
+        if ((b < 0 && pb < 0) || (b >= 0 && pb >= 0 && b == pb + pcnt)) {
+          pcnt += cnt;
+          continue;
+        }
+      }
+      blocks.emplace_back(b, cnt);
+    }
+    const int G = src.group_size;
+    int g = G, k = 0;
+    for (auto [b, cnt] : blocks) {
+      g = std::gcd(g, cnt);
+      if (b >= 0) g = std::gcd(g, b);
+      k += cnt;
+    }
+    if (g % 8 != 0)
+      throw CheckpointError(where + ": tensor parallelism (tp " + str(tp) + ") with int4 weights (group size " +
+                            str(G) + ") would cut its input columns at a multiple of only " + str(g) +
+                            " (a rank's slice must start and end on a multiple of 8); use another tp degree or a "
+                            "bfloat16 checkpoint");
+    const int n = src.n, src_groups = src.k / G, groups = k / g;
+    const size_t qb = size_t(k) / 2;
+    uint8_t* q = bytes(size_t(n) * qb);
+    auto* sc = reinterpret_cast<uint16_t*>(bytes(size_t(n) * groups * sizeof(uint16_t)));
+    uint8_t* z = bytes(size_t(n) * groups);
+    const auto* src_q = static_cast<const uint8_t*>(src.data);
+    for (int i = 0; i < n; ++i) {
+      int col = 0;
+      for (auto [b, cnt] : blocks) {
+        if (b >= 0) {
+          std::memcpy(q + size_t(i) * qb + col / 2, src_q + size_t(i) * (src.k / 2) + b / 2, size_t(cnt) / 2);
+          for (int j = 0; j < cnt / g; ++j) {
+            const size_t from = size_t(i) * src_groups + (b + j * g) / G, to = size_t(i) * groups + col / g + j;
+            sc[to] = src.scales[from];
+            z[to] = src.zeros[from];
+          }
+        }
+        col += cnt;
+      }
+    }
+    return int4_matrix(q, sc, z, n, k, g);
+  }
+
  private:
-  uint8_t* alloc(size_t elems) {
-    s_.owned.emplace_back(elems * es_, uint8_t{0});
+  uint8_t* alloc(size_t elems) { return bytes(elems * es_); }
+  uint8_t* bytes(size_t count) {
+    s_.owned.emplace_back(count, uint8_t{0});
     return s_.owned.back().data();
+  }
+  static WeightMatrix int4_matrix(const uint8_t* q, const uint16_t* scales, const uint8_t* zeros, int n, int k, int g) {
+    WeightMatrix w;
+    w.data = q;
+    w.dtype = DType::U8;
+    w.n = n;
+    w.k = k;
+    w.scales = scales;
+    w.zeros = zeros;
+    w.group_size = g;
+    return w;
   }
   TpRankShard& s_;
   DType dt_;
@@ -114,10 +209,7 @@ TpRankShard shard_checkpoint(std::shared_ptr<const Checkpoint> ckpt, const TpPla
   const ModelConfig& c = ckpt->config();
   plan.validate(c, ckpt->dir());
   if (r < 0 || r >= plan.tp) throw InvalidArgument("shard_checkpoint: rank " + str(r) + " outside [0, " + str(plan.tp) + ")");
-  if (ckpt->quantization().int4())
-    throw CheckpointError(ckpt->dir() + ": tensor parallelism (tp " + str(plan.tp) + ") is not supported with int4 "
-                          "weights yet; use tp 1, or a bfloat16 checkpoint (tools/convert_weights.py --dtype bfloat16)");
-  check_dtype(ckpt->dtype(), ckpt->dir());
+  check_dtype(ckpt->dtype(), ckpt->dir());  // an int4 checkpoint's float tensors (embedding, norms, biases): BF16
   const DType dt = ckpt->dtype();
   const int H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size, V = c.vocab_size;
   const int qd = c.num_heads * hd, kvd = c.num_kv_heads * hd;
@@ -136,22 +228,33 @@ TpRankShard shard_checkpoint(std::shared_ptr<const Checkpoint> ckpt, const TpPla
   const int f0 = plan.ffn_bounds[r], f1 = plan.ffn_bounds[r + 1];
   const std::vector<std::pair<int, int>> ffn_rows = {{f0, f1 - f0}, {-1, plan.ffn_per_rank - (f1 - f0)}};
   const auto q_blocks = head_blocks(plan.q_heads[r], hd), kv_blocks = head_blocks(plan.kv_heads[r], hd);
+  // A projection [n, k] cut by rows (column-parallel) or by input columns (row-parallel), from
+  // `prefix`.weight, or from its int4 tensors (int4_weights.h) in an int4 checkpoint.
+  const bool int4 = ckpt->quantization().int4();
+  auto rows = [&](const std::string& prefix, int n, int k, const std::vector<std::pair<int, int>>& blocks) {
+    if (int4) return b.rows_int4(load_int4_matrix(*ckpt, prefix, n, k), blocks);
+    return b.rows(ckpt->tensor(prefix + ".weight", {n, k}), blocks, k);
+  };
+  auto cols = [&](const std::string& prefix, int n, int k, const std::vector<std::pair<int, int>>& blocks) {
+    if (int4) return b.cols_int4(load_int4_matrix(*ckpt, prefix, n, k), blocks, plan.tp, ckpt->dir() + ": '" + prefix + "'");
+    return b.cols(ckpt->tensor(prefix + ".weight", {n, k}), n, k, blocks);
+  };
   s.layers.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + str(l) + ".";
     TpLayerShard& L = s.layers[l];
-    L.q = b.rows(ckpt->tensor(p + "self_attn.q_proj.weight", {qd, H}), q_blocks, H);
-    L.k = b.rows(ckpt->tensor(p + "self_attn.k_proj.weight", {kvd, H}), kv_blocks, H);
-    L.v = b.rows(ckpt->tensor(p + "self_attn.v_proj.weight", {kvd, H}), kv_blocks, H);
-    L.o = b.cols(ckpt->tensor(p + "self_attn.o_proj.weight", {H, qd}), H, qd, q_blocks);
+    L.q = rows(p + "self_attn.q_proj", qd, H, q_blocks);
+    L.k = rows(p + "self_attn.k_proj", kvd, H, kv_blocks);
+    L.v = rows(p + "self_attn.v_proj", kvd, H, kv_blocks);
+    L.o = cols(p + "self_attn.o_proj", H, qd, q_blocks);
     if (c.attention_bias) {
       L.q_bias = head_bias(ckpt->tensor(p + "self_attn.q_proj.bias", {qd}), plan.q_heads[r], hd);
       L.k_bias = head_bias(ckpt->tensor(p + "self_attn.k_proj.bias", {kvd}), plan.kv_heads[r], hd);
       L.v_bias = head_bias(ckpt->tensor(p + "self_attn.v_proj.bias", {kvd}), plan.kv_heads[r], hd);
     }
-    L.gate = b.rows(ckpt->tensor(p + "mlp.gate_proj.weight", {I, H}), ffn_rows, H);
-    L.up = b.rows(ckpt->tensor(p + "mlp.up_proj.weight", {I, H}), ffn_rows, H);
-    L.down = b.cols(ckpt->tensor(p + "mlp.down_proj.weight", {H, I}), H, I, ffn_rows);
+    L.gate = rows(p + "mlp.gate_proj", I, H, ffn_rows);
+    L.up = rows(p + "mlp.up_proj", I, H, ffn_rows);
+    L.down = cols(p + "mlp.down_proj", H, I, ffn_rows);
     L.input_norm = to_vec(ckpt->tensor(p + "input_layernorm.weight", {H}));
     L.post_attention_norm = to_vec(ckpt->tensor(p + "post_attention_layernorm.weight", {H}));
   }

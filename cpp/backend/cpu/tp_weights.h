@@ -11,7 +11,12 @@
 //   q_proj [q_heads_per_rank*head_dim, hidden]   k/v_proj [kv_heads_per_rank*head_dim, hidden]
 //   o_proj [hidden, q_heads_per_rank*head_dim]   gate/up_proj [ffn_per_rank, hidden]
 //   down_proj [hidden, ffn_per_rank]              lm_head [its vocabulary slice, hidden]
-// and dtype F32 or BF16 (the checkpoint's).
+// and dtype F32 or BF16 (the checkpoint's), or int4 (int4.h) for the projections of
+// an int4 checkpoint sharded at load time: rows keep the group size G; the
+// row-parallel o_proj / down_proj keep it when the rank's columns start and end on
+// multiples of G (down_proj: the plan's ffn_group), else take the largest divisor of
+// G that they do (o_proj with 64-column heads: 64), repeating each scale and zero
+// point. Pre-sharded int4 folders do not exist.
 #pragma once
 #include <memory>
 #include <string>
@@ -39,9 +44,11 @@ struct TpRankShard {
   std::vector<std::shared_ptr<const void>> keep_alive;  ///< mapped files the views point into
 };
 
-/// Rank `rank`'s weights cut from a TP-1 checkpoint by `plan`. Throws
-/// CheckpointError naming a missing or mis-shaped tensor, or a dtype other
-/// than F32/BF16.
+/// Rank `rank`'s weights cut from a TP-1 checkpoint (F32, BF16 or int4) by
+/// `plan` (for int4, made with ffn_group = the group size). Throws
+/// CheckpointError naming a missing or mis-shaped tensor, a float dtype other
+/// than F32/BF16, or an int4 projection whose rank slice would not start and
+/// end on a multiple of 8 columns (the int4 kernels' unit).
 TpRankShard shard_checkpoint(std::shared_ptr<const Checkpoint> checkpoint, const TpPlan& plan, int rank);
 
 /// A pre-sharded checkpoint folder (format_version 2, tp_degree > 1).

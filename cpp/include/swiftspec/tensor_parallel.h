@@ -22,7 +22,10 @@
 //    by ranks is replicated (stored and computed on each).
 //  - FFN: rank r owns rows [I*r/tp, I*(r+1)/tp) of gate/up (columns of down),
 //    padded with zero rows up to ffn_per_rank = round_up(ceil(I/tp), ffn_align);
-//    silu(0) * 0 = 0, so padding adds exactly 0.
+//    silu(0) * 0 = 0, so padding adds exactly 0. With ffn_group G > 1 (int4
+//    weights: the quantization group size) the bounds fall on whole groups,
+//    G * floor((I/G)*r/tp), and ffn_per_rank is the largest slice rounded up to
+//    ffn_align, so down_proj's columns split between its scale groups.
 //  - vocabulary: rank r owns lm_head rows [V*r/tp, V*(r+1)/tp) (no padding
 //    in the weights; gathered logits are cut back to V).
 // Numerics: column-parallel outputs are bit-identical to TP 1; row-parallel
@@ -57,8 +60,11 @@ struct TpPlan {
 
   /// The plan for `config` over `tp` ranks (tp >= 1; any value, even or odd).
   /// `ffn_align` (>= 1) rounds ffn_per_rank up to a multiple (kernel tiles).
-  /// Throws InvalidArgument for tp < 1, ffn_align < 1 or an invalid config.
-  static TpPlan make(const ModelConfig& config, int tp, int ffn_align = 8);
+  /// `ffn_group` (>= 1; 1: any row) puts the FFN bounds on multiples of it (int4
+  /// weights: their group size, so no rank's down_proj columns cut a scale group).
+  /// Throws InvalidArgument for tp < 1, ffn_align < 1, ffn_group < 1 or not
+  /// dividing intermediate_size, or an invalid config.
+  static TpPlan make(const ModelConfig& config, int tp, int ffn_align = 8, int ffn_group = 1);
 
   /// JSON object (the "tensor_parallel" entry of a sharded checkpoint's
   /// config.json; docs/checkpoint_format.md, "Tensor-parallel shards").

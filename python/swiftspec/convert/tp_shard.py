@@ -128,8 +128,9 @@ def shard_checkpoint(src_dir: str | Path, out_dir: str | Path, tp: int, *, ffn_a
     src = Path(src_dir)
     manifest = read_manifest(src)
     if manifest["dtype"] == "int4":
-        raise CheckpointError(f"{src}: tensor-parallel sharding of int4 checkpoints is not supported yet; shard a "
-                              "bfloat16 or float32 folder")
+        raise CheckpointError(f"{src}: tensor-parallel sharding of int4 checkpoints is not supported yet; load the "
+                              "int4 folder with a placement tp (sharded at load time), or shard a bfloat16 or float32 "
+                              "folder")
     if manifest.get("tp_degree", 1) != 1:
         raise CheckpointError(f"{src}: already sharded (tp_degree {manifest['tp_degree']}); shard the TP-1 folder")
     config = json.loads((src / "config.json").read_text(encoding="utf-8"))
