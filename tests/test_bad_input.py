@@ -303,6 +303,16 @@ def test_cli_generate_names_the_flag_before_loading(tmp_path, extra, message):
     assert "never-loaded" not in proc.stderr
 
 
+def test_engine_int4_off_the_cpu_is_refused_before_converting(tmp_path):
+    """Engine(dtype="int4") on another backend: refused before the model is looked at (a GGUF file
+    or reference name would otherwise be converted to int4, minutes, and then refused by the backend)."""
+    from swiftspec import Engine
+
+    with pytest.raises(InvalidRequestError, match=r"dtype='int4' runs on the cpu backend only; the cuda backend has no "
+                                                  r"int4 kernels: use backend='cpu', or dtype='bfloat16'"):
+        Engine(tmp_path / "never-converted.gguf", backend="cuda", dtype="int4")
+
+
 @pytest.mark.parametrize("argv,usage,message", [
     # an option's value ("10") was taken as the prompt and the top-level parser named the rest
     (["generate", "--max-tokens", "10", "Write a Python function"], "usage: swiftspec generate ",

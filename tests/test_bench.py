@@ -92,6 +92,41 @@ def test_hf_peer_and_unavailable_config(checkpoint_dir, tmp_path):
     assert f"- HF assisted vs HF target-only: {peer_divs} divergence(s)" in md
 
 
+def test_int4_run_on_the_cpu_end_to_end(checkpoint_dir, tmp_path):
+    """`swiftspec bench --dtype int4`: the reference 0.5B by name, converted to int4 (the cached
+    folder of ``checkpoint_dir``), as target and draft, target-only at TP 1 and TP 2 (sharded at
+    load time) and serial speculation; bench.json records int4 and passes its schema, speculation
+    equals int4 target-only decoding."""
+    from swiftspec.cli import main
+
+    int4 = checkpoint_dir(DRAFT, "int4")  # converted once; the run resolves the name to this folder
+    out = tmp_path / "int4"
+    assert main(["bench", "--dtype", "int4", "--target", DRAFT, "--draft", DRAFT, "--datasets", "humaneval",
+                 "--num-prompts", "1", "--max-new-tokens", "8", "--configs", "target,target:tp2,serial:tree8",
+                 "--warmup", "0", "--threads", "1", "--out", str(out), "--no-progress"]) == 0
+    doc = _load_and_check(out)
+    s = doc["settings"]
+    assert s["dtype"] == "int4" and s["target_checkpoint"] == s["draft_checkpoint"] == str(int4)
+    assert s["hf"] is None
+    rows = {r["config"]: r for r in doc["requests"]}
+    assert sorted(rows) == ["serial:tree8", "target", "target:tp2"]
+    assert all(len(r["token_ids"]) == 8 for r in rows.values())
+    assert rows["serial:tree8"]["matches_reference"] is True and rows["serial:tree8"]["draft_steps"] > 0
+    assert doc["divergences"] == []
+    assert "int4, backend cpu" in (out / "bench.md").read_text()
+
+
+def test_int4_target_folder_must_match_the_run_dtype(checkpoint_dir, tmp_path):
+    """A checkpoint folder is used as it is: one of another dtype than the run's is refused before
+    any engine loads, instead of being measured under the wrong dtype in bench.json."""
+    with pytest.raises(BenchConfigError, match=r"the target checkpoint .*qwen2\.5-coder-0\.5b-instruct-int4 holds int4 "
+                                               r"weights, but the run's dtype \(recorded in bench.json\) is bfloat16: "
+                                               r"pass --dtype int4"):
+        run_bench(datasets=["humaneval"], num_prompts=1, max_new_tokens=4, configs="target",
+                  target=str(checkpoint_dir(DRAFT, "int4")), out_dir=tmp_path / "x", progress=False)
+    assert not (tmp_path / "x" / "requests.jsonl").exists()
+
+
 def test_unavailable_config_fails_fast_without_skip(checkpoint_dir, tmp_path):
     small = str(checkpoint_dir(SMALL, "bfloat16"))
     from swiftspec.bench.runner import ConfigUnavailable
@@ -519,7 +554,13 @@ def test_schema_bounds_token_ids():
     (["--datasets", "gsm8k"], "'gsm8k'"),
     (["--backend", "tpu"], "'tpu'"),
     (["--peers", "vllm"], "'vllm'"),
-    (["--dtype", "int3"], "'int3'"),
+    (["--dtype", "int3"], "--dtype must be bfloat16, float32 or int4, got 'int3'"),
+    # int4: the cpu backend only, no HF peers; refused before any model is converted or loaded
+    (["--dtype", "int4", "--backend", "cuda"], "--dtype int4 runs on the cpu backend only (the cuda backend has no "
+                                                "int4 kernels), but target, serial:chain4, serial:tree16 would run on cuda"),
+    (["--dtype", "int4", "--configs", "target,serial:tree8@cuda"], "but serial:tree8@cuda would run on cuda"),
+    (["--dtype", "int4", "--peers", "hf"], "--dtype int4: the HF transformers peers (hf:target, hf:assisted) cannot "
+                                           "load swiftspec's int4 checkpoints"),
 ])
 def test_cli_bad_input_exits_2_with_one_line(argv, needle, capsys):
     from swiftspec.cli import main

@@ -155,7 +155,9 @@ class Engine:
     Raises:
         CheckpointError: a path is missing or not a valid model, naming it.
         InvalidRequestError: an option is out of range, naming it (a max_context
-            beyond a model's max_position_embeddings names both numbers).
+            beyond a model's max_position_embeddings names both numbers); dtype
+            "int4" with a backend other than "cpu" (before anything is converted
+            or loaded).
     """
 
     def __init__(
@@ -177,6 +179,9 @@ class Engine:
         max_tree = _check_int("max_tree", max_tree, 1)
         # Threads beyond a few per core only cost memory; far beyond, the system refuses them.
         num_threads = _check_int("num_threads", num_threads, 0, max(256, 8 * (os.cpu_count() or 1)))
+        if dtype == "int4" and backend != "cpu":  # before a conversion (minutes) that the backend would refuse
+            raise InvalidRequestError(f"dtype='int4' runs on the cpu backend only; the {backend} backend has no int4 "
+                                      "kernels: use backend='cpu', or dtype='bfloat16'")
         self.target_dir = resolve_checkpoint(target, dtype=dtype)
         self.draft_dir = resolve_checkpoint(draft, dtype=dtype) if draft is not None else None
         self.tokenizer = Tokenizer.from_checkpoint(self.target_dir)

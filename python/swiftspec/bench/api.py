@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from swiftspec.bench import machine as mach
-from swiftspec.bench.config import BenchConfigError, check_sampling, parse_config_list
+from swiftspec.bench.config import BenchConfigError, check_dtype, check_sampling, parse_config_list
 from swiftspec.bench.report import build_document, markdown, write_json
 from swiftspec.bench.runner import BenchSettings, Runner, load_prompts
 from swiftspec.bench.schema import MAX_MEASURED, consistency_problems, validate
@@ -33,7 +33,10 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
         peers: "hf" to add ``hf:target`` and ``hf:assisted``; None/"none" for no peer.
         backend: backend of configurations without ``@backend``.
         target, draft: model names/paths; default the reference pair (draft only if needed).
-        dtype: "bfloat16" or "float32" weights (swiftspec and HF alike).
+        dtype: "bfloat16", "float32" (swiftspec and HF alike) or "int4" (W4A16, group size 128;
+            swiftspec on the cpu backend only, no HF peers: :func:`swiftspec.bench.config.check_dtype`).
+            GGUF files and reference names are converted to it; a checkpoint folder given as the
+            target must already hold it (recorded as ``settings.dtype``).
         threads: CPU threads per swiftspec model; hf_threads: torch threads (0: all cores).
         warmup: untimed warm-up requests per configuration (the first also probes availability).
         max_context: KV capacity in tokens; None: each model's default (4096, or its
@@ -54,7 +57,9 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
             than their defaults under temperature 0 is an error (they would have no effect).
 
     Raises:
-        BenchConfigError: bad arguments (named in the message; :func:`swiftspec.bench.config.check_sampling`).
+        BenchConfigError: bad arguments (named in the message; :func:`swiftspec.bench.config.check_sampling`,
+            :func:`swiftspec.bench.config.check_dtype`), raised before any model or data set is loaded;
+            a target checkpoint folder of another dtype than ``dtype``, when the models load.
         ConfigUnavailable: a configuration the runtime rejects, unless ``skip_unavailable``.
         BenchResultError: the document fails validation (never expected; a harness bug).
         SwiftspecError: model or data set loading failures.
@@ -70,12 +75,11 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise BenchConfigError(f"{name} must be an integer >= {low}, got {value!r}")
-    if dtype not in ("bfloat16", "float32"):
-        raise BenchConfigError(f"dtype must be bfloat16 or float32, got {dtype!r}")
     sampling = check_sampling(temperature, top_p, top_k, seed, num_prompts=num_prompts)
     if not datasets:
         raise BenchConfigError("no data sets given")
     config_list = parse_config_list(configs, backend, peers)
+    check_dtype(dtype, config_list)
     if target is None:
         target = DEFAULT_PAIR["target"]
         if draft is None:

@@ -384,6 +384,42 @@ def parse_config_list(text: str, default_backend: str = "cpu", peers: str | None
     return list(unique.values())
 
 
+#: Weight dtypes of a run (``--dtype``): the dtype of the converted checkpoints, and of the target
+#: checkpoint recorded in ``settings.dtype``. int4 runs on swiftspec's cpu backend only.
+DTYPES = ("bfloat16", "float32", "int4")
+
+
+def check_dtype(dtype: str, configs: list[BenchConfig], flag: str = "dtype") -> None:
+    """Checks a run's weight dtype against its configurations, before anything is loaded.
+
+    Args:
+        dtype: "bfloat16", "float32" or "int4" (W4A16, group size 128: swiftspec's CPU backend only).
+        configs: the run's configurations (:func:`parse_config_list`).
+        flag: how messages name the option (the CLI passes "--dtype").
+
+    Raises:
+        BenchConfigError: (one line) an unknown dtype; int4 with a configuration on the cuda
+            backend (the CUDA backend has no int4 kernels); int4 with an HF peer (``hf:*``): HF
+            transformers cannot load swiftspec's int4 checkpoints (packed 4-bit projections), and
+            peers run in bf16 instead would decode other weights, so their speedups and output
+            checks against the int4 configurations would mix the quantization with the engine.
+    """
+    if dtype not in DTYPES:
+        raise BenchConfigError(f"{flag} must be bfloat16, float32 or int4, got {dtype!r}")
+    if dtype != "int4":
+        return
+    cuda = [c.name for c in configs if c.engine == "swiftspec" and c.backend == "cuda"]
+    if cuda:
+        raise BenchConfigError(f"{flag} int4 runs on the cpu backend only (the cuda backend has no int4 kernels), but "
+                               f"{', '.join(cuda)} would run on cuda: use --backend cpu without @cuda, or "
+                               f"--dtype bfloat16")
+    hf = [c.name for c in configs if c.engine == "hf"]
+    if hf:
+        raise BenchConfigError(f"{flag} int4: the HF transformers peers ({', '.join(hf)}) cannot load swiftspec's int4 "
+                               f"checkpoints (packed 4-bit projections); drop --peers hf, or measure the peers in a "
+                               f"run of their own with --dtype bfloat16")
+
+
 def check_sampling(temperature=0.0, top_p=1.0, top_k=0, seed=0, *, num_prompts: int = 1,
                    names: dict[str, str] | None = None, given: list[str] | None = None) -> dict | None:
     """Validates the decoding settings of a run; returns its ``settings.sampling`` block

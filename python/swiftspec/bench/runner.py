@@ -38,7 +38,8 @@ class BenchSettings:
         num_prompts: the first N records of each data set.
         max_new_tokens: new tokens per request (fewer if EOS comes first).
         backend: default backend of configurations without ``@backend``.
-        dtype: weight dtype ("bfloat16" or "float32") of swiftspec and of the HF peer.
+        dtype: weight dtype ("bfloat16" or "float32": of swiftspec and of the HF peer; "int4":
+            swiftspec on the cpu backend only, :func:`swiftspec.bench.config.check_dtype`).
         threads: CPU threads per swiftspec model (0: all cores).
         hf_threads: torch threads of the HF peer (0: torch's default).
         warmup: untimed warm-up requests per configuration.
@@ -102,6 +103,16 @@ def load_prompts(datasets: list[str], num_prompts: int, progress: bool = True) -
             pid = str(rec.get("question_id", rec.get("task_id", i)))
             items.append(PromptItem(name, i, pid, ds.prompt_messages(name, rec, 0)))
     return items
+
+
+def _checkpoint_dtype(folder: str) -> str | None:
+    """The ``dtype`` of a checkpoint folder's manifest.json ("bfloat16", "float32", "int4"), or None
+    when it cannot be read (the runtime then names the problem when it loads the folder)."""
+    try:
+        dtype = json.loads((Path(folder) / "manifest.json").read_text(encoding="utf-8")).get("dtype")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return dtype if isinstance(dtype, str) else None
 
 
 class ConfigUnavailable(SwiftspecError):
@@ -183,12 +194,23 @@ class Runner:
                 "accepts it, or measure without it in a new --out folder")
 
     def load(self) -> None:
-        """Resolve checkpoints and load the engines the configurations need."""
+        """Resolve checkpoints and load the engines the configurations need.
+
+        Raises:
+            BenchConfigError: the target is a checkpoint folder of another dtype than the run's (a
+                folder is used as it is, so bench.json's ``settings.dtype`` would misstate it);
+                configurations that need a draft without one.
+            ConfigUnavailable: a configuration the runtime rejects (without ``skip_unavailable``).
+        """
         from swiftspec.engine import Engine
         from swiftspec.models import resolve_checkpoint
 
         s = self.settings
         self.target_checkpoint = str(resolve_checkpoint(s.target, dtype=s.dtype))
+        held = _checkpoint_dtype(self.target_checkpoint)
+        if held is not None and held != s.dtype:
+            raise BenchConfigError(f"the target checkpoint {self.target_checkpoint} holds {held} weights, but the run's "
+                                   f"dtype (recorded in bench.json) is {s.dtype}: pass --dtype {held}")
         needs_draft = any(c.speculative for c in self.configs)
         if needs_draft and s.draft is None:
             names = ", ".join(c.name for c in self.configs if c.speculative)

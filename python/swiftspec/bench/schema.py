@@ -297,7 +297,9 @@ SCHEMA: dict = {
                 "num_prompts": {"type": "integer", "minimum": 1, "description": "prompts per data set"},
                 "max_new_tokens": {"type": "integer", "minimum": 1},
                 "backend": {"enum": ["cpu", "cuda"]},
-                "dtype": {"enum": ["bfloat16", "float32"]},
+                "dtype": {"enum": ["bfloat16", "float32", "int4"],
+                          "description": "weights of the target (and of the draft when converted by the run); "
+                                         "int4: W4A16 (docs/checkpoint_format.md), cpu backend, no HF peer"},
                 "threads": {"type": "integer", "minimum": 0, "description": "CPU threads per model, 0 = all"},
                 "warmup": {"type": "integer", "minimum": 0, "description": "untimed warm-up requests per configuration, of min(8, "
                                                                     "max_new_tokens) tokens on the first prompt"},

@@ -69,7 +69,10 @@ def add_parser(sub) -> None:
     p.add_argument("--backend", default="cpu", help="cpu (default) or cuda, for configurations without @backend")
     p.add_argument("--target", help="target model (default: the reference 1.5B)")
     p.add_argument("--draft", help="draft model (default: the reference 0.5B with the default target)")
-    p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32")
+    p.add_argument("--dtype", default="bfloat16",
+                   help="bfloat16 (default), float32 or int4 (W4A16, group size 128: swiftspec on the cpu backend "
+                        "only; no HF peers, which cannot load int4 checkpoints). GGUF files and reference models are "
+                        "converted to it; a checkpoint folder as --target must hold it")
     p.add_argument("--threads", default="0", help="CPU threads per swiftspec model (0: all cores)")
     p.add_argument("--hf-threads", default="0", help="torch threads of the HF peer (0: torch default)")
     p.add_argument("--warmup", default="1", help="untimed warm-up requests per configuration (default 1)")
@@ -150,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
 
     from swiftspec.bench import machine
     from swiftspec.bench.api import run_bench
-    from swiftspec.bench.config import parse_config_list
+    from swiftspec.bench.config import check_dtype, parse_config_list
 
     if args.merge is not None:
         return _merge(args)
@@ -169,9 +172,8 @@ def run(args: argparse.Namespace) -> int:
     sampling = _sampling(args, num_prompts)
     if args.backend not in ("cpu", "cuda"):
         raise BenchConfigError(f"--backend must be cpu or cuda, got {args.backend!r}")
-    if args.dtype not in ("bfloat16", "float32"):
-        raise BenchConfigError(f"--dtype must be bfloat16 or float32, got {args.dtype!r}")
-    parse_config_list(args.configs, args.backend, args.peers)  # fail fast, before loading anything
+    # fail fast, before loading anything
+    check_dtype(args.dtype, parse_config_list(args.configs, args.backend, args.peers), flag="--dtype")
     if args.resume and not args.out:
         raise BenchConfigError("--resume needs --out (the folder of the run to continue)")
     out = Path(args.out) if args.out else Path("bench-results") / machine.now_utc().replace(":", "")
