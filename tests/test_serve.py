@@ -603,6 +603,43 @@ def test_bad_api_key_or_allowed_hosts_are_refused_when_the_app_is_made(engine, o
 
 
 # ------------------------------------------------------------- one at a time, cancellation
+def test_runner_counts_a_job_before_its_last_event(monkeypatch):
+    """The runner updates /health's counts before the request's handler hears the job's outcome, so
+    a client holding its reply sees the job in ``ended`` and not ``running`` (the other way round,
+    a clean-clone CI run saw ``done: 0`` right after a 200). Checked at the moment of the event,
+    not by timing: deterministic."""
+    import asyncio
+
+    from swiftspec.serve.runner import EngineRunner, Job
+
+    class Finished:
+        finish_reason = "stop"
+
+    class OneWordEngine:  # the runner's only use of an engine
+        def generate(self, prompt_ids, on_text=None, cancel=None, **kwargs):
+            on_text("word")
+            return Finished()
+
+    runner = EngineRunner(OneWordEngine(), max_waiting=0)
+    at_last_event = []
+    emit = Job._emit
+
+    def recording_emit(job, kind, value):
+        if kind != "text":
+            at_last_event.append(runner.status())
+        emit(job, kind, value)
+
+    monkeypatch.setattr(Job, "_emit", recording_emit)
+
+    async def one_job():
+        job = runner.submit(asyncio.get_running_loop(), [1, 2, 3])
+        return [kind async for kind, _ in job.events()]
+
+    assert asyncio.run(one_job()) == ["text", "done"]
+    assert at_last_event == [{"running": 0, "waiting": 0, "max_waiting": 0,
+                              "ended": {"done": 1, "cancelled": 0, "error": 0}}]
+
+
 def test_one_runs_one_waits_a_third_gets_503_and_leaving_cancels(engine, mtbench, messages, reference):
     """max_waiting=1: while a long stream runs, a second request waits and a third is refused
     with 503 and Retry-After; the streaming client leaves (as the page's Stop does), its reply is

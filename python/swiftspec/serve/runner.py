@@ -145,17 +145,19 @@ class EngineRunner:
             job._emit("text", delta)
             return not job.cancelled
 
-        outcome = "error"
+        outcome, payload = "error", None
         try:
             # cancel is polled also during the prompt's prefill, where no text arrives for on_text to refuse.
             result = self.engine.generate(prompt_ids, on_text=on_text, cancel=job.cancel_event, **kwargs)
         except BaseException as exc:  # handed to the request's handler, which answers with it
-            job._emit("error", exc)
+            payload = exc
         else:
             outcome = "cancelled" if result.finish_reason == "cancelled" else "done"
-            job._emit(outcome, result)
+            payload = result
         finally:
             with self._cond:
                 self._line.remove(job)
                 self._ended[outcome] += 1
                 self._cond.notify_all()
+        # Counted before the handler hears of it: a client that has its reply sees it in /health.
+        job._emit(outcome, payload)
