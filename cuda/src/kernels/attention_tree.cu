@@ -113,7 +113,7 @@ struct PrefixGeom {
   }
 };
 
-/// Statically allocated shared state of either CTA kind.
+/// Statically allocated shared state of a per-block CTA.
 struct AttnShared {
   int U;
   int last;
@@ -124,7 +124,13 @@ struct AttnShared {
   // union of a tree chunk walks them position by position (a dependent
   // global load per position cost ~0.15 us each on the critical path).
   int list[kMaxTokPerBlock][kListMax];
-  float m[kPrefixRows];
+  float m[16];  ///< per query row of the pass: the chunk's max and sum of P
+  float l[16];
+};
+
+/// Statically allocated shared state of a shared-prefix CTA.
+struct PrefixShared {
+  float m[kPrefixRows];  ///< per query row of the group: the chunk's max and sum of P
   float l[kPrefixRows];
 };
 
@@ -508,7 +514,7 @@ __device__ void block_cta(const AttnParams& p, AttnShared& sh, uint8_t* smem_raw
 /// kPrefixBlocks * g ... (see the file comment); the tail grid combines them.
 /// Each chunk's arithmetic per query row is block_cta's.
 template <int HD>
-__device__ void prefix_cta(const AttnParams& p, AttnShared& sh, uint8_t* smem_raw, int kvh, int g, int z,
+__device__ void prefix_cta(const AttnParams& p, PrefixShared& sh, uint8_t* smem_raw, int kvh, int g, int z,
                            unsigned long long* tr) {
   using Geom = PrefixGeom<HD>;
   constexpr int LD = Geom::kLD, SLD = Geom::kSLD, PLD = Geom::kPLD;
@@ -658,7 +664,7 @@ __global__ void __launch_bounds__(kAttnThreads, 4) attention_kernel(const AttnPa
 template <int HD>
 __global__ void __launch_bounds__(kAttnThreads) attention_prefix_kernel(const AttnParams p, const AttnGrid grid) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  __shared__ AttnShared sh;
+  __shared__ PrefixShared sh;
   const int kvh = blockIdx.x;
   const int g = blockIdx.y % grid.groups;
   const int z = blockIdx.y / grid.groups;
