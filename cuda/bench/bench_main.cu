@@ -26,9 +26,10 @@
 //    a tree of N nodes, graph replayed 4 times) and nothing else, for ncu.
 //  * --megakernel-only: no GEMMs; per shape the layered decode step (PDL) and
 //    the megakernel step only. --megakernel-trace: also one traced megakernel
-//    step per shape, its critical path per op kind.
+//    step per shape, its critical path per op kind. --mk-head-keys N: the
+//    megakernel models' MegaPlan::head_keys (0: always split units + merge).
 // Usage: swiftspec-cuda-bench [--json PATH] [--quick] [--no-gemm] [--sweep] [--mma-models] [--pdl-early] [--untuned]
-//        [--megakernel-only] [--megakernel-trace] [--shapes qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b]
+//        [--megakernel-only] [--megakernel-trace] [--mk-head-keys N] [--shapes qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -280,6 +281,10 @@ struct ModelRow {
   std::string mk_trace_json;        ///< per-op critical path (--megakernel-trace)
 };
 
+/// --mk-head-keys N: CudaModelOptions::megakernel_head_keys of every
+/// megakernel model of the run (-1: the default; 0: split units and a merge).
+int g_mk_head_keys = -1;
+
 /// The megakernel's critical path per op kind, from one traced step
 /// (CudaModelOptions::megakernel_trace): mean over layers >= 1 of the time
 /// from the previous op's last end to this op's last end ("segment"), of
@@ -291,6 +296,7 @@ std::string megakernel_trace_summary(const std::string& which, const ModelConfig
   CudaModelOptions co;
   co.megakernel = true;
   co.megakernel_trace = true;
+  co.megakernel_head_keys = g_mk_head_keys;
   auto m = make_cuda_model_random(cfg, opt, co, 42);
   m->debug_fill_committed_random(512, 43);
   std::vector<int32_t> am;
@@ -399,6 +405,7 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
     // The decode megakernel: graph replay (device time) and the host-synchronous step.
     CudaModelOptions co;
     co.megakernel = true;
+    co.megakernel_head_keys = g_mk_head_keys;
     auto m = make_cuda_model_random(cfg, opt, co, 42);
     m->debug_fill_committed_random(ctx, 43);
     r.mk_decode_ms = m->debug_replay_ms(m->debug_prepare(decode_batch(ctx), false), iters);
@@ -491,6 +498,7 @@ int main(int argc, char** argv) {
     if (a == "--untuned") models_untuned = true;
     if (a == "--shapes" && i + 1 < argc) shapes = argv[++i];
     if (a == "--megakernel-trace") mk_trace = true;
+    if (a == "--mk-head-keys" && i + 1 < argc) g_mk_head_keys = std::atoi(argv[++i]);
     if (a == "--megakernel-only") {
       mk_only = true;
       gemms = false;
@@ -514,6 +522,7 @@ int main(int argc, char** argv) {
       opt.max_tree = 128;
       CudaModelOptions pco;
       pco.megakernel = profile_megakernel;
+      pco.megakernel_head_keys = g_mk_head_keys;
       pco.attention_trace = !attn_trace_path.empty();
       auto m = make_cuda_model_random(shape_config(profile), opt, pco, 42);
       m->debug_fill_committed_random(512, 43);

@@ -780,8 +780,9 @@ void check_model(const std::string& tag, const ModelConfig& cfg, uint64_t seed, 
 // ---------------------------------------------------------------------------
 /// Single-token steps of a megakernel model against the fp32 CPU reference
 /// and against the layered path of the same weights (a second model), over
-/// a 70-token prompt and `steps` decode steps (attention over 1..5 key
-/// splits); bitwise repeatability; GPU arg-max; a tree-mode single-node step;
+/// a 70-token prompt and `steps` decode steps (attention by whole query
+/// heads up to `head_keys` keys (MegaPlan::head_keys), then over 1..5 key
+/// splits and a merge); bitwise repeatability; GPU arg-max; a tree-mode single-node step;
 /// a step without logits; K/V written into the cache.
 /// CudaModelOptions::autotune: the tuned model (it times each bucket's step
 /// graph under several launch settings when it is made, then keeps one: PDL
@@ -825,7 +826,7 @@ void check_step_tuning(const ModelConfig& cfg, uint64_t seed) {
          differ == 0 && lines == 4, det);
 }
 
-void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t seed, int steps) {
+void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t seed, int steps, int head_keys = -1) {
   Rng rng(seed);
   TinyWeights tw = make_weights(cfg, rng);
   ModelOptions opt;
@@ -833,6 +834,7 @@ void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t s
   opt.max_tree = 128;
   CudaModelOptions mko;
   mko.megakernel = true;
+  mko.megakernel_head_keys = head_keys;
   auto mk = tiny_model(cfg, tw, opt, mko);
   auto lay = tiny_model(cfg, tw, opt, CudaModelOptions{});
   std::printf("megakernel[%s] plan: %s", tag.c_str(), mk->debug_gemm_plans().c_str());
@@ -933,13 +935,14 @@ void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t s
 
 /// A megakernel decode step of a benchmark shape (random weights, 512
 /// random committed K/V) against the layered path of the same weights.
-void check_megakernel_shape(const std::string& shape) {
+void check_megakernel_shape(const std::string& shape, int head_keys = -1) {
   const ModelConfig cfg = shape_config(shape);
   ModelOptions opt;
   opt.max_context = 1024;
   opt.max_tree = 128;
   CudaModelOptions mko;
   mko.megakernel = true;
+  mko.megakernel_head_keys = head_keys;
   std::vector<float> a, b;
   {
     auto mk = make_cuda_model_random(cfg, opt, mko, 42);
@@ -956,7 +959,8 @@ void check_megakernel_shape(const std::string& shape) {
   const double e = rel_err(a, b, &nb);
   const int am = argmax_of(a.data(), cfg.vocab_size), bm = argmax_of(b.data(), cfg.vocab_size);
   char name[200], det[200];
-  std::snprintf(name, sizeof name, "megakernel[%s shape] decode at 512 vs the layered path", shape.c_str());
+  std::snprintf(name, sizeof name, "megakernel[%s shape%s] decode at 512 vs the layered path", shape.c_str(),
+                head_keys == 0 ? ", split units" : "");
   std::snprintf(det, sizeof det, "(argmax %d vs %d, nonfinite=%zu)", am, bm, nb);
   record(name, e, 1e-2, e < 1e-2 && nb == 0, det);
 }
@@ -1244,15 +1248,20 @@ int main(int argc, char** argv) {
     check_model("qwen2-like", tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false), 2);
     check_model("gqa7", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 3);
     }
-    check_megakernel("llama-like", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 4, 200);
-    check_megakernel("qwen2-like", tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false), 5, 60);
+    // Whole-head attention up to head_keys keys, split units and a merge
+    // beyond: the first two cross from one to the other mid-sequence.
+    check_megakernel("llama-like hk150", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 4, 200, 150);
+    check_megakernel("qwen2-like hk100", tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false), 5, 60, 100);
     check_megakernel("gqa7", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 6, 60);
+    check_megakernel("gqa7 split", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 6, 60, 0);
     {
       ModelConfig g16 = tiny_config("llama", 512, 1024, 16, 1, 64, 1000, false, false, RopeStyle::NeoX, false);
       g16.num_layers = 3;
       check_megakernel("gqa16 L=3", g16, 7, 30);
+      check_megakernel("gqa16 L=3 split", g16, 7, 30, 0);
     }
     for (const char* sh : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"}) check_megakernel_shape(sh);
+    for (const char* sh : {"qwen2.5-0.5b", "llama3-8b"}) check_megakernel_shape(sh, 0);
     check_megakernel_two_plans();
     cudaStreamDestroy(st);
   } catch (const std::exception& e) {

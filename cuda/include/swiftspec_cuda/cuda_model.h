@@ -110,6 +110,10 @@ struct CudaModelOptions {
   /// starting "decode megakernel") for a shape it cannot run, or together
   /// with row_parallel (tensor parallelism).
   bool megakernel = false;
+  /// The megakernel's attention for steps of at most this many keys: one CTA
+  /// per query head over all keys, no merge phase (MegaPlan::head_keys).
+  /// -1: the default (1024); 0: always key-split units and a merge.
+  int megakernel_head_keys = -1;
   /// Benchmark: the megakernel stamps each op's start and end per CTA (read
   /// with CudaModel::debug_megakernel_trace). Costs a few stores per op.
   bool megakernel_trace = false;

@@ -39,6 +39,9 @@ enum StreamKind { kStreamQKV = 0, kStreamO = 1, kStreamGateUp = 2, kStreamDown =
 constexpr int kKeysPerSplit = 32;
 /// Splits whose partial states one thread loads at once in a merge.
 constexpr int kMergeBatch = 16;
+/// Default MegaPlan::head_keys: up to this many keys a query head's attention
+/// runs in one CTA (head_attention) instead of split units and a merge.
+constexpr int kHeadKeysDefault = 1024;
 /// Shared memory the plan reserves besides slots, x, misc, tables and
 /// barriers: reduction scratch (16 floats, 8 keys), the step's constants and
 /// RoPE table (64 (cos, sin) at most); and alignment slack.
@@ -373,6 +376,7 @@ struct StepConsts {
   int token, position, kv_index;  ///< the step's token, its RoPE position, its KV slot
   int prefix, a0, n_keys;         ///< committed keys, attend list offset, keys in all
   int splits, per_split;          ///< key splits per kv head, keys per split
+  int whole_heads;                ///< 1: one unit per query head over all keys, no merge (head_attention)
 };
 
 /// Logical key j of the step's token -> KV cache index: the committed prefix,
@@ -403,6 +407,22 @@ __device__ __forceinline__ void load_row(const __nv_bfloat16* base, int lane, fl
 __device__ void prefetch_unit_kv(const MegaParams& p, const StepConsts& c, const MegaLayer& L, int cta) {
   const MegaShape& s = p.s;
   const int lines = s.head_dim * 2 / 128;  // 128-byte lines per K or V row
+  if (c.whole_heads) {
+    // Query head h reads all keys of its kv head; the group's CTAs share the
+    // prefetch of those rows (CTA h takes the keys j = h % group (mod group)).
+    const int group = s.num_heads / s.num_kv_heads;
+    for (int h = cta; h < s.num_heads; h += p.plan.ctas) {
+      const int kvh = h / group, r = h % group;
+      const size_t head = static_cast<size_t>(kvh) * s.slots;
+      const int keys = (c.n_keys - 1 - r + group - 1) / group;  // j = r + group * k < n_keys - 1
+      for (int i = threadIdx.x; i < keys * 2 * lines; i += kConsumers) {
+        const int key = r + group * (i / (2 * lines)), rest = i % (2 * lines);
+        const __nv_bfloat16* row = (rest < lines ? L.kcache : L.vcache) + (head + key_index(p, c, key)) * s.head_dim;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(row + (rest % lines) * 64));
+      }
+    }
+    return;
+  }
   for (int u = cta; u < s.num_kv_heads * c.splits; u += p.plan.ctas) {
     const int kvh = u / c.splits, split = u - kvh * c.splits;
     const int k0 = split * c.per_split, k1 = min(c.n_keys - 1, k0 + c.per_split);
@@ -445,6 +465,7 @@ __device__ void make_step_consts(const MegaParams& p, StepConsts& c) {
   c.splits = max(1, min(S, min(p.plan.max_splits, max(1, p.plan.ctas / p.s.num_kv_heads))));
   c.per_split = (c.n_keys + c.splits - 1) / c.splits;
   c.splits = (c.n_keys + c.per_split - 1) / c.per_split;  // a capped S can leave trailing splits empty
+  c.whole_heads = c.n_keys <= p.plan.head_keys ? 1 : 0;
 }
 
 /// The attention unit u < KVH * S (kv head u / S, key split u % S) of layer
@@ -567,6 +588,119 @@ __device__ void attention_unit(const MegaParams& p, const StepConsts& c, const M
   }
 }
 
+/// Max over the consumer threads, the same value in each.
+__device__ __forceinline__ float block_max(float v, float* small) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if ((threadIdx.x & 31) == 0) small[threadIdx.x >> 5] = v;
+  consumer_sync();
+  float t = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) t = fmaxf(t, small[w]);
+  consumer_sync();
+  return t;
+}
+
+/// Attention of query head `h` over all n_keys keys in one CTA (short
+/// contexts: n_keys <= MegaPlan::head_keys), written straight to p.attn: no
+/// partial states, so no merge phase and one grid-wide handoff less per layer
+/// than the split units. Thread t owns 8 dims (d8 = t % (HD / 8)) of the keys
+/// j = t / (HD / 8) (mod NS): the K and V loads of a row are coalesced, 16 of
+/// them in flight per thread. Scores are summed over the row's HD / 8 lanes
+/// with shuffles; the softmax is exact (max, then exp2 and sum over the CTA);
+/// P V partial sums per key subset are added in subset order (deterministic).
+/// Scratch: n_keys scores, then [NS][HD] partial outputs.
+template <int HD>
+__device__ void head_attention(const MegaParams& p, const StepConsts& c, const MegaLayer& L, int h, float* scratch,
+                               float* small) {
+  constexpr int V8 = HD / 8;             // uint4 per K / V row
+  constexpr int NS = kConsumers / V8;    // key subsets
+  constexpr int kBatch = 16;             // loads in flight per thread
+  const MegaShape& s = p.s;
+  const int n = c.n_keys, tid = threadIdx.x;
+  const int d8 = tid % V8, ks = tid / V8;
+  const int kvh = h / (s.num_heads / s.num_kv_heads);
+  const float qscale = rsqrtf(static_cast<float>(HD)) * 1.4426950408889634f;  // softmax in base 2
+  float* sc = scratch;                              // [n] scores, then probabilities
+  float* pv = scratch + ((n + 3) & ~3);             // [NS][HD]
+  const uint4* kc = reinterpret_cast<const uint4*>(L.kcache + static_cast<size_t>(kvh) * s.slots * HD) + d8;
+  const uint4* vc = reinterpret_cast<const uint4*>(L.vcache + static_cast<size_t>(kvh) * s.slots * HD) + d8;
+  const uint4 qv = __ldcg(reinterpret_cast<const uint4*>(p.q + static_cast<size_t>(h) * HD) + d8);
+  float q[8];
+  {
+    const uint32_t u[4] = {qv.x, qv.y, qv.z, qv.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) q[2 * e] = bf_lo(u[e]), q[2 * e + 1] = bf_hi(u[e]);
+  }
+  // ---- scores: keys j = ks + NS * i, kBatch rows in flight ----
+  float mloc = -INFINITY;
+  for (int j0 = ks; j0 < n; j0 += NS * kBatch) {
+    uint4 kv[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int j = j0 + NS * b;
+      kv[b] = j < n ? __ldcg(kc + static_cast<size_t>(key_index(p, c, j)) * V8) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const uint32_t u[4] = {kv[b].x, kv[b].y, kv[b].z, kv[b].w};
+      float d = 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) d = fmaf(q[2 * e], bf_lo(u[e]), fmaf(q[2 * e + 1], bf_hi(u[e]), d));
+#pragma unroll
+      for (int o = V8 / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);  // the row's V8 lanes
+      const int j = j0 + NS * b;
+      if (j < n) {
+        const float sj = d * qscale;
+        mloc = fmaxf(mloc, sj);
+        if (d8 == 0) sc[j] = sj;
+      }
+    }
+  }
+  const float M = block_max(mloc, small);  // its barriers also publish sc
+  float lsum = 0.f;
+  for (int j = tid; j < n; j += kConsumers) {
+    const float pj = exp2f(sc[j] - M);
+    sc[j] = pj;
+    lsum += pj;
+  }
+  const float inv_l = 1.f / block_sum(lsum, small);  // its barriers also publish the probabilities
+  // ---- P V: the same (key subset, d8) ownership ----
+  float acc[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+  for (int j0 = ks; j0 < n; j0 += NS * kBatch) {
+    uint4 vv[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int j = j0 + NS * b;
+      vv[b] = j < n ? __ldcg(vc + static_cast<size_t>(key_index(p, c, j)) * V8) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int j = j0 + NS * b;
+      const float pj = j < n ? sc[j] : 0.f;
+      const uint32_t u[4] = {vv[b].x, vv[b].y, vv[b].z, vv[b].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        acc[2 * e] = fmaf(pj, bf_lo(u[e]), acc[2 * e]);
+        acc[2 * e + 1] = fmaf(pj, bf_hi(u[e]), acc[2 * e + 1]);
+      }
+    }
+  }
+  float4* mine = reinterpret_cast<float4*>(pv + ks * HD + d8 * 8);
+  mine[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  mine[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+  consumer_sync();
+  if (tid < HD) {
+    float o = 0.f;
+#pragma unroll 8
+    for (int k = 0; k < NS; ++k) o += pv[k * HD + tid];
+    p.attn[static_cast<size_t>(h) * HD + tid] = __float2bfloat16_rn(o * inv_l);
+  }
+  consumer_sync();  // the scratch is reused by the next head of this CTA
+}
+
 /// The merge phase: every CTA merges the key splits of a slice of the output
 /// elements, [c * nq / G, (c+1) * nq / G), in split order (deterministic),
 /// the partial states loaded kMergeBatch splits at a time, all in flight.
@@ -609,7 +743,10 @@ __device__ void merge_splits(const MegaParams& p, const StepConsts& c, int cta) 
 }
 
 // ---------------------------------------------------------------- the kernel
-__global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __grid_constant__ MegaParams p) {
+// 224 registers (the most that 288 threads of one CTA per SM can hold): with
+// __launch_bounds__(kThreads, 1) ptxas stopped at 168 and spilled (up to ~0.9
+// KB of spill loads per thread, on the attention paths).
+__global__ void __maxnreg__(224) decode_megakernel_kernel(const __grid_constant__ MegaParams p) {
   extern __shared__ unsigned char smem_raw[];
   unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 127) & ~uintptr_t(127));
   const MegaPlan& pl = p.plan;
@@ -706,25 +843,36 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           }
         });
       }
-      // ---- attention: units (u = cta, cta + G, ...), then the merge phase ----------------
+      // ---- attention: whole query heads (h = cta, cta + G, ...) for short
+      // contexts; else (kv head, split) units, then the merge phase ----------------------
       wait_counter(lc + kCtrQKV, G);
       trace_mark(p, slot0 + kCtrAttn, 0);
-      for (int u = cta; u < s.num_kv_heads * c.splits; u += G) {
-        if (s.head_dim == 64) attention_unit<64>(p, c, Ly, u, ybuf);
-        else attention_unit<128>(p, c, Ly, u, ybuf);
+      if (c.whole_heads) {
+        for (int h = cta; h < s.num_heads; h += G) {
+          if (s.head_dim == 64) head_attention<64>(p, c, Ly, h, ybuf, small);
+          else head_attention<128>(p, c, Ly, h, ybuf, small);
+        }
+        signal_counter(p, lc + kCtrAttn, slot0 + kCtrAttn);
+        trace_mark(p, slot0 + kCtrMerge, 0);  // no merge: an empty op in the trace
+        trace_mark(p, slot0 + kCtrMerge, 1);
+      } else {
+        for (int u = cta; u < s.num_kv_heads * c.splits; u += G) {
+          if (s.head_dim == 64) attention_unit<64>(p, c, Ly, u, ybuf);
+          else attention_unit<128>(p, c, Ly, u, ybuf);
+        }
+        signal_counter(p, lc + kCtrAttn, slot0 + kCtrAttn);
+        wait_counter(lc + kCtrAttn, G);
+        trace_mark(p, slot0 + kCtrMerge, 0);
+        merge_splits(p, c, cta);
+        signal_counter(p, lc + kCtrMerge, slot0 + kCtrMerge);
       }
-      signal_counter(p, lc + kCtrAttn, slot0 + kCtrAttn);
-      wait_counter(lc + kCtrAttn, G);
-      trace_mark(p, slot0 + kCtrMerge, 0);
-      merge_splits(p, c, cta);
-      signal_counter(p, lc + kCtrMerge, slot0 + kCtrMerge);
       // ---- O projection + residual -------------------------------------------------------
       if (l == 0)  // the residual starts as the token's embedding
         for (int i = tid; i < own.row1 - own.row0; i += kConsumers)
           h_own[i] = __bfloat162float(p.embed[static_cast<size_t>(c.token) * H + own.row0 + i]);
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamO];
-        gemv_op(p, st, lc + kCtrMerge, lc + kCtrO, slot0 + kCtrO, [&] {
+        gemv_op(p, st, c.whole_heads ? lc + kCtrAttn : lc + kCtrMerge, lc + kCtrO, slot0 + kCtrO, [&] {
           load_input(p.attn, s.num_heads * s.head_dim, x);
           consume_stream(p, st, ring, x, add_residual);
         });
@@ -810,7 +958,7 @@ size_t decode_megakernel_sync_words(const MegaShape& s) {
   return static_cast<size_t>(s.num_layers) * kCtrPerLayer + 1;
 }
 
-MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem) {
+MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, int head_keys) {
   const auto bad = [](const std::string& m) { throw InvalidArgument("decode megakernel: " + m); };
   if (s.num_layers < 1) bad("needs at least one layer");
   if (s.head_dim != 64 && s.head_dim != 128) bad("head_dim must be 64 or 128");
@@ -830,7 +978,12 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem) {
   pl.ybuf_rows = 16 * std::max((tiles_qkv + num_sms - 1) / num_sms, (tiles_gu + num_sms - 1) / num_sms);
   pl.own_rows = static_cast<int>(align_up((s.hidden + num_sms - 1) / num_sms, 4));
   pl.max_splits = std::max(1, num_sms / s.num_kv_heads);
-  const size_t attn_floats = static_cast<size_t>(kWarps) * std::min(group, 8) * (s.head_dim + 2);
+  if (head_keys < -1) bad("head_keys must be -1 (default), 0 (never) or a key count");
+  pl.head_keys = head_keys < 0 ? kHeadKeysDefault : head_keys;
+  // The split units' per-warp states, or head_attention's scores and its
+  // [kConsumers / (head_dim / 8)][head_dim] partial outputs (2048 floats).
+  const size_t attn_floats = std::max(static_cast<size_t>(kWarps) * std::min(group, 8) * (s.head_dim + 2),
+                                      pl.head_keys > 0 ? static_cast<size_t>(pl.head_keys + 3) / 4 * 4 + 8 * kConsumers : 0);
   // h_own first (the residual rows live across the whole step), then ybuf,
   // which the attention scratch aliases.
   pl.misc_bytes = static_cast<int>(align_up(

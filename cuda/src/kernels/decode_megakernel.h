@@ -21,8 +21,10 @@
 //   QKV    rows in 16-row tiles (RoPE pairs, weight_layout.h) over the CTAs;
 //          each CTA computes 1/rms of the residual itself (RMSNorm folded
 //          into the weights), adds the bias, applies RoPE, writes q and K/V
-//   attn   (kv head, key split) units write partial softmax states; then
-//          every CTA merges the splits of a slice of the output elements
+//   attn   up to MegaPlan::head_keys keys: one CTA per query head over all
+//          keys, output written directly; longer contexts: (kv head, key
+//          split) units write partial softmax states, then every CTA merges
+//          the splits of a slice of the output elements
 //   O      single rows; adds into the fp32 residual stream (owner-computes)
 //   gate/up 16-row tiles (gate and up rows interleaved); SwiGLU
 //   down   single rows; residual add
@@ -79,14 +81,20 @@ struct MegaPlan {
   int layers_bytes = 0; ///< a copy of the layer table (MegaLayer per layer)
   size_t smem_bytes = 0;
   int max_splits = 0;  ///< key splits per kv head (partial buffers are sized for it)
+  /// Steps with at most this many keys run each query head's attention in one
+  /// CTA over all keys (no partial states, no merge phase: one grid-wide
+  /// handoff less per layer); longer ones use (kv head, split) units and the
+  /// merge. 0: always the split units.
+  int head_keys = 0;
 };
 
 /// Plans the megakernel of `s` on `num_sms` SMs with `max_smem` bytes of
 /// opt-in shared memory per CTA. Throws InvalidArgument (message starting
 /// "decode megakernel") when the shape does not fit: a weight row longer
 /// than 96 KB, head_dim not 64 or 128, more than 16 query heads per kv head,
-/// no layer, or fewer than two ring slots.
-MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem);
+/// no layer, or fewer than two ring slots. `head_keys`: MegaPlan::head_keys,
+/// -1 for the default (1024), 0 for never.
+MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, int head_keys = -1);
 
 /// 32-bit words of the synchronization area (counters per layer and op, one
 /// completion counter). Zero it once at allocation: every launch leaves it
