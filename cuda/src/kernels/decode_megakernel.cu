@@ -609,9 +609,11 @@ __device__ __forceinline__ float block_max(float v, float* small) {
 /// them in flight per thread. Scores are summed over the row's HD / 8 lanes
 /// with shuffles; the softmax is exact (max, then exp2 and sum over the CTA);
 /// P V partial sums per key subset are added in subset order (deterministic).
-/// Scratch: n_keys scores, then [NS][HD] partial outputs.
+/// Scratch: n_keys scores, then [NS][HD] partial outputs. Not inlined: inside
+/// the kernel its 16 loads in flight spilled (ptxas caps the kernel at 168
+/// registers: 9 warps per SM, 3 in one of the four register-file quarters).
 template <int HD>
-__device__ void head_attention(const MegaParams& p, const StepConsts& c, const MegaLayer& L, int h, float* scratch,
+__device__ __noinline__ void head_attention(const MegaParams& p, const StepConsts& c, const MegaLayer& L, int h, float* scratch,
                                float* small) {
   constexpr int V8 = HD / 8;             // uint4 per K / V row
   constexpr int NS = kConsumers / V8;    // key subsets
@@ -743,10 +745,7 @@ __device__ void merge_splits(const MegaParams& p, const StepConsts& c, int cta) 
 }
 
 // ---------------------------------------------------------------- the kernel
-// 224 registers (the most that 288 threads of one CTA per SM can hold): with
-// __launch_bounds__(kThreads, 1) ptxas stopped at 168 and spilled (up to ~0.9
-// KB of spill loads per thread, on the attention paths).
-__global__ void __maxnreg__(224) decode_megakernel_kernel(const __grid_constant__ MegaParams p) {
+__global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __grid_constant__ MegaParams p) {
   extern __shared__ unsigned char smem_raw[];
   unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 127) & ~uintptr_t(127));
   const MegaPlan& pl = p.plan;
