@@ -372,7 +372,8 @@ __device__ void load_input(const __nv_bfloat16* src, int K, __nv_bfloat16* x) {
 /// The step's constants, copied to shared memory once per launch: every op
 /// reads them, and a global load that misses L1 (a small L1 beside a full
 /// ring) would add a dependent L2 round trip to the op's critical path.
-struct StepConsts {
+/// 16-byte aligned: the RoPE table (float2) follows it in shared memory.
+struct alignas(16) StepConsts {
   int token, position, kv_index;  ///< the step's token, its RoPE position, its KV slot
   int prefix, a0, n_keys;         ///< committed keys, attend list offset, keys in all
   int splits, per_split;          ///< key splits per kv head, keys per split
