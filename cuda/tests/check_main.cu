@@ -835,6 +835,7 @@ void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t s
   CudaModelOptions mko;
   mko.megakernel = true;
   mko.megakernel_head_keys = head_keys;
+  opt.max_context = std::max(opt.max_context, 70 + steps + 16);
   auto mk = tiny_model(cfg, tw, opt, mko);
   auto lay = tiny_model(cfg, tw, opt, CudaModelOptions{});
   std::printf("megakernel[%s] plan: %s", tag.c_str(), mk->debug_gemm_plans().c_str());
@@ -1252,6 +1253,8 @@ int main(int argc, char** argv) {
     // beyond: the first two cross from one to the other mid-sequence.
     check_megakernel("llama-like hk150", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 4, 200, 150);
     check_megakernel("qwen2-like hk100", tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false), 5, 60, 100);
+    // head_dim 128: more than 256 keys take head_attention's loads two batches
+    check_megakernel("qwen2-like long", tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false), 8, 260);
     check_megakernel("gqa7", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 6, 60);
     check_megakernel("gqa7 split", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 6, 60, 0);
     {

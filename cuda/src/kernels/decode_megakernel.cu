@@ -635,9 +635,11 @@ __device__ __noinline__ void head_attention(const MegaParams& p, const StepConst
 #pragma unroll
     for (int e = 0; e < 4; ++e) q[2 * e] = bf_lo(u[e]), q[2 * e + 1] = bf_hi(u[e]);
   }
-  // ---- scores: keys j = ks + NS * i, kBatch rows in flight ----
+  // ---- scores: keys j = ks + NS * i, kBatch rows in flight. The loop bound
+  // is the same for every thread: the shuffles need the whole warp. ----
   float mloc = -INFINITY;
-  for (int j0 = ks; j0 < n; j0 += NS * kBatch) {
+  for (int base = 0; base < n; base += NS * kBatch) {
+    const int j0 = base + ks;
     uint4 kv[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
@@ -672,7 +674,8 @@ __device__ __noinline__ void head_attention(const MegaParams& p, const StepConst
   float acc[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) acc[e] = 0.f;
-  for (int j0 = ks; j0 < n; j0 += NS * kBatch) {
+  for (int base = 0; base < n; base += NS * kBatch) {
+    const int j0 = base + ks;
     uint4 vv[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
