@@ -602,8 +602,9 @@ __device__ __forceinline__ float block_max(float v, float* small) {
   return t;
 }
 
-/// Attention of query head `h` over all n_keys keys in one CTA (short
-/// contexts: n_keys <= MegaPlan::head_keys), written straight to p.attn: no
+/// Attention of one query head (q row `qh`, its kv head's cache rows) over all
+/// n keys in one CTA (short contexts: n <= MegaPlan::head_keys), written
+/// straight to `out` (its slice of p.attn): no
 /// partial states, so no merge phase and one grid-wide handoff less per layer
 /// than the split units. Thread t owns 8 dims (d8 = t % (HD / 8)) of the keys
 /// j = t / (HD / 8) (mod NS): the K and V loads of a row are coalesced, 16 of
@@ -614,21 +615,25 @@ __device__ __forceinline__ float block_max(float v, float* small) {
 /// the kernel its 16 loads in flight spilled (ptxas caps the kernel at 168
 /// registers: 9 warps per SM, 3 in one of the four register-file quarters).
 template <int HD>
-__device__ __noinline__ void head_attention(const MegaParams& p, const StepConsts& c, const MegaLayer& L, int h, float* scratch,
-                               float* small) {
+__device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kcache, const __nv_bfloat16* __restrict__ vcache,
+                                            const __nv_bfloat16* __restrict__ qh, __nv_bfloat16* __restrict__ out,
+                                            const int* __restrict__ attend, int n, int prefix, int tree_base,
+                                            float* scratch, float* small) {
+  // Everything by value (registers): through references to the kernel's
+  // parameters and locals, every row address cost dependent loads.
   constexpr int V8 = HD / 8;             // uint4 per K / V row
   constexpr int NS = kConsumers / V8;    // key subsets
   constexpr int kBatch = 16;             // loads in flight per thread
-  const MegaShape& s = p.s;
-  const int n = c.n_keys, tid = threadIdx.x;
+  const int tid = threadIdx.x;
   const int d8 = tid % V8, ks = tid / V8;
-  const int kvh = h / (s.num_heads / s.num_kv_heads);
+  // Logical key j -> cache row: the committed prefix, then the attend list.
+  const auto row = [&](int j) { return j < prefix ? j : tree_base + attend[j - prefix]; };
   const float qscale = rsqrtf(static_cast<float>(HD)) * 1.4426950408889634f;  // softmax in base 2
   float* sc = scratch;                              // [n] scores, then probabilities
   float* pv = scratch + ((n + 3) & ~3);             // [NS][HD]
-  const uint4* kc = reinterpret_cast<const uint4*>(L.kcache + static_cast<size_t>(kvh) * s.slots * HD) + d8;
-  const uint4* vc = reinterpret_cast<const uint4*>(L.vcache + static_cast<size_t>(kvh) * s.slots * HD) + d8;
-  const uint4 qv = __ldcg(reinterpret_cast<const uint4*>(p.q + static_cast<size_t>(h) * HD) + d8);
+  const uint4* kc = reinterpret_cast<const uint4*>(kcache) + d8;
+  const uint4* vc = reinterpret_cast<const uint4*>(vcache) + d8;
+  const uint4 qv = __ldcg(reinterpret_cast<const uint4*>(qh) + d8);
   float q[8];
   {
     const uint32_t u[4] = {qv.x, qv.y, qv.z, qv.w};
@@ -644,7 +649,7 @@ __device__ __noinline__ void head_attention(const MegaParams& p, const StepConst
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int j = j0 + NS * b;
-      kv[b] = j < n ? __ldcg(kc + static_cast<size_t>(key_index(p, c, j)) * V8) : make_uint4(0, 0, 0, 0);
+      kv[b] = j < n ? __ldcg(kc + static_cast<size_t>(row(j)) * V8) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
@@ -680,7 +685,7 @@ __device__ __noinline__ void head_attention(const MegaParams& p, const StepConst
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int j = j0 + NS * b;
-      vv[b] = j < n ? __ldcg(vc + static_cast<size_t>(key_index(p, c, j)) * V8) : make_uint4(0, 0, 0, 0);
+      vv[b] = j < n ? __ldcg(vc + static_cast<size_t>(row(j)) * V8) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
@@ -702,7 +707,7 @@ __device__ __noinline__ void head_attention(const MegaParams& p, const StepConst
     float o = 0.f;
 #pragma unroll 8
     for (int k = 0; k < NS; ++k) o += pv[k * HD + tid];
-    p.attn[static_cast<size_t>(h) * HD + tid] = __float2bfloat16_rn(o * inv_l);
+    out[tid] = __float2bfloat16_rn(o * inv_l);
   }
   consumer_sync();  // the scratch is reused by the next head of this CTA
 }
@@ -852,8 +857,15 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       trace_mark(p, slot0 + kCtrAttn, 0);
       if (c.whole_heads) {
         for (int h = cta; h < s.num_heads; h += G) {
-          if (s.head_dim == 64) head_attention<64>(p, c, Ly, h, ybuf, small);
-          else head_attention<128>(p, c, Ly, h, ybuf, small);
+          const size_t kv = static_cast<size_t>(h / (s.num_heads / s.num_kv_heads)) * s.slots * s.head_dim;
+          const size_t qo = static_cast<size_t>(h) * s.head_dim;
+          const int* attend = p.desc->attend_slots + c.a0;
+          if (s.head_dim == 64)
+            head_attention<64>(Ly.kcache + kv, Ly.vcache + kv, p.q + qo, p.attn + qo, attend, c.n_keys, c.prefix,
+                               s.max_context, ybuf, small);
+          else
+            head_attention<128>(Ly.kcache + kv, Ly.vcache + kv, p.q + qo, p.attn + qo, attend, c.n_keys, c.prefix,
+                                s.max_context, ybuf, small);
         }
         signal_counter(p, lc + kCtrAttn, slot0 + kCtrAttn);
         trace_mark(p, slot0 + kCtrMerge, 0);  // no merge: an empty op in the trace
