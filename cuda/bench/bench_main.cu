@@ -29,7 +29,7 @@
 //    step per shape, its critical path per op kind. --mk-head-keys N: the
 //    megakernel models' MegaPlan::head_keys (0: always split units + merge).
 // Usage: swiftspec-cuda-bench [--json PATH] [--quick] [--no-gemm] [--sweep] [--mma-models] [--pdl-early] [--untuned]
-//        [--megakernel-only] [--megakernel-trace] [--mk-head-keys N] [--shapes qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b]
+//        [--megakernel-only] [--megakernel-trace] [--mk-head-keys N] [--context N] [--shapes qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -487,6 +487,7 @@ int main(int argc, char** argv) {
   std::string shapes;     // --shapes a,b: only these model shapes (default all three)
   std::string gemm_only;  // one GEMM shape by name (e.g. "8B o"), for a kernel profiler
   int gemm_m = 0;
+  int bench_context = 512;  // --context N: committed keys of the model rows' steps
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
@@ -499,6 +500,7 @@ int main(int argc, char** argv) {
     if (a == "--shapes" && i + 1 < argc) shapes = argv[++i];
     if (a == "--megakernel-trace") mk_trace = true;
     if (a == "--mk-head-keys" && i + 1 < argc) g_mk_head_keys = std::atoi(argv[++i]);
+    if (a == "--context" && i + 1 < argc) bench_context = std::atoi(argv[++i]);
     if (a == "--megakernel-only") {
       mk_only = true;
       gemms = false;
@@ -509,6 +511,10 @@ int main(int argc, char** argv) {
     if (a == "--attn-trace" && i + 1 < argc) attn_trace_path = argv[++i];
     if (a == "--gemm-only" && i + 1 < argc) gemm_only = argv[++i];
     if (a == "--gemm-m" && i + 1 < argc) gemm_m = std::atoi(argv[++i]);
+  }
+  if (bench_context < 1 || bench_context > 900) {
+    std::fprintf(stderr, "--context must be 1..900 (the models are made with 1024 positions and 128 tree slots)\n");
+    return 2;
   }
   if (gemm_m < 0 || gemm_m > kMaxStepTokens) {
     std::fprintf(stderr, "--gemm-m must be in 1..%d (got %d)\n", kMaxStepTokens, gemm_m);
@@ -571,7 +577,7 @@ int main(int argc, char** argv) {
       }
       json_kv("gemm", arr + "\n  ]");
     }
-    const int ctx = 512;
+    const int ctx = bench_context;
     std::vector<ModelRow> models;
     for (const char* w : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"})
       if (shapes.empty() || ("," + shapes + ",").find("," + std::string(w) + ",") != std::string::npos) models.push_back(bench_model(w, bw, ctx, quick, models_mma, models_pdl_early, models_untuned, mk_only, mk_trace));
