@@ -112,9 +112,8 @@ struct CudaModelOptions {
   bool megakernel = false;
   /// The megakernel's attention for steps of at most this many keys: one CTA
   /// per query head over all keys, no merge phase (MegaPlan::head_keys).
-  /// -1: the default (576 keys at head_dim 64, 288 at 128: the K and V rows
-  /// one SM reads in less time than the split units and their merge take);
-  /// 0: always key-split units and a merge.
+  /// -1: the default (576 keys at head_dim 64; at 128, 0: whole heads
+  /// measured no faster there); 0: always key-split units and a merge.
   int megakernel_head_keys = -1;
   /// Benchmark: the megakernel stamps each op's start and end per CTA (read
   /// with CudaModel::debug_megakernel_trace). Costs a few stores per op.

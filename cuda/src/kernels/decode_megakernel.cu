@@ -39,13 +39,14 @@ enum StreamKind { kStreamQKV = 0, kStreamO = 1, kStreamGateUp = 2, kStreamDown =
 constexpr int kKeysPerSplit = 32;
 /// Splits whose partial states one thread loads at once in a merge.
 constexpr int kMergeBatch = 16;
-/// Default MegaPlan::head_keys: a query head's attention runs in one CTA
-/// (head_attention) instead of split units and a merge while its kv head's
-/// K and V rows are at most this many bytes (576 keys at head_dim 64, 288 at
-/// 128). One SM reads them at ~16 GB/s (run 20: 8.9 us per layer for 128 KB
-/// at the 0.5B shape, 13.6 us for 256 KB at the 1.5B), so past ~150 KB the
-/// split units (~6-7 us) and their merge (~4 us with its handoff) win.
-constexpr int kHeadBytesDefault = 144 * 1024;
+/// Default MegaPlan::head_keys at head_dim 64: a query head's attention runs
+/// in one CTA (head_attention) instead of split units and a merge up to this
+/// many keys (its kv head's K and V rows: 144 KB). Run 20 (bench, random
+/// weights): 0.5B 0.674 vs 0.736 ms at 256 keys, 0.752 vs 0.766 at 512. One
+/// SM reads those rows at only ~16 GB/s, so at head_dim 128 (twice the bytes
+/// per key) whole heads were no faster: 1.5B 1.356 vs 1.352 ms at 256 keys,
+/// 8B 4.207 vs 4.182; the default there is 0 (split units).
+constexpr int kHeadKeysDefault64 = 576;
 /// Shared memory the plan reserves besides slots, x, misc, tables and
 /// barriers: reduction scratch (16 floats, 8 keys), the step's constants and
 /// RoPE table (64 (cos, sin) at most); and alignment slack.
@@ -998,7 +999,7 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, i
   pl.own_rows = static_cast<int>(align_up((s.hidden + num_sms - 1) / num_sms, 4));
   pl.max_splits = std::max(1, num_sms / s.num_kv_heads);
   if (head_keys < -1) bad("head_keys must be -1 (default), 0 (never) or a key count");
-  pl.head_keys = head_keys < 0 ? kHeadBytesDefault / (4 * s.head_dim) : head_keys;
+  pl.head_keys = head_keys >= 0 ? head_keys : s.head_dim == 64 ? kHeadKeysDefault64 : 0;
   // The split units' per-warp states, or head_attention's scores and its
   // [kConsumers / (head_dim / 8)][head_dim] partial outputs (2048 floats).
   const size_t attn_floats = std::max(static_cast<size_t>(kWarps) * std::min(group, 8) * (s.head_dim + 2),

@@ -93,8 +93,8 @@ struct MegaPlan {
 /// "decode megakernel") when the shape does not fit: a weight row longer
 /// than 96 KB, head_dim not 64 or 128, more than 16 query heads per kv head,
 /// no layer, or fewer than two ring slots. `head_keys`: MegaPlan::head_keys,
-/// -1 for the default (a kv head's K and V rows up to 144 KB: 576 keys at
-/// head_dim 64, 288 at 128), 0 for never.
+/// -1 for the default (576 keys at head_dim 64; 0 at 128, where whole heads
+/// measured no faster), 0 for never.
 MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, int head_keys = -1);
 
 /// 32-bit words of the synchronization area (counters per layer and op, one
