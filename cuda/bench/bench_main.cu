@@ -27,9 +27,10 @@
 //  * --megakernel-only: no GEMMs; per shape the layered decode step (PDL) and
 //    the megakernel step only. --megakernel-trace: also one traced megakernel
 //    step per shape, its critical path per op kind. --mk-head-keys N: the
-//    megakernel models' MegaPlan::head_keys (0: always split units + merge).
+//    megakernel models' MegaPlan::head_keys (0: always split units + merge);
+//    --mk-head-parts N: their CTAs per head in that mode (0: the plan's).
 // Usage: swiftspec-cuda-bench [--json PATH] [--quick] [--no-gemm] [--sweep] [--mma-models] [--pdl-early] [--untuned]
-//        [--megakernel-only] [--megakernel-trace] [--mk-head-keys N] [--context N] [--shapes qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b]
+//        [--megakernel-only] [--megakernel-trace] [--mk-head-keys N] [--mk-head-parts N] [--context N] [--shapes qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -284,6 +285,8 @@ struct ModelRow {
 /// --mk-head-keys N: CudaModelOptions::megakernel_head_keys of every
 /// megakernel model of the run (-1: the default; 0: split units and a merge).
 int g_mk_head_keys = -1;
+/// --mk-head-parts N: CudaModelOptions::megakernel_head_parts (0: the plan's).
+int g_mk_head_parts = 0;
 
 /// The megakernel's critical path per op kind, from one traced step
 /// (CudaModelOptions::megakernel_trace): mean over layers >= 1 of the time
@@ -297,6 +300,7 @@ std::string megakernel_trace_summary(const std::string& which, const ModelConfig
   co.megakernel = true;
   co.megakernel_trace = true;
   co.megakernel_head_keys = g_mk_head_keys;
+  co.megakernel_head_parts = g_mk_head_parts;
   auto m = make_cuda_model_random(cfg, opt, co, 42);
   m->debug_fill_committed_random(512, 43);
   std::vector<int32_t> am;
@@ -406,6 +410,7 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
     CudaModelOptions co;
     co.megakernel = true;
     co.megakernel_head_keys = g_mk_head_keys;
+    co.megakernel_head_parts = g_mk_head_parts;
     auto m = make_cuda_model_random(cfg, opt, co, 42);
     m->debug_fill_committed_random(ctx, 43);
     r.mk_decode_ms = m->debug_replay_ms(m->debug_prepare(decode_batch(ctx), false), iters);
@@ -500,6 +505,7 @@ int main(int argc, char** argv) {
     if (a == "--shapes" && i + 1 < argc) shapes = argv[++i];
     if (a == "--megakernel-trace") mk_trace = true;
     if (a == "--mk-head-keys" && i + 1 < argc) g_mk_head_keys = std::atoi(argv[++i]);
+    if (a == "--mk-head-parts" && i + 1 < argc) g_mk_head_parts = std::atoi(argv[++i]);
     if (a == "--context" && i + 1 < argc) bench_context = std::atoi(argv[++i]);
     if (a == "--megakernel-only") {
       mk_only = true;
@@ -529,6 +535,7 @@ int main(int argc, char** argv) {
       CudaModelOptions pco;
       pco.megakernel = profile_megakernel;
       pco.megakernel_head_keys = g_mk_head_keys;
+      pco.megakernel_head_parts = g_mk_head_parts;
       pco.attention_trace = !attn_trace_path.empty();
       auto m = make_cuda_model_random(shape_config(profile), opt, pco, 42);
       m->debug_fill_committed_random(512, 43);

@@ -780,9 +780,9 @@ void check_model(const std::string& tag, const ModelConfig& cfg, uint64_t seed, 
 // ---------------------------------------------------------------------------
 /// Single-token steps of a megakernel model against the fp32 CPU reference
 /// and against the layered path of the same weights (a second model), over
-/// a 70-token prompt and `steps` decode steps (attention by whole query
-/// heads up to `head_keys` keys (MegaPlan::head_keys), then over 1..5 key
-/// splits and a merge); bitwise repeatability; GPU arg-max; a tree-mode single-node step;
+/// a 70-token prompt and `steps` decode steps (attention by query heads, in
+/// up to `head_parts` CTAs each, up to `head_keys` keys (MegaPlan::head_keys,
+/// head_parts), then over 1..5 key splits and a merge); bitwise repeatability; GPU arg-max; a tree-mode single-node step;
 /// a step without logits; K/V written into the cache.
 /// CudaModelOptions::autotune: the tuned model (it times each bucket's step
 /// graph under several launch settings when it is made, then keeps one: PDL
@@ -826,7 +826,8 @@ void check_step_tuning(const ModelConfig& cfg, uint64_t seed) {
          differ == 0 && lines == 4, det);
 }
 
-void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t seed, int steps, int head_keys = -1) {
+void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t seed, int steps, int head_keys = -1,
+                      int head_parts = 0) {
   Rng rng(seed);
   TinyWeights tw = make_weights(cfg, rng);
   ModelOptions opt;
@@ -835,6 +836,7 @@ void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t s
   CudaModelOptions mko;
   mko.megakernel = true;
   mko.megakernel_head_keys = head_keys;
+  mko.megakernel_head_parts = head_parts;
   opt.max_context = std::max(opt.max_context, 70 + steps + 16);
   auto mk = tiny_model(cfg, tw, opt, mko);
   auto lay = tiny_model(cfg, tw, opt, CudaModelOptions{});
@@ -936,7 +938,7 @@ void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t s
 
 /// A megakernel decode step of a benchmark shape (random weights, 512
 /// random committed K/V) against the layered path of the same weights.
-void check_megakernel_shape(const std::string& shape, int head_keys = -1) {
+void check_megakernel_shape(const std::string& shape, int head_keys = -1, int head_parts = 0) {
   const ModelConfig cfg = shape_config(shape);
   ModelOptions opt;
   opt.max_context = 1024;
@@ -944,6 +946,7 @@ void check_megakernel_shape(const std::string& shape, int head_keys = -1) {
   CudaModelOptions mko;
   mko.megakernel = true;
   mko.megakernel_head_keys = head_keys;
+  mko.megakernel_head_parts = head_parts;
   std::vector<float> a, b;
   {
     auto mk = make_cuda_model_random(cfg, opt, mko, 42);
@@ -960,8 +963,9 @@ void check_megakernel_shape(const std::string& shape, int head_keys = -1) {
   const double e = rel_err(a, b, &nb);
   const int am = argmax_of(a.data(), cfg.vocab_size), bm = argmax_of(b.data(), cfg.vocab_size);
   char name[200], det[200];
-  std::snprintf(name, sizeof name, "megakernel[%s shape%s] decode at 512 vs the layered path", shape.c_str(),
-                head_keys == 0 ? ", split units" : head_keys > 0 ? ", whole heads" : "");
+  std::snprintf(name, sizeof name, "megakernel[%s shape%s%s] decode at 512 vs the layered path", shape.c_str(),
+                head_keys == 0 ? ", split units" : head_keys > 0 ? ", whole heads" : "",
+                head_parts == 1 ? ", one CTA per head" : "");
   std::snprintf(det, sizeof det, "(argmax %d vs %d, nonfinite=%zu)", am, bm, nb);
   record(name, e, 1e-2, e < 1e-2 && nb == 0, det);
 }
@@ -1254,9 +1258,10 @@ int main(int argc, char** argv) {
     check_megakernel("llama-like hk150", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 4, 200, 150);
     check_megakernel("qwen2-like hk100", tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false), 5, 60, 100);
     // head_dim 128: more than 256 keys take head_attention's loads two batches
-    check_megakernel("qwen2-like long hk1024", tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false), 8, 260, 1024);
+    check_megakernel("qwen2-like long hk1024 P1", tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false), 8, 260, 1024, 1);
     check_megakernel("gqa7", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 6, 60);
     check_megakernel("gqa7 split", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 6, 60, 0);
+    check_megakernel("gqa7 P2", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 6, 60, -1, 2);
     {
       ModelConfig g16 = tiny_config("llama", 512, 1024, 16, 1, 64, 1000, false, false, RopeStyle::NeoX, false);
       g16.num_layers = 3;
@@ -1264,8 +1269,11 @@ int main(int argc, char** argv) {
       check_megakernel("gqa16 L=3 split", g16, 7, 30, 0);
     }
     for (const char* sh : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"}) check_megakernel_shape(sh);
-    check_megakernel_shape("qwen2.5-0.5b", 0);     // the default there: whole heads
-    check_megakernel_shape("qwen2.5-1.5b", 1024);  // the default there: split units
+    // The defaults at 512 keys are whole heads in 4 parts; the split units and
+    // one CTA per head as well.
+    check_megakernel_shape("qwen2.5-0.5b", 0);
+    check_megakernel_shape("llama3-8b", 0);
+    check_megakernel_shape("qwen2.5-1.5b", 1024, 1);
     check_megakernel_two_plans();
     cudaStreamDestroy(st);
   } catch (const std::exception& e) {

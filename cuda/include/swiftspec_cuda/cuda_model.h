@@ -112,9 +112,12 @@ struct CudaModelOptions {
   bool megakernel = false;
   /// The megakernel's attention for steps of at most this many keys: one CTA
   /// per query head over all keys, no merge phase (MegaPlan::head_keys).
-  /// -1: the default (576 keys at head_dim 64; at 128, 0: whole heads
-  /// measured no faster there); 0: always key-split units and a merge.
+  /// -1: the default (decode_megakernel.h, plan_decode_megakernel); 0:
+  /// always key-split units and a merge.
   int megakernel_head_keys = -1;
+  /// CTAs per query head in that mode: 0 the plan's choice (4 when they fit
+  /// the grid), or at most 1, 2 or 4 (benchmarks and checks).
+  int megakernel_head_parts = 0;
   /// Benchmark: the megakernel stamps each op's start and end per CTA (read
   /// with CudaModel::debug_megakernel_trace). Costs a few stores per op.
   bool megakernel_trace = false;

@@ -47,6 +47,8 @@ constexpr int kMergeBatch = 16;
 /// per key) whole heads were no faster: 1.5B 1.356 vs 1.352 ms at 256 keys,
 /// 8B 4.207 vs 4.182; the default there is 0 (split units).
 constexpr int kHeadKeysDefault64 = 576;
+/// CTAs per query head in head_attention (MegaPlan::head_parts) at most.
+constexpr int kMaxHeadParts = 4;
 /// Shared memory the plan reserves besides slots, x, misc, tables and
 /// barriers: reduction scratch (16 floats, 8 keys), the step's constants and
 /// RoPE table (64 (cos, sin) at most); and alignment slack.
@@ -382,7 +384,8 @@ struct alignas(16) StepConsts {
   int token, position, kv_index;  ///< the step's token, its RoPE position, its KV slot
   int prefix, a0, n_keys;         ///< committed keys, attend list offset, keys in all
   int splits, per_split;          ///< key splits per kv head, keys per split
-  int whole_heads;                ///< 1: one unit per query head over all keys, no merge (head_attention)
+  int whole_heads;                ///< 1: query heads in head_parts CTAs each, no merge phase (head_attention)
+  int head_parts;                 ///< parts per head this step: min(MegaPlan::head_parts, n_keys)
 };
 
 /// Logical key j of the step's token -> KV cache index: the committed prefix,
@@ -414,15 +417,16 @@ __device__ void prefetch_unit_kv(const MegaParams& p, const StepConsts& c, const
   const MegaShape& s = p.s;
   const int lines = s.head_dim * 2 / 128;  // 128-byte lines per K or V row
   if (c.whole_heads) {
-    // Query head h reads all keys of its kv head; the group's CTAs share the
-    // prefetch of those rows (CTA h takes the keys j = h % group (mod group)).
-    const int group = s.num_heads / s.num_kv_heads;
-    for (int h = cta; h < s.num_heads; h += p.plan.ctas) {
-      const int kvh = h / group, r = h % group;
-      const size_t head = static_cast<size_t>(kvh) * s.slots;
-      const int keys = (c.n_keys - 1 - r + group - 1) / group;  // j = r + group * k < n_keys - 1
-      for (int i = threadIdx.x; i < keys * 2 * lines; i += kConsumers) {
-        const int key = r + group * (i / (2 * lines)), rest = i % (2 * lines);
+    // Unit u = h * P + r (head_attention): part r's keys of query head h.
+    const int P = p.plan.head_parts, group = s.num_heads / s.num_kv_heads;
+    for (int u = cta; u < s.num_heads * P; u += p.plan.ctas) {
+      const int h = u / P, r = u - h * P;
+      if (r >= c.head_parts) continue;
+      const int k0 = static_cast<int>(static_cast<long long>(r) * c.n_keys / c.head_parts);
+      const int k1 = min(c.n_keys - 1, static_cast<int>(static_cast<long long>(r + 1) * c.n_keys / c.head_parts));
+      const size_t head = static_cast<size_t>(h / group) * s.slots;
+      for (int i = threadIdx.x; i < (k1 - k0) * 2 * lines; i += kConsumers) {
+        const int key = k0 + i / (2 * lines), rest = i % (2 * lines);
         const __nv_bfloat16* row = (rest < lines ? L.kcache : L.vcache) + (head + key_index(p, c, key)) * s.head_dim;
         asm volatile("prefetch.global.L2 [%0];" ::"l"(row + (rest % lines) * 64));
       }
@@ -472,6 +476,7 @@ __device__ void make_step_consts(const MegaParams& p, StepConsts& c) {
   c.per_split = (c.n_keys + c.splits - 1) / c.splits;
   c.splits = (c.n_keys + c.per_split - 1) / c.per_split;  // a capped S can leave trailing splits empty
   c.whole_heads = c.n_keys <= p.plan.head_keys ? 1 : 0;
+  c.head_parts = min(p.plan.head_parts, c.n_keys);  // no part without keys
 }
 
 /// The attention unit u < KVH * S (kv head u / S, key split u % S) of layer
@@ -619,11 +624,22 @@ __device__ __forceinline__ float block_max(float v, float* small) {
 /// Scratch: n_keys scores, then [NS][HD] partial outputs. Not inlined: inside
 /// the kernel its 16 loads in flight spilled (ptxas caps the kernel at 168
 /// registers: 9 warps per SM, 3 in one of the four register-file quarters).
+/// One part of a query head split over several CTAs (MegaPlan::head_parts):
+/// part r > 0 leaves its state (max, sum, unnormalized output) in the
+/// partial buffers and counts itself on `flag`; part 0 waits for the others
+/// there, merges them in part order and writes the output.
+struct HeadPart {
+  int r = 0, parts = 1;       ///< this part, parts of the head (1: no handoff)
+  unsigned* flag = nullptr;   ///< the head's arrival counter of this layer
+  float* part_o = nullptr;    ///< [parts][HD] of this head
+  float2* part_ml = nullptr;  ///< [parts] of this head
+};
+
 template <int HD>
 __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kcache, const __nv_bfloat16* __restrict__ vcache,
                                             const __nv_bfloat16* __restrict__ qh, __nv_bfloat16* __restrict__ out,
-                                            const int* __restrict__ attend, int n, int prefix, int tree_base,
-                                            float* scratch, float* small) {
+                                            const int* __restrict__ attend, int k0, int n, int prefix, int tree_base,
+                                            HeadPart part, float* scratch, float* small) {
   // Everything by value (registers): through references to the kernel's
   // parameters and locals, every row address cost dependent loads.
   constexpr int V8 = HD / 8;             // uint4 per K / V row
@@ -632,7 +648,10 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
   const int tid = threadIdx.x;
   const int d8 = tid % V8, ks = tid / V8;
   // Logical key j -> cache row: the committed prefix, then the attend list.
-  const auto row = [&](int j) { return j < prefix ? j : tree_base + attend[j - prefix]; };
+  const auto row = [&](int jj) {
+    const int j = k0 + jj;  // this part's keys are [k0, k0 + n)
+    return j < prefix ? j : tree_base + attend[j - prefix];
+  };
   const float qscale = rsqrtf(static_cast<float>(HD)) * 1.4426950408889634f;  // softmax in base 2
   float* sc = scratch;                              // [n] scores, then probabilities
   float* pv = scratch + ((n + 3) & ~3);             // [NS][HD]
@@ -679,7 +698,7 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
     sc[j] = pj;
     lsum += pj;
   }
-  const float inv_l = 1.f / block_sum(lsum, small);  // its barriers also publish the probabilities
+  const float L = block_sum(lsum, small);  // its barriers also publish the probabilities
   // ---- P V: the same (key subset, d8) ownership ----
   float acc[8];
 #pragma unroll
@@ -708,11 +727,41 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
   mine[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
   mine[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
   consumer_sync();
+  float o = 0.f;
   if (tid < HD) {
-    float o = 0.f;
 #pragma unroll 8
     for (int k = 0; k < NS; ++k) o += pv[k * HD + tid];
-    out[tid] = __float2bfloat16_rn(o * inv_l);
+    if (part.parts == 1) {
+      out[tid] = __float2bfloat16_rn(o / L);
+    } else if (part.r > 0) {
+      __stcg(part.part_o + part.r * HD + tid, o);
+      if (tid == 0) __stcg(part.part_ml + part.r, make_float2(M, L));
+    }
+  }
+  if (part.parts > 1) {
+    if (part.r > 0) {
+      consumer_sync();
+      if (tid == 0) red_release_gpu_add(part.flag, 1u);
+    } else {
+      if (tid == 0) spin_until([&] { return ld_acquire_gpu(part.flag) >= static_cast<unsigned>(part.parts - 1); });
+      consumer_sync();
+      if (tid < HD) {
+        float2 ml[kMaxHeadParts];
+        float mx = M;
+        for (int q = 1; q < part.parts; ++q) {
+          ml[q] = __ldcg(part.part_ml + q);
+          mx = fmaxf(mx, ml[q].x);
+        }
+        const float f0 = exp2f(M - mx);
+        float num = o * f0, den = L * f0;
+        for (int q = 1; q < part.parts; ++q) {
+          const float f = exp2f(ml[q].x - mx);
+          num = fmaf(__ldcg(part.part_o + q * HD + tid), f, num);
+          den = fmaf(ml[q].y, f, den);
+        }
+        out[tid] = __float2bfloat16_rn(num / den);
+      }
+    }
   }
   consumer_sync();  // the scratch is reused by the next head of this CTA
 }
@@ -861,16 +910,29 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       wait_counter(lc + kCtrQKV, G);
       trace_mark(p, slot0 + kCtrAttn, 0);
       if (c.whole_heads) {
-        for (int h = cta; h < s.num_heads; h += G) {
+        // Unit u = h * P + r: part r of query head h (H * P <= G when P > 1,
+        // so a part 0 never waits for a unit queued behind it in its own CTA).
+        const int P = pl.head_parts;
+        for (int u = cta; u < s.num_heads * P; u += G) {
+          const int h = u / P, r = u - h * P;
+          if (r >= c.head_parts) continue;
+          HeadPart hp;
+          hp.r = r;
+          hp.parts = c.head_parts;
+          hp.flag = ctr + L * kCtrPerLayer + 1 + l * s.num_heads + h;
+          hp.part_o = p.part_o + static_cast<size_t>(h) * pl.max_splits * s.head_dim;
+          hp.part_ml = p.part_ml + static_cast<size_t>(h) * pl.max_splits;
+          const int k0 = static_cast<int>(static_cast<long long>(r) * c.n_keys / c.head_parts);
+          const int k1 = static_cast<int>(static_cast<long long>(r + 1) * c.n_keys / c.head_parts);
           const size_t kv = static_cast<size_t>(h / (s.num_heads / s.num_kv_heads)) * s.slots * s.head_dim;
           const size_t qo = static_cast<size_t>(h) * s.head_dim;
           const int* attend = p.desc->attend_slots + c.a0;
           if (s.head_dim == 64)
-            head_attention<64>(Ly.kcache + kv, Ly.vcache + kv, p.q + qo, p.attn + qo, attend, c.n_keys, c.prefix,
-                               s.max_context, ybuf, small);
+            head_attention<64>(Ly.kcache + kv, Ly.vcache + kv, p.q + qo, p.attn + qo, attend, k0, k1 - k0, c.prefix,
+                               s.max_context, hp, ybuf, small);
           else
-            head_attention<128>(Ly.kcache + kv, Ly.vcache + kv, p.q + qo, p.attn + qo, attend, c.n_keys, c.prefix,
-                                s.max_context, ybuf, small);
+            head_attention<128>(Ly.kcache + kv, Ly.vcache + kv, p.q + qo, p.attn + qo, attend, k0, k1 - k0, c.prefix,
+                                s.max_context, hp, ybuf, small);
         }
         signal_counter(p, lc + kCtrAttn, slot0 + kCtrAttn);
         trace_mark(p, slot0 + kCtrMerge, 0);  // no merge: an empty op in the trace
@@ -962,6 +1024,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
     if (atomicAdd(done, 1u) == static_cast<unsigned>(G - 1)) {
       __threadfence();
       for (int i = 0; i < L * kCtrPerLayer; ++i) p.sync[i] = 0u;
+      for (int i = 0; i < L * s.num_heads; ++i) done[1 + i] = 0u;  // head_attention's arrival counters
       *done = 0u;
     }
   }
@@ -974,11 +1037,12 @@ size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
 size_t decode_megakernel_sync_words(const MegaShape& s) {
-  // Per layer: the op counters; then one completion counter.
-  return static_cast<size_t>(s.num_layers) * kCtrPerLayer + 1;
+  // Per layer: the op counters; then one completion counter; then per layer
+  // and query head head_attention's arrival counter.
+  return static_cast<size_t>(s.num_layers) * kCtrPerLayer + 1 + static_cast<size_t>(s.num_layers) * s.num_heads;
 }
 
-MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, int head_keys) {
+MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, int head_keys, int head_parts) {
   const auto bad = [](const std::string& m) { throw InvalidArgument("decode megakernel: " + m); };
   if (s.num_layers < 1) bad("needs at least one layer");
   if (s.head_dim != 64 && s.head_dim != 128) bad("head_dim must be 64 or 128");
@@ -999,11 +1063,24 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, i
   pl.own_rows = static_cast<int>(align_up((s.hidden + num_sms - 1) / num_sms, 4));
   pl.max_splits = std::max(1, num_sms / s.num_kv_heads);
   if (head_keys < -1) bad("head_keys must be -1 (default), 0 (never) or a key count");
-  pl.head_keys = head_keys >= 0 ? head_keys : s.head_dim == 64 ? kHeadKeysDefault64 : 0;
+  // Parts per head: as many as fit the grid, so each part has its own CTA (a
+  // part 0 waits for the others); the partial buffers hold max_splits (>= 4
+  // then: G >= 4 H >= 4 KVH) states per head.
+  if (head_parts != 0 && head_parts != 1 && head_parts != 2 && head_parts != kMaxHeadParts)
+    bad("head_parts must be 0 (the plan's choice), 1, 2 or 4");
+  const int most = head_parts == 0 ? kMaxHeadParts : head_parts;
+  pl.head_parts = s.num_heads * most <= num_sms ? most : s.num_heads * 2 <= num_sms && most >= 2 ? 2 : 1;
+  // Default: the K and V bytes per part that one SM read faster than the split
+  // units and their merge took (kHeadKeysDefault64 keys at head_dim 64).
+  pl.head_keys = head_keys >= 0 ? head_keys
+                 : s.head_dim == 64 || pl.head_parts > 1 ? kHeadKeysDefault64 * pl.head_parts * 64 / s.head_dim
+                                                         : 0;
   // The split units' per-warp states, or head_attention's scores and its
   // [kConsumers / (head_dim / 8)][head_dim] partial outputs (2048 floats).
   const size_t attn_floats = std::max(static_cast<size_t>(kWarps) * std::min(group, 8) * (s.head_dim + 2),
-                                      pl.head_keys > 0 ? static_cast<size_t>(pl.head_keys + 3) / 4 * 4 + 8 * kConsumers : 0);
+                                      pl.head_keys > 0 ? static_cast<size_t>((pl.head_keys + pl.head_parts - 1) / pl.head_parts + 3) / 4 * 4 +
+                                                             8 * kConsumers
+                                                       : 0);
   // h_own first (the residual rows live across the whole step), then ybuf,
   // which the attention scratch aliases.
   pl.misc_bytes = static_cast<int>(align_up(
