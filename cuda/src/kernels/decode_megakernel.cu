@@ -48,7 +48,7 @@ constexpr int kMergeBatch = 16;
 /// 8B 4.207 vs 4.182; the default there is 0 (split units).
 constexpr int kHeadKeysDefault64 = 576;
 /// CTAs per query head in head_attention (MegaPlan::head_parts) at most.
-constexpr int kMaxHeadParts = 4;
+constexpr int kMaxHeadParts = 8;
 /// Shared memory the plan reserves besides slots, x, misc, tables and
 /// barriers: reduction scratch (16 floats, 8 keys), the step's constants and
 /// RoPE table (64 (cos, sin) at most); and alignment slack.
@@ -1064,12 +1064,12 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, i
   pl.max_splits = std::max(1, num_sms / s.num_kv_heads);
   if (head_keys < -1) bad("head_keys must be -1 (default), 0 (never) or a key count");
   // Parts per head: as many as fit the grid, so each part has its own CTA (a
-  // part 0 waits for the others); the partial buffers hold max_splits (>= 4
-  // then: G >= 4 H >= 4 KVH) states per head.
-  if (head_parts != 0 && head_parts != 1 && head_parts != 2 && head_parts != kMaxHeadParts)
-    bad("head_parts must be 0 (the plan's choice), 1, 2 or 4");
-  const int most = head_parts == 0 ? kMaxHeadParts : head_parts;
-  pl.head_parts = s.num_heads * most <= num_sms ? most : s.num_heads * 2 <= num_sms && most >= 2 ? 2 : 1;
+  // part 0 waits for the others); the partial buffers hold max_splits (>= P
+  // then: G >= P H >= P KVH) states per head.
+  if (head_parts < 0 || head_parts > kMaxHeadParts || (head_parts & (head_parts - 1)) != 0)
+    bad("head_parts must be 0 (the plan's choice), 1, 2, 4 or 8");
+  pl.head_parts = head_parts == 0 ? kMaxHeadParts : head_parts;
+  while (pl.head_parts > 1 && s.num_heads * pl.head_parts > num_sms) pl.head_parts /= 2;
   // Default: the K and V bytes per part that one SM read faster than the split
   // units and their merge took (kHeadKeysDefault64 keys at head_dim 64).
   pl.head_keys = head_keys >= 0 ? head_keys

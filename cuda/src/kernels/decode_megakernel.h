@@ -21,7 +21,7 @@
 //   QKV    rows in 16-row tiles (RoPE pairs, weight_layout.h) over the CTAs;
 //          each CTA computes 1/rms of the residual itself (RMSNorm folded
 //          into the weights), adds the bias, applies RoPE, writes q and K/V
-//   attn   up to MegaPlan::head_keys keys: 1-4 CTAs per query head (part 0
+//   attn   up to MegaPlan::head_keys keys: 1-8 CTAs per query head (part 0
 //          merges the others' states), output written directly; longer
 //          contexts: (kv head, key
 //          split) units write partial softmax states, then every CTA merges
@@ -87,7 +87,7 @@ struct MegaPlan {
   /// handoff less per layer); longer ones use (kv head, split) units and the
   /// merge. 0: always the split units.
   int head_keys = 0;
-  /// CTAs per query head in that mode (1, 2 or 4: as many as fit the grid):
+  /// CTAs per query head in that mode (1, 2, 4 or 8: as many as fit the grid):
   /// each takes a slice of the keys; parts 1.. hand their softmax states to
   /// part 0 through a per-head arrival counter, part 0 merges them.
   int head_parts = 1;
@@ -98,11 +98,11 @@ struct MegaPlan {
 /// "decode megakernel") when the shape does not fit: a weight row longer
 /// than 96 KB, head_dim not 64 or 128, more than 16 query heads per kv head,
 /// no layer, or fewer than two ring slots, or a head_parts other than 0, 1,
-/// 2, 4. `head_keys`: MegaPlan::head_keys, -1 for the default (576 keys per
+/// 2, 4, 8. `head_keys`: MegaPlan::head_keys, -1 for the default (576 keys per
 /// part at head_dim 64, 288 at 128; 0 at 128 with one part per head, where
 /// whole heads measured no faster), 0 for never. `head_parts`: at most this
-/// many CTAs per head (MegaPlan::head_parts), 0 for the plan's choice (4
-/// when 4 x num_heads CTAs fit the grid, else 2, else 1).
+/// many CTAs per head (MegaPlan::head_parts), 0 for the plan's choice (the
+/// largest power of two <= 8 with head_parts x num_heads <= num_sms).
 MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, int head_keys = -1,
                                 int head_parts = 0);
 
