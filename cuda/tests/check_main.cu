@@ -1256,11 +1256,12 @@ int main(int argc, char** argv) {
     // Whole-head attention up to head_keys keys, split units and a merge
     // beyond: the first two cross from one to the other mid-sequence.
     check_megakernel("llama-like hk150", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 4, 200, 150);
-    check_megakernel("qwen2-like hk100 P4", tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false), 5, 60, 100, 4);
+    check_megakernel("qwen2-like hk100", tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false), 5, 60, 100);
     // head_dim 128: more than 256 keys take head_attention's loads two batches
     check_megakernel("qwen2-like long hk1024 P1", tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false), 8, 260, 1024, 1);
     check_megakernel("gqa7", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 6, 60);
     check_megakernel("gqa7 split", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 6, 60, 0);
+    check_megakernel("gqa7 P8", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 6, 60, -1, 8);
     check_megakernel("gqa7 P2", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 6, 60, -1, 2);
     {
       ModelConfig g16 = tiny_config("llama", 512, 1024, 16, 1, 64, 1000, false, false, RopeStyle::NeoX, false);
@@ -1269,7 +1270,7 @@ int main(int argc, char** argv) {
       check_megakernel("gqa16 L=3 split", g16, 7, 30, 0);
     }
     for (const char* sh : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"}) check_megakernel_shape(sh);
-    // The defaults at 512 keys are whole heads in 8 (4 at the 8B) parts; the split units and
+    // The defaults at 512 keys are whole heads in 4 parts; the split units and
     // one CTA per head as well.
     check_megakernel_shape("qwen2.5-0.5b", 0);
     check_megakernel_shape("llama3-8b", 0);

@@ -115,8 +115,8 @@ struct CudaModelOptions {
   /// -1: the default (decode_megakernel.h, plan_decode_megakernel); 0:
   /// always key-split units and a merge.
   int megakernel_head_keys = -1;
-  /// CTAs per query head in that mode: 0 the plan's choice (up to 8, as many
-  /// as fit the grid), or at most 1, 2, 4 or 8 (benchmarks and checks).
+  /// CTAs per query head in that mode: 0 the default (4, fewer when they do
+  /// not fit the grid), or at most 1, 2, 4 or 8 (benchmarks and checks).
   int megakernel_head_parts = 0;
   /// Benchmark: the megakernel stamps each op's start and end per CTA (read
   /// with CudaModel::debug_megakernel_trace). Costs a few stores per op.

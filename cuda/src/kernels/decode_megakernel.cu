@@ -47,8 +47,12 @@ constexpr int kMergeBatch = 16;
 /// per key) whole heads were no faster: 1.5B 1.356 vs 1.352 ms at 256 keys,
 /// 8B 4.207 vs 4.182; the default there is 0 (split units).
 constexpr int kHeadKeysDefault64 = 576;
-/// CTAs per query head in head_attention (MegaPlan::head_parts) at most.
+/// CTAs per query head in head_attention (MegaPlan::head_parts) at most, and
+/// the plan's default: 4 parts measured faster than 8 at the 0.5B / 1.5B
+/// shapes (run 20: 0.759 / 1.351 vs 0.771 / 1.371 ms), and than 1 (0.788 /
+/// 1.401) or the split units (0.766 / 1.391).
 constexpr int kMaxHeadParts = 8;
+constexpr int kDefaultHeadParts = 4;
 /// Shared memory the plan reserves besides slots, x, misc, tables and
 /// barriers: reduction scratch (16 floats, 8 keys), the step's constants and
 /// RoPE table (64 (cos, sin) at most); and alignment slack.
@@ -1068,7 +1072,7 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, i
   // then: G >= P H >= P KVH) states per head.
   if (head_parts < 0 || head_parts > kMaxHeadParts || (head_parts & (head_parts - 1)) != 0)
     bad("head_parts must be 0 (the plan's choice), 1, 2, 4 or 8");
-  pl.head_parts = head_parts == 0 ? kMaxHeadParts : head_parts;
+  pl.head_parts = head_parts == 0 ? kDefaultHeadParts : head_parts;
   while (pl.head_parts > 1 && s.num_heads * pl.head_parts > num_sms) pl.head_parts /= 2;
   // Default: the K and V bytes per part that one SM read faster than the split
   // units and their merge took (kHeadKeysDefault64 keys at head_dim 64).

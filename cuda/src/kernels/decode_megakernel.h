@@ -87,7 +87,7 @@ struct MegaPlan {
   /// handoff less per layer); longer ones use (kv head, split) units and the
   /// merge. 0: always the split units.
   int head_keys = 0;
-  /// CTAs per query head in that mode (1, 2, 4 or 8: as many as fit the grid):
+  /// CTAs per query head in that mode (1, 2, 4 or 8, as many as fit the grid):
   /// each takes a slice of the keys; parts 1.. hand their softmax states to
   /// part 0 through a per-head arrival counter, part 0 merges them.
   int head_parts = 1;
@@ -101,8 +101,8 @@ struct MegaPlan {
 /// 2, 4, 8. `head_keys`: MegaPlan::head_keys, -1 for the default (576 keys per
 /// part at head_dim 64, 288 at 128; 0 at 128 with one part per head, where
 /// whole heads measured no faster), 0 for never. `head_parts`: at most this
-/// many CTAs per head (MegaPlan::head_parts), 0 for the plan's choice (the
-/// largest power of two <= 8 with head_parts x num_heads <= num_sms).
+/// many CTAs per head (MegaPlan::head_parts; halved until head_parts x
+/// num_heads <= num_sms), 0 for the default 4.
 MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, int head_keys = -1,
                                 int head_parts = 0);
 
