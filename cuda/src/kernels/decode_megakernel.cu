@@ -39,13 +39,13 @@ enum StreamKind { kStreamQKV = 0, kStreamO = 1, kStreamGateUp = 2, kStreamDown =
 constexpr int kKeysPerSplit = 32;
 /// Splits whose partial states one thread loads at once in a merge.
 constexpr int kMergeBatch = 16;
-/// Default MegaPlan::head_keys at head_dim 64: a query head's attention runs
-/// in one CTA (head_attention) instead of split units and a merge up to this
-/// many keys (its kv head's K and V rows: 144 KB). Run 20 (bench, random
-/// weights): 0.5B 0.674 vs 0.736 ms at 256 keys, 0.752 vs 0.766 at 512. One
-/// SM reads those rows at only ~16 GB/s, so at head_dim 128 (twice the bytes
-/// per key) whole heads were no faster: 1.5B 1.356 vs 1.352 ms at 256 keys,
-/// 8B 4.207 vs 4.182; the default there is 0 (split units).
+/// Default MegaPlan::head_keys per part at head_dim 64 (half at 128): query
+/// heads run in head_attention units instead of split units and a merge up
+/// to this many keys per part (its K and V rows: 144 KB). Run 20 (bench,
+/// random weights, one part): 0.5B 0.674 vs 0.736 ms at 256 keys, 0.752 vs
+/// 0.766 at 512. One SM reads those rows at only ~16 GB/s, so one part per
+/// head was no faster at head_dim 128 (1.5B 1.356 vs 1.352 ms at 256 keys, 8B
+/// 4.207 vs 4.182): there the default is 0 unless a head has several parts.
 constexpr int kHeadKeysDefault64 = 576;
 /// CTAs per query head in head_attention (MegaPlan::head_parts) at most, and
 /// the plan's default: 4 parts measured faster than 8 at the 0.5B / 1.5B
@@ -616,18 +616,6 @@ __device__ __forceinline__ float block_max(float v, float* small) {
   return t;
 }
 
-/// Attention of one query head (q row `qh`, its kv head's cache rows) over all
-/// n keys in one CTA (short contexts: n <= MegaPlan::head_keys), written
-/// straight to `out` (its slice of p.attn): no
-/// partial states, so no merge phase and one grid-wide handoff less per layer
-/// than the split units. Thread t owns 8 dims (d8 = t % (HD / 8)) of the keys
-/// j = t / (HD / 8) (mod NS): the K and V loads of a row are coalesced, 16 of
-/// them in flight per thread. Scores are summed over the row's HD / 8 lanes
-/// with shuffles; the softmax is exact (max, then exp2 and sum over the CTA);
-/// P V partial sums per key subset are added in subset order (deterministic).
-/// Scratch: n_keys scores, then [NS][HD] partial outputs. Not inlined: inside
-/// the kernel its 16 loads in flight spilled (ptxas caps the kernel at 168
-/// registers: 9 warps per SM, 3 in one of the four register-file quarters).
 /// One part of a query head split over several CTAs (MegaPlan::head_parts):
 /// part r > 0 leaves its state (max, sum, unnormalized output) in the
 /// partial buffers and counts itself on `flag`; part 0 waits for the others
@@ -639,6 +627,19 @@ struct HeadPart {
   float2* part_ml = nullptr;  ///< [parts] of this head
 };
 
+/// Attention of one query head (q row `qh`, its kv head's cache rows) over
+/// its keys [k0, k0 + n) in one CTA (short contexts: all keys <=
+/// MegaPlan::head_keys), one part of `part.parts`: with one part the output
+/// goes straight to `out` (its slice of p.attn); else part 0 merges the
+/// others' states (HeadPart). No merge phase: one grid-wide handoff less per
+/// layer than the split units. Thread t owns 8 dims (d8 = t % (HD / 8)) of the keys
+/// j = t / (HD / 8) (mod NS): the K and V loads of a row are coalesced, 16 of
+/// them in flight per thread. Scores are summed over the row's HD / 8 lanes
+/// with shuffles; the softmax is exact (max, then exp2 and sum over the CTA);
+/// P V partial sums per key subset are added in subset order (deterministic).
+/// Scratch: n scores, then [NS][HD] partial outputs. Not inlined: inside
+/// the kernel its 16 loads in flight spilled (ptxas caps the kernel at 168
+/// registers: 9 warps per SM, 3 in one of the four register-file quarters).
 template <int HD>
 __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kcache, const __nv_bfloat16* __restrict__ vcache,
                                             const __nv_bfloat16* __restrict__ qh, __nv_bfloat16* __restrict__ out,
@@ -909,7 +910,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           }
         });
       }
-      // ---- attention: whole query heads (h = cta, cta + G, ...) for short
+      // ---- attention: query heads in head_parts CTAs each for short
       // contexts; else (kv head, split) units, then the merge phase ----------------------
       wait_counter(lc + kCtrQKV, G);
       trace_mark(p, slot0 + kCtrAttn, 0);
