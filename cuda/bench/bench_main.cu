@@ -33,6 +33,8 @@
 //        [--megakernel-only] [--megakernel-trace] [--mk-head-keys N] [--mk-head-parts N] [--context N] [--shapes qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b]
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -493,6 +495,20 @@ int main(int argc, char** argv) {
   std::string gemm_only;  // one GEMM shape by name (e.g. "8B o"), for a kernel profiler
   int gemm_m = 0;
   int bench_context = 512;  // --context N: committed keys of the model rows' steps
+  std::string bad_int;      // the first integer flag whose value is not a whole integer
+  // A flag's integer value, all of it: "12x" or "abc" is refused (std::atoi
+  // would read them as 12 and 0, and a benchmark would run with a setting no
+  // one asked for).
+  const auto int_flag = [&](const std::string& flag, const char* text) {
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(text, &end, 10);
+    if (end == text || *end != '\0' || errno == ERANGE || v < INT_MIN || v > INT_MAX) {
+      if (bad_int.empty()) bad_int = flag + " needs a whole integer, got '" + text + "'";
+      return 0;
+    }
+    return static_cast<int>(v);
+  };
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
@@ -504,19 +520,23 @@ int main(int argc, char** argv) {
     if (a == "--untuned") models_untuned = true;
     if (a == "--shapes" && i + 1 < argc) shapes = argv[++i];
     if (a == "--megakernel-trace") mk_trace = true;
-    if (a == "--mk-head-keys" && i + 1 < argc) g_mk_head_keys = std::atoi(argv[++i]);
-    if (a == "--mk-head-parts" && i + 1 < argc) g_mk_head_parts = std::atoi(argv[++i]);
-    if (a == "--context" && i + 1 < argc) bench_context = std::atoi(argv[++i]);
+    if (a == "--mk-head-keys" && i + 1 < argc) g_mk_head_keys = int_flag(a, argv[++i]);
+    if (a == "--mk-head-parts" && i + 1 < argc) g_mk_head_parts = int_flag(a, argv[++i]);
+    if (a == "--context" && i + 1 < argc) bench_context = int_flag(a, argv[++i]);
     if (a == "--megakernel-only") {
       mk_only = true;
       gemms = false;
     }
     if (a == "--profile" && i + 1 < argc) profile = argv[++i];
-    if (a == "--profile-tree" && i + 1 < argc) profile_tree = std::atoi(argv[++i]);
+    if (a == "--profile-tree" && i + 1 < argc) profile_tree = int_flag(a, argv[++i]);
     if (a == "--profile-megakernel") profile_megakernel = true;
     if (a == "--attn-trace" && i + 1 < argc) attn_trace_path = argv[++i];
     if (a == "--gemm-only" && i + 1 < argc) gemm_only = argv[++i];
-    if (a == "--gemm-m" && i + 1 < argc) gemm_m = std::atoi(argv[++i]);
+    if (a == "--gemm-m" && i + 1 < argc) gemm_m = int_flag(a, argv[++i]);
+  }
+  if (!bad_int.empty()) {
+    std::fprintf(stderr, "%s\n", bad_int.c_str());
+    return 2;
   }
   if (bench_context < 1 || bench_context > 900) {
     std::fprintf(stderr, "--context must be 1..900 (the models are made with 1024 positions and 128 tree slots)\n");
