@@ -782,8 +782,9 @@ void check_model(const std::string& tag, const ModelConfig& cfg, uint64_t seed, 
 /// and against the layered path of the same weights (a second model), over
 /// a 70-token prompt and `steps` decode steps (attention by query heads, in
 /// up to `head_parts` CTAs each, up to `head_keys` keys (MegaPlan::head_keys,
-/// head_parts), then over 1..5 key splits and a merge); bitwise repeatability; GPU arg-max; a tree-mode single-node step;
-/// a step without logits; K/V written into the cache.
+/// head_parts), then over 1..5 key splits and a merge); bitwise
+/// repeatability; GPU arg-max; a tree-mode single-node step; a step without
+/// logits; K/V written into the cache.
 /// CudaModelOptions::autotune: the tuned model (it times each bucket's step
 /// graph under several launch settings when it is made, then keeps one: PDL
 /// edges, GEMM plan variants; with autotune_verify every candidate's outputs
@@ -1253,16 +1254,18 @@ int main(int argc, char** argv) {
     check_model("qwen2-like", tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false), 2);
     check_model("gqa7", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 3);
     }
-    // Whole-head attention up to head_keys keys, split units and a merge
-    // beyond: the first two cross from one to the other mid-sequence.
+    const ModelConfig qwen2_like = tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false);
+    const ModelConfig gqa7 = tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false);
+    // Head units up to head_keys keys, split units and a merge beyond: the
+    // first two cross from one to the other mid-sequence.
     check_megakernel("llama-like hk150", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 4, 200, 150);
-    check_megakernel("qwen2-like hk100", tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false), 5, 60, 100);
+    check_megakernel("qwen2-like hk100", qwen2_like, 5, 60, 100);
     // head_dim 128: more than 256 keys take head_attention's loads two batches
-    check_megakernel("qwen2-like long hk1024 P1", tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false), 8, 260, 1024, 1);
-    check_megakernel("gqa7", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 6, 60);
-    check_megakernel("gqa7 split", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 6, 60, 0);
-    check_megakernel("gqa7 P8", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 6, 60, -1, 8);
-    check_megakernel("gqa7 P2", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 6, 60, -1, 2);
+    check_megakernel("qwen2-like long hk1024 P1", qwen2_like, 8, 260, 1024, 1);
+    check_megakernel("gqa7", gqa7, 6, 60);
+    check_megakernel("gqa7 split", gqa7, 6, 60, 0);
+    check_megakernel("gqa7 P8", gqa7, 6, 60, -1, 8);
+    check_megakernel("gqa7 P2", gqa7, 6, 60, -1, 2);
     {
       ModelConfig g16 = tiny_config("llama", 512, 1024, 16, 1, 64, 1000, false, false, RopeStyle::NeoX, false);
       g16.num_layers = 3;
