@@ -29,8 +29,11 @@
 //    step per shape, its critical path per op kind. --mk-head-keys N: the
 //    megakernel models' MegaPlan::head_keys (0: always split units + merge);
 //    --mk-head-parts N: their CTAs per head in that mode (0: the plan's).
+//    --mk-inflight N: weight chunks in flight per SM (-1: the plan's, 0: the whole ring).
+//    --mk-slot-bytes N: bytes of one ring slot (0: the plan's).
+//    --mk-sweep I:S,...: the megakernel step again per (inflight, slot bytes).
 // Usage: swiftspec-cuda-bench [--json PATH] [--quick] [--no-gemm] [--sweep] [--mma-models] [--pdl-early] [--untuned]
-//        [--megakernel-only] [--megakernel-trace] [--mk-head-keys N] [--mk-head-parts N] [--context N] [--shapes qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b]
+//        [--megakernel-only] [--megakernel-trace] [--mk-head-keys N] [--mk-head-parts N] [--mk-inflight N] [--mk-slot-bytes N] [--mk-sweep I:S,...] [--context N] [--shapes qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b]
 #include <algorithm>
 #include <chrono>
 #include <cerrno>
@@ -289,6 +292,23 @@ struct ModelRow {
 int g_mk_head_keys = -1;
 /// --mk-head-parts N: CudaModelOptions::megakernel_head_parts (0: the plan's).
 int g_mk_head_parts = 0;
+/// --mk-inflight N: CudaModelOptions::megakernel_max_inflight (-1: the plan's).
+int g_mk_inflight = -1;
+/// --mk-slot-bytes N: CudaModelOptions::megakernel_slot_bytes (0: the plan's).
+int g_mk_slot_bytes = 0;
+
+/// --mk-sweep I:S,I:S,...: after each shape's megakernel step, the same step
+/// again per (max_inflight, slot_bytes) pair (A/B of the ring's settings in
+/// one process; with --megakernel-trace, each one's trace summary too).
+std::vector<std::pair<int, int>> g_mk_sweep;
+
+/// The megakernel flags of the command line into `co` (every megakernel model of the run).
+void apply_mk_flags(CudaModelOptions& co) {
+  co.megakernel_head_keys = g_mk_head_keys;
+  co.megakernel_head_parts = g_mk_head_parts;
+  co.megakernel_max_inflight = g_mk_inflight;
+  co.megakernel_slot_bytes = g_mk_slot_bytes;
+}
 
 /// The megakernel's critical path per op kind, from one traced step
 /// (CudaModelOptions::megakernel_trace): mean over layers >= 1 of the time
@@ -301,8 +321,7 @@ std::string megakernel_trace_summary(const std::string& which, const ModelConfig
   CudaModelOptions co;
   co.megakernel = true;
   co.megakernel_trace = true;
-  co.megakernel_head_keys = g_mk_head_keys;
-  co.megakernel_head_parts = g_mk_head_parts;
+  apply_mk_flags(co);
   auto m = make_cuda_model_random(cfg, opt, co, 42);
   m->debug_fill_committed_random(512, 43);
   std::vector<int32_t> am;
@@ -411,8 +430,7 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
     // The decode megakernel: graph replay (device time) and the host-synchronous step.
     CudaModelOptions co;
     co.megakernel = true;
-    co.megakernel_head_keys = g_mk_head_keys;
-    co.megakernel_head_parts = g_mk_head_parts;
+    apply_mk_flags(co);
     auto m = make_cuda_model_random(cfg, opt, co, 42);
     m->debug_fill_committed_random(ctx, 43);
     r.mk_decode_ms = m->debug_replay_ms(m->debug_prepare(decode_batch(ctx), false), iters);
@@ -422,6 +440,24 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
     std::fflush(stdout);
   }
   if (mk_trace) r.mk_trace_json = megakernel_trace_summary(which, cfg);
+  for (const auto& [inflight, slot_bytes] : g_mk_sweep) {
+    const int keep_inflight = g_mk_inflight, keep_slot = g_mk_slot_bytes;
+    g_mk_inflight = inflight;
+    g_mk_slot_bytes = slot_bytes;
+    CudaModelOptions co;
+    co.megakernel = true;
+    apply_mk_flags(co);
+    auto m = make_cuda_model_random(cfg, opt, co, 42);
+    m->debug_fill_committed_random(ctx, 43);
+    const double ms = m->debug_replay_ms(m->debug_prepare(decode_batch(ctx), false), iters);
+    std::printf("model %-13s megakernel sweep inflight=%d slot_bytes=%d decode %.4f ms [%s]\n", which.c_str(), inflight,
+                slot_bytes, ms, m->debug_gemm_plans().c_str());
+    std::fflush(stdout);
+    m.reset();
+    if (mk_trace) megakernel_trace_summary(which, cfg);
+    g_mk_inflight = keep_inflight;
+    g_mk_slot_bytes = keep_slot;
+  }
   if (with_mma) variant("SWIFTSPEC_GEMM_ENGINE", "mma", "engine=mma", r.mma_decode_ms, r.mma_tree32_ms, r.mma_tree64_ms);
   if (with_pdl_early)
     variant("SWIFTSPEC_GEMM_PDL_EARLY", "1", "gemm-pdl-early", r.early_decode_ms, r.early_tree32_ms, r.early_tree64_ms);
@@ -522,6 +558,23 @@ int main(int argc, char** argv) {
     if (a == "--megakernel-trace") mk_trace = true;
     if (a == "--mk-head-keys" && i + 1 < argc) g_mk_head_keys = int_flag(a, argv[++i]);
     if (a == "--mk-head-parts" && i + 1 < argc) g_mk_head_parts = int_flag(a, argv[++i]);
+    if (a == "--mk-inflight" && i + 1 < argc) g_mk_inflight = int_flag(a, argv[++i]);
+    if (a == "--mk-slot-bytes" && i + 1 < argc) g_mk_slot_bytes = int_flag(a, argv[++i]);
+    if (a == "--mk-sweep" && i + 1 < argc) {
+      const std::string spec = argv[++i];
+      size_t at = 0;
+      while (at <= spec.size()) {
+        const size_t comma = std::min(spec.find(',', at), spec.size());
+        const std::string item = spec.substr(at, comma - at);
+        const size_t colon = item.find(':');
+        if (colon == std::string::npos) {
+          bad_int = "--mk-sweep: item '" + item + "' is not INFLIGHT:SLOT_BYTES";
+          break;
+        }
+        g_mk_sweep.emplace_back(int_flag(a, item.substr(0, colon).c_str()), int_flag(a, item.substr(colon + 1).c_str()));
+        at = comma + 1;
+      }
+    }
     if (a == "--context" && i + 1 < argc) bench_context = int_flag(a, argv[++i]);
     if (a == "--megakernel-only") {
       mk_only = true;
@@ -554,8 +607,7 @@ int main(int argc, char** argv) {
       opt.max_tree = 128;
       CudaModelOptions pco;
       pco.megakernel = profile_megakernel;
-      pco.megakernel_head_keys = g_mk_head_keys;
-      pco.megakernel_head_parts = g_mk_head_parts;
+      apply_mk_flags(pco);
       pco.attention_trace = !attn_trace_path.empty();
       auto m = make_cuda_model_random(shape_config(profile), opt, pco, 42);
       m->debug_fill_committed_random(512, 43);

@@ -619,8 +619,9 @@ class CudaModelImpl final : public CudaModel {
     if (mk_)
       out += "megakernel ctas=" + std::to_string(mk_plan_.ctas) + " slots=" + std::to_string(mk_plan_.num_slots) +
              "x" + std::to_string(mk_plan_.slot_bytes) + " smem=" + std::to_string(mk_plan_.smem_bytes) +
-             " max_splits=" + std::to_string(mk_plan_.max_splits) + " head_keys=" + std::to_string(mk_plan_.head_keys) + " head_parts=" + std::to_string(mk_plan_.head_parts) +
-             " cooperative\n";
+             " max_splits=" + std::to_string(mk_plan_.max_splits) + " head_keys=" + std::to_string(mk_plan_.head_keys) +
+             " head_parts=" + std::to_string(mk_plan_.head_parts) +
+             " max_inflight=" + std::to_string(mk_plan_.max_inflight) + " cooperative\n";
     return out;
   }
 
@@ -759,7 +760,12 @@ class CudaModelImpl final : public CudaModel {
     int max_smem = 0;
     SS_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, copt_.device));
     mk_shape_ = ms;
-    mk_plan_ = plan_decode_megakernel(ms, num_sms_, max_smem, copt_.megakernel_head_keys, copt_.megakernel_head_parts);
+    MegaTuning tune;
+    tune.head_keys = copt_.megakernel_head_keys;
+    tune.head_parts = copt_.megakernel_head_parts;
+    tune.max_inflight = copt_.megakernel_max_inflight;
+    tune.slot_bytes = copt_.megakernel_slot_bytes;
+    mk_plan_ = plan_decode_megakernel(ms, num_sms_, max_smem, tune);
   }
 
   /// The decode megakernel's kernel attribute and scratch buffers (after plan_megakernel()).

@@ -828,7 +828,7 @@ void check_step_tuning(const ModelConfig& cfg, uint64_t seed) {
 }
 
 void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t seed, int steps, int head_keys = -1,
-                      int head_parts = 0) {
+                      int head_parts = 0, int max_inflight = -1, int slot_bytes = 0) {
   Rng rng(seed);
   TinyWeights tw = make_weights(cfg, rng);
   ModelOptions opt;
@@ -838,6 +838,8 @@ void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t s
   mko.megakernel = true;
   mko.megakernel_head_keys = head_keys;
   mko.megakernel_head_parts = head_parts;
+  mko.megakernel_max_inflight = max_inflight;
+  mko.megakernel_slot_bytes = slot_bytes;
   opt.max_context = std::max(opt.max_context, 70 + steps + 16);
   auto mk = tiny_model(cfg, tw, opt, mko);
   auto lay = tiny_model(cfg, tw, opt, CudaModelOptions{});
@@ -939,7 +941,7 @@ void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t s
 
 /// A megakernel decode step of a benchmark shape (random weights, 512
 /// random committed K/V) against the layered path of the same weights.
-void check_megakernel_shape(const std::string& shape, int head_keys = -1, int head_parts = 0) {
+void check_megakernel_shape(const std::string& shape, int head_keys = -1, int head_parts = 0, int max_inflight = -1) {
   const ModelConfig cfg = shape_config(shape);
   ModelOptions opt;
   opt.max_context = 1024;
@@ -948,6 +950,7 @@ void check_megakernel_shape(const std::string& shape, int head_keys = -1, int he
   mko.megakernel = true;
   mko.megakernel_head_keys = head_keys;
   mko.megakernel_head_parts = head_parts;
+  mko.megakernel_max_inflight = max_inflight;
   std::vector<float> a, b;
   {
     auto mk = make_cuda_model_random(cfg, opt, mko, 42);
@@ -964,11 +967,42 @@ void check_megakernel_shape(const std::string& shape, int head_keys = -1, int he
   const double e = rel_err(a, b, &nb);
   const int am = argmax_of(a.data(), cfg.vocab_size), bm = argmax_of(b.data(), cfg.vocab_size);
   char name[200], det[200];
-  std::snprintf(name, sizeof name, "megakernel[%s shape%s%s] decode at 512 vs the layered path", shape.c_str(),
+  char inflight[40] = "";
+  if (max_inflight >= 0) std::snprintf(inflight, sizeof inflight, ", %d chunks in flight", max_inflight);
+  std::snprintf(name, sizeof name, "megakernel[%s shape%s%s%s] decode at 512 vs the layered path", shape.c_str(),
                 head_keys == 0 ? ", split units" : head_keys > 0 ? ", whole heads" : "",
-                head_parts == 1 ? ", one CTA per head" : "");
+                head_parts == 1 ? ", one CTA per head" : "", inflight);
   std::snprintf(det, sizeof det, "(argmax %d vs %d, nonfinite=%zu)", am, bm, nb);
   record(name, e, 1e-2, e < 1e-2 && nb == 0, det);
+}
+
+/// A megakernel knob out of range (CudaModelOptions::megakernel_*): the model
+/// is not made, InvalidArgument names the knob.
+void check_megakernel_plan_errors(const ModelConfig& cfg) {
+  Rng rng(11);
+  TinyWeights tw = make_weights(cfg, rng);
+  ModelOptions opt;
+  opt.max_context = 128;
+  int bad = 0;
+  auto refused = [&](const char* needle, auto&& set) {
+    CudaModelOptions mko;
+    mko.megakernel = true;
+    set(mko);
+    try {
+      tiny_model(cfg, tw, opt, mko);
+    } catch (const InvalidArgument& ex) {
+      if (std::strstr(ex.what(), needle) != nullptr) return;
+      std::printf("  unexpected message: %s\n", ex.what());
+    }
+    ++bad;
+  };
+  refused("max_inflight must be", [](CudaModelOptions& o) { o.megakernel_max_inflight = 17; });
+  refused("max_inflight must be", [](CudaModelOptions& o) { o.megakernel_max_inflight = -2; });
+  refused("slot_bytes must be", [](CudaModelOptions& o) { o.megakernel_slot_bytes = 1000; });   // not % 128
+  refused("slot_bytes must be", [](CudaModelOptions& o) { o.megakernel_slot_bytes = 1024; });   // < one row
+  refused("head_parts must be", [](CudaModelOptions& o) { o.megakernel_head_parts = 3; });
+  refused("head_keys must be", [](CudaModelOptions& o) { o.megakernel_head_keys = -5; });
+  record("megakernel: knobs out of range -> InvalidArgument naming the knob (6 cases)", bad, 0, bad == 0, "");
 }
 
 /// Two megakernel models with different shared-memory plans in one process
@@ -1266,6 +1300,11 @@ int main(int argc, char** argv) {
     check_megakernel("gqa7 split", gqa7, 6, 60, 0);
     check_megakernel("gqa7 P8", gqa7, 6, 60, -1, 8);
     check_megakernel("gqa7 P2", gqa7, 6, 60, -1, 2);
+    // The producer's cap on chunks in flight (MegaPlan::max_inflight): one
+    // chunk of one row (4 KB slots: many chunks per op), and two of the default size.
+    check_megakernel("gqa7 inflight1 slot4K", gqa7, 6, 40, -1, 0, 1, 4096);
+    check_megakernel("qwen2-like inflight2", qwen2_like, 5, 40, -1, 0, 2);
+    check_megakernel_plan_errors(gqa7);
     {
       ModelConfig g16 = tiny_config("llama", 512, 1024, 16, 1, 64, 1000, false, false, RopeStyle::NeoX, false);
       g16.num_layers = 3;
@@ -1278,6 +1317,7 @@ int main(int argc, char** argv) {
     check_megakernel_shape("qwen2.5-0.5b", 0);
     check_megakernel_shape("llama3-8b", 0);
     check_megakernel_shape("qwen2.5-1.5b", 1024, 1);
+    check_megakernel_shape("qwen2.5-0.5b", -1, 0, 2);
     check_megakernel_two_plans();
     cudaStreamDestroy(st);
   } catch (const std::exception& e) {

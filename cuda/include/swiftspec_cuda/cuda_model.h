@@ -118,6 +118,11 @@ struct CudaModelOptions {
   /// CTAs per query head in that mode: 0 the default (4, fewer when they do
   /// not fit the grid), or at most 1, 2, 4 or 8 (benchmarks and checks).
   int megakernel_head_parts = 0;
+  /// Weight chunks the megakernel's producer keeps in flight per SM
+  /// (MegaPlan::max_inflight): -1 the default, 0 the whole ring, 1..16.
+  int megakernel_max_inflight = -1;
+  /// Bytes of one ring slot (MegaPlan::slot_bytes): 0 the default (32 KB).
+  int megakernel_slot_bytes = 0;
   /// Benchmark: the megakernel stamps each op's start and end per CTA (read
   /// with CudaModel::debug_megakernel_trace). Costs a few stores per op.
   bool megakernel_trace = false;

@@ -53,6 +53,8 @@ constexpr int kHeadKeysDefault64 = 576;
 /// 1.401) or the split units (0.766 / 1.391).
 constexpr int kMaxHeadParts = 8;
 constexpr int kDefaultHeadParts = 4;
+/// MegaPlan::max_inflight by default (0: the whole ring).
+constexpr int kDefaultMaxInflight = 0;
 /// Shared memory the plan reserves besides slots, x, misc, tables and
 /// barriers: reduction scratch (16 floats, 8 keys), the step's constants and
 /// RoPE table (64 (cos, sin) at most); and alignment slack.
@@ -233,6 +235,10 @@ __device__ void producer_loop(const MegaParams& p, const Stream* table, int last
                               uint64_t* full, uint64_t* empty) {
   const uint64_t policy = l2_policy_evict_first();  // weights are read once per step
   const uint32_t ns = static_cast<uint32_t>(p.plan.num_slots);
+  // A cap below the depth: before chunk seq, chunk seq - cap must have landed
+  // (its full barrier's phase; the slot is not re-armed before seq - cap + ns > seq).
+  const uint32_t cap = p.plan.max_inflight > 0 && static_cast<uint32_t>(p.plan.max_inflight) < ns
+                           ? static_cast<uint32_t>(p.plan.max_inflight) : 0u;
   ChunkWalk ring;
   uint32_t seq = 0;
   const void* src;
@@ -240,6 +246,7 @@ __device__ void producer_loop(const MegaParams& p, const Stream* table, int last
   while (ring.next(p, table, last_idx, src, bytes)) {
     const uint32_t slot = seq % ns, round = seq / ns;
     if (round > 0) ring_wait(&empty[slot], (round - 1) & 1u);
+    if (cap != 0 && seq >= cap) ring_wait(&full[(seq - cap) % ns], ((seq - cap) / ns) & 1u);
     mbar_arrive_expect_tx(&full[slot], bytes);
     bulk_load(slots + static_cast<size_t>(slot) * p.plan.slot_bytes, src, bytes, &full[slot], policy);
     ++seq;
@@ -1047,7 +1054,8 @@ size_t decode_megakernel_sync_words(const MegaShape& s) {
   return static_cast<size_t>(s.num_layers) * kCtrPerLayer + 1 + static_cast<size_t>(s.num_layers) * s.num_heads;
 }
 
-MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, int head_keys, int head_parts) {
+MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, const MegaTuning& t) {
+  const int head_keys = t.head_keys, head_parts = t.head_parts;
   const auto bad = [](const std::string& m) { throw InvalidArgument("decode megakernel: " + m); };
   if (s.num_layers < 1) bad("needs at least one layer");
   if (s.head_dim != 64 && s.head_dim != 128) bad("head_dim must be 64 or 128");
@@ -1061,7 +1069,14 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, i
   if (2 * kmax > 96 * 1024) bad("a weight row of " + std::to_string(2 * kmax) + " bytes exceeds 96 KB");
   MegaPlan pl;
   pl.ctas = num_sms;
-  pl.slot_bytes = static_cast<int>(std::max<size_t>(32768, align_up(2 * static_cast<size_t>(kmax), 128)));
+  const int row_bytes = static_cast<int>(align_up(2 * static_cast<size_t>(kmax), 128));
+  if (t.slot_bytes != 0 && (t.slot_bytes < row_bytes || t.slot_bytes % 128 != 0))
+    bad("slot_bytes must be 0 (the default) or a multiple of 128 of at least one weight row (" +
+        std::to_string(row_bytes) + " bytes), got " + std::to_string(t.slot_bytes));
+  if (t.max_inflight < -1 || t.max_inflight > 16)
+    bad("max_inflight must be -1 (the default), 0 (the whole ring) or 1..16, got " + std::to_string(t.max_inflight));
+  pl.slot_bytes = t.slot_bytes != 0 ? t.slot_bytes : std::max(32768, row_bytes);
+  pl.max_inflight = t.max_inflight < 0 ? kDefaultMaxInflight : t.max_inflight;
   pl.x_bytes = static_cast<int>(align_up(2 * static_cast<size_t>(kmax), 128));
   const int tiles_qkv = (nq + 2 * nkv) / 16, tiles_gu = 2 * s.intermediate / 16;
   pl.ybuf_rows = 16 * std::max((tiles_qkv + num_sms - 1) / num_sms, (tiles_gu + num_sms - 1) / num_sms);

@@ -74,6 +74,12 @@ struct MegaPlan {
   int ctas = 0;        ///< CTAs (= SMs of the model's partition), one per SM
   int slot_bytes = 0;  ///< one weight chunk (whole rows) per ring slot
   int num_slots = 0;   ///< ring depth (>= 2)
+  /// Weight chunks the producer keeps in flight at most (issued, not yet
+  /// landed); 0: as many as the ring has free slots. Every weight byte in
+  /// flight queues in front of the step's latency-critical loads (counters,
+  /// activations, K/V) in the memory system: a cap bounds that queue while
+  /// the free slots still fill ahead of the arithmetic.
+  int max_inflight = 0;
   int x_bytes = 0;     ///< GEMV input vector (bf16, the longest K)
   int ybuf_rows = 0;   ///< per-CTA output rows of a QKV or gate/up op (fp32)
   int own_rows = 0;    ///< per-CTA residual rows (O and down), kept in shared memory
@@ -93,18 +99,30 @@ struct MegaPlan {
   int head_parts = 1;
 };
 
+/// The plan's tuning knobs (CudaModelOptions::megakernel_*); the defaults are
+/// the measured best on the H200 (benchmarks/README.md).
+struct MegaTuning {
+  /// MegaPlan::head_keys: -1 the default (576 keys per part at head_dim 64,
+  /// 288 at 128; 0 at 128 with one part per head, where whole heads measured
+  /// no faster), 0 never (always the split units and the merge).
+  int head_keys = -1;
+  /// At most this many CTAs per head (MegaPlan::head_parts; halved until
+  /// head_parts x num_heads <= num_sms): 0 the default 4, or 1, 2, 4, 8.
+  int head_parts = 0;
+  /// MegaPlan::max_inflight: -1 the default, 0 the whole ring, or 1..16 chunks.
+  int max_inflight = -1;
+  /// MegaPlan::slot_bytes: 0 the default (32 KB, or one row of the longest
+  /// K if larger), else a multiple of 128 of at least that row.
+  int slot_bytes = 0;
+};
+
 /// Plans the megakernel of `s` on `num_sms` SMs with `max_smem` bytes of
 /// opt-in shared memory per CTA. Throws InvalidArgument (message starting
 /// "decode megakernel") when the shape does not fit: a weight row longer
 /// than 96 KB, head_dim not 64 or 128, more than 16 query heads per kv head,
-/// no layer, or fewer than two ring slots, or a head_parts other than 0, 1,
-/// 2, 4, 8. `head_keys`: MegaPlan::head_keys, -1 for the default (576 keys per
-/// part at head_dim 64, 288 at 128; 0 at 128 with one part per head, where
-/// whole heads measured no faster), 0 for never. `head_parts`: at most this
-/// many CTAs per head (MegaPlan::head_parts; halved until head_parts x
-/// num_heads <= num_sms), 0 for the default 4.
-MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, int head_keys = -1,
-                                int head_parts = 0);
+/// no layer, or fewer than two ring slots; or for a knob of `t` out of its
+/// range (MegaTuning), naming it.
+MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, const MegaTuning& t = MegaTuning{});
 
 /// 32-bit words of the synchronization area (counters per layer and op, one
 /// completion counter). Zero it once at allocation: every launch leaves it
