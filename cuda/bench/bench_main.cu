@@ -32,6 +32,7 @@
 //    --mk-inflight N: weight chunks in flight per SM (-1: the plan's, 0: the whole ring).
 //    --mk-slot-bytes N: bytes of one ring slot (0: the plan's).
 //    --mk-sweep I:S,...: the megakernel step again per (inflight, slot bytes).
+//    --megakernel-trace-csv DIR: the trace, and all its stamps as CSV files in DIR.
 // Usage: swiftspec-cuda-bench [--json PATH] [--quick] [--no-gemm] [--sweep] [--mma-models] [--pdl-early] [--untuned]
 //        [--megakernel-only] [--megakernel-trace] [--mk-head-keys N] [--mk-head-parts N] [--mk-inflight N] [--mk-slot-bytes N] [--mk-sweep I:S,...] [--context N] [--shapes qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b]
 #include <algorithm>
@@ -53,6 +54,7 @@
 
 #include "common.h"
 #include "device_memory.h"
+#include "kernels/decode_megakernel.h"
 #include "kernels/epilogues.h"
 #include "kernels/gemm_skinny.h"
 #include "kernels/kernels.h"
@@ -310,11 +312,17 @@ void apply_mk_flags(CudaModelOptions& co) {
   co.megakernel_slot_bytes = g_mk_slot_bytes;
 }
 
+/// --megakernel-trace-csv DIR: every stamp of each traced step as
+/// DIR/mk_trace_<shape>[_<tag>].csv (layer, op, cta, arrive, start, end; ns
+/// after the step's first start; -1 where a CTA has no such stamp).
+std::string g_mk_trace_csv_dir;
+
 /// The megakernel's critical path per op kind, from one traced step
 /// (CudaModelOptions::megakernel_trace): mean over layers >= 1 of the time
 /// from the previous op's last end to this op's last end ("segment"), of
-/// which the time until the last CTA woke up ("wake").
-std::string megakernel_trace_summary(const std::string& which, const ModelConfig& cfg) {
+/// which the time until the last CTA woke up ("wake") and until the last CTA
+/// arrived at the op's wait ("arrive": a CTA still busy with earlier work).
+std::string megakernel_trace_summary(const std::string& which, const ModelConfig& cfg, const std::string& tag = "") {
   ModelOptions opt;
   opt.max_context = 1024;
   opt.max_tree = 128;
@@ -332,30 +340,48 @@ std::string megakernel_trace_summary(const std::string& which, const ModelConfig
   std::vector<unsigned long long> t;
   const int G = m->debug_megakernel_trace(t);
   const int L = cfg.num_layers, ops = 6;
-  auto stamp = [&](int slot, int cta, int which) { return static_cast<double>(t[(static_cast<size_t>(slot) * G + cta) * 2 + which]); };
+  constexpr int S = kMegaTraceStamps;
+  auto stamp = [&](int slot, int cta, int which) { return static_cast<double>(t[(static_cast<size_t>(slot) * G + cta) * S + which]); };
   auto end_max = [&](int slot) { double v = 0; for (int c = 0; c < G; ++c) v = std::max(v, stamp(slot, c, 1)); return v; };
   auto start_max = [&](int slot) { double v = 0; for (int c = 0; c < G; ++c) v = std::max(v, stamp(slot, c, 0)); return v; };
   static const char* names[] = {"qkv", "attn_units", "split_merge", "o_proj", "gate_up", "down"};
-  double seg[6] = {0}, wake[6] = {0};
+  auto arrive_max = [&](int slot) { double v = 0; for (int c = 0; c < G; ++c) v = std::max(v, stamp(slot, c, 2)); return v; };
+  double seg[6] = {0}, wake[6] = {0}, arrive[6] = {0};
   for (int l = 1; l < L; ++l)
     for (int o = 0; o < ops; ++o) {
       const int slot = l * ops + o;
       const double prev = end_max(slot - 1);
       seg[o] += (end_max(slot) - prev) / (L - 1);
       wake[o] += (start_max(slot) - prev) / (L - 1);
+      const double a = arrive_max(slot);
+      if (a > 0) arrive[o] += (a - prev) / (L - 1);
     }
   double t0 = 1e300;
   for (int c = 0; c < G; ++c) t0 = std::min(t0, stamp(0, c, 0));
+  if (!g_mk_trace_csv_dir.empty()) {
+    const std::string path = g_mk_trace_csv_dir + "/mk_trace_" + which + (tag.empty() ? "" : "_" + tag) + ".csv";
+    if (FILE* f = std::fopen(path.c_str(), "w")) {
+      std::fprintf(f, "layer,op,cta,arrive_ns,start_ns,end_ns\n");
+      auto rel = [&](double v) { return v > 0 ? static_cast<long long>(v - t0) : -1LL; };
+      for (int slot = 0; slot <= L * ops; ++slot)
+        for (int c = 0; c < G; ++c)
+          std::fprintf(f, "%d,%s,%d,%lld,%lld,%lld\n", slot / ops, slot == L * ops ? "lm_head" : names[slot % ops], c,
+                       rel(stamp(slot, c, 2)), rel(stamp(slot, c, 0)), rel(stamp(slot, c, 1)));
+      std::fclose(f);
+    } else {
+      std::fprintf(stderr, "--megakernel-trace-csv: cannot write %s\n", path.c_str());
+    }
+  }
   const double lm = end_max(L * ops) - end_max(L * ops - 1);
   const double total = end_max(L * ops) - t0;
   std::string json = "{";
-  std::printf("megakernel trace %-13s total %.1f us, LM head %.1f us; per layer (us, segment / wake):", which.c_str(),
+  std::printf("megakernel trace %-13s total %.1f us, LM head %.1f us; per layer (us, segment / wake / arrive):", which.c_str(),
               total / 1e3, lm / 1e3);
   double layer = 0;
   for (int o = 0; o < ops; ++o) {
-    std::printf(" %s %.2f/%.2f", names[o], seg[o] / 1e3, wake[o] / 1e3);
+    std::printf(" %s %.2f/%.2f/%.2f", names[o], seg[o] / 1e3, wake[o] / 1e3, arrive[o] / 1e3);
     json += std::string(o ? ", " : "") + "\"" + names[o] + "_us\": " + num(seg[o] / 1e3) + ", \"" + names[o] +
-            "_wake_us\": " + num(wake[o] / 1e3);
+            "_wake_us\": " + num(wake[o] / 1e3) + ", \"" + names[o] + "_arrive_us\": " + num(arrive[o] / 1e3);
     layer += seg[o];
   }
   std::printf(" | layer %.2f\n", layer / 1e3);
@@ -454,7 +480,8 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
                 slot_bytes, ms, m->debug_gemm_plans().c_str());
     std::fflush(stdout);
     m.reset();
-    if (mk_trace) megakernel_trace_summary(which, cfg);
+    if (mk_trace)
+      megakernel_trace_summary(which, cfg, "inflight" + std::to_string(inflight) + "_slot" + std::to_string(slot_bytes));
     g_mk_inflight = keep_inflight;
     g_mk_slot_bytes = keep_slot;
   }
@@ -556,6 +583,10 @@ int main(int argc, char** argv) {
     if (a == "--untuned") models_untuned = true;
     if (a == "--shapes" && i + 1 < argc) shapes = argv[++i];
     if (a == "--megakernel-trace") mk_trace = true;
+    if (a == "--megakernel-trace-csv" && i + 1 < argc) {
+      g_mk_trace_csv_dir = argv[++i];
+      mk_trace = true;
+    }
     if (a == "--mk-head-keys" && i + 1 < argc) g_mk_head_keys = int_flag(a, argv[++i]);
     if (a == "--mk-head-parts" && i + 1 < argc) g_mk_head_parts = int_flag(a, argv[++i]);
     if (a == "--mk-inflight" && i + 1 < argc) g_mk_inflight = int_flag(a, argv[++i]);

@@ -110,12 +110,13 @@ __device__ __forceinline__ void wait_counter(const unsigned* ctr, unsigned targe
 }
 
 /// Trace (MegaParams::trace): consumer thread 0 stamps the global timer (ns)
-/// at the start (after its wait) or the end (before its release) of op `slot`.
+/// at the start (which 0: after its wait), the end (1: before its release) or
+/// the arrival at the wait (2) of op `slot`.
 __device__ __forceinline__ void trace_mark(const MegaParams& p, int slot, int which) {
   if (p.trace != nullptr && threadIdx.x == 0) {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    p.trace[(static_cast<size_t>(slot) * p.plan.ctas + blockIdx.x) * 2 + which] = t;
+    p.trace[(static_cast<size_t>(slot) * p.plan.ctas + blockIdx.x) * kMegaTraceStamps + which] = t;
   }
 }
 
@@ -342,6 +343,7 @@ template <class Body>
 __device__ __forceinline__ void gemv_op(const MegaParams& p, const Stream& st, const unsigned* wait_ctr,
                                         unsigned* done_ctr, int slot, Body&& body) {
   if (st.row1 > st.row0) {
+    trace_mark(p, slot, 2);
     if (wait_ctr != nullptr) wait_counter(wait_ctr, static_cast<unsigned>(p.plan.ctas));
     trace_mark(p, slot, 0);
     body();
@@ -919,6 +921,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       }
       // ---- attention: query heads in head_parts CTAs each for short
       // contexts; else (kv head, split) units, then the merge phase ----------------------
+      trace_mark(p, slot0 + kCtrAttn, 2);
       wait_counter(lc + kCtrQKV, G);
       trace_mark(p, slot0 + kCtrAttn, 0);
       if (c.whole_heads) {
@@ -955,6 +958,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           else attention_unit<128>(p, c, Ly, u, ybuf);
         }
         signal_counter(p, lc + kCtrAttn, slot0 + kCtrAttn);
+        trace_mark(p, slot0 + kCtrMerge, 2);
         wait_counter(lc + kCtrAttn, G);
         trace_mark(p, slot0 + kCtrMerge, 0);
         merge_splits(p, c, cta);
@@ -1002,6 +1006,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       const Stream st = table[kStreamsPerLayer * L];
       unsigned long long best = 0ull;
       if (st.row1 > st.row0) {
+        trace_mark(p, L * kCtrPerLayer, 2);
         wait_counter(ctr + (L - 1) * kCtrPerLayer + kCtrDown, G);
         trace_mark(p, L * kCtrPerLayer, 0);
         rinv = load_normed_input(p, false, c.token, x, small);

@@ -59,6 +59,9 @@ struct MegaLayer {
   __nv_bfloat16* vcache = nullptr;
 };
 
+/// Stamps per (op slot, CTA) of MegaParams::trace: start, end, arrival.
+constexpr int kMegaTraceStamps = 3;
+
 /// Model shape as the megakernel needs it.
 struct MegaShape {
   int hidden = 0, intermediate = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0;
@@ -147,9 +150,10 @@ struct MegaParams {
   unsigned long long* keys = nullptr;    ///< [1] arg-max key of the step (argmax_key_index)
   unsigned* sync = nullptr;              ///< decode_megakernel_sync_words(s) words, zero
   int lm_head = 1;                       ///< 0: stop after the last layer (no logits, no arg-max)
-  /// Null, or [(6 * num_layers + 1) * ctas * 2] global-timer stamps (ns):
-  /// per op slot (per layer: QKV, attention units, split merge, O, gate/up,
-  /// down; then the LM head) and CTA, its start (after its wait) and end.
+  /// Null, or [(6 * num_layers + 1) * ctas * kMegaTraceStamps] global-timer
+  /// stamps (ns): per op slot (per layer: QKV, attention units, split merge,
+  /// O, gate/up, down; then the LM head) and CTA, its start (after its wait),
+  /// its end, and its arrival at the wait (before it; 0 where an op has none).
   unsigned long long* trace = nullptr;
 };
 
