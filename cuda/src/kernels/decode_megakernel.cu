@@ -91,16 +91,6 @@ __device__ __forceinline__ ulonglong2 ld_relaxed_gpu_v2(const unsigned long long
   asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p));
   return v;
 }
-__device__ __forceinline__ unsigned long long ld_relaxed_gpu(const unsigned long long* p) {
-  unsigned long long v;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p));
-  return v;
-}
-__device__ __forceinline__ unsigned ld_relaxed_gpu(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p));
-  return v;
-}
 __device__ __forceinline__ uint4 ld_relaxed_gpu_v4(const unsigned* p) {
   uint4 v;
   asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -426,31 +416,13 @@ __device__ __forceinline__ unsigned long long tagged_word(float v, uint32_t tag)
 __device__ __forceinline__ unsigned tagged_word(__nv_bfloat16 v, uint32_t tag16) {
   return (tag16 << 16) | __bfloat16_as_ushort(v);
 }
-/// Consumer warp 0 polls 32 sample words of a tagged vector of n words (lane
-/// k: the last word of the k-th of 32 equal slices) until each carries `tag`
-/// in its bits from kShift up, then the consumers' barrier. The full read
-/// after it validates every word anyway; the samples only keep the waiting
-/// cheap: every consumer thread of every CTA re-polling the whole vector
-/// measured slower than the counters (run 21: 0.843 vs 0.777 ms at the 0.5B).
-template <int kShift, class W>
-__device__ __forceinline__ void wait_tag_samples(const W* src, int n, uint32_t tag) {
-  if (threadIdx.x < 32) {
-    const int i = max(0, static_cast<int>(static_cast<long long>(threadIdx.x + 1) * n / 32) - 1);
-    const W* w = src + i;
-    // The vote keeps the warp's iterations uniform (the vote needs every lane).
-    spin_until([&] { return __all_sync(0xffffffffu, static_cast<uint32_t>(ld_relaxed_gpu(w) >> kShift) == tag); });
-  }
-  consumer_sync();
-}
-
 /// x = the bf16 values of a tagged vector of n (% 4 == 0) elements
 /// (attention or SwiGLU output) once every word carries `tag16`; then the
-/// consumers' barrier. After wait_tag_samples, each thread has its kTagBatch loads in flight, then
+/// consumers' barrier. Each thread has its kTagBatch loads in flight, then
 /// reloads the words whose tags are not yet there, all at once, until none
 /// is left (spin_until's guard). Not inlined: inside the kernel (168
 /// registers) its loads in flight spilled.
 __device__ __noinline__ void read_tagged_bf16(const unsigned* src, int n, uint32_t tag16, __nv_bfloat16* x) {
-  wait_tag_samples<16>(src, n, tag16);
   const int n4 = n / 4;
   for (int base = threadIdx.x; base < n4; base += kTagBatch * kConsumers) {
     uint4 v[kTagBatch];
@@ -489,7 +461,6 @@ __device__ __noinline__ void read_tagged_bf16(const unsigned* src, int n, uint32
 /// result, are the counters' mode's bit for bit. Not inlined (as there).
 __device__ __noinline__ float read_tagged_residual(const unsigned long long* src, int H, uint32_t tag,
                                                    __nv_bfloat16* x, float* small, float eps) {
-  wait_tag_samples<32>(src, H, tag);
   constexpr int kHalves = kTagBatch;  // 16-byte loads: two per float4 group
   float ss = 0.f;
   for (int base = threadIdx.x; base < H / 4; base += kHalves / 2 * kConsumers) {
