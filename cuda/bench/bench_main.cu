@@ -31,11 +31,10 @@
 //    --mk-head-parts N: their CTAs per head in that mode (0: the plan's).
 //    --mk-inflight N: weight chunks in flight per SM (-1: the plan's, 0: the whole ring).
 //    --mk-slot-bytes N: bytes of one ring slot (0: the plan's).
-//    --mk-tagged N: the megakernel's handoffs (-1: the plan's, 0: counters, 1: tagged words).
-//    --mk-sweep I:S[:T],...: the megakernel step again per (inflight, slot bytes, tagged).
+//    --mk-sweep I:S,...: the megakernel step again per (inflight, slot bytes).
 //    --megakernel-trace-csv DIR: the trace, and all its stamps as CSV files in DIR.
 // Usage: swiftspec-cuda-bench [--json PATH] [--quick] [--no-gemm] [--sweep] [--mma-models] [--pdl-early] [--untuned]
-//        [--megakernel-only] [--megakernel-trace] [--mk-head-keys N] [--mk-head-parts N] [--mk-inflight N] [--mk-slot-bytes N] [--mk-tagged N] [--mk-sweep I:S[:T],...] [--context N] [--shapes qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b]
+//        [--megakernel-only] [--megakernel-trace] [--mk-head-keys N] [--mk-head-parts N] [--mk-inflight N] [--mk-slot-bytes N] [--mk-sweep I:S,...] [--context N] [--shapes qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b]
 #include <algorithm>
 #include <chrono>
 #include <cerrno>
@@ -299,17 +298,11 @@ int g_mk_head_parts = 0;
 int g_mk_inflight = -1;
 /// --mk-slot-bytes N: CudaModelOptions::megakernel_slot_bytes (0: the plan's).
 int g_mk_slot_bytes = 0;
-/// --mk-tagged N: CudaModelOptions::megakernel_tagged (-1: the plan's).
-int g_mk_tagged = -1;
 
-/// --mk-sweep I:S[:T],...: after each shape's megakernel step, the same step
-/// again per (max_inflight, slot_bytes, tagged) (A/B of the megakernel's
-/// settings in one process; with --megakernel-trace, each one's trace
-/// summary too). T defaults to -1 (the plan's).
-struct MkSweepItem {
-  int inflight, slot_bytes, tagged;
-};
-std::vector<MkSweepItem> g_mk_sweep;
+/// --mk-sweep I:S,I:S,...: after each shape's megakernel step, the same step
+/// again per (max_inflight, slot_bytes) pair (A/B of the ring's settings in
+/// one process; with --megakernel-trace, each one's trace summary too).
+std::vector<std::pair<int, int>> g_mk_sweep;
 
 /// The megakernel flags of the command line into `co` (every megakernel model of the run).
 void apply_mk_flags(CudaModelOptions& co) {
@@ -317,7 +310,6 @@ void apply_mk_flags(CudaModelOptions& co) {
   co.megakernel_head_parts = g_mk_head_parts;
   co.megakernel_max_inflight = g_mk_inflight;
   co.megakernel_slot_bytes = g_mk_slot_bytes;
-  co.megakernel_tagged = g_mk_tagged;
 }
 
 /// --megakernel-trace-csv DIR: every stamp of each traced step as
@@ -474,27 +466,24 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
     std::fflush(stdout);
   }
   if (mk_trace) r.mk_trace_json = megakernel_trace_summary(which, cfg);
-  for (const auto& [inflight, slot_bytes, tagged] : g_mk_sweep) {
-    const int keep_inflight = g_mk_inflight, keep_slot = g_mk_slot_bytes, keep_tagged = g_mk_tagged;
+  for (const auto& [inflight, slot_bytes] : g_mk_sweep) {
+    const int keep_inflight = g_mk_inflight, keep_slot = g_mk_slot_bytes;
     g_mk_inflight = inflight;
     g_mk_slot_bytes = slot_bytes;
-    g_mk_tagged = tagged;
     CudaModelOptions co;
     co.megakernel = true;
     apply_mk_flags(co);
     auto m = make_cuda_model_random(cfg, opt, co, 42);
     m->debug_fill_committed_random(ctx, 43);
     const double ms = m->debug_replay_ms(m->debug_prepare(decode_batch(ctx), false), iters);
-    std::printf("model %-13s megakernel sweep inflight=%d slot_bytes=%d tagged=%d decode %.4f ms [%s]\n", which.c_str(),
-                inflight, slot_bytes, tagged, ms, m->debug_gemm_plans().c_str());
+    std::printf("model %-13s megakernel sweep inflight=%d slot_bytes=%d decode %.4f ms [%s]\n", which.c_str(), inflight,
+                slot_bytes, ms, m->debug_gemm_plans().c_str());
     std::fflush(stdout);
     m.reset();
     if (mk_trace)
-      megakernel_trace_summary(which, cfg, "inflight" + std::to_string(inflight) + "_slot" + std::to_string(slot_bytes) +
-                                               "_tagged" + std::to_string(tagged));
+      megakernel_trace_summary(which, cfg, "inflight" + std::to_string(inflight) + "_slot" + std::to_string(slot_bytes));
     g_mk_inflight = keep_inflight;
     g_mk_slot_bytes = keep_slot;
-    g_mk_tagged = keep_tagged;
   }
   if (with_mma) variant("SWIFTSPEC_GEMM_ENGINE", "mma", "engine=mma", r.mma_decode_ms, r.mma_tree32_ms, r.mma_tree64_ms);
   if (with_pdl_early)
@@ -602,21 +591,18 @@ int main(int argc, char** argv) {
     if (a == "--mk-head-parts" && i + 1 < argc) g_mk_head_parts = int_flag(a, argv[++i]);
     if (a == "--mk-inflight" && i + 1 < argc) g_mk_inflight = int_flag(a, argv[++i]);
     if (a == "--mk-slot-bytes" && i + 1 < argc) g_mk_slot_bytes = int_flag(a, argv[++i]);
-    if (a == "--mk-tagged" && i + 1 < argc) g_mk_tagged = int_flag(a, argv[++i]);
     if (a == "--mk-sweep" && i + 1 < argc) {
       const std::string spec = argv[++i];
       size_t at = 0;
       while (at <= spec.size()) {
         const size_t comma = std::min(spec.find(',', at), spec.size());
         const std::string item = spec.substr(at, comma - at);
-        const size_t colon = item.find(':'), colon2 = item.find(':', colon + 1);
+        const size_t colon = item.find(':');
         if (colon == std::string::npos) {
-          bad_int = "--mk-sweep: item '" + item + "' is not INFLIGHT:SLOT_BYTES[:TAGGED]";
+          bad_int = "--mk-sweep: item '" + item + "' is not INFLIGHT:SLOT_BYTES";
           break;
         }
-        const std::string slot = item.substr(colon + 1, colon2 == std::string::npos ? std::string::npos : colon2 - colon - 1);
-        g_mk_sweep.push_back({int_flag(a, item.substr(0, colon).c_str()), int_flag(a, slot.c_str()),
-                              colon2 == std::string::npos ? -1 : int_flag(a, item.substr(colon2 + 1).c_str())});
+        g_mk_sweep.emplace_back(int_flag(a, item.substr(0, colon).c_str()), int_flag(a, item.substr(colon + 1).c_str()));
         at = comma + 1;
       }
     }

@@ -621,8 +621,7 @@ class CudaModelImpl final : public CudaModel {
              "x" + std::to_string(mk_plan_.slot_bytes) + " smem=" + std::to_string(mk_plan_.smem_bytes) +
              " max_splits=" + std::to_string(mk_plan_.max_splits) + " head_keys=" + std::to_string(mk_plan_.head_keys) +
              " head_parts=" + std::to_string(mk_plan_.head_parts) +
-             " max_inflight=" + std::to_string(mk_plan_.max_inflight) + " tagged=" + std::to_string(mk_plan_.tagged) +
-             " cooperative\n";
+             " max_inflight=" + std::to_string(mk_plan_.max_inflight) + " cooperative\n";
     return out;
   }
 
@@ -766,7 +765,6 @@ class CudaModelImpl final : public CudaModel {
     tune.head_parts = copt_.megakernel_head_parts;
     tune.max_inflight = copt_.megakernel_max_inflight;
     tune.slot_bytes = copt_.megakernel_slot_bytes;
-    tune.tagged = copt_.megakernel_tagged;
     mk_plan_ = plan_decode_megakernel(ms, num_sms_, max_smem, tune);
   }
 
@@ -777,12 +775,6 @@ class CudaModelImpl final : public CudaModel {
     const size_t parts = static_cast<size_t>(cfg_.num_heads) * mk_plan_.max_splits;
     mk_part_o_.allocate(sizeof(float) * parts * cfg_.head_dim);
     mk_part_ml_.allocate(sizeof(float2) * parts);
-    // The tagged handoffs' words start at tag 0, which no write carries
-    // (decode_megakernel.cu, residual_tag); never poisoned for that reason.
-    mk_h_tag_.allocate(sizeof(unsigned long long) * cfg_.hidden_size);
-    mk_attn_tag_.allocate(sizeof(unsigned) * cfg_.num_heads * cfg_.head_dim);
-    mk_act_tag_.allocate(sizeof(unsigned) * cfg_.intermediate_size);
-    for (auto* b : {&mk_h_tag_, &mk_attn_tag_, &mk_act_tag_}) SS_CUDA_CHECK(cudaMemsetAsync(b->get(), 0, b->bytes(), stream_));
     mk_sync_.allocate(sizeof(unsigned) * decode_megakernel_sync_words(mk_shape_));
     SS_CUDA_CHECK(cudaMemsetAsync(mk_sync_.get(), 0, mk_sync_.bytes(), stream_));
     if (copt_.megakernel_trace) {
@@ -1205,9 +1197,6 @@ class CudaModelImpl final : public CudaModel {
     p.act = act_.as<__nv_bfloat16>();
     p.part_o = mk_part_o_.as<float>();
     p.part_ml = mk_part_ml_.as<float2>();
-    p.h_tag = mk_h_tag_.as<unsigned long long>();
-    p.attn_tag = mk_attn_tag_.as<unsigned>();
-    p.act_tag = mk_act_tag_.as<unsigned>();
     p.logits = write_logits ? logits_.as<float>() : nullptr;
     p.keys = keys_.as<unsigned long long>();
     p.sync = mk_sync_.as<unsigned>();
@@ -1413,7 +1402,6 @@ class CudaModelImpl final : public CudaModel {
   MegaShape mk_shape_;
   MegaPlan mk_plan_;
   DeviceBuffer mk_layers_, mk_part_o_, mk_part_ml_, mk_sync_, mk_trace_;
-  DeviceBuffer mk_h_tag_, mk_attn_tag_, mk_act_tag_;  ///< the megakernel's tagged handoffs (MegaPlan::tagged)
   DeviceBuffer attn_trace_;  ///< CudaModelOptions::attention_trace
   size_t attn_trace_per_layer() const {
     return static_cast<size_t>(cfg_.num_kv_heads) * kMaxStepTokens * kAttnSplits * kAttnTraceStamps;

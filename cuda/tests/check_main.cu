@@ -843,11 +843,6 @@ void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t s
   opt.max_context = std::max(opt.max_context, 70 + steps + 16);
   auto mk = tiny_model(cfg, tw, opt, mko);
   auto lay = tiny_model(cfg, tw, opt, CudaModelOptions{});
-  // The same megakernel with counters instead of tagged handoffs
-  // (MegaPlan::tagged): the same bits at every step.
-  CudaModelOptions mko_ctr = mko;
-  mko_ctr.megakernel_tagged = 0;
-  auto mk_ctr = tiny_model(cfg, tw, opt, mko_ctr);
   std::printf("megakernel[%s] plan: %s", tag.c_str(), mk->debug_gemm_plans().c_str());
   cuda_check::RefModel ref(cfg, tw.f);
   cuda_check::RefState st = ref.empty_state();
@@ -857,22 +852,18 @@ void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t s
   std::vector<int> prompt(70);
   for (auto& t : prompt) t = rng.below(V);
   std::vector<float> a, b;
-  std::vector<float> c_ctr;
   mk->forward(append_batch(prompt, 0, LogitsMode::Last), a);
   lay->forward(append_batch(prompt, 0, LogitsMode::Last), b);
-  mk_ctr->forward(append_batch(prompt, 0, LogitsMode::Last), c_ctr);
   for (int i = 0; i < 70; ++i) ref.step(st, prompt[i], i);
   int C = 70;
   double worst_ref = 0, worst_lay = 0;
   size_t bad = 0;
-  int argmax_diff = 0, ctr_differ = 0;
+  int argmax_diff = 0;
   for (int i = 0; i < steps; ++i, ++C) {
     const int tok = rng.below(V);
     if (i % 16 == 0) mk->debug_poison_buffers();
     mk->forward(append_batch({tok}, C, LogitsMode::Last), a);
     lay->forward(append_batch({tok}, C, LogitsMode::Last), b);
-    mk_ctr->forward(append_batch({tok}, C, LogitsMode::Last), c_ctr);
-    if (a.size() != c_ctr.size() || std::memcmp(a.data(), c_ctr.data(), sizeof(float) * a.size()) != 0) ++ctr_differ;
     const std::vector<float> r = ref.step(st, tok, C);
     size_t nb = 0;
     worst_ref = std::max(worst_ref, rel_err(a, r, &nb));
@@ -885,10 +876,6 @@ void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t s
   record(name, worst_ref, 1e-2, worst_ref < 1e-2 && bad == 0, det);
   std::snprintf(name, sizeof name, "megakernel[%s] %d decode steps vs the layered path", tag.c_str(), steps);
   record(name, worst_lay, 1e-2, worst_lay < 1e-2);
-  std::snprintf(name, sizeof name, "megakernel[%s] tagged handoffs == counters, bitwise, %d steps", tag.c_str(), steps);
-  std::snprintf(det, sizeof det, "(%d steps differ)", ctr_differ);
-  record(name, ctr_differ, 0, ctr_differ == 0, det);
-  mk_ctr.reset();
 
   // K/V of the decoded positions (last layer) vs the layered model's
   {
@@ -954,8 +941,7 @@ void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t s
 
 /// A megakernel decode step of a benchmark shape (random weights, 512
 /// random committed K/V) against the layered path of the same weights.
-void check_megakernel_shape(const std::string& shape, int head_keys = -1, int head_parts = 0, int max_inflight = -1,
-                            int tagged = -1) {
+void check_megakernel_shape(const std::string& shape, int head_keys = -1, int head_parts = 0, int max_inflight = -1) {
   const ModelConfig cfg = shape_config(shape);
   ModelOptions opt;
   opt.max_context = 1024;
@@ -965,7 +951,6 @@ void check_megakernel_shape(const std::string& shape, int head_keys = -1, int he
   mko.megakernel_head_keys = head_keys;
   mko.megakernel_head_parts = head_parts;
   mko.megakernel_max_inflight = max_inflight;
-  mko.megakernel_tagged = tagged;
   std::vector<float> a, b;
   {
     auto mk = make_cuda_model_random(cfg, opt, mko, 42);
@@ -984,7 +969,6 @@ void check_megakernel_shape(const std::string& shape, int head_keys = -1, int he
   char name[200], det[200];
   char inflight[40] = "";
   if (max_inflight >= 0) std::snprintf(inflight, sizeof inflight, ", %d chunks in flight", max_inflight);
-  if (tagged == 0) std::snprintf(inflight, sizeof inflight, ", counters");
   std::snprintf(name, sizeof name, "megakernel[%s shape%s%s%s] decode at 512 vs the layered path", shape.c_str(),
                 head_keys == 0 ? ", split units" : head_keys > 0 ? ", whole heads" : "",
                 head_parts == 1 ? ", one CTA per head" : "", inflight);
@@ -1018,8 +1002,7 @@ void check_megakernel_plan_errors(const ModelConfig& cfg) {
   refused("slot_bytes must be", [](CudaModelOptions& o) { o.megakernel_slot_bytes = 1024; });   // < one row
   refused("head_parts must be", [](CudaModelOptions& o) { o.megakernel_head_parts = 3; });
   refused("head_keys must be", [](CudaModelOptions& o) { o.megakernel_head_keys = -5; });
-  refused("tagged must be", [](CudaModelOptions& o) { o.megakernel_tagged = 2; });
-  record("megakernel: knobs out of range -> InvalidArgument naming the knob (7 cases)", bad, 0, bad == 0, "");
+  record("megakernel: knobs out of range -> InvalidArgument naming the knob (6 cases)", bad, 0, bad == 0, "");
 }
 
 /// Two megakernel models with different shared-memory plans in one process
@@ -1335,7 +1318,6 @@ int main(int argc, char** argv) {
     check_megakernel_shape("llama3-8b", 0);
     check_megakernel_shape("qwen2.5-1.5b", 1024, 1);
     check_megakernel_shape("qwen2.5-0.5b", -1, 0, 2);
-    check_megakernel_shape("qwen2.5-1.5b", -1, 0, -1, 0);
     check_megakernel_two_plans();
     cudaStreamDestroy(st);
   } catch (const std::exception& e) {

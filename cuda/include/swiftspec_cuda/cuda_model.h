@@ -123,10 +123,6 @@ struct CudaModelOptions {
   int megakernel_max_inflight = -1;
   /// Bytes of one ring slot (MegaPlan::slot_bytes): 0 the default (32 KB).
   int megakernel_slot_bytes = 0;
-  /// The megakernel's handoffs of the residual stream, attention and SwiGLU
-  /// outputs (MegaPlan::tagged): -1 the default (tagged words), 0 counters
-  /// with release / acquire, 1 tagged words. Both give the same bits.
-  int megakernel_tagged = -1;
   /// Benchmark: the megakernel stamps each op's start and end per CTA (read
   /// with CudaModel::debug_megakernel_trace). Costs a few stores per op.
   bool megakernel_trace = false;

@@ -55,9 +55,6 @@ constexpr int kMaxHeadParts = 8;
 constexpr int kDefaultHeadParts = 4;
 /// MegaPlan::max_inflight by default (0: the whole ring).
 constexpr int kDefaultMaxInflight = 0;
-/// Tagged words one thread loads at once (16 bytes each) when it reads a
-/// tagged vector: all in flight before the first spin.
-constexpr int kTagBatch = 8;
 /// Shared memory the plan reserves besides slots, x, misc, tables and
 /// barriers: reduction scratch (16 floats, 8 keys), the step's constants and
 /// RoPE table (64 (cos, sin) at most); and alignment slack.
@@ -74,29 +71,6 @@ __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
 }
 __device__ __forceinline__ void red_release_gpu_add(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-// Tagged words (MegaPlan::tagged): relaxed at GPU scope, each scalar
-// single-copy atomic, so a reader sees a value and its tag together. The
-// loads order nothing else (a word validates itself by its tag): volatile
-// (re-issued on every poll) but without a memory clobber, which kept the
-// readers' words in local memory.
-__device__ __forceinline__ void st_relaxed_gpu(unsigned long long* p, unsigned long long v) {
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ void st_relaxed_gpu(unsigned* p, unsigned v) {
-  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ ulonglong2 ld_relaxed_gpu_v2(const unsigned long long* p) {
-  ulonglong2 v;
-  asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p));
-  return v;
-}
-__device__ __forceinline__ uint4 ld_relaxed_gpu_v4(const unsigned* p) {
-  uint4 v;
-  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
 }
 /// 1-D TMA bulk copy global -> shared (bytes % 16 == 0, both 16-byte aligned).
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
@@ -153,17 +127,6 @@ __device__ __forceinline__ void signal_counter(const MegaParams& p, unsigned* ct
   consumer_sync();
   trace_mark(p, slot, 1);
   if (threadIdx.x == 0) red_release_gpu_add(ctr, 1u);
-}
-
-/// The end of an op: signal_counter, or with `ctr` null (tagged outputs
-/// need no release) only the consumers' barrier and the trace's end stamp.
-__device__ __forceinline__ void end_op(const MegaParams& p, unsigned* ctr, int slot) {
-  if (ctr != nullptr) {
-    signal_counter(p, ctr, slot);
-  } else {
-    consumer_sync();
-    trace_mark(p, slot, 1);
-  }
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -370,134 +333,24 @@ __device__ __forceinline__ void consume_stream(const MegaParams& p, const Stream
   }
 }
 
-/// One GEMV op of the step, the same skeleton for QKV, O, gate/up, down and
-/// the LM head: a CTA with rows in `st` stamps its arrival, waits until
-/// `wait_ctr` (null: nothing to wait for) reaches the grid size, runs
-/// `input` (the input vector into shared memory; a tagged read waits for the
-/// data itself), stamps the op's start and runs `body` (stream, epilogue); a
-/// CTA without rows only stamps its start. Either way it then counts itself
-/// done on `done_ctr` (a CTA without rows must not hold back the next op's
-/// waiters), or with `done_ctr` null only passes the consumers' barrier (the
-/// next op overwrites the input vector) and stamps its end.
-template <class Input, class Body>
+/// One GEMV op of the step, the same skeleton for QKV, O, gate/up and down:
+/// a CTA with rows in `st` waits until `wait_ctr` (null: nothing to wait for)
+/// reaches the grid size, stamps the op's start, runs `body` (input, stream,
+/// epilogue); a CTA without rows only stamps its start. Either way it then
+/// counts itself done on `done_ctr` (a CTA without rows must not hold back
+/// the next op's waiters).
+template <class Body>
 __device__ __forceinline__ void gemv_op(const MegaParams& p, const Stream& st, const unsigned* wait_ctr,
-                                        unsigned* done_ctr, int slot, Input&& input, Body&& body) {
+                                        unsigned* done_ctr, int slot, Body&& body) {
   if (st.row1 > st.row0) {
     trace_mark(p, slot, 2);
     if (wait_ctr != nullptr) wait_counter(wait_ctr, static_cast<unsigned>(p.plan.ctas));
-    input();
     trace_mark(p, slot, 0);
     body();
   } else {
     trace_mark(p, slot, 0);
   }
-  end_op(p, done_ctr, slot);
-}
-
-// ---------------------------------------------------------------- tagged handoffs
-/// Tags of layer l's writes in launch `serial` (MegaPlan::tagged; the serial
-/// is a word of the sync area that each launch advances). The residual
-/// stream is written twice per layer (which: 0 by O, 1 by down), the
-/// attention and SwiGLU outputs once. Two consecutive writes of a word never
-/// carry the same tag (nor the same 16 low bits), and no write of the first
-/// launch carries tag 0 (the buffers' initial words), so a reader cannot take
-/// a stale word for the one it waits for; a word is not rewritten before all
-/// its readers have read it (every write of the next op of the same kind
-/// depends, through the ops between, on every reader's output).
-__device__ __forceinline__ uint32_t residual_tag(uint32_t serial, int L, int l, int which) {
-  return (serial * static_cast<uint32_t>(L) + static_cast<uint32_t>(l)) * 2u + static_cast<uint32_t>(which) + 1u;
-}
-__device__ __forceinline__ uint32_t bf16_tag(uint32_t serial, int L, int l) {
-  return (serial * static_cast<uint32_t>(L) + static_cast<uint32_t>(l) + 1u) & 0xffffu;
-}
-__device__ __forceinline__ unsigned long long tagged_word(float v, uint32_t tag) {
-  return (static_cast<unsigned long long>(tag) << 32) | __float_as_uint(v);
-}
-__device__ __forceinline__ unsigned tagged_word(__nv_bfloat16 v, uint32_t tag16) {
-  return (tag16 << 16) | __bfloat16_as_ushort(v);
-}
-/// x = the bf16 values of a tagged vector of n (% 4 == 0) elements
-/// (attention or SwiGLU output) once every word carries `tag16`; then the
-/// consumers' barrier. Each thread has its kTagBatch loads in flight, then
-/// reloads the words whose tags are not yet there, all at once, until none
-/// is left (spin_until's guard). Not inlined: inside the kernel (168
-/// registers) its loads in flight spilled.
-__device__ __noinline__ void read_tagged_bf16(const unsigned* src, int n, uint32_t tag16, __nv_bfloat16* x) {
-  const int n4 = n / 4;
-  for (int base = threadIdx.x; base < n4; base += kTagBatch * kConsumers) {
-    uint4 v[kTagBatch];
-    unsigned missing = 0;  // bit b: word group b not yet tagged
-    const auto load = [&](int b) {
-      v[b] = ld_relaxed_gpu_v4(src + 4 * (base + b * kConsumers));
-      const bool ok = (v[b].x >> 16) == tag16 && (v[b].y >> 16) == tag16 && (v[b].z >> 16) == tag16 &&
-                      (v[b].w >> 16) == tag16;
-      missing = ok ? missing & ~(1u << b) : missing | (1u << b);
-    };
-#pragma unroll
-    for (int b = 0; b < kTagBatch; ++b)
-      if (base + b * kConsumers < n4) load(b);
-    if (missing != 0) {
-      const long long t0 = clock64();
-      do {
-#pragma unroll
-        for (int b = 0; b < kTagBatch; ++b)
-          if (missing & (1u << b)) load(b);
-        if (clock64() - t0 > 20000000000LL) __trap();
-      } while (missing != 0);
-    }
-#pragma unroll
-    for (int b = 0; b < kTagBatch; ++b)
-      if (base + b * kConsumers < n4)
-        reinterpret_cast<uint2*>(x)[base + b * kConsumers] =
-            make_uint2((v[b].x & 0xffffu) | (v[b].y << 16), (v[b].z & 0xffffu) | (v[b].w << 16));
-  }
-  consumer_sync();
-}
-
-/// load_normed_input's residual path from the tagged words (MegaParams::h_tag)
-/// once they all carry `tag` (loaded and reloaded as read_tagged_bf16): x =
-/// bf16(h), returns 1/rms(h). Thread t owns the float4 groups t, t +
-/// kConsumers, ... as there (two 16-byte loads each), so the sums, and the
-/// result, are the counters' mode's bit for bit. Not inlined (as there).
-__device__ __noinline__ float read_tagged_residual(const unsigned long long* src, int H, uint32_t tag,
-                                                   __nv_bfloat16* x, float* small, float eps) {
-  constexpr int kHalves = kTagBatch;  // 16-byte loads: two per float4 group
-  float ss = 0.f;
-  for (int base = threadIdx.x; base < H / 4; base += kHalves / 2 * kConsumers) {
-    ulonglong2 v[kHalves];
-    unsigned missing = 0;
-    const auto load = [&](int b) {
-      v[b] = ld_relaxed_gpu_v2(src + 4 * (base + b / 2 * kConsumers) + 2 * (b & 1));
-      const bool ok = (v[b].x >> 32) == tag && (v[b].y >> 32) == tag;
-      missing = ok ? missing & ~(1u << b) : missing | (1u << b);
-    };
-#pragma unroll
-    for (int b = 0; b < kHalves; ++b)
-      if (base + b / 2 * kConsumers < H / 4) load(b);
-    if (missing != 0) {
-      const long long t0 = clock64();
-      do {
-#pragma unroll
-        for (int b = 0; b < kHalves; ++b)
-          if (missing & (1u << b)) load(b);
-        if (clock64() - t0 > 20000000000LL) __trap();
-      } while (missing != 0);
-    }
-#pragma unroll
-    for (int g = 0; g < kHalves / 2; ++g) {
-      const int i = base + g * kConsumers;
-      if (i < H / 4) {
-        const float4 f = make_float4(__uint_as_float(static_cast<uint32_t>(v[2 * g].x)),
-                                     __uint_as_float(static_cast<uint32_t>(v[2 * g].y)),
-                                     __uint_as_float(static_cast<uint32_t>(v[2 * g + 1].x)),
-                                     __uint_as_float(static_cast<uint32_t>(v[2 * g + 1].y)));
-        reinterpret_cast<uint2*>(x)[i] = make_uint2(pack_bf16x2(f.x, f.y), pack_bf16x2(f.z, f.w));
-        ss += f.x * f.x + f.y * f.y + f.z * f.z + f.w * f.w;
-      }
-    }
-  }
-  const float total = block_sum(ss, small);  // its barriers also publish x
-  return 1.0f / sqrtf(total / static_cast<float>(H) + eps);
+  signal_counter(p, done_ctr, slot);
 }
 
 // ---------------------------------------------------------------- prologues
@@ -546,14 +399,7 @@ struct alignas(16) StepConsts {
   int splits, per_split;          ///< key splits per kv head, keys per split
   int whole_heads;                ///< 1: query heads in head_parts CTAs each, no merge phase (head_attention)
   int head_parts;                 ///< parts per head this step: min(MegaPlan::head_parts, n_keys)
-  unsigned serial;                ///< the launch's serial (tags of MegaPlan::tagged)
 };
-
-/// The sync area's word that holds the launch serial (after the counters,
-/// the completion counter and head_attention's arrival counters).
-__device__ __forceinline__ unsigned* serial_word(const MegaParams& p) {
-  return p.sync + p.s.num_layers * kCtrPerLayer + 1 + p.s.num_layers * p.s.num_heads;
-}
 
 /// Logical key j of the step's token -> KV cache index: the committed prefix,
 /// then the attend list (tree slots, ancestors by depth, itself last).
@@ -644,7 +490,6 @@ __device__ void make_step_consts(const MegaParams& p, StepConsts& c) {
   c.splits = (c.n_keys + c.per_split - 1) / c.per_split;  // a capped S can leave trailing splits empty
   c.whole_heads = c.n_keys <= p.plan.head_keys ? 1 : 0;
   c.head_parts = min(p.plan.head_parts, c.n_keys);  // no part without keys
-  c.serial = *serial_word(p);  // advanced by the previous launch's last CTA
 }
 
 /// The attention unit u < KVH * S (kv head u / S, key split u % S) of layer
@@ -795,8 +640,7 @@ struct HeadPart {
 /// its keys [k0, k0 + n) in one CTA (short contexts: all keys <=
 /// MegaPlan::head_keys), one part of `part.parts`: with one part the output
 /// goes straight to `out` (its slice of p.attn); else part 0 merges the
-/// others' states (HeadPart); with `out_tag`, also as tagged words (tag16,
-/// MegaPlan::tagged). No merge phase: one grid-wide handoff less per
+/// others' states (HeadPart). No merge phase: one grid-wide handoff less per
 /// layer than the split units. Thread t owns 8 dims (d8 = t % (HD / 8)) of the keys
 /// j = t / (HD / 8) (mod NS): the K and V loads of a row are coalesced, 16 of
 /// them in flight per thread. Scores are summed over the row's HD / 8 lanes
@@ -809,8 +653,7 @@ template <int HD>
 __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kcache, const __nv_bfloat16* __restrict__ vcache,
                                             const __nv_bfloat16* __restrict__ qh, __nv_bfloat16* __restrict__ out,
                                             const int* __restrict__ attend, int k0, int n, int prefix, int tree_base,
-                                            HeadPart part, float* scratch, float* small, unsigned* out_tag,
-                                            uint32_t tag16) {
+                                            HeadPart part, float* scratch, float* small) {
   // Everything by value (registers): through references to the kernel's
   // parameters and locals, every row address cost dependent loads.
   constexpr int V8 = HD / 8;             // uint4 per K / V row
@@ -903,9 +746,7 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
 #pragma unroll 8
     for (int k = 0; k < NS; ++k) o += pv[k * HD + tid];
     if (part.parts == 1) {
-      const __nv_bfloat16 b = __float2bfloat16_rn(o / L);
-      out[tid] = b;
-      if (out_tag != nullptr) st_relaxed_gpu(out_tag + tid, tagged_word(b, tag16));
+      out[tid] = __float2bfloat16_rn(o / L);
     } else if (part.r > 0) {
       __stcg(part.part_o + part.r * HD + tid, o);
       if (tid == 0) __stcg(part.part_ml + part.r, make_float2(M, L));
@@ -932,9 +773,7 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
           num = fmaf(__ldcg(part.part_o + q * HD + tid), f, num);
           den = fmaf(ml[q].y, f, den);
         }
-        const __nv_bfloat16 b = __float2bfloat16_rn(num / den);
-        out[tid] = b;
-        if (out_tag != nullptr) st_relaxed_gpu(out_tag + tid, tagged_word(b, tag16));
+        out[tid] = __float2bfloat16_rn(num / den);
       }
     }
   }
@@ -946,7 +785,7 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
 /// the partial states loaded kMergeBatch splits at a time, all in flight.
 /// (Merging in the last unit of each kv head, or redundantly in every CTA of
 /// the O projection, saves a grid-wide handoff but measured slower, run 14.)
-__device__ void merge_splits(const MegaParams& p, const StepConsts& c, int cta, unsigned* out_tag, uint32_t tag16) {
+__device__ void merge_splits(const MegaParams& p, const StepConsts& c, int cta) {
   const MegaShape& s = p.s;
   const int HD = s.head_dim, nq = s.num_heads * HD, G = p.plan.ctas, MS = p.plan.max_splits, S = c.splits;
   const int e0 = static_cast<int>(static_cast<long long>(cta) * nq / G);
@@ -978,9 +817,7 @@ __device__ void merge_splits(const MegaParams& p, const StepConsts& c, int cta, 
         m = mn;
       }
     }
-    const __nv_bfloat16 b = __float2bfloat16_rn(o / l);
-    p.attn[e] = b;
-    if (out_tag != nullptr) st_relaxed_gpu(out_tag + e, tagged_word(b, tag16));
+    p.attn[e] = __float2bfloat16_rn(o / l);
   }
 }
 
@@ -1039,69 +876,51 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
     const StepConsts c = *consts;
     Ring ring{slots, full, empty, 0};
     const Stream own = table[kStreamO];  // O and down rows: the same in every layer
-    const bool tagged = pl.tagged != 0;
-    // The residual's tag of the op under way (O or down; MegaPlan::tagged).
-    uint32_t h_write_tag = 0;
-    // O and down: row += dot, in the shared-memory residual and in h32 (read
-    // by all CTAs: tagged, or after the op's counter).
+    // O and down: row += dot, in the shared-memory residual and in h32 (read by all CTAs).
     const auto add_residual = [&](int row, float v) {
       if (lane == 0) {
         const float h = h_own[row - own.row0] + v;
         h_own[row - own.row0] = h;
         p.h32[row] = h;
-        if (tagged) st_relaxed_gpu(p.h_tag + row, tagged_word(h, h_write_tag));
       }
     };
-    // The residual as written by layer l's op `which` (0 O, 1 down) into x; 1/rms.
-    const auto read_residual = [&](int l, int which) {
-      return tagged ? read_tagged_residual(p.h_tag, H, residual_tag(c.serial, L, l, which), x, small, s.eps)
-                    : load_normed_input(p, false, c.token, x, small);
-    };
-    // Counters only without tags (the QKV -> attention one always).
-    const auto ctr_if = [&](unsigned* ctr) { return tagged ? nullptr : ctr; };
     float rinv = 0.f;
     for (int l = 0; l < L; ++l) {
       const MegaLayer& Ly = layers[l];
       unsigned* lc = ctr + l * kCtrPerLayer;
       const int slot0 = l * kCtrPerLayer;
-      const uint32_t tag16 = bf16_tag(c.serial, L, l);
       prefetch_unit_kv(p, c, Ly, cta);
       // ---- QKV (+ bias, RoPE, K/V into the cache) ------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamQKV];
-        gemv_op(
-            p, st, l > 0 ? ctr_if(lc - kCtrPerLayer + kCtrDown) : nullptr, lc + kCtrQKV, slot0 + kCtrQKV,
-            [&] { rinv = l == 0 ? load_normed_input(p, true, c.token, x, small) : read_residual(l - 1, 1); },
-            [&] {
-              consume_stream(p, st, ring, x, [&](int row, float v) {
-                if (lane == 0) ybuf[row - st.row0] = v;
-              });
-              __syncwarp();
-              // EpiQKV with the RoPE table of the launch instead of a sincosf after a
-              // dependent load on the op's critical path. Tile t's pair (r, r + 8)
-              // sits in warp r (rows i = 16 t + r, 16 t + 8 + r).
-              EpiQKV::Params e;
-              e.bias = Ly.qkv_bias;
-              e.q = p.q;
-              e.kcache = Ly.kcache;
-              e.vcache = Ly.vcache;
-              e.num_heads = s.num_heads;
-              e.num_kv_heads = s.num_kv_heads;
-              e.head_dim = s.head_dim;
-              e.slots = s.slots;
-              e.neox = s.neox;
-              for (int t = lane; t < (st.row1 - st.row0) / 16; t += 32) {
-                const int tile = st.row0 / 16 + t;
-                const float2 cs = rope[EpiQKV::pair_index(e, tile, warp)];
-                EpiQKV::store(e, tile, warp, 0, c.kv_index, ybuf[t * 16 + warp], ybuf[t * 16 + 8 + warp], rinv, cs.x,
-                              cs.y);
-              }
-            });
+        gemv_op(p, st, l > 0 ? lc - kCtrPerLayer + kCtrDown : nullptr, lc + kCtrQKV, slot0 + kCtrQKV, [&] {
+          rinv = load_normed_input(p, l == 0, c.token, x, small);
+          consume_stream(p, st, ring, x, [&](int row, float v) {
+            if (lane == 0) ybuf[row - st.row0] = v;
+          });
+          __syncwarp();
+          // EpiQKV with the RoPE table of the launch instead of a sincosf after a
+          // dependent load on the op's critical path. Tile t's pair (r, r + 8)
+          // sits in warp r (rows i = 16 t + r, 16 t + 8 + r).
+          EpiQKV::Params e;
+          e.bias = Ly.qkv_bias;
+          e.q = p.q;
+          e.kcache = Ly.kcache;
+          e.vcache = Ly.vcache;
+          e.num_heads = s.num_heads;
+          e.num_kv_heads = s.num_kv_heads;
+          e.head_dim = s.head_dim;
+          e.slots = s.slots;
+          e.neox = s.neox;
+          for (int t = lane; t < (st.row1 - st.row0) / 16; t += 32) {
+            const int tile = st.row0 / 16 + t;
+            const float2 cs = rope[EpiQKV::pair_index(e, tile, warp)];
+            EpiQKV::store(e, tile, warp, 0, c.kv_index, ybuf[t * 16 + warp], ybuf[t * 16 + 8 + warp], rinv, cs.x, cs.y);
+          }
+        });
       }
       // ---- attention: query heads in head_parts CTAs each for short
-      // contexts; else (kv head, split) units, then the merge phase. The
-      // output goes to p.attn, and as tagged words (MegaPlan::tagged) ---------------------
-      unsigned* attn_tag = tagged ? p.attn_tag : nullptr;
+      // contexts; else (kv head, split) units, then the merge phase ----------------------
       trace_mark(p, slot0 + kCtrAttn, 2);
       wait_counter(lc + kCtrQKV, G);
       trace_mark(p, slot0 + kCtrAttn, 0);
@@ -1123,15 +942,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           const size_t kv = static_cast<size_t>(h / (s.num_heads / s.num_kv_heads)) * s.slots * s.head_dim;
           const size_t qo = static_cast<size_t>(h) * s.head_dim;
           const int* attend = p.desc->attend_slots + c.a0;
-          unsigned* out_tag = attn_tag != nullptr ? attn_tag + qo : nullptr;
           if (s.head_dim == 64)
             head_attention<64>(Ly.kcache + kv, Ly.vcache + kv, p.q + qo, p.attn + qo, attend, k0, k1 - k0, c.prefix,
-                               s.max_context, hp, ybuf, small, out_tag, tag16);
+                               s.max_context, hp, ybuf, small);
           else
             head_attention<128>(Ly.kcache + kv, Ly.vcache + kv, p.q + qo, p.attn + qo, attend, k0, k1 - k0, c.prefix,
-                                s.max_context, hp, ybuf, small, out_tag, tag16);
+                                s.max_context, hp, ybuf, small);
         }
-        end_op(p, ctr_if(lc + kCtrAttn), slot0 + kCtrAttn);
+        signal_counter(p, lc + kCtrAttn, slot0 + kCtrAttn);
         trace_mark(p, slot0 + kCtrMerge, 0);  // no merge: an empty op in the trace
         trace_mark(p, slot0 + kCtrMerge, 1);
       } else {
@@ -1143,8 +961,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         trace_mark(p, slot0 + kCtrMerge, 2);
         wait_counter(lc + kCtrAttn, G);
         trace_mark(p, slot0 + kCtrMerge, 0);
-        merge_splits(p, c, cta, attn_tag, tag16);
-        end_op(p, ctr_if(lc + kCtrMerge), slot0 + kCtrMerge);
+        merge_splits(p, c, cta);
+        signal_counter(p, lc + kCtrMerge, slot0 + kCtrMerge);
       }
       // ---- O projection + residual -------------------------------------------------------
       if (l == 0)  // the residual starts as the token's embedding
@@ -1152,45 +970,35 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           h_own[i] = __bfloat162float(p.embed[static_cast<size_t>(c.token) * H + own.row0 + i]);
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamO];
-        h_write_tag = residual_tag(c.serial, L, l, 0);
-        gemv_op(
-            p, st, ctr_if(c.whole_heads ? lc + kCtrAttn : lc + kCtrMerge), ctr_if(lc + kCtrO), slot0 + kCtrO,
-            [&] {
-              if (tagged) read_tagged_bf16(p.attn_tag, s.num_heads * s.head_dim, tag16, x);
-              else load_input(p.attn, s.num_heads * s.head_dim, x);
-            },
-            [&] { consume_stream(p, st, ring, x, add_residual); });
+        gemv_op(p, st, c.whole_heads ? lc + kCtrAttn : lc + kCtrMerge, lc + kCtrO, slot0 + kCtrO, [&] {
+          load_input(p.attn, s.num_heads * s.head_dim, x);
+          consume_stream(p, st, ring, x, add_residual);
+        });
       }
       // ---- gate/up + SwiGLU --------------------------------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamGateUp];
-        gemv_op(
-            p, st, ctr_if(lc + kCtrO), ctr_if(lc + kCtrGateUp), slot0 + kCtrGateUp, [&] { rinv = read_residual(l, 0); },
-            [&] {
-              consume_stream(p, st, ring, x, [&](int row, float v) {
-                if (lane == 0) ybuf[row - st.row0] = v;
-              });
-              __syncwarp();
-              // Tile t's (gate, up) pair (r, r + 8) -> act[8 t + r] (EpiSwiGLU).
-              for (int t = lane; t < (st.row1 - st.row0) / 16; t += 32) {
-                const int i = (st.row0 / 16 + t) * 8 + warp;
-                const __nv_bfloat16 a = EpiSwiGLU::value(ybuf[t * 16 + warp], ybuf[t * 16 + 8 + warp], rinv);
-                p.act[i] = a;
-                if (tagged) st_relaxed_gpu(p.act_tag + i, tagged_word(a, tag16));
-              }
-            });
+        gemv_op(p, st, lc + kCtrO, lc + kCtrGateUp, slot0 + kCtrGateUp, [&] {
+          rinv = load_normed_input(p, false, c.token, x, small);
+          consume_stream(p, st, ring, x, [&](int row, float v) {
+            if (lane == 0) ybuf[row - st.row0] = v;
+          });
+          __syncwarp();
+          EpiSwiGLU::Params e;
+          e.act = p.act;
+          e.intermediate = I;
+          for (int t = lane; t < (st.row1 - st.row0) / 16; t += 32)
+            EpiSwiGLU::apply(e, nullptr, true, st.row0 / 16 + t, warp, 0, ybuf[t * 16 + warp],
+                             ybuf[t * 16 + 8 + warp], rinv, 1);
+        });
       }
       // ---- down projection + residual ------------------------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamDown];
-        h_write_tag = residual_tag(c.serial, L, l, 1);
-        gemv_op(
-            p, st, ctr_if(lc + kCtrGateUp), ctr_if(lc + kCtrDown), slot0 + kCtrDown,
-            [&] {
-              if (tagged) read_tagged_bf16(p.act_tag, I, tag16, x);
-              else load_input(p.act, I, x);
-            },
-            [&] { consume_stream(p, st, ring, x, add_residual); });
+        gemv_op(p, st, lc + kCtrGateUp, lc + kCtrDown, slot0 + kCtrDown, [&] {
+          load_input(p.act, I, x);
+          consume_stream(p, st, ring, x, add_residual);
+        });
       }
     }
     // ---- final norm + LM head + arg-max -------------------------------------------------
@@ -1199,9 +1007,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       unsigned long long best = 0ull;
       if (st.row1 > st.row0) {
         trace_mark(p, L * kCtrPerLayer, 2);
-        if (!tagged) wait_counter(ctr + (L - 1) * kCtrPerLayer + kCtrDown, G);
-        rinv = read_residual(L - 1, 1);
+        wait_counter(ctr + (L - 1) * kCtrPerLayer + kCtrDown, G);
         trace_mark(p, L * kCtrPerLayer, 0);
+        rinv = load_normed_input(p, false, c.token, x, small);
         consume_stream(p, st, ring, x, [&](int row, float v) {
           if (row < s.vocab) {
             v *= rinv;
@@ -1234,7 +1042,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       __threadfence();
       for (int i = 0; i < L * kCtrPerLayer; ++i) p.sync[i] = 0u;
       for (int i = 0; i < L * s.num_heads; ++i) done[1 + i] = 0u;  // head_attention's arrival counters
-      *serial_word(p) += 1u;  // the next launch's tags
       *done = 0u;
     }
   }
@@ -1248,8 +1055,8 @@ size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 size_t decode_megakernel_sync_words(const MegaShape& s) {
   // Per layer: the op counters; then one completion counter; then per layer
-  // and query head head_attention's arrival counter; then the launch serial.
-  return static_cast<size_t>(s.num_layers) * kCtrPerLayer + 1 + static_cast<size_t>(s.num_layers) * s.num_heads + 1;
+  // and query head head_attention's arrival counter.
+  return static_cast<size_t>(s.num_layers) * kCtrPerLayer + 1 + static_cast<size_t>(s.num_layers) * s.num_heads;
 }
 
 MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, const MegaTuning& t) {
@@ -1275,8 +1082,6 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, c
     bad("max_inflight must be -1 (the default), 0 (the whole ring) or 1..16, got " + std::to_string(t.max_inflight));
   pl.slot_bytes = t.slot_bytes != 0 ? t.slot_bytes : std::max(32768, row_bytes);
   pl.max_inflight = t.max_inflight < 0 ? kDefaultMaxInflight : t.max_inflight;
-  if (t.tagged < -1 || t.tagged > 1) bad("tagged must be -1 (the default), 0 (counters) or 1, got " + std::to_string(t.tagged));
-  pl.tagged = t.tagged < 0 ? 1 : t.tagged;
   pl.x_bytes = static_cast<int>(align_up(2 * static_cast<size_t>(kmax), 128));
   const int tiles_qkv = (nq + 2 * nkv) / 16, tiles_gu = 2 * s.intermediate / 16;
   pl.ybuf_rows = 16 * std::max((tiles_qkv + num_sms - 1) / num_sms, (tiles_gu + num_sms - 1) / num_sms);

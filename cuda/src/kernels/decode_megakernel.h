@@ -9,18 +9,9 @@
 // activations: every CTA streams ITS rows of every matrix of the step, in
 // step order, into a ring of shared-memory slots with TMA bulk copies, as far
 // ahead as the ring holds (~200 KB per SM, ~26 MB over the GPU: most of a
-// 0.5B layer). Only the arithmetic waits, instead of on kernel boundaries:
-// on tagged data (MegaPlan::tagged, the default) or on global counters that
-// the producing CTAs release (acquire/release at GPU scope).
-//
-// Tagged handoffs: the vectors that every CTA reads whole (the residual
-// stream, the attention output, the SwiGLU output) are also written as words
-// that carry a tag of their (step, layer) beside the value, one 32- or 64-bit
-// store each (single-copy atomic); a reader spins on the words themselves
-// until every tag is the one it expects. No release fence: on the H200 a
-// fence after an op waits 1-3 µs while the ring's weight copies are in flight
-// (run 21's trace: the time from a CTA's end of the down op to its arrival at
-// the next wait), and no counter round trip before the data's own.
+// 0.5B layer). Only the arithmetic waits, on global counters that the
+// producing CTAs release (acquire/release at GPU scope) instead of kernel
+// boundaries.
 //
 // Inside a CTA, 8 consumer warps do the arithmetic and one producer warp
 // streams the weights (warp specialization): consumer warp w owns rows
@@ -92,12 +83,6 @@ struct MegaPlan {
   /// activations, K/V) in the memory system: a cap bounds that queue while
   /// the free slots still fill ahead of the arithmetic.
   int max_inflight = 0;
-  /// 1: the residual stream, attention and SwiGLU outputs reach their
-  /// readers as tagged words (MegaParams::h_tag, attn_tag, act_tag); 0: the
-  /// ops release and wait on per-layer counters. The QKV op -> attention
-  /// handoff (q and the K/V cache rows) and head_attention's parts always
-  /// use counters.
-  int tagged = 1;
   int x_bytes = 0;     ///< GEMV input vector (bf16, the longest K)
   int ybuf_rows = 0;   ///< per-CTA output rows of a QKV or gate/up op (fp32)
   int own_rows = 0;    ///< per-CTA residual rows (O and down), kept in shared memory
@@ -132,8 +117,6 @@ struct MegaTuning {
   /// MegaPlan::slot_bytes: 0 the default (32 KB, or one row of the longest
   /// K if larger), else a multiple of 128 of at least that row.
   int slot_bytes = 0;
-  /// MegaPlan::tagged: -1 the default (1), 0 counters, 1 tagged words.
-  int tagged = -1;
 };
 
 /// Plans the megakernel of `s` on `num_sms` SMs with `max_smem` bytes of
@@ -145,9 +128,8 @@ struct MegaTuning {
 MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, const MegaTuning& t = MegaTuning{});
 
 /// 32-bit words of the synchronization area (counters per layer and op, one
-/// completion counter, head_attention's arrival counters, the launch serial
-/// that the tags derive from). Zero it once at allocation: every launch
-/// leaves its counters zeroed again and advances the serial.
+/// completion counter). Zero it once at allocation: every launch leaves it
+/// zeroed again.
 size_t decode_megakernel_sync_words(const MegaShape& s);
 
 struct MegaParams {
@@ -162,11 +144,6 @@ struct MegaParams {
   __nv_bfloat16* q = nullptr;            ///< [num_heads * head_dim] RoPE'd query (scratch)
   __nv_bfloat16* attn = nullptr;         ///< [num_heads * head_dim] attention output (scratch)
   __nv_bfloat16* act = nullptr;          ///< [intermediate] SwiGLU output (scratch)
-  /// Tagged copies (MegaPlan::tagged; zeroed at allocation): word i = value
-  /// i in the low half, the tag of the writing op in the high half.
-  unsigned long long* h_tag = nullptr;   ///< [hidden] {fp32 residual, 32-bit tag}
-  unsigned* attn_tag = nullptr;          ///< [num_heads * head_dim] {bf16, 16-bit tag}
-  unsigned* act_tag = nullptr;           ///< [intermediate] {bf16, 16-bit tag}
   float* part_o = nullptr;               ///< [num_heads][max_splits][head_dim] (scratch)
   float2* part_ml = nullptr;             ///< [num_heads][max_splits] (max, sum) (scratch)
   float* logits = nullptr;               ///< [vocab] fp32, or null (arg-max only)

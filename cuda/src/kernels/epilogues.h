@@ -180,17 +180,13 @@ struct EpiSwiGLU {
   static constexpr int kSmemBytes = 0;
 #if defined(__CUDACC__)
   __device__ static void cta_init(const Params&, void*, int, int) {}
-  /// silu(gate) * up of the pair's dot products (gate lo, up hi), RMSNorm's 1/rms applied.
-  __device__ static __nv_bfloat16 value(float lo, float hi, float rinv) {
-    const float g = lo * rinv;
-    const float u = hi * rinv;
-    const float s = g / (1.0f + expf(-g));
-    return __float2bfloat16_rn(s * u);
-  }
   __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo,
                                float hi, float rinv, int m_active) {
     if (!valid || m >= m_active) return;
-    p.act[static_cast<size_t>(m) * p.intermediate + tile * 8 + r] = value(lo, hi, rinv);
+    const float g = lo * rinv;
+    const float u = hi * rinv;
+    const float s = g / (1.0f + expf(-g));
+    p.act[static_cast<size_t>(m) * p.intermediate + tile * 8 + r] = __float2bfloat16_rn(s * u);
   }
   __device__ static void cta_finish(const Params&, void*, int, int, int) {}
 #endif
