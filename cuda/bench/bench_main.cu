@@ -463,6 +463,7 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
     r.mk_host_ms = host_sync_decode_ms(*m, ctx, quick ? 20 : 60);
     std::printf("model %-13s megakernel decode %.4f ms (host-synchronous %.4f ms) [%s]\n", which.c_str(),
                 r.mk_decode_ms, r.mk_host_ms, m->debug_gemm_plans().c_str());
+    std::printf("model %-13s megakernel tuning: %s", which.c_str(), m->debug_step_tuning().c_str());
     std::fflush(stdout);
   }
   if (mk_trace) r.mk_trace_json = megakernel_trace_summary(which, cfg);

@@ -193,6 +193,20 @@ class CudaModelImpl final : public CudaModel {
       int saved;
       ~RestoreCommitted() { ref = saved; }
     } restore{committed_, committed_};
+    if (mk_ && copt_.autotune && copt_.megakernel_slot_bytes == 0 && !copt_.row_parallel && opt_.max_context >= 2) {
+      // The megakernel's ring: a greedy decode step (arg-max, no logits) after up to 512 keys.
+      committed_ = std::min(512, opt_.max_context - 1);
+      ForwardBatch b;
+      b.logits = LogitsMode::Last;
+      b.tokens.push_back(0);
+      b.positions.push_back(committed_);
+      validate(b);
+      auto d = std::make_unique<StepDesc>();
+      const int na = fill_desc(*d, b, 0, 1);
+      forget_logits_rows();
+      upload_desc(*d, na);
+      tune_megakernel(LogitsMode::Last, false);
+    }
     for (int nt : {1, 2, 4, 8}) {
       if (!needs_tuning(nt)) continue;
       const int n = nt == 1 ? (mk_ ? 8 : 1) : 8 * nt;
@@ -757,15 +771,76 @@ class CudaModelImpl final : public CudaModel {
     ms.max_context = opt_.max_context;
     ms.neox = cfg_.rope_style == RopeStyle::NeoX ? 1 : 0;
     ms.eps = cfg_.rms_norm_eps;
-    int max_smem = 0;
-    SS_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, copt_.device));
+    SS_CUDA_CHECK(cudaDeviceGetAttribute(&mk_max_smem_, cudaDevAttrMaxSharedMemoryPerBlockOptin, copt_.device));
     mk_shape_ = ms;
+    mk_plan_ = plan_decode_megakernel(ms, num_sms_, mk_max_smem_, megakernel_tuning(copt_.megakernel_slot_bytes));
+  }
+
+  /// CudaModelOptions' megakernel knobs, with ring slots of `slot_bytes`.
+  MegaTuning megakernel_tuning(int slot_bytes) const {
     MegaTuning tune;
     tune.head_keys = copt_.megakernel_head_keys;
     tune.head_parts = copt_.megakernel_head_parts;
     tune.max_inflight = copt_.megakernel_max_inflight;
-    tune.slot_bytes = copt_.megakernel_slot_bytes;
-    mk_plan_ = plan_decode_megakernel(ms, num_sms_, max_smem, tune);
+    tune.slot_bytes = slot_bytes;
+    return tune;
+  }
+
+  /// Ring slot sizes the megakernel's tuner times besides the plan's default
+  /// (32 KB). Run 21 (H200, 512 keys, one call): 53760 B 0.717 vs 0.743 ms at
+  /// the 0.5B shape, 35840 B 1.309 vs 1.349 at the 1.5B (two 17.5 KB down
+  /// rows per slot instead of one), the 8B no faster (4.193 / 4.447 vs 4.195).
+  static constexpr int kMegakernelSlotOptions[] = {35840, 53760};
+
+  /// Chooses the megakernel's ring slot size by timing (autotune, unless
+  /// CudaModelOptions::megakernel_slot_bytes fixes it) on the step whose
+  /// descriptor is uploaded: the default plan and each slot option that fits
+  /// (a slot holds whole rows, the ring at least two), as step_tuner.h
+  /// chooses a layered step's settings. The slot size changes only how rows
+  /// are grouped into copies, never a row's arithmetic, so every candidate
+  /// gives the same bits (autotune_verify checks it). Leaves the winner as
+  /// the step's graph and plan; a failed candidate keeps the default plan.
+  void tune_megakernel(LogitsMode mode, bool write_logits) {
+    std::vector<MegaPlan> plans{mk_plan_};
+    std::vector<std::string> names{"default"};
+    for (int sb : kMegakernelSlotOptions) {
+      if (sb <= mk_plan_.slot_bytes) continue;
+      try {
+        plans.push_back(plan_decode_megakernel(mk_shape_, num_sms_, mk_max_smem_, megakernel_tuning(sb)));
+        names.push_back(std::to_string(sb));
+      } catch (const InvalidArgument&) {
+        // a slot shorter than a weight row, or a ring of fewer than two slots: not a candidate
+      }
+    }
+    if (plans.size() < 2) return;
+    const MegaPlan keep = mk_plan_;
+    const int key = 1000 + static_cast<int>(mode) * 2 + (write_logits ? 1 : 0);
+    try {
+      for (const MegaPlan& pl : plans) configure_decode_megakernel(pl);  // outside any capture
+      cudaGraphExec_t best = nullptr;
+      const StepTuning t = tune_step(
+          stream_, {TunerKnob{"mk.slot_bytes", names}}, {},
+          [&](const StepSetting& s) {
+            mk_plan_ = plans[s[0]];
+            return capture_graph(stream_, [&](cudaStream_t st) { record_megakernel_step(st, mode, write_logits); });
+          },
+          &best, 5, 0.01,
+          copt_.autotune_verify ? std::function<std::vector<uint8_t>()>([&] {
+            // The arg-max key and the residual stream after the last layer.
+            const size_t kb = sizeof(unsigned long long), hb = sizeof(float) * cfg_.hidden_size;
+            std::vector<uint8_t> out(kb + hb);
+            SS_CUDA_CHECK(cudaMemcpy(out.data(), keys_.get(), kb, cudaMemcpyDeviceToHost));
+            SS_CUDA_CHECK(cudaMemcpy(out.data() + kb, h32_.get(), hb, cudaMemcpyDeviceToHost));
+            return out;
+          })
+                                : std::function<std::vector<uint8_t>()>());
+      mk_plan_ = plans[t.chosen[0]];
+      graphs_.put(key, best);
+      tuning_log_ += "megakernel: " + t.summary() + "\n";
+    } catch (const CudaError& e) {
+      mk_plan_ = keep;
+      tuning_log_ += std::string("megakernel: tuning failed, default kept: ") + e.what() + "\n";
+    }
   }
 
   /// The decode megakernel's kernel attribute and scratch buffers (after plan_megakernel()).
@@ -1367,6 +1442,7 @@ class CudaModelImpl final : public CudaModel {
   bool pdl_ = true;
   std::map<int, StepChoice> tuned_;  ///< per token bucket: the tuned launch settings (autotune)
   std::string tuning_log_;           ///< debug_step_tuning()
+  int mk_max_smem_ = 0;              ///< opt-in shared memory per CTA (the megakernel's plans)
   int num_sms_ = 0;
   int slots_ = 0;
   int max_chunks_ = 0;

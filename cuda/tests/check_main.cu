@@ -976,6 +976,44 @@ void check_megakernel_shape(const std::string& shape, int head_keys = -1, int he
   record(name, e, 1e-2, e < 1e-2 && nb == 0, det);
 }
 
+/// The megakernel's ring slot size chosen by timing (autotune): made with
+/// autotune_verify (every candidate's arg-max and residual bitwise the
+/// default's, or the model is not made), it logs its choice, and its decode
+/// steps give the same logits, bit for bit, as an untuned model's.
+void check_megakernel_slot_tuning(const ModelConfig& cfg) {
+  Rng rng(12);
+  TinyWeights tw = make_weights(cfg, rng);
+  ModelOptions opt;
+  opt.max_context = 200;
+  CudaModelOptions tuned_opt;
+  tuned_opt.megakernel = true;
+  tuned_opt.autotune_verify = true;
+  CudaModelOptions plain_opt;
+  plain_opt.megakernel = true;
+  plain_opt.autotune = false;
+  auto tuned = tiny_model(cfg, tw, opt, tuned_opt);
+  auto plain = tiny_model(cfg, tw, opt, plain_opt);
+  const std::string log = tuned->debug_step_tuning();
+  const bool logged = log.find("megakernel: default ") != std::string::npos && log.find("mk.slot_bytes=") != std::string::npos;
+  std::printf("megakernel slot tuning: %s", log.c_str());
+  std::vector<int> prompt(40);
+  for (auto& tok : prompt) tok = rng.below(cfg.vocab_size);
+  std::vector<float> a, b;
+  tuned->forward(append_batch(prompt, 0, LogitsMode::Last), a);
+  plain->forward(append_batch(prompt, 0, LogitsMode::Last), b);
+  int differ = 0;
+  for (int i = 0; i < 20; ++i) {
+    const int tok = rng.below(cfg.vocab_size);
+    tuned->forward(append_batch({tok}, 40 + i, LogitsMode::Last), a);
+    plain->forward(append_batch({tok}, 40 + i, LogitsMode::Last), b);
+    if (a.size() != b.size() || std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) != 0) ++differ;
+  }
+  char det[120];
+  std::snprintf(det, sizeof det, "(%d of 20 steps differ; choice logged: %s)", differ, logged ? "yes" : "no");
+  record("megakernel: ring slot size tuned (autotune_verify), decode bitwise == untuned", differ, 0,
+         differ == 0 && logged, det);
+}
+
 /// A megakernel knob out of range (CudaModelOptions::megakernel_*): the model
 /// is not made, InvalidArgument names the knob.
 void check_megakernel_plan_errors(const ModelConfig& cfg) {
@@ -1305,6 +1343,7 @@ int main(int argc, char** argv) {
     check_megakernel("gqa7 inflight1 slot4K", gqa7, 6, 40, -1, 0, 1, 4096);
     check_megakernel("qwen2-like inflight2", qwen2_like, 5, 40, -1, 0, 2);
     check_megakernel_plan_errors(gqa7);
+    check_megakernel_slot_tuning(gqa7);
     {
       ModelConfig g16 = tiny_config("llama", 512, 1024, 16, 1, 64, 1000, false, false, RopeStyle::NeoX, false);
       g16.num_layers = 3;

@@ -121,7 +121,9 @@ struct CudaModelOptions {
   /// Weight chunks the megakernel's producer keeps in flight per SM
   /// (MegaPlan::max_inflight): -1 the default, 0 the whole ring, 1..16.
   int megakernel_max_inflight = -1;
-  /// Bytes of one ring slot (MegaPlan::slot_bytes): 0 the default (32 KB).
+  /// Bytes of one ring slot (MegaPlan::slot_bytes): 0 the default, chosen
+  /// by timing when the model is made (autotune: 32 KB, 35840 or 53760 B;
+  /// the same bits whichever wins), else the plan's 32 KB; or a fixed size.
   int megakernel_slot_bytes = 0;
   /// Benchmark: the megakernel stamps each op's start and end per CTA (read
   /// with CudaModel::debug_megakernel_trace). Costs a few stores per op.
@@ -206,7 +208,9 @@ class CudaModel : public Model {
   virtual std::string debug_gemm_plans() const = 0;
   /// Diagnostics: one line per token bucket tuned so far (autotune): the
   /// median ms of each candidate setting and the choice, "nt=1: default
-  /// 4.9120, pdl.attn=off 4.7810, ... -> pdl.attn=off". Empty if none.
+  /// 4.9120, pdl.attn=off 4.7810, ... -> pdl.attn=off"; with the megakernel
+  /// also its ring slot size's line, "megakernel: default 0.7425,
+  /// mk.slot_bytes=53760 0.7172 -> mk.slot_bytes=53760". Empty if none.
   virtual std::string debug_step_tuning() const = 0;
   /// Diagnostics: the distinct SM ids (%smid) that `ctas` spinning CTAs
   /// launched on this model's stream ran on (synchronizes the stream).
