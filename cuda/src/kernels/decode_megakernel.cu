@@ -889,7 +889,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       const MegaLayer& Ly = layers[l];
       unsigned* lc = ctr + l * kCtrPerLayer;
       const int slot0 = l * kCtrPerLayer;
-      prefetch_unit_kv(p, c, Ly, cta);
+      if (pl.prefetch_kv) prefetch_unit_kv(p, c, Ly, cta);
       // ---- QKV (+ bias, RoPE, K/V into the cache) ------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamQKV];
@@ -1082,6 +1082,7 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, c
     bad("max_inflight must be -1 (the default), 0 (the whole ring) or 1..16, got " + std::to_string(t.max_inflight));
   pl.slot_bytes = t.slot_bytes != 0 ? t.slot_bytes : std::max(32768, row_bytes);
   pl.max_inflight = t.max_inflight < 0 ? kDefaultMaxInflight : t.max_inflight;
+  pl.prefetch_kv = t.prefetch_kv != 0 ? 1 : 0;
   pl.x_bytes = static_cast<int>(align_up(2 * static_cast<size_t>(kmax), 128));
   const int tiles_qkv = (nq + 2 * nkv) / 16, tiles_gu = 2 * s.intermediate / 16;
   pl.ybuf_rows = 16 * std::max((tiles_qkv + num_sms - 1) / num_sms, (tiles_gu + num_sms - 1) / num_sms);
