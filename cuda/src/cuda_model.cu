@@ -635,8 +635,7 @@ class CudaModelImpl final : public CudaModel {
              "x" + std::to_string(mk_plan_.slot_bytes) + " smem=" + std::to_string(mk_plan_.smem_bytes) +
              " max_splits=" + std::to_string(mk_plan_.max_splits) + " head_keys=" + std::to_string(mk_plan_.head_keys) +
              " head_parts=" + std::to_string(mk_plan_.head_parts) +
-             " max_inflight=" + std::to_string(mk_plan_.max_inflight) +
-             " prefetch_kv=" + std::to_string(mk_plan_.prefetch_kv) + " cooperative\n";
+             " max_inflight=" + std::to_string(mk_plan_.max_inflight) + " cooperative\n";
     return out;
   }
 
@@ -784,7 +783,6 @@ class CudaModelImpl final : public CudaModel {
     tune.head_parts = copt_.megakernel_head_parts;
     tune.max_inflight = copt_.megakernel_max_inflight;
     tune.slot_bytes = slot_bytes;
-    tune.prefetch_kv = env_flag("SWIFTSPEC_MK_NO_KV_PREFETCH") ? 0 : 1;  // A/B (docs/cuda_notes.md)
     return tune;
   }
 

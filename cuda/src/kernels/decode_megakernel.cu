@@ -422,45 +422,6 @@ __device__ __forceinline__ void load_row(const __nv_bfloat16* base, int lane, fl
   }
 }
 
-/// Prefetches into L2 the K/V rows of this CTA's attention units at layer `L`
-/// whose keys exist before the step (all but the last, the step's own token,
-/// which the QKV op writes): issued before the QKV op, so that the units
-/// read them from L2 instead of waiting for HBM after the handoff. By
-/// consumer warps 1-7 only: warp 0 releases the previous op's counter (a
-/// fence) and waits for the next; run 21's trace put its prefetches on the
-/// QKV op's critical path (its arrival 0.8-1.3 µs later than without them).
-__device__ void prefetch_unit_kv(const MegaParams& p, const StepConsts& c, const MegaLayer& L, int cta) {
-  const MegaShape& s = p.s;
-  const int lines = s.head_dim * 2 / 128;  // 128-byte lines per K or V row
-  if (c.whole_heads) {
-    // Unit u = h * P + r (head_attention): part r's keys of query head h.
-    const int P = p.plan.head_parts, group = s.num_heads / s.num_kv_heads;
-    for (int u = cta; u < s.num_heads * P; u += p.plan.ctas) {
-      const int h = u / P, r = u - h * P;
-      if (r >= c.head_parts) continue;
-      const int k0 = static_cast<int>(static_cast<long long>(r) * c.n_keys / c.head_parts);
-      const int k1 = min(c.n_keys - 1, static_cast<int>(static_cast<long long>(r + 1) * c.n_keys / c.head_parts));
-      const size_t head = static_cast<size_t>(h / group) * s.slots;
-      for (int i = threadIdx.x - 32; i < (k1 - k0) * 2 * lines; i += kConsumers - 32) {
-        const int key = k0 + i / (2 * lines), rest = i % (2 * lines);
-        const __nv_bfloat16* row = (rest < lines ? L.kcache : L.vcache) + (head + key_index(p, c, key)) * s.head_dim;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(row + (rest % lines) * 64));
-      }
-    }
-    return;
-  }
-  for (int u = cta; u < s.num_kv_heads * c.splits; u += p.plan.ctas) {
-    const int kvh = u / c.splits, split = u - kvh * c.splits;
-    const int k0 = split * c.per_split, k1 = min(c.n_keys - 1, k0 + c.per_split);
-    const size_t head = static_cast<size_t>(kvh) * s.slots;
-    for (int i = threadIdx.x - 32; i < (k1 - k0) * 2 * lines; i += kConsumers - 32) {
-      const int key = k0 + i / (2 * lines), rest = i % (2 * lines);
-      const __nv_bfloat16* row = (rest < lines ? L.kcache : L.vcache) + (head + key_index(p, c, key)) * s.head_dim;
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(row + (rest % lines) * 64));
-    }
-  }
-}
-
 /// One level of a transposed warp reduction of 32 values (O = 16, 8, .., 1
 /// in turn): the lanes with bit O set keep the upper O of the live values,
 /// the others the lower, each adding its partner's copy. After all five
@@ -892,7 +853,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       const MegaLayer& Ly = layers[l];
       unsigned* lc = ctr + l * kCtrPerLayer;
       const int slot0 = l * kCtrPerLayer;
-      if (pl.prefetch_kv && warp > 0) prefetch_unit_kv(p, c, Ly, cta);
+      // (An L2 prefetch of the attention units' committed K/V rows here, run
+      // 14's, measured slower at the 0.5B (0.724 vs 0.711 ms) and no faster at
+      // the 1.5B / 8B in run 21: it delayed the QKV op more than it sped up
+      // the attention.)
       // ---- QKV (+ bias, RoPE, K/V into the cache) ------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamQKV];
@@ -1085,7 +1049,6 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, c
     bad("max_inflight must be -1 (the default), 0 (the whole ring) or 1..16, got " + std::to_string(t.max_inflight));
   pl.slot_bytes = t.slot_bytes != 0 ? t.slot_bytes : std::max(32768, row_bytes);
   pl.max_inflight = t.max_inflight < 0 ? kDefaultMaxInflight : t.max_inflight;
-  pl.prefetch_kv = t.prefetch_kv != 0 ? 1 : 0;
   pl.x_bytes = static_cast<int>(align_up(2 * static_cast<size_t>(kmax), 128));
   const int tiles_qkv = (nq + 2 * nkv) / 16, tiles_gu = 2 * s.intermediate / 16;
   pl.ybuf_rows = 16 * std::max((tiles_qkv + num_sms - 1) / num_sms, (tiles_gu + num_sms - 1) / num_sms);

@@ -83,9 +83,6 @@ struct MegaPlan {
   /// activations, K/V) in the memory system: a cap bounds that queue while
   /// the free slots still fill ahead of the arithmetic.
   int max_inflight = 0;
-  /// 1: before each layer's QKV op, the CTAs prefetch into L2 the committed
-  /// K/V rows of their attention units (run 14); 0: no prefetch (A/B).
-  int prefetch_kv = 1;
   int x_bytes = 0;     ///< GEMV input vector (bf16, the longest K)
   int ybuf_rows = 0;   ///< per-CTA output rows of a QKV or gate/up op (fp32)
   int own_rows = 0;    ///< per-CTA residual rows (O and down), kept in shared memory
@@ -120,8 +117,6 @@ struct MegaTuning {
   /// MegaPlan::slot_bytes: 0 the default (32 KB, or one row of the longest
   /// K if larger), else a multiple of 128 of at least that row.
   int slot_bytes = 0;
-  /// MegaPlan::prefetch_kv.
-  int prefetch_kv = 1;
 };
 
 /// Plans the megakernel of `s` on `num_sms` SMs with `max_smem` bytes of
