@@ -78,10 +78,10 @@ struct MegaPlan {
   int slot_bytes = 0;  ///< one weight chunk (whole rows) per ring slot
   int num_slots = 0;   ///< ring depth (>= 2)
   /// Weight chunks the producer keeps in flight at most (issued, not yet
-  /// landed); 0: as many as the ring has free slots. Every weight byte in
-  /// flight queues in front of the step's latency-critical loads (counters,
-  /// activations, K/V) in the memory system: a cap bounds that queue while
-  /// the free slots still fill ahead of the arithmetic.
+  /// landed); 0 (the default): as many as the ring has free slots. A cap
+  /// shortens the queue that the step's latency-critical loads and stores
+  /// wait behind, but slows the weight stream: run 21, one chunk, 0.5B 0.743
+  /// vs 0.760 ms, 1.5B 1.428 vs 1.353 (benchmarks/README.md). A knob for A/B.
   int max_inflight = 0;
   int x_bytes = 0;     ///< GEMV input vector (bf16, the longest K)
   int ybuf_rows = 0;   ///< per-CTA output rows of a QKV or gate/up op (fp32)
