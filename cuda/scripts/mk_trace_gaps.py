@@ -19,9 +19,10 @@ of O, the attention; of gate/up, O; of down, gate/up. The stamps come from
 quantiles are multiples of that step.
 
 Usage: mk_trace_gaps.py TRACE.csv[.gz] [...]
-Errors: exits with a message naming the file for a missing file or a CSV
-without the columns above.
+Errors: exits with status 1 and a message naming the file for a missing file
+or a CSV without the columns above; 2 (argparse) without a file.
 """
+import argparse
 import csv
 import gzip
 import sys
@@ -77,9 +78,9 @@ def report(path: str) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) < 2:
-        sys.exit(__doc__.strip().splitlines()[-3])
-    for path in sys.argv[1:]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("traces", nargs="+", help="mk_trace_<shape>.csv or .csv.gz files")
+    for path in parser.parse_args().traces:
         report(path)
 
 
