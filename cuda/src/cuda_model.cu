@@ -200,11 +200,7 @@ class CudaModelImpl final : public CudaModel {
       b.logits = LogitsMode::Last;
       b.tokens.push_back(0);
       b.positions.push_back(committed_);
-      validate(b);
-      auto d = std::make_unique<StepDesc>();
-      const int na = fill_desc(*d, b, 0, 1);
-      forget_logits_rows();
-      upload_desc(*d, na);
+      upload_synthetic_step(b);
       tune_megakernel(LogitsMode::Last, false);
     }
     for (int nt : {1, 2, 4, 8}) {
@@ -236,14 +232,19 @@ class CudaModelImpl final : public CudaModel {
         }
       }
       if (committed_ + (tree ? 0 : n) > opt_.max_context) continue;
-      validate(b);
-      auto d = std::make_unique<StepDesc>();  // ~17 KB: not on the stack
-      const int na = fill_desc(*d, b, 0, n);
-      forget_logits_rows();  // the step rewrites logits_ / keys_
-      upload_desc(*d, na);
+      upload_synthetic_step(b);
       run_step(nt, LogitsMode::All, false);
     }
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  /// The descriptor of tune_all_buckets' synthetic step `b` onto the device.
+  void upload_synthetic_step(const ForwardBatch& b) {
+    validate(b);
+    auto d = std::make_unique<StepDesc>();  // ~17 KB: not on the stack
+    const int na = fill_desc(*d, b, 0, static_cast<int>(b.tokens.size()));
+    forget_logits_rows();  // the step rewrites logits_ / keys_
+    upload_desc(*d, na);
   }
 
   // ---------------------------------------------------------------- loading
@@ -814,7 +815,7 @@ class CudaModelImpl final : public CudaModel {
     }
     if (plans.size() < 2) return;
     const MegaPlan keep = mk_plan_;
-    const int key = 1000 + static_cast<int>(mode) * 2 + (write_logits ? 1 : 0);
+    const int key = megakernel_graph_key(mode, write_logits);
     try {
       for (const MegaPlan& pl : plans) configure_decode_megakernel(pl);  // outside any capture
       cudaGraphExec_t best = nullptr;
@@ -824,16 +825,7 @@ class CudaModelImpl final : public CudaModel {
             mk_plan_ = plans[s[0]];
             return capture_graph(stream_, [&](cudaStream_t st) { record_megakernel_step(st, mode, write_logits); });
           },
-          &best, 5, 0.01,
-          copt_.autotune_verify ? std::function<std::vector<uint8_t>()>([&] {
-            // The arg-max key and the residual stream after the last layer.
-            const size_t kb = sizeof(unsigned long long), hb = sizeof(float) * cfg_.hidden_size;
-            std::vector<uint8_t> out(kb + hb);
-            SS_CUDA_CHECK(cudaMemcpy(out.data(), keys_.get(), kb, cudaMemcpyDeviceToHost));
-            SS_CUDA_CHECK(cudaMemcpy(out.data() + kb, h32_.get(), hb, cudaMemcpyDeviceToHost));
-            return out;
-          })
-                                : std::function<std::vector<uint8_t>()>());
+          &best, 5, 0.01, tuner_outputs(1));
       mk_plan_ = plans[t.chosen[0]];
       graphs_.put(key, best);
       tuning_log_ += "megakernel: " + t.summary() + "\n";
@@ -1175,26 +1167,30 @@ class CudaModelImpl final : public CudaModel {
                                                         : std::vector<std::string>{"blocks", "prefix"};
     const std::vector<TunerKnob> knobs = step_knobs(options);
     cudaGraphExec_t best = nullptr;
-    const int rows = 8 * nt;
     const StepTuning t = tune_step(
         stream_, knobs, {step_setting_all_pdl_off()},
         [&](const StepSetting& setting) {
           const StepChoice c = step_choice_of(setting);
           return capture_graph(stream_, [&](cudaStream_t s) { record_step(s, nt, mode, write_logits, c); });
         },
-        &best, 5, 0.01,
-        copt_.autotune_verify ? std::function<std::vector<uint8_t>()>([&, rows] {
-          // The arg-max keys of every row and the residual stream after the last layer.
-          const size_t kb = sizeof(unsigned long long) * rows, hb = sizeof(float) * rows * cfg_.hidden_size;
-          std::vector<uint8_t> out(kb + hb);
-          SS_CUDA_CHECK(cudaMemcpy(out.data(), keys_.get(), kb, cudaMemcpyDeviceToHost));
-          SS_CUDA_CHECK(cudaMemcpy(out.data() + kb, h32_.get(), hb, cudaMemcpyDeviceToHost));
-          return out;
-        })
-                              : std::function<std::vector<uint8_t>()>());
+        &best, 5, 0.01, tuner_outputs(8 * nt));
     graphs_.put(key, best);  // owned by the cache from here on, whatever follows
     tuned_[nt] = step_choice_of(t.chosen);
     tuning_log_ += "nt=" + std::to_string(nt) + ": " + t.summary() + "\n";
+  }
+
+  /// What the tuners compare bitwise with autotune_verify (tune_step's
+  /// `outputs`): the arg-max keys of a step's first `rows` rows and their
+  /// residual stream after the last layer; without autotune_verify, nothing.
+  std::function<std::vector<uint8_t>()> tuner_outputs(int rows) {
+    if (!copt_.autotune_verify) return {};
+    return [this, rows] {
+      const size_t kb = sizeof(unsigned long long) * rows, hb = sizeof(float) * rows * cfg_.hidden_size;
+      std::vector<uint8_t> out(kb + hb);
+      SS_CUDA_CHECK(cudaMemcpy(out.data(), keys_.get(), kb, cudaMemcpyDeviceToHost));
+      SS_CUDA_CHECK(cudaMemcpy(out.data() + kb, h32_.get(), hb, cudaMemcpyDeviceToHost));
+      return out;
+    };
   }
 
   /// The plans a GEMM may run with in bucket `nt`: [0] the planner's, then
@@ -1246,12 +1242,18 @@ class CudaModelImpl final : public CudaModel {
     return names;
   }
 
+  /// The graph cache's key of a megakernel step (apart from the layered
+  /// steps' keys, nt * 16 + ...).
+  static int megakernel_graph_key(LogitsMode mode, bool write_logits) {
+    return 1000 + static_cast<int>(mode) * 2 + (write_logits ? 1 : 0);
+  }
+
   /// One single-token step as the decode megakernel (its own graph per
   /// logits mode). Always a cooperative launch: its CTAs wait on each other, so
   /// they must all be resident (a plain launch could deadlock beside another
   /// megakernel on the same SMs); there is deliberately no fallback.
   void run_megakernel_step(LogitsMode mode, bool write_logits) {
-    const int key = 1000 + static_cast<int>(mode) * 2 + (write_logits ? 1 : 0);
+    const int key = megakernel_graph_key(mode, write_logits);
     auto rec = [&](cudaStream_t s) { record_megakernel_step(s, mode, write_logits); };
     if (!copt_.use_graphs) rec(stream_);
     else graphs_.launch(key, stream_, rec);
