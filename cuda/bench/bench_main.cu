@@ -42,6 +42,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -621,6 +622,11 @@ int main(int argc, char** argv) {
   }
   if (!bad_int.empty()) {
     std::fprintf(stderr, "%s\n", bad_int.c_str());
+    return 2;
+  }
+  if (!g_mk_trace_csv_dir.empty() && !std::filesystem::is_directory(g_mk_trace_csv_dir)) {
+    // Checked before the run: the CSVs are written minutes in, after the models.
+    std::fprintf(stderr, "--megakernel-trace-csv: '%s' is not a directory\n", g_mk_trace_csv_dir.c_str());
     return 2;
   }
   if (bench_context < 1 || bench_context > 900) {
