@@ -636,7 +636,8 @@ class CudaModelImpl final : public CudaModel {
              "x" + std::to_string(mk_plan_.slot_bytes) + " smem=" + std::to_string(mk_plan_.smem_bytes) +
              " max_splits=" + std::to_string(mk_plan_.max_splits) + " head_keys=" + std::to_string(mk_plan_.head_keys) +
              " head_parts=" + std::to_string(mk_plan_.head_parts) +
-             " max_inflight=" + std::to_string(mk_plan_.max_inflight) + " cooperative\n";
+             " max_inflight=" + std::to_string(mk_plan_.max_inflight) +
+             " release_hold=" + std::to_string(mk_plan_.release_hold) + " cooperative\n";
     return out;
   }
 
@@ -783,6 +784,7 @@ class CudaModelImpl final : public CudaModel {
     tune.head_keys = copt_.megakernel_head_keys;
     tune.head_parts = copt_.megakernel_head_parts;
     tune.max_inflight = copt_.megakernel_max_inflight;
+    tune.release_hold = copt_.megakernel_release_hold;
     tune.slot_bytes = slot_bytes;
     return tune;
   }

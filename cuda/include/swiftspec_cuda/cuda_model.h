@@ -121,6 +121,10 @@ struct CudaModelOptions {
   /// Weight chunks the megakernel's producer keeps in flight per SM
   /// (MegaPlan::max_inflight): -1 the default, 0 the whole ring, 1..16.
   int megakernel_max_inflight = -1;
+  /// Chunks at the end of each op whose ring slots the megakernel refills
+  /// only after the op's release (MegaPlan::release_hold): -1 the default,
+  /// 0 off, 1..16.
+  int megakernel_release_hold = -1;
   /// Bytes of one ring slot (MegaPlan::slot_bytes): 0 the default, chosen
   /// by timing when the model is made (autotune: 32 KB, 35840 or 53760 B;
   /// the same bits whichever wins), else the plan's 32 KB; or a fixed size.

@@ -55,9 +55,12 @@ constexpr int kMaxHeadParts = 8;
 constexpr int kDefaultHeadParts = 4;
 /// MegaPlan::max_inflight by default (0: the whole ring).
 constexpr int kDefaultMaxInflight = 0;
+/// MegaPlan::release_hold by default (0: refills never wait for a release).
+constexpr int kDefaultReleaseHold = 0;
 /// Shared memory the plan reserves besides slots, x, misc, tables and
-/// barriers: reduction scratch (16 floats, 8 keys), the step's constants and
-/// RoPE table (64 (cos, sin) at most); and alignment slack.
+/// barriers: reduction scratch (16 floats, 8 keys), the step's constants,
+/// RoPE table (64 (cos, sin) at most) and the CTA's release mark; and
+/// alignment slack.
 constexpr int kSmallBytes = 256 + 64 * 8;
 constexpr int kAlignSlack = 128;
 
@@ -71,6 +74,16 @@ __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
 }
 __device__ __forceinline__ void red_release_gpu_add(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+/// The CTA's release mark (MegaPlan::release_hold): a plain shared-memory
+/// word written by consumer thread 0, polled by the producer.
+__device__ __forceinline__ int ld_volatile_shared(const int* p) {
+  int v;
+  asm volatile("ld.volatile.shared.s32 %0, [%1];" : "=r"(v) : "r"(smem_u32(p)) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_volatile_shared(int* p, int v) {
+  asm volatile("st.volatile.shared.s32 [%0], %1;" ::"r"(smem_u32(p)), "r"(v) : "memory");
 }
 /// 1-D TMA bulk copy global -> shared (bytes % 16 == 0, both 16-byte aligned).
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
@@ -207,17 +220,21 @@ __device__ __forceinline__ int rows_per_chunk(const MegaPlan& pl, int K) {
 
 /// A walk over the CTA's streams in step order, chunk by chunk (whole rows,
 /// at most one slot), the producer's.
+/// After next(): the chunk's stream is `idx` and `after` chunks of that
+/// stream follow it in this CTA.
 struct ChunkWalk {
-  int idx = 0, row = -1;
+  int idx = 0, row = -1, after = 0;
   __device__ bool next(const MegaParams& p, const Stream* table, int last_idx, const void*& src, uint32_t& bytes) {
     while (idx <= last_idx) {
       const Stream st = table[idx];
       if (row < st.row0) row = st.row0;
       if (row < st.row1) {
-        const int rows = min(rows_per_chunk(p.plan, st.K), st.row1 - row);
+        const int rpc = rows_per_chunk(p.plan, st.K);
+        const int rows = min(rpc, st.row1 - row);
         src = st.w + static_cast<size_t>(row) * st.K;
         bytes = static_cast<uint32_t>(rows) * st.K * 2u;
         row += rows;
+        after = (st.row1 - row + rpc - 1) / rpc;
         return true;
       }
       ++idx;
@@ -232,21 +249,42 @@ struct ChunkWalk {
 /// Weights do not depend on activations, so it runs as far ahead of the
 /// arithmetic as the ring allows, across matrices and layers. (Bulk L2
 /// prefetches further ahead of the ring measured slower, run 14.)
+///
+/// With MegaPlan::release_hold = D > 0, a slot that held one of the last D
+/// chunks of a stream is refilled only once the CTA has released that op's
+/// outputs (`released` > the stream's index): the op's release (a fence
+/// waiting for its stores) then does not queue behind the refills that its
+/// own last chunks freed (run 21's trace: a CTA's release after the down op
+/// took 2.8 µs at the 0.5B while its ring refilled; one chunk in flight cut
+/// the wake by 1 µs but slowed the stream everywhere).
 __device__ void producer_loop(const MegaParams& p, const Stream* table, int last_idx, unsigned char* slots,
-                              uint64_t* full, uint64_t* empty) {
+                              uint64_t* full, uint64_t* empty, const int* released) {
   const uint64_t policy = l2_policy_evict_first();  // weights are read once per step
   const uint32_t ns = static_cast<uint32_t>(p.plan.num_slots);
   // A cap below the depth: before chunk seq, chunk seq - cap must have landed
   // (its full barrier's phase; the slot is not re-armed before seq - cap + ns > seq).
   const uint32_t cap = p.plan.max_inflight > 0 && static_cast<uint32_t>(p.plan.max_inflight) < ns
                            ? static_cast<uint32_t>(p.plan.max_inflight) : 0u;
-  ChunkWalk ring;
+  const int hold = p.plan.release_hold;
+  ChunkWalk ring, freed;  // freed: the chunk whose slot the next refill reuses (seq - ns)
   uint32_t seq = 0;
   const void* src;
   uint32_t bytes;
   while (ring.next(p, table, last_idx, src, bytes)) {
     const uint32_t slot = seq % ns, round = seq / ns;
-    if (round > 0) ring_wait(&empty[slot], (round - 1) & 1u);
+    if (round > 0) {
+      ring_wait(&empty[slot], (round - 1) & 1u);
+      if (hold > 0) {
+        const void* fsrc;
+        uint32_t fbytes;
+        freed.next(p, table, last_idx, fsrc, fbytes);
+        // The LM head (the last stream) has no release: nothing to wait for.
+        if (freed.after < hold && freed.idx < kStreamsPerLayer * p.s.num_layers) {
+          const int need = freed.idx + 1;
+          spin_until([&] { return ld_volatile_shared(released) >= need; });
+        }
+      }
+    }
     if (cap != 0 && seq >= cap) ring_wait(&full[(seq - cap) % ns], ((seq - cap) / ns) & 1u);
     mbar_arrive_expect_tx(&full[slot], bytes);
     bulk_load(slots + static_cast<size_t>(slot) * p.plan.slot_bytes, src, bytes, &full[slot], policy);
@@ -341,7 +379,7 @@ __device__ __forceinline__ void consume_stream(const MegaParams& p, const Stream
 /// the next op's waiters).
 template <class Body>
 __device__ __forceinline__ void gemv_op(const MegaParams& p, const Stream& st, const unsigned* wait_ctr,
-                                        unsigned* done_ctr, int slot, Body&& body) {
+                                        unsigned* done_ctr, int slot, int stream_idx, int* released, Body&& body) {
   if (st.row1 > st.row0) {
     trace_mark(p, slot, 2);
     if (wait_ctr != nullptr) wait_counter(wait_ctr, static_cast<unsigned>(p.plan.ctas));
@@ -351,6 +389,9 @@ __device__ __forceinline__ void gemv_op(const MegaParams& p, const Stream& st, c
     trace_mark(p, slot, 0);
   }
   signal_counter(p, done_ctr, slot);
+  // After the release (its fence has waited for the op's stores): the
+  // producer may refill the slots held for it (MegaPlan::release_hold).
+  if (threadIdx.x == 0) st_volatile_shared(released, stream_idx + 1);
 }
 
 // ---------------------------------------------------------------- prologues
@@ -804,6 +845,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
   unsigned long long* small_key = reinterpret_cast<unsigned long long*>(small + 16);  // [8]
   StepConsts* consts = reinterpret_cast<StepConsts*>(small_key + 8);
   float2* rope = reinterpret_cast<float2*>(consts + 1);  // [head_dim / 2] (cos, sin) of the step's position
+  int* released = reinterpret_cast<int*>(rope + 64);       // streams released so far (release_hold)
 
   const int tid = threadIdx.x, cta = blockIdx.x, G = pl.ctas;
   const int warp = tid >> 5, lane = tid & 31;
@@ -830,11 +872,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
     }
     fence_mbar_init();
     if (cta == 0) *p.keys = 0ull;  // published to the LM head by CTA 0's first release
+    *released = 0;
   }
   __syncthreads();
 
   if (warp == kWarps) {  // ---- the producer warp ----------------------------------------
-    if (lane == 0) producer_loop(p, table, last_idx, slots, full, empty);
+    if (lane == 0) producer_loop(p, table, last_idx, slots, full, empty, released);
     __syncwarp();
   } else {  // ---- the consumer warps ----------------------------------------------------
     const StepConsts c = *consts;
@@ -860,7 +903,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       // ---- QKV (+ bias, RoPE, K/V into the cache) ------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamQKV];
-        gemv_op(p, st, l > 0 ? lc - kCtrPerLayer + kCtrDown : nullptr, lc + kCtrQKV, slot0 + kCtrQKV, [&] {
+        gemv_op(p, st, l > 0 ? lc - kCtrPerLayer + kCtrDown : nullptr, lc + kCtrQKV, slot0 + kCtrQKV,
+                kStreamsPerLayer * l + kStreamQKV, released, [&] {
           rinv = load_normed_input(p, l == 0, c.token, x, small);
           consume_stream(p, st, ring, x, [&](int row, float v) {
             if (lane == 0) ybuf[row - st.row0] = v;
@@ -937,7 +981,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           h_own[i] = __bfloat162float(p.embed[static_cast<size_t>(c.token) * H + own.row0 + i]);
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamO];
-        gemv_op(p, st, c.whole_heads ? lc + kCtrAttn : lc + kCtrMerge, lc + kCtrO, slot0 + kCtrO, [&] {
+        gemv_op(p, st, c.whole_heads ? lc + kCtrAttn : lc + kCtrMerge, lc + kCtrO, slot0 + kCtrO, kStreamsPerLayer * l + kStreamO,
+                released, [&] {
           load_input(p.attn, s.num_heads * s.head_dim, x);
           consume_stream(p, st, ring, x, add_residual);
         });
@@ -945,7 +990,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       // ---- gate/up + SwiGLU --------------------------------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamGateUp];
-        gemv_op(p, st, lc + kCtrO, lc + kCtrGateUp, slot0 + kCtrGateUp, [&] {
+        gemv_op(p, st, lc + kCtrO, lc + kCtrGateUp, slot0 + kCtrGateUp,
+                kStreamsPerLayer * l + kStreamGateUp, released, [&] {
           rinv = load_normed_input(p, false, c.token, x, small);
           consume_stream(p, st, ring, x, [&](int row, float v) {
             if (lane == 0) ybuf[row - st.row0] = v;
@@ -962,7 +1008,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       // ---- down projection + residual ------------------------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamDown];
-        gemv_op(p, st, lc + kCtrGateUp, lc + kCtrDown, slot0 + kCtrDown, [&] {
+        gemv_op(p, st, lc + kCtrGateUp, lc + kCtrDown, slot0 + kCtrDown,
+                kStreamsPerLayer * l + kStreamDown, released, [&] {
           load_input(p.act, I, x);
           consume_stream(p, st, ring, x, add_residual);
         });
@@ -1049,6 +1096,9 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, c
     bad("max_inflight must be -1 (the default), 0 (the whole ring) or 1..16, got " + std::to_string(t.max_inflight));
   pl.slot_bytes = t.slot_bytes != 0 ? t.slot_bytes : std::max(32768, row_bytes);
   pl.max_inflight = t.max_inflight < 0 ? kDefaultMaxInflight : t.max_inflight;
+  if (t.release_hold < -1 || t.release_hold > 16)
+    bad("release_hold must be -1 (the default), 0 (off) or 1..16 chunks, got " + std::to_string(t.release_hold));
+  pl.release_hold = t.release_hold < 0 ? kDefaultReleaseHold : t.release_hold;
   pl.x_bytes = static_cast<int>(align_up(2 * static_cast<size_t>(kmax), 128));
   const int tiles_qkv = (nq + 2 * nkv) / 16, tiles_gu = 2 * s.intermediate / 16;
   pl.ybuf_rows = 16 * std::max((tiles_qkv + num_sms - 1) / num_sms, (tiles_gu + num_sms - 1) / num_sms);

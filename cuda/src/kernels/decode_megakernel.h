@@ -83,6 +83,11 @@ struct MegaPlan {
   /// wait behind, but slows the weight stream: run 21, one chunk, 0.5B 0.743
   /// vs 0.760 ms, 1.5B 1.428 vs 1.353 (benchmarks/README.md). A knob for A/B.
   int max_inflight = 0;
+  /// The last this-many chunks of each op's stream in a CTA: their slots are
+  /// refilled only after the CTA has released the op's outputs, so that the
+  /// release (whose fence waits for the op's stores) does not queue behind
+  /// the refills its own last chunks freed. 0 (the default): off. A knob for A/B.
+  int release_hold = 0;
   int x_bytes = 0;     ///< GEMV input vector (bf16, the longest K)
   int ybuf_rows = 0;   ///< per-CTA output rows of a QKV or gate/up op (fp32)
   int own_rows = 0;    ///< per-CTA residual rows (O and down), kept in shared memory
@@ -114,6 +119,8 @@ struct MegaTuning {
   int head_parts = 0;
   /// MegaPlan::max_inflight: -1 the default, 0 the whole ring, or 1..16 chunks.
   int max_inflight = -1;
+  /// MegaPlan::release_hold: -1 the default, 0 off, or 1..16 chunks.
+  int release_hold = -1;
   /// MegaPlan::slot_bytes: 0 the default (32 KB, or one row of the longest
   /// K if larger), else a multiple of 128 of at least that row.
   int slot_bytes = 0;
