@@ -1367,6 +1367,8 @@ int main(int argc, char** argv) {
     check_megakernel_shape("qwen2.5-1.5b", 1024, 1);
     check_megakernel_shape("qwen2.5-0.5b", -1, 0, 2);
     check_megakernel_shape("qwen2.5-0.5b", -1, 0, -1, 2);
+    // every refill past an op held, ops longer than the ring (run 22: this deadlocked once)
+    check_megakernel_shape("qwen2.5-1.5b", -1, 0, -1, 16);
     check_megakernel_two_plans();
     cudaStreamDestroy(st);
   } catch (const std::exception& e) {

@@ -251,8 +251,9 @@ struct ChunkWalk {
 /// prefetches further ahead of the ring measured slower, run 14.)
 ///
 /// With MegaPlan::release_hold = D > 0, a slot that held one of the last D
-/// chunks of a stream is refilled only once the CTA has released that op's
-/// outputs (`released` > the stream's index): the op's release (a fence
+/// chunks of a stream is refilled with a chunk of a later stream only once the
+/// CTA has released that op's outputs (`released` > the stream's index;
+/// chunks of the same stream never wait: the op needs them): its release (a fence
 /// waiting for its stores) then does not queue behind the refills that its
 /// own last chunks freed (run 21's trace: a CTA's release after the down op
 /// took 2.8 µs at the 0.5B while its ring refilled; one chunk in flight cut
@@ -278,8 +279,10 @@ __device__ void producer_loop(const MegaParams& p, const Stream* table, int last
         const void* fsrc;
         uint32_t fbytes;
         freed.next(p, table, last_idx, fsrc, fbytes);
-        // The LM head (the last stream) has no release: nothing to wait for.
-        if (freed.after < hold && freed.idx < kStreamsPerLayer * p.s.num_layers) {
+        // Only a chunk of a later stream waits: the op still needs the rest of
+        // its own (holding those deadlocks once an op is longer than the
+        // ring). The LM head (the last stream) has no release.
+        if (freed.after < hold && ring.idx != freed.idx && freed.idx < kStreamsPerLayer * p.s.num_layers) {
           const int need = freed.idx + 1;
           spin_until([&] { return ld_volatile_shared(released) >= need; });
         }

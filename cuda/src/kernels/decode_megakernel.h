@@ -84,7 +84,8 @@ struct MegaPlan {
   /// vs 0.760 ms, 1.5B 1.428 vs 1.353 (benchmarks/README.md). A knob for A/B.
   int max_inflight = 0;
   /// The last this-many chunks of each op's stream in a CTA: their slots are
-  /// refilled only after the CTA has released the op's outputs, so that the
+  /// refilled with later ops' chunks only after the CTA has released the op's
+  /// outputs, so that the
   /// release (whose fence waits for the op's stores) does not queue behind
   /// the refills its own last chunks freed. 0 (the default): off. A knob for A/B.
   int release_hold = 0;
