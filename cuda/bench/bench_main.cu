@@ -32,10 +32,11 @@
 //    --mk-inflight N: weight chunks in flight per SM (-1: the plan's, 0: the whole ring).
 //    --mk-slot-bytes N: bytes of one ring slot (0: the plan's).
 //    --mk-hold N: ring slots of each op's last N chunks refilled only after the op's release (-1: the plan's).
-//    --mk-sweep I:S[:H],...: the megakernel step again per (inflight, slot bytes[, hold]).
+//    --mk-hold-input 0|1: those refills wait for the next op's input instead (-1: the plan's).
+//    --mk-sweep I:S[:H[:U]],...: the megakernel step again per (inflight, slot bytes[, hold[, hold-input]]).
 //    --megakernel-trace-csv DIR: the trace, and all its stamps as CSV files in DIR.
 // Usage: swiftspec-cuda-bench [--json PATH] [--quick] [--no-gemm] [--sweep] [--mma-models] [--pdl-early] [--untuned]
-//        [--megakernel-only] [--megakernel-trace] [--mk-head-keys N] [--mk-head-parts N] [--mk-inflight N] [--mk-slot-bytes N] [--mk-hold N] [--mk-sweep I:S[:H],...] [--context N] [--shapes qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b]
+//        [--megakernel-only] [--megakernel-trace] [--mk-head-keys N] [--mk-head-parts N] [--mk-inflight N] [--mk-slot-bytes N] [--mk-hold N] [--mk-hold-input U] [--mk-sweep I:S[:H[:U]],...] [--context N] [--shapes qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b]
 #include <algorithm>
 #include <chrono>
 #include <cerrno>
@@ -302,13 +303,16 @@ int g_mk_inflight = -1;
 int g_mk_slot_bytes = 0;
 /// --mk-hold N: CudaModelOptions::megakernel_release_hold (-1: the plan's).
 int g_mk_hold = -1;
+/// --mk-hold-input U: CudaModelOptions::megakernel_hold_until_input (-1: the plan's).
+int g_mk_hold_input = -1;
 
-/// --mk-sweep I:S[:H],...: after each shape's megakernel step, the same step
-/// again per (max_inflight, slot_bytes, release_hold) (H: -1 when left out;
+/// --mk-sweep I:S[:H[:U]],...: after each shape's megakernel step, the same
+/// step again per (max_inflight, slot_bytes, release_hold, hold_until_input)
+/// (H, U: -1 when left out;
 /// A/B of the ring's settings in one process; with --megakernel-trace, each
 /// one's trace summary too).
 struct MkSweepItem {
-  int inflight, slot_bytes, hold;
+  int inflight, slot_bytes, hold, hold_input;
 };
 std::vector<MkSweepItem> g_mk_sweep;
 
@@ -319,6 +323,7 @@ void apply_mk_flags(CudaModelOptions& co) {
   co.megakernel_max_inflight = g_mk_inflight;
   co.megakernel_slot_bytes = g_mk_slot_bytes;
   co.megakernel_release_hold = g_mk_hold;
+  co.megakernel_hold_until_input = g_mk_hold_input;
 }
 
 /// --megakernel-trace-csv DIR: every stamp of each traced step as
@@ -476,8 +481,10 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
     std::fflush(stdout);
   }
   if (mk_trace) r.mk_trace_json = megakernel_trace_summary(which, cfg);
-  for (const auto& [inflight, slot_bytes, hold] : g_mk_sweep) {
-    const int keep_inflight = g_mk_inflight, keep_slot = g_mk_slot_bytes, keep_hold = g_mk_hold;
+  for (const auto& [inflight, slot_bytes, hold, hold_input] : g_mk_sweep) {
+    const int keep_inflight = g_mk_inflight, keep_slot = g_mk_slot_bytes, keep_hold = g_mk_hold,
+              keep_hold_input = g_mk_hold_input;
+    g_mk_hold_input = hold_input;
     g_mk_inflight = inflight;
     g_mk_slot_bytes = slot_bytes;
     g_mk_hold = hold;
@@ -487,17 +494,19 @@ ModelRow bench_model(const std::string& which, double bw_tbs, int ctx, bool quic
     auto m = make_cuda_model_random(cfg, opt, co, 42);
     m->debug_fill_committed_random(ctx, 43);
     const double ms = m->debug_replay_ms(m->debug_prepare(decode_batch(ctx), false), iters);
-    std::printf("model %-13s megakernel sweep inflight=%d slot_bytes=%d hold=%d decode %.4f ms [%s]\n", which.c_str(),
-                inflight, slot_bytes, hold, ms, m->debug_gemm_plans().c_str());
+    std::printf("model %-13s megakernel sweep inflight=%d slot_bytes=%d hold=%d hold_input=%d decode %.4f ms [%s]\n",
+                which.c_str(), inflight, slot_bytes, hold, hold_input, ms, m->debug_gemm_plans().c_str());
     std::fflush(stdout);
     m.reset();
     if (mk_trace)
       megakernel_trace_summary(which, cfg,
                                "inflight" + std::to_string(inflight) + "_slot" + std::to_string(slot_bytes) +
-                                   (hold >= 0 ? "_hold" + std::to_string(hold) : std::string()));
+                                   (hold >= 0 ? "_hold" + std::to_string(hold) : std::string()) +
+                                   (hold_input >= 0 ? "_in" + std::to_string(hold_input) : std::string()));
     g_mk_inflight = keep_inflight;
     g_mk_slot_bytes = keep_slot;
     g_mk_hold = keep_hold;
+    g_mk_hold_input = keep_hold_input;
   }
   if (with_mma) variant("SWIFTSPEC_GEMM_ENGINE", "mma", "engine=mma", r.mma_decode_ms, r.mma_tree32_ms, r.mma_tree64_ms);
   if (with_pdl_early)
@@ -606,21 +615,26 @@ int main(int argc, char** argv) {
     if (a == "--mk-inflight" && i + 1 < argc) g_mk_inflight = int_flag(a, argv[++i]);
     if (a == "--mk-slot-bytes" && i + 1 < argc) g_mk_slot_bytes = int_flag(a, argv[++i]);
     if (a == "--mk-hold" && i + 1 < argc) g_mk_hold = int_flag(a, argv[++i]);
+    if (a == "--mk-hold-input" && i + 1 < argc) g_mk_hold_input = int_flag(a, argv[++i]);
     if (a == "--mk-sweep" && i + 1 < argc) {
       const std::string spec = argv[++i];
       size_t at = 0;
       while (at <= spec.size()) {
         const size_t comma = std::min(spec.find(',', at), spec.size());
         const std::string item = spec.substr(at, comma - at);
-        const size_t colon = item.find(':');
-        const size_t colon2 = colon == std::string::npos ? colon : item.find(':', colon + 1);
-        if (colon == std::string::npos || (colon2 != std::string::npos && item.find(':', colon2 + 1) != std::string::npos)) {
-          bad_int = "--mk-sweep: item '" + item + "' is not INFLIGHT:SLOT_BYTES[:HOLD]";
+        std::vector<std::string> fields;  // INFLIGHT:SLOT_BYTES[:HOLD[:HOLD_INPUT]]
+        for (size_t f = 0; f <= item.size();) {
+          const size_t colon = std::min(item.find(':', f), item.size());
+          fields.push_back(item.substr(f, colon - f));
+          f = colon + 1;
+        }
+        if (fields.size() < 2 || fields.size() > 4) {
+          bad_int = "--mk-sweep: item '" + item + "' is not INFLIGHT:SLOT_BYTES[:HOLD[:HOLD_INPUT]]";
           break;
         }
-        const std::string slot_text = item.substr(colon + 1, colon2 == std::string::npos ? std::string::npos : colon2 - colon - 1);
-        g_mk_sweep.push_back({int_flag(a, item.substr(0, colon).c_str()), int_flag(a, slot_text.c_str()),
-                              colon2 == std::string::npos ? -1 : int_flag(a, item.substr(colon2 + 1).c_str())});
+        while (fields.size() < 4) fields.push_back("-1");
+        g_mk_sweep.push_back({int_flag(a, fields[0].c_str()), int_flag(a, fields[1].c_str()),
+                              int_flag(a, fields[2].c_str()), int_flag(a, fields[3].c_str())});
         at = comma + 1;
       }
     }

@@ -637,7 +637,8 @@ class CudaModelImpl final : public CudaModel {
              " max_splits=" + std::to_string(mk_plan_.max_splits) + " head_keys=" + std::to_string(mk_plan_.head_keys) +
              " head_parts=" + std::to_string(mk_plan_.head_parts) +
              " max_inflight=" + std::to_string(mk_plan_.max_inflight) +
-             " release_hold=" + std::to_string(mk_plan_.release_hold) + " cooperative\n";
+             " release_hold=" + std::to_string(mk_plan_.release_hold) +
+             " hold_until_input=" + std::to_string(mk_plan_.hold_until_input) + " cooperative\n";
     return out;
   }
 
@@ -785,6 +786,7 @@ class CudaModelImpl final : public CudaModel {
     tune.head_parts = copt_.megakernel_head_parts;
     tune.max_inflight = copt_.megakernel_max_inflight;
     tune.release_hold = copt_.megakernel_release_hold;
+    tune.hold_until_input = copt_.megakernel_hold_until_input;
     tune.slot_bytes = slot_bytes;
     return tune;
   }

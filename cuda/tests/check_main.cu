@@ -828,7 +828,8 @@ void check_step_tuning(const ModelConfig& cfg, uint64_t seed) {
 }
 
 void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t seed, int steps, int head_keys = -1,
-                      int head_parts = 0, int max_inflight = -1, int slot_bytes = 0, int release_hold = -1) {
+                      int head_parts = 0, int max_inflight = -1, int slot_bytes = 0, int release_hold = -1,
+                      int hold_until_input = -1) {
   Rng rng(seed);
   TinyWeights tw = make_weights(cfg, rng);
   ModelOptions opt;
@@ -841,6 +842,7 @@ void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t s
   mko.megakernel_max_inflight = max_inflight;
   mko.megakernel_slot_bytes = slot_bytes;
   mko.megakernel_release_hold = release_hold;
+  mko.megakernel_hold_until_input = hold_until_input;
   opt.max_context = std::max(opt.max_context, 70 + steps + 16);
   auto mk = tiny_model(cfg, tw, opt, mko);
   auto lay = tiny_model(cfg, tw, opt, CudaModelOptions{});
@@ -943,7 +945,7 @@ void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t s
 /// A megakernel decode step of a benchmark shape (random weights, 512
 /// random committed K/V) against the layered path of the same weights.
 void check_megakernel_shape(const std::string& shape, int head_keys = -1, int head_parts = 0, int max_inflight = -1,
-                            int release_hold = -1) {
+                            int release_hold = -1, int hold_until_input = -1) {
   const ModelConfig cfg = shape_config(shape);
   ModelOptions opt;
   opt.max_context = 1024;
@@ -954,6 +956,7 @@ void check_megakernel_shape(const std::string& shape, int head_keys = -1, int he
   mko.megakernel_head_parts = head_parts;
   mko.megakernel_max_inflight = max_inflight;
   mko.megakernel_release_hold = release_hold;
+  mko.megakernel_hold_until_input = hold_until_input;
   std::vector<float> a, b;
   {
     auto mk = make_cuda_model_random(cfg, opt, mko, 42);
@@ -973,7 +976,8 @@ void check_megakernel_shape(const std::string& shape, int head_keys = -1, int he
   char inflight[40] = "";
   if (max_inflight >= 0) std::snprintf(inflight, sizeof inflight, ", %d chunks in flight", max_inflight);
   if (release_hold >= 0)
-    std::snprintf(inflight + std::strlen(inflight), sizeof inflight - std::strlen(inflight), ", hold %d", release_hold);
+    std::snprintf(inflight + std::strlen(inflight), sizeof inflight - std::strlen(inflight), ", hold %d%s", release_hold,
+                  hold_until_input == 1 ? " to input" : "");
   std::snprintf(name, sizeof name, "megakernel[%s shape%s%s%s] decode at 512 vs the layered path", shape.c_str(),
                 head_keys == 0 ? ", split units" : head_keys > 0 ? ", whole heads" : "",
                 head_parts == 1 ? ", one CTA per head" : "", inflight);
@@ -1043,11 +1047,12 @@ void check_megakernel_plan_errors(const ModelConfig& cfg) {
   refused("max_inflight must be", [](CudaModelOptions& o) { o.megakernel_max_inflight = -2; });
   refused("release_hold must be", [](CudaModelOptions& o) { o.megakernel_release_hold = 17; });
   refused("release_hold must be", [](CudaModelOptions& o) { o.megakernel_release_hold = -3; });
+  refused("hold_until_input must be", [](CudaModelOptions& o) { o.megakernel_hold_until_input = 2; });
   refused("slot_bytes must be", [](CudaModelOptions& o) { o.megakernel_slot_bytes = 1000; });   // not % 128
   refused("slot_bytes must be", [](CudaModelOptions& o) { o.megakernel_slot_bytes = 1024; });   // < one row
   refused("head_parts must be", [](CudaModelOptions& o) { o.megakernel_head_parts = 3; });
   refused("head_keys must be", [](CudaModelOptions& o) { o.megakernel_head_keys = -5; });
-  record("megakernel: knobs out of range -> InvalidArgument naming the knob (8 cases)", bad, 0, bad == 0, "");
+  record("megakernel: knobs out of range -> InvalidArgument naming the knob (9 cases)", bad, 0, bad == 0, "");
 }
 
 /// Two megakernel models with different shared-memory plans in one process
@@ -1351,6 +1356,8 @@ int main(int argc, char** argv) {
     check_megakernel("qwen2-like inflight2", qwen2_like, 5, 40, -1, 0, 2);
     check_megakernel("gqa7 hold1 slot4K", gqa7, 6, 40, -1, 0, -1, 4096, 1);
     check_megakernel("qwen2-like hold16", qwen2_like, 5, 40, -1, 0, -1, 0, 16);
+    check_megakernel("gqa7 hold2 to input slot4K", gqa7, 6, 40, -1, 0, -1, 4096, 2, 1);
+    check_megakernel("gqa7 split hold16 to input", gqa7, 6, 40, 0, 0, -1, 0, 16, 1);
     check_megakernel_plan_errors(gqa7);
     check_megakernel_slot_tuning(gqa7);
     {
@@ -1369,6 +1376,8 @@ int main(int argc, char** argv) {
     check_megakernel_shape("qwen2.5-0.5b", -1, 0, -1, 2);
     // every refill past an op held, ops longer than the ring (run 22: this deadlocked once)
     check_megakernel_shape("qwen2.5-1.5b", -1, 0, -1, 16);
+    check_megakernel_shape("qwen2.5-1.5b", -1, 0, -1, 16, 1);
+    check_megakernel_shape("llama3-8b", -1, 0, -1, 2, 1);
     check_megakernel_two_plans();
     cudaStreamDestroy(st);
   } catch (const std::exception& e) {

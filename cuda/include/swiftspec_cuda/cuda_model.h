@@ -125,6 +125,9 @@ struct CudaModelOptions {
   /// only after the op's release (MegaPlan::release_hold): -1 the default,
   /// 0 off, 1..16.
   int megakernel_release_hold = -1;
+  /// Those refills wait until the next op's input is loaded instead of the
+  /// op's release (MegaPlan::hold_until_input): -1 the default, 0 or 1.
+  int megakernel_hold_until_input = -1;
   /// Bytes of one ring slot (MegaPlan::slot_bytes): 0 the default, chosen
   /// by timing when the model is made (autotune: 32 KB, 35840 or 53760 B;
   /// the same bits whichever wins), else the plan's 32 KB; or a fixed size.

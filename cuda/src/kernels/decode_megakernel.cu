@@ -57,6 +57,8 @@ constexpr int kDefaultHeadParts = 4;
 constexpr int kDefaultMaxInflight = 0;
 /// MegaPlan::release_hold by default (0: refills never wait for a release).
 constexpr int kDefaultReleaseHold = 0;
+/// MegaPlan::hold_until_input by default.
+constexpr int kDefaultHoldUntilInput = 0;
 /// Shared memory the plan reserves besides slots, x, misc, tables and
 /// barriers: reduction scratch (16 floats, 8 keys), the step's constants,
 /// RoPE table (64 (cos, sin) at most) and the CTA's release mark; and
@@ -374,15 +376,25 @@ __device__ __forceinline__ void consume_stream(const MegaParams& p, const Stream
   }
 }
 
+/// The held refills of streams < `value` may go (MegaPlan::release_hold):
+/// consumer thread 0 moves the CTA's mark (monotone, stream index + 1).
+__device__ __forceinline__ void mark_released(int* released, int value) {
+  if (threadIdx.x == 0) st_volatile_shared(released, value);
+}
+
 /// One GEMV op of the step, the same skeleton for QKV, O, gate/up and down:
 /// a CTA with rows in `st` waits until `wait_ctr` (null: nothing to wait for)
 /// reaches the grid size, stamps the op's start, runs `body` (input, stream,
 /// epilogue); a CTA without rows only stamps its start. Either way it then
 /// counts itself done on `done_ctr` (a CTA without rows must not hold back
-/// the next op's waiters).
+/// the next op's waiters). Held refills (MegaPlan::release_hold): by default
+/// the op's own go after its release; with hold_until_input the body marks
+/// those of `prev_stream` once its input is loaded (a CTA without rows here
+/// at once).
 template <class Body>
 __device__ __forceinline__ void gemv_op(const MegaParams& p, const Stream& st, const unsigned* wait_ctr,
-                                        unsigned* done_ctr, int slot, int stream_idx, int* released, Body&& body) {
+                                        unsigned* done_ctr, int slot, int stream_idx, int prev_stream, int* released,
+                                        Body&& body) {
   if (st.row1 > st.row0) {
     trace_mark(p, slot, 2);
     if (wait_ctr != nullptr) wait_counter(wait_ctr, static_cast<unsigned>(p.plan.ctas));
@@ -390,11 +402,12 @@ __device__ __forceinline__ void gemv_op(const MegaParams& p, const Stream& st, c
     body();
   } else {
     trace_mark(p, slot, 0);
+    if (p.plan.hold_until_input) mark_released(released, prev_stream + 1);
   }
   signal_counter(p, done_ctr, slot);
   // After the release (its fence has waited for the op's stores): the
-  // producer may refill the slots held for it (MegaPlan::release_hold).
-  if (threadIdx.x == 0) st_volatile_shared(released, stream_idx + 1);
+  // producer may refill the slots held for it.
+  if (!p.plan.hold_until_input) mark_released(released, stream_idx + 1);
 }
 
 // ---------------------------------------------------------------- prologues
@@ -907,8 +920,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamQKV];
         gemv_op(p, st, l > 0 ? lc - kCtrPerLayer + kCtrDown : nullptr, lc + kCtrQKV, slot0 + kCtrQKV,
-                kStreamsPerLayer * l + kStreamQKV, released, [&] {
+                kStreamsPerLayer * l + kStreamQKV, kStreamsPerLayer * l - 1, released, [&] {
           rinv = load_normed_input(p, l == 0, c.token, x, small);
+          if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * l);  // down of layer l - 1
           consume_stream(p, st, ring, x, [&](int row, float v) {
             if (lane == 0) ybuf[row - st.row0] = v;
           });
@@ -985,8 +999,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamO];
         gemv_op(p, st, c.whole_heads ? lc + kCtrAttn : lc + kCtrMerge, lc + kCtrO, slot0 + kCtrO, kStreamsPerLayer * l + kStreamO,
-                released, [&] {
+                kStreamsPerLayer * l + kStreamQKV, released, [&] {
           load_input(p.attn, s.num_heads * s.head_dim, x);
+          if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * l + kStreamQKV + 1);
           consume_stream(p, st, ring, x, add_residual);
         });
       }
@@ -994,8 +1009,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamGateUp];
         gemv_op(p, st, lc + kCtrO, lc + kCtrGateUp, slot0 + kCtrGateUp,
-                kStreamsPerLayer * l + kStreamGateUp, released, [&] {
+                kStreamsPerLayer * l + kStreamGateUp, kStreamsPerLayer * l + kStreamO, released, [&] {
           rinv = load_normed_input(p, false, c.token, x, small);
+          if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * l + kStreamO + 1);
           consume_stream(p, st, ring, x, [&](int row, float v) {
             if (lane == 0) ybuf[row - st.row0] = v;
           });
@@ -1012,8 +1028,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamDown];
         gemv_op(p, st, lc + kCtrGateUp, lc + kCtrDown, slot0 + kCtrDown,
-                kStreamsPerLayer * l + kStreamDown, released, [&] {
+                kStreamsPerLayer * l + kStreamDown, kStreamsPerLayer * l + kStreamGateUp, released, [&] {
           load_input(p.act, I, x);
+          if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * l + kStreamGateUp + 1);
           consume_stream(p, st, ring, x, add_residual);
         });
       }
@@ -1027,6 +1044,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         wait_counter(ctr + (L - 1) * kCtrPerLayer + kCtrDown, G);
         trace_mark(p, L * kCtrPerLayer, 0);
         rinv = load_normed_input(p, false, c.token, x, small);
+        if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * L);  // the last down
         consume_stream(p, st, ring, x, [&](int row, float v) {
           if (row < s.vocab) {
             v *= rinv;
@@ -1037,6 +1055,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         });
       } else {
         trace_mark(p, L * kCtrPerLayer, 0);
+        if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * L);
       }
       if (lane == 0) small_key[warp] = best;  // the same in every lane of the warp
       consumer_sync();
@@ -1102,6 +1121,9 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, c
   if (t.release_hold < -1 || t.release_hold > 16)
     bad("release_hold must be -1 (the default), 0 (off) or 1..16 chunks, got " + std::to_string(t.release_hold));
   pl.release_hold = t.release_hold < 0 ? kDefaultReleaseHold : t.release_hold;
+  if (t.hold_until_input < -1 || t.hold_until_input > 1)
+    bad("hold_until_input must be -1 (the default), 0 or 1, got " + std::to_string(t.hold_until_input));
+  pl.hold_until_input = t.hold_until_input < 0 ? kDefaultHoldUntilInput : t.hold_until_input;
   pl.x_bytes = static_cast<int>(align_up(2 * static_cast<size_t>(kmax), 128));
   const int tiles_qkv = (nq + 2 * nkv) / 16, tiles_gu = 2 * s.intermediate / 16;
   pl.ybuf_rows = 16 * std::max((tiles_qkv + num_sms - 1) / num_sms, (tiles_gu + num_sms - 1) / num_sms);

@@ -89,6 +89,11 @@ struct MegaPlan {
   /// release (whose fence waits for the op's stores) does not queue behind
   /// the refills its own last chunks freed. 0 (the default): off. A knob for A/B.
   int release_hold = 0;
+  /// 1: those refills wait, instead of the op's release, until the next op
+  /// has loaded its input (for QKV: until the O projection has), so that the
+  /// next op's latency-critical loads (the residual, the attention's K/V) do
+  /// not queue behind them either.
+  int hold_until_input = 0;
   int x_bytes = 0;     ///< GEMV input vector (bf16, the longest K)
   int ybuf_rows = 0;   ///< per-CTA output rows of a QKV or gate/up op (fp32)
   int own_rows = 0;    ///< per-CTA residual rows (O and down), kept in shared memory
@@ -122,6 +127,8 @@ struct MegaTuning {
   int max_inflight = -1;
   /// MegaPlan::release_hold: -1 the default, 0 off, or 1..16 chunks.
   int release_hold = -1;
+  /// MegaPlan::hold_until_input: -1 the default, 0 or 1.
+  int hold_until_input = -1;
   /// MegaPlan::slot_bytes: 0 the default (32 KB, or one row of the longest
   /// K if larger), else a multiple of 128 of at least that row.
   int slot_bytes = 0;
