@@ -638,7 +638,8 @@ class CudaModelImpl final : public CudaModel {
              " head_parts=" + std::to_string(mk_plan_.head_parts) +
              " max_inflight=" + std::to_string(mk_plan_.max_inflight) +
              " release_hold=" + std::to_string(mk_plan_.release_hold) +
-             " hold_until_input=" + std::to_string(mk_plan_.hold_until_input) + " cooperative\n";
+             " hold_until_input=" + std::to_string(mk_plan_.hold_until_input) +
+             " attn_short=" + std::to_string(mk_plan_.attn_short) + " cooperative\n";
     return out;
   }
 
@@ -787,6 +788,7 @@ class CudaModelImpl final : public CudaModel {
     tune.max_inflight = copt_.megakernel_max_inflight;
     tune.release_hold = copt_.megakernel_release_hold;
     tune.hold_until_input = copt_.megakernel_hold_until_input;
+    tune.attn_short = copt_.megakernel_attn_short;
     tune.slot_bytes = slot_bytes;
     return tune;
   }

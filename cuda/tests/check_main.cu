@@ -945,7 +945,7 @@ void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t s
 /// A megakernel decode step of a benchmark shape (random weights, 512
 /// random committed K/V) against the layered path of the same weights.
 void check_megakernel_shape(const std::string& shape, int head_keys = -1, int head_parts = 0, int max_inflight = -1,
-                            int release_hold = -1, int hold_until_input = -1) {
+                            int release_hold = -1, int hold_until_input = -1, int attn_short = -1) {
   const ModelConfig cfg = shape_config(shape);
   ModelOptions opt;
   opt.max_context = 1024;
@@ -957,6 +957,7 @@ void check_megakernel_shape(const std::string& shape, int head_keys = -1, int he
   mko.megakernel_max_inflight = max_inflight;
   mko.megakernel_release_hold = release_hold;
   mko.megakernel_hold_until_input = hold_until_input;
+  mko.megakernel_attn_short = attn_short;
   std::vector<float> a, b;
   {
     auto mk = make_cuda_model_random(cfg, opt, mko, 42);
@@ -973,11 +974,12 @@ void check_megakernel_shape(const std::string& shape, int head_keys = -1, int he
   const double e = rel_err(a, b, &nb);
   const int am = argmax_of(a.data(), cfg.vocab_size), bm = argmax_of(b.data(), cfg.vocab_size);
   char name[200], det[200];
-  char inflight[40] = "";
+  char inflight[96] = "";
   if (max_inflight >= 0) std::snprintf(inflight, sizeof inflight, ", %d chunks in flight", max_inflight);
   if (release_hold >= 0)
     std::snprintf(inflight + std::strlen(inflight), sizeof inflight - std::strlen(inflight), ", hold %d%s", release_hold,
-                  hold_until_input == 1 ? " to input" : "");
+                  hold_until_input == 1 ? " to input" : hold_until_input == 0 ? " to release" : "");
+  if (attn_short == 0) std::snprintf(inflight + std::strlen(inflight), sizeof inflight - std::strlen(inflight), ", batched attention");
   std::snprintf(name, sizeof name, "megakernel[%s shape%s%s%s] decode at 512 vs the layered path", shape.c_str(),
                 head_keys == 0 ? ", split units" : head_keys > 0 ? ", whole heads" : "",
                 head_parts == 1 ? ", one CTA per head" : "", inflight);
@@ -1048,11 +1050,12 @@ void check_megakernel_plan_errors(const ModelConfig& cfg) {
   refused("release_hold must be", [](CudaModelOptions& o) { o.megakernel_release_hold = 17; });
   refused("release_hold must be", [](CudaModelOptions& o) { o.megakernel_release_hold = -3; });
   refused("hold_until_input must be", [](CudaModelOptions& o) { o.megakernel_hold_until_input = 2; });
+  refused("attn_short must be", [](CudaModelOptions& o) { o.megakernel_attn_short = 5; });
   refused("slot_bytes must be", [](CudaModelOptions& o) { o.megakernel_slot_bytes = 1000; });   // not % 128
   refused("slot_bytes must be", [](CudaModelOptions& o) { o.megakernel_slot_bytes = 1024; });   // < one row
   refused("head_parts must be", [](CudaModelOptions& o) { o.megakernel_head_parts = 3; });
   refused("head_keys must be", [](CudaModelOptions& o) { o.megakernel_head_keys = -5; });
-  record("megakernel: knobs out of range -> InvalidArgument naming the knob (9 cases)", bad, 0, bad == 0, "");
+  record("megakernel: knobs out of range -> InvalidArgument naming the knob (10 cases)", bad, 0, bad == 0, "");
 }
 
 /// Two megakernel models with different shared-memory plans in one process
@@ -1378,6 +1381,9 @@ int main(int argc, char** argv) {
     check_megakernel_shape("qwen2.5-1.5b", -1, 0, -1, 16);
     check_megakernel_shape("qwen2.5-1.5b", -1, 0, -1, 16, 1);
     check_megakernel_shape("llama3-8b", -1, 0, -1, 2, 1);
+    check_megakernel_shape("qwen2.5-0.5b", -1, 0, -1, 0);        // no hold
+    check_megakernel_shape("qwen2.5-1.5b", -1, 0, -1, 2, 0);     // hold until the release
+    check_megakernel_shape("llama3-8b", -1, 0, -1, -1, -1, 0);   // attention parts batched
     check_megakernel_two_plans();
     cudaStreamDestroy(st);
   } catch (const std::exception& e) {

@@ -128,6 +128,9 @@ struct CudaModelOptions {
   /// Those refills wait until the next op's input is loaded instead of the
   /// op's release (MegaPlan::hold_until_input): -1 the default, 0 or 1.
   int megakernel_hold_until_input = -1;
+  /// Short attention parts in one round trip (MegaPlan::attn_short): -1 the
+  /// default, 0 or 1.
+  int megakernel_attn_short = -1;
   /// Bytes of one ring slot (MegaPlan::slot_bytes): 0 the default, chosen
   /// by timing when the model is made (autotune: 32 KB, 35840 or 53760 B;
   /// the same bits whichever wins), else the plan's 32 KB; or a fixed size.

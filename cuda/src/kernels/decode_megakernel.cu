@@ -55,10 +55,16 @@ constexpr int kMaxHeadParts = 8;
 constexpr int kDefaultHeadParts = 4;
 /// MegaPlan::max_inflight by default (0: the whole ring).
 constexpr int kDefaultMaxInflight = 0;
-/// MegaPlan::release_hold by default (0: refills never wait for a release).
-constexpr int kDefaultReleaseHold = 0;
-/// MegaPlan::hold_until_input by default.
-constexpr int kDefaultHoldUntilInput = 0;
+/// MegaPlan::release_hold and hold_until_input by default: the slots of each
+/// op's last two chunks refilled once the next op has its input. Run 22
+/// (H200, 512 keys, one call, benchmarks/README.md): 0.5B 0.663 / 0.662 /
+/// 0.724 ms (hold 2 until the input / until the release / off), 1.5B 1.207 /
+/// 1.241 / 1.315, 8B 4.128 / 4.162 / 4.205; hold 3 or 16 slower (the bytes
+/// come too late).
+constexpr int kDefaultReleaseHold = 2;
+constexpr int kDefaultHoldUntilInput = 1;
+/// MegaPlan::attn_short by default.
+constexpr int kDefaultAttnShort = 1;
 /// Shared memory the plan reserves besides slots, x, misc, tables and
 /// barriers: reduction scratch (16 floats, 8 keys), the step's constants,
 /// RoPE table (64 (cos, sin) at most) and the CTA's release mark; and
@@ -674,12 +680,13 @@ template <int HD>
 __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kcache, const __nv_bfloat16* __restrict__ vcache,
                                             const __nv_bfloat16* __restrict__ qh, __nv_bfloat16* __restrict__ out,
                                             const int* __restrict__ attend, int k0, int n, int prefix, int tree_base,
-                                            HeadPart part, float* scratch, float* small) {
+                                            HeadPart part, float* scratch, float* small, bool short_parts) {
   // Everything by value (registers): through references to the kernel's
   // parameters and locals, every row address cost dependent loads.
   constexpr int V8 = HD / 8;             // uint4 per K / V row
   constexpr int NS = kConsumers / V8;    // key subsets
   constexpr int kBatch = 16;             // loads in flight per thread
+  constexpr int kShort = 8;              // K and V rows per thread of a short part (n <= NS * kShort)
   const int tid = threadIdx.x;
   const int d8 = tid % V8, ks = tid / V8;
   // Logical key j -> cache row: the committed prefix, then the attend list.
@@ -699,6 +706,56 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
 #pragma unroll
     for (int e = 0; e < 4; ++e) q[2 * e] = bf_lo(u[e]), q[2 * e + 1] = bf_hi(u[e]);
   }
+  float acc[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+  float M, L;
+  if (short_parts && n <= NS * kShort) {
+    // ---- short parts (every decode step up to NS * kShort keys per part):
+    // the K and the V rows of all the part's keys in flight at once, the
+    // scores and probabilities in registers. One dependent round trip to
+    // the cache instead of two (V used to wait for the softmax), no score
+    // buffer. All V8 lanes of a row hold the same (bitwise) score: the
+    // shuffle butterfly adds the same pairs in every lane. ----
+    uint4 kv[kShort], vv[kShort];
+#pragma unroll
+    for (int b = 0; b < kShort; ++b) {
+      const int j = ks + NS * b;
+      kv[b] = j < n ? __ldcg(kc + static_cast<size_t>(row(j)) * V8) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int b = 0; b < kShort; ++b) {
+      const int j = ks + NS * b;
+      vv[b] = j < n ? __ldcg(vc + static_cast<size_t>(row(j)) * V8) : make_uint4(0, 0, 0, 0);
+    }
+    float sj[kShort];
+    float mloc = -INFINITY;
+#pragma unroll
+    for (int b = 0; b < kShort; ++b) {
+      const uint32_t u[4] = {kv[b].x, kv[b].y, kv[b].z, kv[b].w};
+      float d = 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) d = fmaf(q[2 * e], bf_lo(u[e]), fmaf(q[2 * e + 1], bf_hi(u[e]), d));
+#pragma unroll
+      for (int o = V8 / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+      sj[b] = ks + NS * b < n ? d * qscale : -INFINITY;
+      mloc = fmaxf(mloc, sj[b]);
+    }
+    M = block_max(mloc, small);
+    float lsum = 0.f;
+#pragma unroll
+    for (int b = 0; b < kShort; ++b) {
+      const float pj = ks + NS * b < n ? exp2f(sj[b] - M) : 0.f;
+      if (d8 == 0) lsum += pj;  // each key once
+      const uint32_t u[4] = {vv[b].x, vv[b].y, vv[b].z, vv[b].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        acc[2 * e] = fmaf(pj, bf_lo(u[e]), acc[2 * e]);
+        acc[2 * e + 1] = fmaf(pj, bf_hi(u[e]), acc[2 * e + 1]);
+      }
+    }
+    L = block_sum(lsum, small);
+  } else {
   // ---- scores: keys j = ks + NS * i, kBatch rows in flight. The loop bound
   // is the same for every thread: the shuffles need the whole warp. ----
   float mloc = -INFINITY;
@@ -726,18 +783,15 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
       }
     }
   }
-  const float M = block_max(mloc, small);  // its barriers also publish sc
+  M = block_max(mloc, small);  // its barriers also publish sc
   float lsum = 0.f;
   for (int j = tid; j < n; j += kConsumers) {
     const float pj = exp2f(sc[j] - M);
     sc[j] = pj;
     lsum += pj;
   }
-  const float L = block_sum(lsum, small);  // its barriers also publish the probabilities
+  L = block_sum(lsum, small);  // its barriers also publish the probabilities
   // ---- P V: the same (key subset, d8) ownership ----
-  float acc[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) acc[e] = 0.f;
   for (int base = 0; base < n; base += NS * kBatch) {
     const int j0 = base + ks;
     uint4 vv[kBatch];
@@ -757,6 +811,7 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
         acc[2 * e + 1] = fmaf(pj, bf_hi(u[e]), acc[2 * e + 1]);
       }
     }
+  }
   }
   float4* mine = reinterpret_cast<float4*>(pv + ks * HD + d8 * 8);
   mine[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -972,10 +1027,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           const int* attend = p.desc->attend_slots + c.a0;
           if (s.head_dim == 64)
             head_attention<64>(Ly.kcache + kv, Ly.vcache + kv, p.q + qo, p.attn + qo, attend, k0, k1 - k0, c.prefix,
-                               s.max_context, hp, ybuf, small);
+                               s.max_context, hp, ybuf, small, pl.attn_short != 0);
           else
             head_attention<128>(Ly.kcache + kv, Ly.vcache + kv, p.q + qo, p.attn + qo, attend, k0, k1 - k0, c.prefix,
-                                s.max_context, hp, ybuf, small);
+                                s.max_context, hp, ybuf, small, pl.attn_short != 0);
         }
         signal_counter(p, lc + kCtrAttn, slot0 + kCtrAttn);
         trace_mark(p, slot0 + kCtrMerge, 0);  // no merge: an empty op in the trace
@@ -1124,6 +1179,9 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, c
   if (t.hold_until_input < -1 || t.hold_until_input > 1)
     bad("hold_until_input must be -1 (the default), 0 or 1, got " + std::to_string(t.hold_until_input));
   pl.hold_until_input = t.hold_until_input < 0 ? kDefaultHoldUntilInput : t.hold_until_input;
+  if (t.attn_short < -1 || t.attn_short > 1)
+    bad("attn_short must be -1 (the default), 0 or 1, got " + std::to_string(t.attn_short));
+  pl.attn_short = t.attn_short < 0 ? kDefaultAttnShort : t.attn_short;
   pl.x_bytes = static_cast<int>(align_up(2 * static_cast<size_t>(kmax), 128));
   const int tiles_qkv = (nq + 2 * nkv) / 16, tiles_gu = 2 * s.intermediate / 16;
   pl.ybuf_rows = 16 * std::max((tiles_qkv + num_sms - 1) / num_sms, (tiles_gu + num_sms - 1) / num_sms);

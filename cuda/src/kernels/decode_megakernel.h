@@ -94,6 +94,10 @@ struct MegaPlan {
   /// next op's latency-critical loads (the residual, the attention's K/V) do
   /// not queue behind them either.
   int hold_until_input = 0;
+  /// 1: a query head's part of at most 256 keys (head_dim 64; 128 at 128)
+  /// loads all its K and V rows at once and keeps scores in registers (one
+  /// dependent round trip instead of two); 0: the batched loop only.
+  int attn_short = 1;
   int x_bytes = 0;     ///< GEMV input vector (bf16, the longest K)
   int ybuf_rows = 0;   ///< per-CTA output rows of a QKV or gate/up op (fp32)
   int own_rows = 0;    ///< per-CTA residual rows (O and down), kept in shared memory
@@ -129,6 +133,8 @@ struct MegaTuning {
   int release_hold = -1;
   /// MegaPlan::hold_until_input: -1 the default, 0 or 1.
   int hold_until_input = -1;
+  /// MegaPlan::attn_short: -1 the default, 0 or 1.
+  int attn_short = -1;
   /// MegaPlan::slot_bytes: 0 the default (32 KB, or one row of the longest
   /// K if larger), else a multiple of 128 of at least that row.
   int slot_bytes = 0;
