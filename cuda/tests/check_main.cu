@@ -978,7 +978,10 @@ void check_megakernel_shape(const std::string& shape, int head_keys = -1, int he
   if (max_inflight >= 0) std::snprintf(inflight, sizeof inflight, ", %d chunks in flight", max_inflight);
   if (release_hold >= 0)
     std::snprintf(inflight + std::strlen(inflight), sizeof inflight - std::strlen(inflight), ", hold %d%s", release_hold,
-                  hold_until_input == 1 ? " to input" : hold_until_input == 0 ? " to release" : "");
+                  hold_until_input == 1   ? " to input"
+                  : hold_until_input == 2 ? " to attention"
+                  : hold_until_input == 0 ? " to release"
+                                          : "");
   if (attn_short == 0) std::snprintf(inflight + std::strlen(inflight), sizeof inflight - std::strlen(inflight), ", batched attention");
   std::snprintf(name, sizeof name, "megakernel[%s shape%s%s%s] decode at 512 vs the layered path", shape.c_str(),
                 head_keys == 0 ? ", split units" : head_keys > 0 ? ", whole heads" : "",
@@ -1049,7 +1052,7 @@ void check_megakernel_plan_errors(const ModelConfig& cfg) {
   refused("max_inflight must be", [](CudaModelOptions& o) { o.megakernel_max_inflight = -2; });
   refused("release_hold must be", [](CudaModelOptions& o) { o.megakernel_release_hold = 17; });
   refused("release_hold must be", [](CudaModelOptions& o) { o.megakernel_release_hold = -3; });
-  refused("hold_until_input must be", [](CudaModelOptions& o) { o.megakernel_hold_until_input = 2; });
+  refused("hold_until_input must be", [](CudaModelOptions& o) { o.megakernel_hold_until_input = 3; });
   refused("attn_short must be", [](CudaModelOptions& o) { o.megakernel_attn_short = 5; });
   refused("slot_bytes must be", [](CudaModelOptions& o) { o.megakernel_slot_bytes = 1000; });   // not % 128
   refused("slot_bytes must be", [](CudaModelOptions& o) { o.megakernel_slot_bytes = 1024; });   // < one row
@@ -1361,6 +1364,8 @@ int main(int argc, char** argv) {
     check_megakernel("qwen2-like hold16", qwen2_like, 5, 40, -1, 0, -1, 0, 16);
     check_megakernel("gqa7 hold2 to input slot4K", gqa7, 6, 40, -1, 0, -1, 4096, 2, 1);
     check_megakernel("gqa7 split hold16 to input", gqa7, 6, 40, 0, 0, -1, 0, 16, 1);
+    check_megakernel("gqa7 hold2 to attention", gqa7, 6, 40, -1, 0, -1, 0, 2, 2);
+    check_megakernel("gqa7 split hold2 to attention", gqa7, 6, 40, 0, 0, -1, 0, 2, 2);
     check_megakernel_plan_errors(gqa7);
     check_megakernel_slot_tuning(gqa7);
     {
@@ -1384,6 +1389,8 @@ int main(int argc, char** argv) {
     check_megakernel_shape("qwen2.5-0.5b", -1, 0, -1, 0);        // no hold
     check_megakernel_shape("qwen2.5-1.5b", -1, 0, -1, 2, 0);     // hold until the release
     check_megakernel_shape("llama3-8b", -1, 0, -1, -1, -1, 0);   // attention parts batched
+    check_megakernel_shape("qwen2.5-1.5b", -1, 0, -1, -1, -1, 1);  // short attention parts at head_dim 128
+    check_megakernel_shape("qwen2.5-0.5b", -1, 0, -1, 2, 2);
     check_megakernel_two_plans();
     cudaStreamDestroy(st);
   } catch (const std::exception& e) {

@@ -126,7 +126,7 @@ struct CudaModelOptions {
   /// 0 off, 1..16.
   int megakernel_release_hold = -1;
   /// Those refills wait until the next op's input is loaded instead of the
-  /// op's release (MegaPlan::hold_until_input): -1 the default, 0 or 1.
+  /// op's release (MegaPlan::hold_until_input): -1 the default, 0, 1 or 2.
   int megakernel_hold_until_input = -1;
   /// Short attention parts in one round trip (MegaPlan::attn_short): -1 the
   /// default, 0 or 1.

@@ -84,15 +84,16 @@ struct MegaPlan {
   /// vs 0.760 ms, 1.5B 1.428 vs 1.353 (benchmarks/README.md). A knob for A/B.
   int max_inflight = 0;
   /// The last this-many chunks of each op's stream in a CTA: their slots are
-  /// refilled with later ops' chunks only after the CTA has released the op's
-  /// outputs, so that the
-  /// release (whose fence waits for the op's stores) does not queue behind
-  /// the refills its own last chunks freed. 0 (the default): off. A knob for A/B.
+  /// refilled with later ops' chunks only once the op's outputs are out
+  /// (hold_until_input), so that the op's release (whose fence waits for its
+  /// stores) and the next op's first loads do not queue behind the refills
+  /// the op's own last chunks freed. 0: off. Default 2 (plan_decode_megakernel).
   int release_hold = 0;
-  /// 1: those refills wait, instead of the op's release, until the next op
-  /// has loaded its input (for QKV: until the O projection has), so that the
-  /// next op's latency-critical loads (the residual, the attention's K/V) do
-  /// not queue behind them either.
+  /// When those refills go: 0 after the op's release; 1 once the next op has
+  /// loaded its input (QKV's: once the O projection has), so that its
+  /// latency-critical loads (the residual, the attention output) do not queue
+  /// behind them either; 2 as 1, except QKV's: once the CTA's attention units
+  /// are done (at once in a CTA without units). Default 1.
   int hold_until_input = 0;
   /// 1: a query head's part of at most 256 keys (head_dim 64; 128 at 128)
   /// loads all its K and V rows at once and keeps scores in registers (one
@@ -131,9 +132,9 @@ struct MegaTuning {
   int max_inflight = -1;
   /// MegaPlan::release_hold: -1 the default, 0 off, or 1..16 chunks.
   int release_hold = -1;
-  /// MegaPlan::hold_until_input: -1 the default, 0 or 1.
+  /// MegaPlan::hold_until_input: -1 the default, 0, 1 or 2.
   int hold_until_input = -1;
-  /// MegaPlan::attn_short: -1 the default, 0 or 1.
+  /// MegaPlan::attn_short: -1 the default (1 at head_dim 64, else 0), 0 or 1.
   int attn_short = -1;
   /// MegaPlan::slot_bytes: 0 the default (32 KB, or one row of the longest
   /// K if larger), else a multiple of 128 of at least that row.
