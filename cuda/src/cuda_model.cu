@@ -639,7 +639,8 @@ class CudaModelImpl final : public CudaModel {
              " max_inflight=" + std::to_string(mk_plan_.max_inflight) +
              " release_hold=" + std::to_string(mk_plan_.release_hold) +
              " hold_until_input=" + std::to_string(mk_plan_.hold_until_input) +
-             " attn_short=" + std::to_string(mk_plan_.attn_short) + " cooperative\n";
+             " attn_short=" + std::to_string(mk_plan_.attn_short) +
+             " attn_prewait=" + std::to_string(mk_plan_.attn_prewait) + " cooperative\n";
     return out;
   }
 
@@ -789,6 +790,7 @@ class CudaModelImpl final : public CudaModel {
     tune.release_hold = copt_.megakernel_release_hold;
     tune.hold_until_input = copt_.megakernel_hold_until_input;
     tune.attn_short = copt_.megakernel_attn_short;
+    tune.attn_prewait = copt_.megakernel_attn_prewait;
     tune.slot_bytes = slot_bytes;
     return tune;
   }
@@ -797,7 +799,8 @@ class CudaModelImpl final : public CudaModel {
   /// (32 KB). Run 21 (H200, 512 keys, one call): 53760 B 0.717 vs 0.743 ms at
   /// the 0.5B shape, 35840 B 1.309 vs 1.349 at the 1.5B (two 17.5 KB down
   /// rows per slot instead of one), the 8B no faster (4.193 / 4.447 vs 4.195).
-  static constexpr int kMegakernelSlotOptions[] = {35840, 53760};
+  /// Run 22's sweep (call 7): 40960 B at the 0.5B 0.596 vs 0.611 ms (53760).
+  static constexpr int kMegakernelSlotOptions[] = {35840, 40960, 53760};
 
   /// Chooses the megakernel's ring slot size by timing (autotune, unless
   /// CudaModelOptions::megakernel_slot_bytes fixes it) on the step whose

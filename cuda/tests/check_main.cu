@@ -829,7 +829,7 @@ void check_step_tuning(const ModelConfig& cfg, uint64_t seed) {
 
 void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t seed, int steps, int head_keys = -1,
                       int head_parts = 0, int max_inflight = -1, int slot_bytes = 0, int release_hold = -1,
-                      int hold_until_input = -1) {
+                      int hold_until_input = -1, int attn_prewait = -1) {
   Rng rng(seed);
   TinyWeights tw = make_weights(cfg, rng);
   ModelOptions opt;
@@ -843,6 +843,7 @@ void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t s
   mko.megakernel_slot_bytes = slot_bytes;
   mko.megakernel_release_hold = release_hold;
   mko.megakernel_hold_until_input = hold_until_input;
+  mko.megakernel_attn_prewait = attn_prewait;
   opt.max_context = std::max(opt.max_context, 70 + steps + 16);
   auto mk = tiny_model(cfg, tw, opt, mko);
   auto lay = tiny_model(cfg, tw, opt, CudaModelOptions{});
@@ -945,7 +946,8 @@ void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t s
 /// A megakernel decode step of a benchmark shape (random weights, 512
 /// random committed K/V) against the layered path of the same weights.
 void check_megakernel_shape(const std::string& shape, int head_keys = -1, int head_parts = 0, int max_inflight = -1,
-                            int release_hold = -1, int hold_until_input = -1, int attn_short = -1) {
+                            int release_hold = -1, int hold_until_input = -1, int attn_short = -1,
+                            int attn_prewait = -1) {
   const ModelConfig cfg = shape_config(shape);
   ModelOptions opt;
   opt.max_context = 1024;
@@ -958,6 +960,7 @@ void check_megakernel_shape(const std::string& shape, int head_keys = -1, int he
   mko.megakernel_release_hold = release_hold;
   mko.megakernel_hold_until_input = hold_until_input;
   mko.megakernel_attn_short = attn_short;
+  mko.megakernel_attn_prewait = attn_prewait;
   std::vector<float> a, b;
   {
     auto mk = make_cuda_model_random(cfg, opt, mko, 42);
@@ -983,6 +986,7 @@ void check_megakernel_shape(const std::string& shape, int head_keys = -1, int he
                   : hold_until_input == 0 ? " to release"
                                           : "");
   if (attn_short == 0) std::snprintf(inflight + std::strlen(inflight), sizeof inflight - std::strlen(inflight), ", batched attention");
+  if (attn_prewait == 0) std::snprintf(inflight + std::strlen(inflight), sizeof inflight - std::strlen(inflight), ", K/V after the wait");
   std::snprintf(name, sizeof name, "megakernel[%s shape%s%s%s] decode at 512 vs the layered path", shape.c_str(),
                 head_keys == 0 ? ", split units" : head_keys > 0 ? ", whole heads" : "",
                 head_parts == 1 ? ", one CTA per head" : "", inflight);
@@ -1054,11 +1058,12 @@ void check_megakernel_plan_errors(const ModelConfig& cfg) {
   refused("release_hold must be", [](CudaModelOptions& o) { o.megakernel_release_hold = -3; });
   refused("hold_until_input must be", [](CudaModelOptions& o) { o.megakernel_hold_until_input = 3; });
   refused("attn_short must be", [](CudaModelOptions& o) { o.megakernel_attn_short = 5; });
+  refused("attn_prewait must be", [](CudaModelOptions& o) { o.megakernel_attn_prewait = 2; });
   refused("slot_bytes must be", [](CudaModelOptions& o) { o.megakernel_slot_bytes = 1000; });   // not % 128
   refused("slot_bytes must be", [](CudaModelOptions& o) { o.megakernel_slot_bytes = 1024; });   // < one row
   refused("head_parts must be", [](CudaModelOptions& o) { o.megakernel_head_parts = 3; });
   refused("head_keys must be", [](CudaModelOptions& o) { o.megakernel_head_keys = -5; });
-  record("megakernel: knobs out of range -> InvalidArgument naming the knob (10 cases)", bad, 0, bad == 0, "");
+  record("megakernel: knobs out of range -> InvalidArgument naming the knob (11 cases)", bad, 0, bad == 0, "");
 }
 
 /// Two megakernel models with different shared-memory plans in one process
@@ -1366,6 +1371,9 @@ int main(int argc, char** argv) {
     check_megakernel("gqa7 split hold16 to input", gqa7, 6, 40, 0, 0, -1, 0, 16, 1);
     check_megakernel("gqa7 hold2 to attention", gqa7, 6, 40, -1, 0, -1, 0, 2, 2);
     check_megakernel("gqa7 split hold2 to attention", gqa7, 6, 40, 0, 0, -1, 0, 2, 2);
+    // every K/V load of the head parts after the wait for QKV (the default issues the committed ones before it)
+    check_megakernel("gqa7 no prewait", gqa7, 6, 40, -1, 0, -1, 0, -1, -1, 0);
+    check_megakernel("qwen2-like long hk1024 P1 no prewait", qwen2_like, 8, 260, 1024, 1, -1, 0, -1, -1, 0);
     check_megakernel_plan_errors(gqa7);
     check_megakernel_slot_tuning(gqa7);
     {
@@ -1391,6 +1399,8 @@ int main(int argc, char** argv) {
     check_megakernel_shape("llama3-8b", -1, 0, -1, -1, -1, 0);   // attention parts batched
     check_megakernel_shape("qwen2.5-1.5b", -1, 0, -1, -1, -1, 1);  // short attention parts at head_dim 128
     check_megakernel_shape("qwen2.5-0.5b", -1, 0, -1, 2, 2);
+    check_megakernel_shape("qwen2.5-0.5b", -1, 0, -1, -1, -1, -1, 0);  // K/V loads after the wait
+    check_megakernel_shape("llama3-8b", -1, 0, -1, -1, -1, -1, 0);
     check_megakernel_two_plans();
     cudaStreamDestroy(st);
   } catch (const std::exception& e) {

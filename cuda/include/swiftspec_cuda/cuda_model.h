@@ -131,8 +131,11 @@ struct CudaModelOptions {
   /// Short attention parts in one round trip (MegaPlan::attn_short): -1 the
   /// default, 0 or 1.
   int megakernel_attn_short = -1;
+  /// A head part's committed K/V loads issued before its wait for the QKV op
+  /// (MegaPlan::attn_prewait): -1 the default, 0 or 1.
+  int megakernel_attn_prewait = -1;
   /// Bytes of one ring slot (MegaPlan::slot_bytes): 0 the default, chosen
-  /// by timing when the model is made (autotune: 32 KB, 35840 or 53760 B;
+  /// by timing when the model is made (autotune: 32 KB, 35840, 40960 or 53760 B;
   /// the same bits whichever wins), else the plan's 32 KB; or a fixed size.
   int megakernel_slot_bytes = 0;
   /// Benchmark: the megakernel stamps each op's start and end per CTA (read

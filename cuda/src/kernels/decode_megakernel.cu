@@ -67,6 +67,9 @@ constexpr int kDefaultHoldUntilInput = 1;
 /// keys, 4 parts per head): 0.5B 0.599 vs 0.658 ms (attention 6.5 vs 8.2 µs
 /// per layer); at head_dim 128 no faster: 1.5B 1.241 vs 1.208, 8B 4.085 vs 4.074.
 constexpr int kDefaultAttnShort = 1;
+/// MegaPlan::attn_prewait by default (the committed K/V loads of a head part
+/// issued before its wait for the QKV op).
+constexpr int kDefaultAttnPrewait = 1;
 /// Shared memory the plan reserves besides slots, x, misc, tables and
 /// barriers: reduction scratch (16 floats, 8 keys), the step's constants,
 /// RoPE table (64 (cos, sin) at most) and the CTA's release mark; and
@@ -665,6 +668,18 @@ struct HeadPart {
   float2* part_ml = nullptr;  ///< [parts] of this head
 };
 
+/// The wait for the QKV op that head_attention does itself (MegaPlan::
+/// attn_prewait): the committed K/V rows do not depend on this step, so their
+/// loads are issued first and fly while thread 0 spins; only the q row and
+/// the step's own K/V row (`self_row`, written by this step's QKV op) are
+/// loaded after the acquire. ctr == nullptr: the caller has waited.
+struct PreWait {
+  const unsigned* ctr = nullptr;
+  unsigned target = 0;
+  int self_row = -1;                  ///< cache row of the step's own key
+  unsigned long long* stamp = nullptr;  ///< the trace's "start" stamp of the attention op, or null
+};
+
 /// Attention of one query head (q row `qh`, its kv head's cache rows) over
 /// its keys [k0, k0 + n) in one CTA (short contexts: all keys <=
 /// MegaPlan::head_keys), one part of `part.parts`: with one part the output
@@ -682,7 +697,8 @@ template <int HD>
 __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kcache, const __nv_bfloat16* __restrict__ vcache,
                                             const __nv_bfloat16* __restrict__ qh, __nv_bfloat16* __restrict__ out,
                                             const int* __restrict__ attend, int k0, int n, int prefix, int tree_base,
-                                            HeadPart part, float* scratch, float* small, bool short_parts) {
+                                            HeadPart part, float* scratch, float* small, bool short_parts,
+                                            PreWait pw) {
   // Everything by value (registers): through references to the kernel's
   // parameters and locals, every row address cost dependent loads.
   constexpr int V8 = HD / 8;             // uint4 per K / V row
@@ -701,13 +717,29 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
   float* pv = scratch + ((n + 3) & ~3);             // [NS][HD]
   const uint4* kc = reinterpret_cast<const uint4*>(kcache) + d8;
   const uint4* vc = reinterpret_cast<const uint4*>(vcache) + d8;
-  const uint4 qv = __ldcg(reinterpret_cast<const uint4*>(qh) + d8);
+  // A row written before this launch may be loaded before the wait; the
+  // step's own row (and q) only after it.
+  const bool waits = pw.ctr != nullptr;
+  const auto early = [&](int r) { return !waits || r != pw.self_row; };
+  const auto wait_qkv = [&] {
+    if (!waits) return;
+    if (tid == 0) {
+      spin_until([&] { return ld_acquire_gpu(pw.ctr) >= pw.target; });
+      if (pw.stamp != nullptr) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        *pw.stamp = t;
+      }
+    }
+    consumer_sync();
+  };
   float q[8];
-  {
+  const auto load_q = [&] {
+    const uint4 qv = __ldcg(reinterpret_cast<const uint4*>(qh) + d8);
     const uint32_t u[4] = {qv.x, qv.y, qv.z, qv.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) q[2 * e] = bf_lo(u[e]), q[2 * e + 1] = bf_hi(u[e]);
-  }
+  };
   float acc[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) acc[e] = 0.f;
@@ -720,16 +752,24 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
     // buffer. All V8 lanes of a row hold the same (bitwise) score: the
     // shuffle butterfly adds the same pairs in every lane. ----
     uint4 kv[kShort], vv[kShort];
+    int rw[kShort];
 #pragma unroll
     for (int b = 0; b < kShort; ++b) {
       const int j = ks + NS * b;
-      kv[b] = j < n ? __ldcg(kc + static_cast<size_t>(row(j)) * V8) : make_uint4(0, 0, 0, 0);
+      rw[b] = j < n ? row(j) : -1;
+      kv[b] = rw[b] >= 0 && early(rw[b]) ? __ldcg(kc + static_cast<size_t>(rw[b]) * V8) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int b = 0; b < kShort; ++b) {
-      const int j = ks + NS * b;
-      vv[b] = j < n ? __ldcg(vc + static_cast<size_t>(row(j)) * V8) : make_uint4(0, 0, 0, 0);
-    }
+    for (int b = 0; b < kShort; ++b)
+      vv[b] = rw[b] >= 0 && early(rw[b]) ? __ldcg(vc + static_cast<size_t>(rw[b]) * V8) : make_uint4(0, 0, 0, 0);
+    wait_qkv();
+    load_q();
+#pragma unroll
+    for (int b = 0; b < kShort; ++b)
+      if (rw[b] >= 0 && !early(rw[b])) {
+        kv[b] = __ldcg(kc + static_cast<size_t>(rw[b]) * V8);
+        vv[b] = __ldcg(vc + static_cast<size_t>(rw[b]) * V8);
+      }
     float sj[kShort];
     float mloc = -INFINITY;
 #pragma unroll
@@ -760,7 +800,23 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
   } else {
   // ---- scores: keys j = ks + NS * i, kBatch rows in flight. The loop bound
   // is the same for every thread: the shuffles need the whole warp. ----
+  // With a wait, the K and V rows of the part's first batch are prefetched
+  // into L2 before it (into registers they spilled: 16 K rows + 16 V rows
+  // per thread do not fit beside the caller's 168).
   float mloc = -INFINITY;
+  if (waits) {
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int j = ks + NS * b;
+      const int r = j < n ? row(j) : -1;
+      if (r >= 0 && early(r)) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + static_cast<size_t>(r) * V8));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + static_cast<size_t>(r) * V8));
+      }
+    }
+    wait_qkv();
+  }
+  load_q();
   for (int base = 0; base < n; base += NS * kBatch) {
     const int j0 = base + ks;
     uint4 kv[kBatch];
@@ -1012,8 +1068,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       const int units = c.whole_heads ? s.num_heads * pl.head_parts : s.num_kv_heads * c.splits;
       if (pl.hold_until_input == 2 && cta >= units) mark_released(released, kStreamsPerLayer * l + kStreamQKV + 1);
       trace_mark(p, slot0 + kCtrAttn, 2);
-      wait_counter(lc + kCtrQKV, G);
-      trace_mark(p, slot0 + kCtrAttn, 0);
+      // attn_prewait: a CTA's first head unit waits for QKV itself, after
+      // issuing its committed K/V loads (PreWait); every other CTA waits here.
+      bool waited = !(c.whole_heads && pl.attn_prewait);
+      if (waited) {
+        wait_counter(lc + kCtrQKV, G);
+        trace_mark(p, slot0 + kCtrAttn, 0);
+      }
       if (c.whole_heads) {
         // Unit u = h * P + r: part r of query head h (H * P <= G when P > 1,
         // so a part 0 never waits for a unit queued behind it in its own CTA).
@@ -1021,6 +1082,15 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         for (int u = cta; u < s.num_heads * P; u += G) {
           const int h = u / P, r = u - h * P;
           if (r >= c.head_parts) continue;
+          PreWait pw;
+          if (!waited) {
+            pw.ctr = lc + kCtrQKV;
+            pw.target = static_cast<unsigned>(G);
+            pw.self_row = c.kv_index;
+            if (p.trace != nullptr)
+              pw.stamp = p.trace + (static_cast<size_t>(slot0 + kCtrAttn) * p.plan.ctas + blockIdx.x) * kMegaTraceStamps;
+            waited = true;
+          }
           HeadPart hp;
           hp.r = r;
           hp.parts = c.head_parts;
@@ -1034,10 +1104,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           const int* attend = p.desc->attend_slots + c.a0;
           if (s.head_dim == 64)
             head_attention<64>(Ly.kcache + kv, Ly.vcache + kv, p.q + qo, p.attn + qo, attend, k0, k1 - k0, c.prefix,
-                               s.max_context, hp, ybuf, small, pl.attn_short != 0);
+                               s.max_context, hp, ybuf, small, pl.attn_short != 0, pw);
           else
             head_attention<128>(Ly.kcache + kv, Ly.vcache + kv, p.q + qo, p.attn + qo, attend, k0, k1 - k0, c.prefix,
-                                s.max_context, hp, ybuf, small, pl.attn_short != 0);
+                                s.max_context, hp, ybuf, small, pl.attn_short != 0, pw);
+        }
+        if (!waited) {  // no unit in this CTA
+          wait_counter(lc + kCtrQKV, G);
+          trace_mark(p, slot0 + kCtrAttn, 0);
         }
         if (pl.hold_until_input == 2) mark_released(released, kStreamsPerLayer * l + kStreamQKV + 1);
         signal_counter(p, lc + kCtrAttn, slot0 + kCtrAttn);
@@ -1191,6 +1265,9 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, c
   if (t.attn_short < -1 || t.attn_short > 1)
     bad("attn_short must be -1 (the default), 0 or 1, got " + std::to_string(t.attn_short));
   pl.attn_short = t.attn_short >= 0 ? t.attn_short : s.head_dim == 64 ? kDefaultAttnShort : 0;
+  if (t.attn_prewait < -1 || t.attn_prewait > 1)
+    bad("attn_prewait must be -1 (the default), 0 or 1, got " + std::to_string(t.attn_prewait));
+  pl.attn_prewait = t.attn_prewait >= 0 ? t.attn_prewait : kDefaultAttnPrewait;
   pl.x_bytes = static_cast<int>(align_up(2 * static_cast<size_t>(kmax), 128));
   const int tiles_qkv = (nq + 2 * nkv) / 16, tiles_gu = 2 * s.intermediate / 16;
   pl.ybuf_rows = 16 * std::max((tiles_qkv + num_sms - 1) / num_sms, (tiles_gu + num_sms - 1) / num_sms);

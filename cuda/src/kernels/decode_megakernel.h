@@ -99,6 +99,11 @@ struct MegaPlan {
   /// loads all its K and V rows at once and keeps scores in registers (one
   /// dependent round trip instead of two); 0: the batched loop only.
   int attn_short = 1;
+  /// 1: a head part issues the loads of its K/V rows written before this
+  /// launch (a short part's into registers; otherwise its first batch's K and
+  /// V rows as L2 prefetches) and only then waits for the QKV op; the q row
+  /// and the step's own K/V row are loaded after the wait. 0: all after it.
+  int attn_prewait = 1;
   int x_bytes = 0;     ///< GEMV input vector (bf16, the longest K)
   int ybuf_rows = 0;   ///< per-CTA output rows of a QKV or gate/up op (fp32)
   int own_rows = 0;    ///< per-CTA residual rows (O and down), kept in shared memory
@@ -136,6 +141,8 @@ struct MegaTuning {
   int hold_until_input = -1;
   /// MegaPlan::attn_short: -1 the default (1 at head_dim 64, else 0), 0 or 1.
   int attn_short = -1;
+  /// MegaPlan::attn_prewait: -1 the default (1), 0 or 1.
+  int attn_prewait = -1;
   /// MegaPlan::slot_bytes: 0 the default (32 KB, or one row of the longest
   /// K if larger), else a multiple of 128 of at least that row.
   int slot_bytes = 0;
