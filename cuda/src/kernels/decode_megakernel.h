@@ -99,10 +99,10 @@ struct MegaPlan {
   /// loads all its K and V rows at once and keeps scores in registers (one
   /// dependent round trip instead of two); 0: the batched loop only.
   int attn_short = 1;
-  /// 1: a head part issues the loads of its K/V rows written before this
-  /// launch (a short part's into registers; otherwise its first batch's K and
-  /// V rows as L2 prefetches) and only then waits for the QKV op; the q row
+  /// 1: a short head part (attn_short) issues the loads of its K/V rows
+  /// written before this launch and only then waits for the QKV op; the q row
   /// and the step's own K/V row are loaded after the wait. 0: all after it.
+  /// (Batched parts always load after the wait.)
   int attn_prewait = 1;
   int x_bytes = 0;     ///< GEMV input vector (bf16, the longest K)
   int ybuf_rows = 0;   ///< per-CTA output rows of a QKV or gate/up op (fp32)
