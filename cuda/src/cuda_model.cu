@@ -640,7 +640,8 @@ class CudaModelImpl final : public CudaModel {
              " release_hold=" + std::to_string(mk_plan_.release_hold) +
              " hold_until_input=" + std::to_string(mk_plan_.hold_until_input) +
              " attn_short=" + std::to_string(mk_plan_.attn_short) +
-             " attn_prewait=" + std::to_string(mk_plan_.attn_prewait) + " cooperative\n";
+             " attn_prewait=" + std::to_string(mk_plan_.attn_prewait) +
+             " merge_in_o=" + std::to_string(mk_plan_.merge_in_o) + " cooperative\n";
     return out;
   }
 
@@ -791,6 +792,7 @@ class CudaModelImpl final : public CudaModel {
     tune.hold_until_input = copt_.megakernel_hold_until_input;
     tune.attn_short = copt_.megakernel_attn_short;
     tune.attn_prewait = copt_.megakernel_attn_prewait;
+    tune.merge_in_o = copt_.megakernel_merge_in_o;
     tune.slot_bytes = slot_bytes;
     return tune;
   }

@@ -829,7 +829,7 @@ void check_step_tuning(const ModelConfig& cfg, uint64_t seed) {
 
 void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t seed, int steps, int head_keys = -1,
                       int head_parts = 0, int max_inflight = -1, int slot_bytes = 0, int release_hold = -1,
-                      int hold_until_input = -1, int attn_prewait = -1) {
+                      int hold_until_input = -1, int attn_prewait = -1, int merge_in_o = -1) {
   Rng rng(seed);
   TinyWeights tw = make_weights(cfg, rng);
   ModelOptions opt;
@@ -844,6 +844,7 @@ void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t s
   mko.megakernel_release_hold = release_hold;
   mko.megakernel_hold_until_input = hold_until_input;
   mko.megakernel_attn_prewait = attn_prewait;
+  mko.megakernel_merge_in_o = merge_in_o;
   opt.max_context = std::max(opt.max_context, 70 + steps + 16);
   auto mk = tiny_model(cfg, tw, opt, mko);
   auto lay = tiny_model(cfg, tw, opt, CudaModelOptions{});
@@ -994,6 +995,42 @@ void check_megakernel_shape(const std::string& shape, int head_keys = -1, int he
   record(name, e, 1e-2, e < 1e-2 && nb == 0, det);
 }
 
+/// MegaPlan::merge_in_o (the parts of a head merged by the O projection's
+/// input load) gives the same logits, bit for bit, as part 0's merge: a decode
+/// step at 512 random committed keys of a benchmark shape, and at 70..+steps
+/// keys of a tiny model through several steps (each compared).
+void check_megakernel_merge_in_o_bitwise(const std::string& tag, const ModelConfig& cfg, int fill_keys, int steps,
+                                         int head_parts = 0) {
+  ModelOptions opt;
+  opt.max_context = 1024;
+  opt.max_tree = 128;
+  std::vector<std::vector<float>> out[2];
+  for (int v = 0; v < 2; ++v) {
+    CudaModelOptions mko;
+    mko.megakernel = true;
+    mko.megakernel_head_parts = head_parts;
+    mko.megakernel_merge_in_o = v;
+    auto m = make_cuda_model_random(cfg, opt, mko, 42);
+    m->debug_fill_committed_random(fill_keys, 43);
+    if (v == 1) std::printf("megakernel[%s merge in O] plan: %s", tag.c_str(), m->debug_gemm_plans().c_str());
+    Rng rng(44);
+    for (int i = 0; i < steps; ++i) {
+      std::vector<float> a;
+      m->forward(append_batch({rng.below(cfg.vocab_size)}, fill_keys + i, LogitsMode::Last), a);
+      out[v].push_back(std::move(a));
+    }
+  }
+  int differ = 0;
+  for (int i = 0; i < steps; ++i)
+    if (out[0][i].size() != out[1][i].size() ||
+        std::memcmp(out[0][i].data(), out[1][i].data(), sizeof(float) * out[0][i].size()) != 0)
+      ++differ;
+  char name[200], det[200];
+  std::snprintf(name, sizeof name, "megakernel[%s] merge in O: logits bitwise == part 0's merge", tag.c_str());
+  std::snprintf(det, sizeof det, "(%d of %d steps differ)", differ, steps);
+  record(name, differ, 0, differ == 0, det);
+}
+
 /// The megakernel's ring slot size chosen by timing (autotune): made with
 /// autotune_verify (every candidate's arg-max and residual bitwise the
 /// default's, or the model is not made), it logs its choice, and its decode
@@ -1059,11 +1096,16 @@ void check_megakernel_plan_errors(const ModelConfig& cfg) {
   refused("hold_until_input must be", [](CudaModelOptions& o) { o.megakernel_hold_until_input = 3; });
   refused("attn_short must be", [](CudaModelOptions& o) { o.megakernel_attn_short = 5; });
   refused("attn_prewait must be", [](CudaModelOptions& o) { o.megakernel_attn_prewait = 2; });
+  refused("merge_in_o must be", [](CudaModelOptions& o) { o.megakernel_merge_in_o = 3; });
+  refused("merge_in_o merges at most", [](CudaModelOptions& o) {
+    o.megakernel_merge_in_o = 1;
+    o.megakernel_head_parts = 8;
+  });
   refused("slot_bytes must be", [](CudaModelOptions& o) { o.megakernel_slot_bytes = 1000; });   // not % 128
   refused("slot_bytes must be", [](CudaModelOptions& o) { o.megakernel_slot_bytes = 1024; });   // < one row
   refused("head_parts must be", [](CudaModelOptions& o) { o.megakernel_head_parts = 3; });
   refused("head_keys must be", [](CudaModelOptions& o) { o.megakernel_head_keys = -5; });
-  record("megakernel: knobs out of range -> InvalidArgument naming the knob (11 cases)", bad, 0, bad == 0, "");
+  record("megakernel: knobs out of range -> InvalidArgument naming the knob (13 cases)", bad, 0, bad == 0, "");
 }
 
 /// Two megakernel models with different shared-memory plans in one process
@@ -1374,6 +1416,12 @@ int main(int argc, char** argv) {
     // every K/V load of the head parts after the wait for QKV (the default issues the committed ones before it)
     check_megakernel("gqa7 no prewait", gqa7, 6, 40, -1, 0, -1, 0, -1, -1, 0);
     check_megakernel("qwen2-like long hk1024 P1 no prewait", qwen2_like, 8, 260, 1024, 1, -1, 0, -1, -1, 0);
+    // the parts of a head merged by the O projection's input load (merge_in_o)
+    check_megakernel("gqa7 merge in O", gqa7, 6, 40, -1, 0, -1, 0, -1, -1, -1, 1);
+    check_megakernel("gqa7 P2 merge in O", gqa7, 6, 40, -1, 2, -1, 0, -1, -1, -1, 1);
+    check_megakernel("llama-like hk150 merge in O", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 4, 200, 150, 0, -1, 0, -1, -1, -1, 1);
+    check_megakernel_merge_in_o_bitwise("gqa7", gqa7, 100, 12);
+    check_megakernel_merge_in_o_bitwise("qwen2-like", qwen2_like, 100, 12);
     check_megakernel_plan_errors(gqa7);
     check_megakernel_slot_tuning(gqa7);
     {
@@ -1401,6 +1449,8 @@ int main(int argc, char** argv) {
     check_megakernel_shape("qwen2.5-0.5b", -1, 0, -1, 2, 2);
     check_megakernel_shape("qwen2.5-0.5b", -1, 0, -1, -1, -1, -1, 0);  // K/V loads after the wait
     check_megakernel_shape("llama3-8b", -1, 0, -1, -1, -1, -1, 0);
+    for (const char* sh : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"})
+      check_megakernel_merge_in_o_bitwise(std::string(sh) + " shape", shape_config(sh), 512, 3);
     check_megakernel_two_plans();
     cudaStreamDestroy(st);
   } catch (const std::exception& e) {

@@ -134,6 +134,10 @@ struct CudaModelOptions {
   /// A head part's committed K/V loads issued before its wait for the QKV op
   /// (MegaPlan::attn_prewait): -1 the default, 0 or 1.
   int megakernel_attn_prewait = -1;
+  /// The parts of a query head merged by the O projection's input load
+  /// instead of by part 0 (MegaPlan::merge_in_o; the same bits): -1 the
+  /// default (0), 0 or 1.
+  int megakernel_merge_in_o = -1;
   /// Bytes of one ring slot (MegaPlan::slot_bytes): 0 the default, chosen
   /// by timing when the model is made (autotune: 32 KB, 35840, 40960 or 53760 B;
   /// the same bits whichever wins), else the plan's 32 KB; or a fixed size.

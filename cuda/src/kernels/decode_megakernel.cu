@@ -52,6 +52,8 @@ constexpr int kHeadKeysDefault64 = 576;
 /// shapes (run 20: 0.759 / 1.351 vs 0.771 / 1.371 ms), and than 1 (0.788 /
 /// 1.401) or the split units (0.766 / 1.391).
 constexpr int kMaxHeadParts = 8;
+/// MegaPlan::merge_in_o merges at most this many parts per head (more spill).
+constexpr int kMaxMergeParts = 4;
 constexpr int kDefaultHeadParts = 4;
 /// MegaPlan::max_inflight by default (0: the whole ring).
 constexpr int kDefaultMaxInflight = 0;
@@ -70,6 +72,9 @@ constexpr int kDefaultAttnShort = 1;
 /// MegaPlan::attn_prewait by default (the committed K/V loads of a head part
 /// issued before its wait for the QKV op).
 constexpr int kDefaultAttnPrewait = 1;
+/// MegaPlan::merge_in_o by default: off until measured (run 23 wrote it
+/// without a GPU; the next session's A/B decides).
+constexpr int kDefaultMergeInO = 0;
 /// Shared memory the plan reserves besides slots, x, misc, tables and
 /// barriers: reduction scratch (16 floats, 8 keys), the step's constants,
 /// RoPE table (64 (cos, sin) at most) and the CTA's release mark; and
@@ -663,6 +668,9 @@ __device__ __forceinline__ float block_max(float v, float* small) {
 /// there, merges them in part order and writes the output.
 struct HeadPart {
   int r = 0, parts = 1;       ///< this part, parts of the head (1: no handoff)
+  /// MegaPlan::merge_in_o: every part (0 too) leaves its state in part_o /
+  /// part_ml and no part merges; the O projection's input load does.
+  bool defer = false;
   unsigned* flag = nullptr;   ///< the head's arrival counter of this layer
   float* part_o = nullptr;    ///< [parts][HD] of this head
   float2* part_ml = nullptr;  ///< [parts] of this head
@@ -871,12 +879,12 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
     for (int k = 0; k < NS; ++k) o += pv[k * HD + tid];
     if (part.parts == 1) {
       out[tid] = __float2bfloat16_rn(o / L);
-    } else if (part.r > 0) {
+    } else if (part.r > 0 || part.defer) {
       __stcg(part.part_o + part.r * HD + tid, o);
       if (tid == 0) __stcg(part.part_ml + part.r, make_float2(M, L));
     }
   }
-  if (part.parts > 1) {
+  if (part.parts > 1 && !part.defer) {
     if (part.r > 0) {
       consumer_sync();
       if (tid == 0) red_release_gpu_add(part.flag, 1u);
@@ -902,6 +910,54 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
     }
   }
   consumer_sync();  // the scratch is reused by the next head of this CTA
+}
+
+/// MegaPlan::merge_in_o: x = the attention output, merged here from every
+/// query head's `parts` part states (part_o / part_ml, left by head_attention
+/// with HeadPart::defer) instead of by each head's part 0. The same
+/// operations in the same order as part 0's merge, so the same bits; it
+/// spares the attention its point-to-point handoff (part 0's wait for the
+/// others, its loads and its output store) at the cost of every O CTA loading
+/// parts x num_heads x head_dim floats instead of num_heads x head_dim bf16.
+/// Thread t takes 4 consecutive dims of one head at a time, all its parts'
+/// loads in flight at once (at most kMaxMergeParts parts: 8 x 6 registers of
+/// loads in flight spilled). Not inlined: inside the kernel it added spills.
+__device__ __noinline__ void load_merged_attn(const float* __restrict__ part_o, const float2* __restrict__ part_ml,
+                                              int num_heads, int head_dim, int max_splits, int parts,
+                                              __nv_bfloat16* x) {
+  const int g4 = head_dim / 4;
+  for (int g = threadIdx.x; g < num_heads * g4; g += kConsumers) {
+    const int h = g / g4, d0 = (g - h * g4) * 4;
+    const float* po = part_o + static_cast<size_t>(h) * max_splits * head_dim + d0;
+    const float2* pm = part_ml + static_cast<size_t>(h) * max_splits;
+    float2 ml[kMaxMergeParts];
+    float4 o[kMaxMergeParts];
+#pragma unroll
+    for (int q = 0; q < kMaxMergeParts; ++q)
+      if (q < parts) {
+        ml[q] = __ldcg(pm + q);
+        o[q] = __ldcg(reinterpret_cast<const float4*>(po + static_cast<size_t>(q) * head_dim));
+      }
+    float mx = ml[0].x;
+#pragma unroll
+    for (int q = 1; q < kMaxMergeParts; ++q)
+      if (q < parts) mx = fmaxf(mx, ml[q].x);
+    const float f0 = exp2f(ml[0].x - mx);
+    float n0 = o[0].x * f0, n1 = o[0].y * f0, n2 = o[0].z * f0, n3 = o[0].w * f0;
+    float den = ml[0].y * f0;
+#pragma unroll
+    for (int q = 1; q < kMaxMergeParts; ++q)
+      if (q < parts) {
+        const float f = exp2f(ml[q].x - mx);
+        n0 = fmaf(o[q].x, f, n0);
+        n1 = fmaf(o[q].y, f, n1);
+        n2 = fmaf(o[q].z, f, n2);
+        n3 = fmaf(o[q].w, f, n3);
+        den = fmaf(ml[q].y, f, den);
+      }
+    reinterpret_cast<uint2*>(x)[g] = make_uint2(pack_bf16x2(n0 / den, n1 / den), pack_bf16x2(n2 / den, n3 / den));
+  }
+  consumer_sync();
 }
 
 /// The merge phase: every CTA merges the key splits of a slice of the output
@@ -1084,6 +1140,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           HeadPart hp;
           hp.r = r;
           hp.parts = c.head_parts;
+          hp.defer = pl.merge_in_o != 0;
           hp.flag = ctr + L * kCtrPerLayer + 1 + l * s.num_heads + h;
           hp.part_o = p.part_o + static_cast<size_t>(h) * pl.max_splits * s.head_dim;
           hp.part_ml = p.part_ml + static_cast<size_t>(h) * pl.max_splits;
@@ -1128,7 +1185,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         const Stream st = table[kStreamsPerLayer * l + kStreamO];
         gemv_op(p, st, c.whole_heads ? lc + kCtrAttn : lc + kCtrMerge, lc + kCtrO, slot0 + kCtrO, kStreamsPerLayer * l + kStreamO,
                 kStreamsPerLayer * l + kStreamQKV, released, [&] {
-          load_input(p.attn, s.num_heads * s.head_dim, x);
+          if (c.whole_heads && c.head_parts > 1 && pl.merge_in_o)
+            load_merged_attn(p.part_o, p.part_ml, s.num_heads, s.head_dim, pl.max_splits, c.head_parts, x);
+          else
+            load_input(p.attn, s.num_heads * s.head_dim, x);
           if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * l + kStreamQKV + 1);
           consume_stream(p, st, ring, x, add_residual);
         });
@@ -1258,6 +1318,9 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, c
   if (t.attn_prewait < -1 || t.attn_prewait > 1)
     bad("attn_prewait must be -1 (the default), 0 or 1, got " + std::to_string(t.attn_prewait));
   pl.attn_prewait = t.attn_prewait >= 0 ? t.attn_prewait : kDefaultAttnPrewait;
+  if (t.merge_in_o < -1 || t.merge_in_o > 1)
+    bad("merge_in_o must be -1 (the default), 0 or 1, got " + std::to_string(t.merge_in_o));
+  pl.merge_in_o = t.merge_in_o >= 0 ? t.merge_in_o : kDefaultMergeInO;
   pl.x_bytes = static_cast<int>(align_up(2 * static_cast<size_t>(kmax), 128));
   const int tiles_qkv = (nq + 2 * nkv) / 16, tiles_gu = 2 * s.intermediate / 16;
   pl.ybuf_rows = 16 * std::max((tiles_qkv + num_sms - 1) / num_sms, (tiles_gu + num_sms - 1) / num_sms);
@@ -1271,6 +1334,9 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, c
     bad("head_parts must be 0 (the plan's choice), 1, 2, 4 or 8");
   pl.head_parts = head_parts == 0 ? kDefaultHeadParts : head_parts;
   while (pl.head_parts > 1 && s.num_heads * pl.head_parts > num_sms) pl.head_parts /= 2;
+  if (pl.merge_in_o && pl.head_parts > kMaxMergeParts)
+    bad("merge_in_o merges at most " + std::to_string(kMaxMergeParts) + " parts per head, the plan has head_parts " +
+        std::to_string(pl.head_parts));
   // Default: the K and V bytes per part that one SM read faster than the split
   // units and their merge took (kHeadKeysDefault64 keys at head_dim 64).
   pl.head_keys = head_keys >= 0 ? head_keys

@@ -104,6 +104,10 @@ struct MegaPlan {
   /// and the step's own K/V row are loaded after the wait. 0: all after it.
   /// (Batched parts always load after the wait.)
   int attn_prewait = 1;
+  /// 1: the parts of a query head (head_parts > 1) all leave their softmax
+  /// states, and the O projection's input load merges them (the same bits as
+  /// part 0's merge): no part waits for another. 0: part 0 merges.
+  int merge_in_o = 0;
   int x_bytes = 0;     ///< GEMV input vector (bf16, the longest K)
   int ybuf_rows = 0;   ///< per-CTA output rows of a QKV or gate/up op (fp32)
   int own_rows = 0;    ///< per-CTA residual rows (O and down), kept in shared memory
@@ -143,6 +147,8 @@ struct MegaTuning {
   int attn_short = -1;
   /// MegaPlan::attn_prewait: -1 the default (1), 0 or 1.
   int attn_prewait = -1;
+  /// MegaPlan::merge_in_o: -1 the default (0), 0 or 1.
+  int merge_in_o = -1;
   /// MegaPlan::slot_bytes: 0 the default (32 KB, or one row of the longest
   /// K if larger), else a multiple of 128 of at least that row.
   int slot_bytes = 0;
