@@ -995,12 +995,15 @@ void check_megakernel_shape(const std::string& shape, int head_keys = -1, int he
   record(name, e, 1e-2, e < 1e-2 && nb == 0, det);
 }
 
-/// MegaPlan::merge_in_o (the parts of a head merged by the O projection's
-/// input load) gives the same logits, bit for bit, as part 0's merge: a decode
-/// step at 512 random committed keys of a benchmark shape, and at 70..+steps
-/// keys of a tiny model through several steps (each compared).
-void check_megakernel_merge_in_o_bitwise(const std::string& tag, const ModelConfig& cfg, int fill_keys, int steps,
-                                         int head_parts = 0) {
+/// A megakernel setting that changes no arithmetic (`set` applied to the
+/// variant's CudaModelOptions) gives the same logits, bit for bit, as the
+/// default: `steps` decode steps after `fill_keys` random committed keys,
+/// random weights, each step compared. Used for MegaPlan::merge_in_o (the
+/// parts of a head merged by the O projection's input load, with part 0's
+/// operations in part 0's order) and for fixed ring slot sizes against the
+/// tuned one.
+template <class Set>
+void check_megakernel_same_bits(const std::string& what, const ModelConfig& cfg, int fill_keys, int steps, Set&& set) {
   ModelOptions opt;
   opt.max_context = 1024;
   opt.max_tree = 128;
@@ -1008,11 +1011,10 @@ void check_megakernel_merge_in_o_bitwise(const std::string& tag, const ModelConf
   for (int v = 0; v < 2; ++v) {
     CudaModelOptions mko;
     mko.megakernel = true;
-    mko.megakernel_head_parts = head_parts;
-    mko.megakernel_merge_in_o = v;
+    if (v == 1) set(mko);
     auto m = make_cuda_model_random(cfg, opt, mko, 42);
     m->debug_fill_committed_random(fill_keys, 43);
-    if (v == 1) std::printf("megakernel[%s merge in O] plan: %s", tag.c_str(), m->debug_gemm_plans().c_str());
+    if (v == 1) std::printf("megakernel[%s] plan: %s", what.c_str(), m->debug_gemm_plans().c_str());
     Rng rng(44);
     for (int i = 0; i < steps; ++i) {
       std::vector<float> a;
@@ -1026,7 +1028,7 @@ void check_megakernel_merge_in_o_bitwise(const std::string& tag, const ModelConf
         std::memcmp(out[0][i].data(), out[1][i].data(), sizeof(float) * out[0][i].size()) != 0)
       ++differ;
   char name[200], det[200];
-  std::snprintf(name, sizeof name, "megakernel[%s] merge in O: logits bitwise == part 0's merge", tag.c_str());
+  std::snprintf(name, sizeof name, "megakernel[%s]: logits bitwise == the default's", what.c_str());
   std::snprintf(det, sizeof det, "(%d of %d steps differ)", differ, steps);
   record(name, differ, 0, differ == 0, det);
 }
@@ -1420,8 +1422,9 @@ int main(int argc, char** argv) {
     check_megakernel("gqa7 merge in O", gqa7, 6, 40, -1, 0, -1, 0, -1, -1, -1, 1);
     check_megakernel("gqa7 P2 merge in O", gqa7, 6, 40, -1, 2, -1, 0, -1, -1, -1, 1);
     check_megakernel("llama-like hk150 merge in O", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 4, 200, 150, 0, -1, 0, -1, -1, -1, 1);
-    check_megakernel_merge_in_o_bitwise("gqa7", gqa7, 100, 12);
-    check_megakernel_merge_in_o_bitwise("qwen2-like", qwen2_like, 100, 12);
+    const auto merge_in_o = [](CudaModelOptions& o) { o.megakernel_merge_in_o = 1; };
+    check_megakernel_same_bits("gqa7 merge in O", gqa7, 100, 12, merge_in_o);
+    check_megakernel_same_bits("qwen2-like merge in O", qwen2_like, 100, 12, merge_in_o);
     check_megakernel_plan_errors(gqa7);
     check_megakernel_slot_tuning(gqa7);
     {
@@ -1450,7 +1453,12 @@ int main(int argc, char** argv) {
     check_megakernel_shape("qwen2.5-0.5b", -1, 0, -1, -1, -1, -1, 0);  // K/V loads after the wait
     check_megakernel_shape("llama3-8b", -1, 0, -1, -1, -1, -1, 0);
     for (const char* sh : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"})
-      check_megakernel_merge_in_o_bitwise(std::string(sh) + " shape", shape_config(sh), 512, 3);
+      check_megakernel_same_bits(std::string(sh) + " shape, merge in O", shape_config(sh), 512, 3,
+                                 [](CudaModelOptions& o) { o.megakernel_merge_in_o = 1; });
+    // each ring slot size the tuner may pick, fixed, against the tuned default
+    for (int sb : {32768, 35840, 40960, 53760})
+      check_megakernel_same_bits("qwen2.5-0.5b shape, " + std::to_string(sb) + " B slots", shape_config("qwen2.5-0.5b"),
+                                 512, 3, [sb](CudaModelOptions& o) { o.megakernel_slot_bytes = sb; });
     check_megakernel_two_plans();
     cudaStreamDestroy(st);
   } catch (const std::exception& e) {
