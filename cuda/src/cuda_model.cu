@@ -641,7 +641,8 @@ class CudaModelImpl final : public CudaModel {
              " hold_until_input=" + std::to_string(mk_plan_.hold_until_input) +
              " attn_short=" + std::to_string(mk_plan_.attn_short) +
              " attn_prewait=" + std::to_string(mk_plan_.attn_prewait) +
-             " merge_in_o=" + std::to_string(mk_plan_.merge_in_o) + " cooperative\n";
+             " merge_in_o=" + std::to_string(mk_plan_.merge_in_o) +
+             " l2_prefetch_bytes=" + std::to_string(mk_plan_.l2_prefetch_bytes) + " cooperative\n";
     return out;
   }
 
@@ -793,6 +794,7 @@ class CudaModelImpl final : public CudaModel {
     tune.attn_short = copt_.megakernel_attn_short;
     tune.attn_prewait = copt_.megakernel_attn_prewait;
     tune.merge_in_o = copt_.megakernel_merge_in_o;
+    tune.l2_prefetch_bytes = copt_.megakernel_l2_prefetch_bytes;
     tune.slot_bytes = slot_bytes;
     return tune;
   }

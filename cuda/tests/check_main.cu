@@ -1099,6 +1099,8 @@ void check_megakernel_plan_errors(const ModelConfig& cfg) {
   refused("attn_short must be", [](CudaModelOptions& o) { o.megakernel_attn_short = 5; });
   refused("attn_prewait must be", [](CudaModelOptions& o) { o.megakernel_attn_prewait = 2; });
   refused("merge_in_o must be", [](CudaModelOptions& o) { o.megakernel_merge_in_o = 3; });
+  refused("l2_prefetch_bytes must be", [](CudaModelOptions& o) { o.megakernel_l2_prefetch_bytes = 1000; });  // not % 16
+  refused("l2_prefetch_bytes must be", [](CudaModelOptions& o) { o.megakernel_l2_prefetch_bytes = 8 << 20; });
   refused("merge_in_o merges at most", [](CudaModelOptions& o) {
     o.megakernel_merge_in_o = 1;
     o.megakernel_head_parts = 8;
@@ -1107,7 +1109,7 @@ void check_megakernel_plan_errors(const ModelConfig& cfg) {
   refused("slot_bytes must be", [](CudaModelOptions& o) { o.megakernel_slot_bytes = 1024; });   // < one row
   refused("head_parts must be", [](CudaModelOptions& o) { o.megakernel_head_parts = 3; });
   refused("head_keys must be", [](CudaModelOptions& o) { o.megakernel_head_keys = -5; });
-  record("megakernel: knobs out of range -> InvalidArgument naming the knob (13 cases)", bad, 0, bad == 0, "");
+  record("megakernel: knobs out of range -> InvalidArgument naming the knob (15 cases)", bad, 0, bad == 0, "");
 }
 
 /// Two megakernel models with different shared-memory plans in one process
@@ -1455,6 +1457,12 @@ int main(int argc, char** argv) {
     for (const char* sh : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"})
       check_megakernel_same_bits(std::string(sh) + " shape, merge in O", shape_config(sh), 512, 3,
                                  [](CudaModelOptions& o) { o.megakernel_merge_in_o = 1; });
+    // the L2 prefetch of the gate/up tail (a hint: no arithmetic changes), past the rows at the tiny model
+    check_megakernel_same_bits("gqa7 l2 prefetch 1 MiB", gqa7, 100, 6,
+                               [](CudaModelOptions& o) { o.megakernel_l2_prefetch_bytes = 1 << 20; });
+    for (const char* sh : {"qwen2.5-0.5b", "qwen2.5-1.5b"})
+      check_megakernel_same_bits(std::string(sh) + " shape, l2 prefetch 128 KB", shape_config(sh), 512, 3,
+                                 [](CudaModelOptions& o) { o.megakernel_l2_prefetch_bytes = 128 << 10; });
     // each ring slot size the tuner may pick, fixed, against the tuned default
     for (int sb : {32768, 35840, 40960, 53760})
       check_megakernel_same_bits("qwen2.5-0.5b shape, " + std::to_string(sb) + " B slots", shape_config("qwen2.5-0.5b"),

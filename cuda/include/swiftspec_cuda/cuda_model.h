@@ -138,6 +138,10 @@ struct CudaModelOptions {
   /// instead of by part 0 (MegaPlan::merge_in_o; the same bits): -1 the
   /// default (0), 0 or 1.
   int megakernel_merge_in_o = -1;
+  /// Bytes of its gate/up rows each CTA prefetches into L2 once its attention
+  /// is done (MegaPlan::l2_prefetch_bytes): -1 the default (0), 0 off, or a
+  /// multiple of 16 up to 4 MiB.
+  int megakernel_l2_prefetch_bytes = -1;
   /// Bytes of one ring slot (MegaPlan::slot_bytes): 0 the default, chosen
   /// by timing when the model is made (autotune: 32 KB, 35840, 40960 or 53760 B;
   /// the same bits whichever wins), else the plan's 32 KB; or a fixed size.

@@ -78,6 +78,10 @@ constexpr int kDefaultAttnPrewait = 1;
 /// MegaPlan::merge_in_o by default: off until measured (run 23 wrote it
 /// without a GPU; the next session's A/B decides).
 constexpr int kDefaultMergeInO = 0;
+/// MegaPlan::l2_prefetch_bytes by default: off until measured (run 23 wrote it
+/// without a GPU). Largest value accepted: 4 MiB per CTA.
+constexpr int kDefaultL2PrefetchBytes = 0;
+constexpr int kMaxL2PrefetchBytes = 4 << 20;
 /// Shared memory the plan reserves besides slots, x, misc, tables and
 /// barriers: reduction scratch (16 floats, 8 keys), the step's constants,
 /// RoPE table (64 (cos, sin) at most) and the CTA's release mark; and
@@ -255,6 +259,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         }
         if (pl.hold_until_input == 2) mark_released(released, kStreamsPerLayer * l + kStreamQKV + 1);
         signal_counter(p, lc + kCtrAttn, slot0 + kCtrAttn);
+        if (pl.l2_prefetch_bytes && tid == 0)
+          l2_prefetch_tail(table[kStreamsPerLayer * l + kStreamGateUp], pl.l2_prefetch_bytes);
         trace_mark(p, slot0 + kCtrMerge, 0);  // no merge: an empty op in the trace
         trace_mark(p, slot0 + kCtrMerge, 1);
       } else {
@@ -264,6 +270,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         }
         if (pl.hold_until_input == 2) mark_released(released, kStreamsPerLayer * l + kStreamQKV + 1);
         signal_counter(p, lc + kCtrAttn, slot0 + kCtrAttn);
+        if (pl.l2_prefetch_bytes && tid == 0)
+          l2_prefetch_tail(table[kStreamsPerLayer * l + kStreamGateUp], pl.l2_prefetch_bytes);
         trace_mark(p, slot0 + kCtrMerge, 2);
         wait_counter(lc + kCtrAttn, G);
         trace_mark(p, slot0 + kCtrMerge, 0);
@@ -414,6 +422,10 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, c
   if (t.merge_in_o < -1 || t.merge_in_o > 1)
     bad("merge_in_o must be -1 (the default), 0 or 1, got " + std::to_string(t.merge_in_o));
   pl.merge_in_o = t.merge_in_o >= 0 ? t.merge_in_o : kDefaultMergeInO;
+  if (t.l2_prefetch_bytes < -1 || t.l2_prefetch_bytes > kMaxL2PrefetchBytes || (t.l2_prefetch_bytes > 0 && t.l2_prefetch_bytes % 16 != 0))
+    bad("l2_prefetch_bytes must be -1 (the default), 0 (off) or a multiple of 16 up to " +
+        std::to_string(kMaxL2PrefetchBytes) + ", got " + std::to_string(t.l2_prefetch_bytes));
+  pl.l2_prefetch_bytes = t.l2_prefetch_bytes >= 0 ? t.l2_prefetch_bytes : kDefaultL2PrefetchBytes;
   pl.x_bytes = static_cast<int>(align_up(2 * static_cast<size_t>(kmax), 128));
   const int tiles_qkv = (nq + 2 * nkv) / 16, tiles_gu = 2 * s.intermediate / 16;
   pl.ybuf_rows = 16 * std::max((tiles_qkv + num_sms - 1) / num_sms, (tiles_gu + num_sms - 1) / num_sms);

@@ -108,6 +108,11 @@ struct MegaPlan {
   /// states, and the O projection's input load merges them (the same bits as
   /// part 0's merge): no part waits for another. 0: part 0 merges.
   int merge_in_o = 0;
+  /// > 0: once its attention is done, a CTA prefetches into L2 the last this
+  /// many bytes of its gate/up rows of the layer (one bulk prefetch), so
+  /// that HBM streams while the ring is full and the O projection waits.
+  /// 0: off. Changes no arithmetic.
+  int l2_prefetch_bytes = 0;
   int x_bytes = 0;     ///< GEMV input vector (bf16, the longest K)
   int ybuf_rows = 0;   ///< per-CTA output rows of a QKV or gate/up op (fp32)
   int own_rows = 0;    ///< per-CTA residual rows (O and down), kept in shared memory
@@ -149,6 +154,9 @@ struct MegaTuning {
   int attn_prewait = -1;
   /// MegaPlan::merge_in_o: -1 the default (0), 0 or 1.
   int merge_in_o = -1;
+  /// MegaPlan::l2_prefetch_bytes: -1 the default (0), 0 off, or a multiple of
+  /// 16 up to 4 MiB.
+  int l2_prefetch_bytes = -1;
   /// MegaPlan::slot_bytes: 0 the default (32 KB, or one row of the longest
   /// K if larger), else a multiple of 128 of at least that row.
   int slot_bytes = 0;

@@ -44,6 +44,19 @@ __device__ Stream stream_of(const MegaParams& p, int idx, int cta) {
   return st;
 }
 
+/// MegaPlan::l2_prefetch_bytes: one bulk L2 prefetch of the last `bytes` of
+/// the CTA's rows of stream `st` (their tail: the ring fetches the head
+/// first). Issued once the CTA's attention is done, while the ring is full
+/// and HBM would idle until the O projection; a hint, no data changes.
+__device__ __forceinline__ void l2_prefetch_tail(const Stream& st, int bytes) {
+  if (st.row1 <= st.row0) return;
+  const size_t total = static_cast<size_t>(st.row1 - st.row0) * st.K * 2;
+  const size_t n = (total < static_cast<size_t>(bytes) ? total : static_cast<size_t>(bytes)) & ~size_t(15);
+  if (n == 0) return;
+  const char* end = reinterpret_cast<const char*>(st.w + static_cast<size_t>(st.row1) * st.K);
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(end - n), "r"(static_cast<uint32_t>(n)) : "memory");
+}
+
 __device__ __forceinline__ int rows_per_chunk(const MegaPlan& pl, int K) {
   return max(1, pl.slot_bytes / (2 * K));
 }
