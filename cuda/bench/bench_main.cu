@@ -37,10 +37,11 @@
 //    --mk-attn-prewait 0|1: a head part's committed K/V loads before its wait for QKV (-1: the plan's).
 //    --mk-merge-in-o 0|1: a head's parts merged by the O projection's input load (-1: the plan's).
 //    --mk-l2-prefetch N: bytes of its gate/up rows each CTA prefetches into L2 after its attention (-1: the plan's).
+//    --mk-sm-count N: the megakernel models in a green context of the first N SMs (0: the whole GPU).
 //    --mk-sweep I:S[:H[:U]],...: the megakernel step again per (inflight, slot bytes[, hold[, hold-input]]).
 //    --megakernel-trace-csv DIR: the trace, and all its stamps as CSV files in DIR.
 // Usage: swiftspec-cuda-bench [--json PATH] [--quick] [--no-gemm] [--sweep] [--mma-models] [--pdl-early] [--untuned]
-//        [--megakernel-only] [--megakernel-trace] [--mk-head-keys N] [--mk-head-parts N] [--mk-inflight N] [--mk-slot-bytes N] [--mk-hold N] [--mk-hold-input U] [--mk-attn-short 0|1] [--mk-attn-prewait 0|1] [--mk-merge-in-o 0|1] [--mk-l2-prefetch N] [--mk-sweep I:S[:H[:U]],...] [--context N] [--shapes qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b]
+//        [--megakernel-only] [--megakernel-trace] [--mk-head-keys N] [--mk-head-parts N] [--mk-inflight N] [--mk-slot-bytes N] [--mk-hold N] [--mk-hold-input U] [--mk-attn-short 0|1] [--mk-attn-prewait 0|1] [--mk-merge-in-o 0|1] [--mk-l2-prefetch N] [--mk-sm-count N] [--mk-sweep I:S[:H[:U]],...] [--context N] [--shapes qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b]
 #include <algorithm>
 #include <chrono>
 #include <cerrno>
@@ -317,6 +318,10 @@ int g_mk_attn_prewait = -1;
 int g_mk_merge_in_o = -1;
 /// --mk-l2-prefetch N: CudaModelOptions::megakernel_l2_prefetch_bytes (-1: the plan's).
 int g_mk_l2_prefetch = -1;
+/// --mk-sm-count N: the megakernel models run in a green context of the first
+/// N SMs (CudaModelOptions::sm_count; 0: the whole GPU) — a draft's partition
+/// in one-GPU disaggregation; the grid has one CTA per SM of it.
+int g_mk_sm_count = 0;
 
 /// --mk-sweep I:S[:H[:U]],...: after each shape's megakernel step, the same
 /// step again per (max_inflight, slot_bytes, release_hold, hold_until_input)
@@ -328,7 +333,8 @@ struct MkSweepItem {
 };
 std::vector<MkSweepItem> g_mk_sweep;
 
-/// The megakernel flags of the command line into `co` (every megakernel model of the run).
+/// The megakernel flags of the command line into `co` (every megakernel model
+/// of the run; set co.megakernel first).
 void apply_mk_flags(CudaModelOptions& co) {
   co.megakernel_head_keys = g_mk_head_keys;
   co.megakernel_head_parts = g_mk_head_parts;
@@ -340,6 +346,10 @@ void apply_mk_flags(CudaModelOptions& co) {
   co.megakernel_attn_prewait = g_mk_attn_prewait;
   co.megakernel_merge_in_o = g_mk_merge_in_o;
   co.megakernel_l2_prefetch_bytes = g_mk_l2_prefetch;
+  if (co.megakernel) {
+    co.sm_first = 0;
+    co.sm_count = g_mk_sm_count;
+  }
 }
 
 /// --megakernel-trace-csv DIR: every stamp of each traced step as
@@ -636,6 +646,7 @@ int main(int argc, char** argv) {
     if (a == "--mk-attn-prewait" && i + 1 < argc) g_mk_attn_prewait = int_flag(a, argv[++i]);
     if (a == "--mk-merge-in-o" && i + 1 < argc) g_mk_merge_in_o = int_flag(a, argv[++i]);
     if (a == "--mk-l2-prefetch" && i + 1 < argc) g_mk_l2_prefetch = int_flag(a, argv[++i]);
+    if (a == "--mk-sm-count" && i + 1 < argc) g_mk_sm_count = int_flag(a, argv[++i]);
     if (a == "--mk-sweep" && i + 1 < argc) {
       const std::string spec = argv[++i];
       size_t at = 0;
