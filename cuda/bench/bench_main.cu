@@ -694,6 +694,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--context must be 1..900 (the models are made with 1024 positions and 128 tree slots)\n");
     return 2;
   }
+  if (g_mk_sm_count < 0 || g_mk_sm_count % 8 != 0) {
+    // Green contexts split SMs in groups of 8 on Hopper (sm_partition.h).
+    std::fprintf(stderr, "--mk-sm-count must be 0 (the whole GPU) or a positive multiple of 8, got %d\n", g_mk_sm_count);
+    return 2;
+  }
   if (gemm_m < 0 || gemm_m > kMaxStepTokens) {
     std::fprintf(stderr, "--gemm-m must be in 1..%d (got %d)\n", kMaxStepTokens, gemm_m);
     return 2;
@@ -741,6 +746,12 @@ int main(int argc, char** argv) {
     const double bw = copy_bandwidth_tbs(st);
     std::printf("copy bandwidth (2 GiB D2D, read+write): %.3f TB/s\n", bw);
     json_kv("copy_bandwidth_tbs", num(bw));
+    // The megakernel rows' SMs: a partition (--mk-sm-count) is not the whole
+    // GPU that the limit and the layered rows use.
+    json_kv("megakernel_sm_count", std::to_string(g_mk_sm_count > 0 ? g_mk_sm_count : prop.multiProcessorCount));
+    if (g_mk_sm_count > 0)
+      std::printf("megakernel models: a green context of SMs [0, %d) (--mk-sm-count); the rest of the GPU idle\n",
+                  g_mk_sm_count);
     if (gemms) {
       const auto rows = bench_gemms(st, prop.multiProcessorCount, sweep, gemm_only, gemm_m);
       if (!gemm_only.empty()) return 0;  // a profiler run: the GEMM of one shape only

@@ -829,7 +829,7 @@ void check_step_tuning(const ModelConfig& cfg, uint64_t seed) {
 
 void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t seed, int steps, int head_keys = -1,
                       int head_parts = 0, int max_inflight = -1, int slot_bytes = 0, int release_hold = -1,
-                      int hold_until_input = -1, int attn_prewait = -1, int merge_in_o = -1) {
+                      int hold_until_input = -1, int attn_prewait = -1, int merge_in_o = -1, int sm_count = 0) {
   Rng rng(seed);
   TinyWeights tw = make_weights(cfg, rng);
   ModelOptions opt;
@@ -845,6 +845,7 @@ void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t s
   mko.megakernel_hold_until_input = hold_until_input;
   mko.megakernel_attn_prewait = attn_prewait;
   mko.megakernel_merge_in_o = merge_in_o;
+  mko.sm_count = sm_count;  // a green context of the first sm_count SMs (0: the whole GPU)
   opt.max_context = std::max(opt.max_context, 70 + steps + 16);
   auto mk = tiny_model(cfg, tw, opt, mko);
   auto lay = tiny_model(cfg, tw, opt, CudaModelOptions{});
@@ -995,26 +996,70 @@ void check_megakernel_shape(const std::string& shape, int head_keys = -1, int he
   record(name, e, 1e-2, e < 1e-2 && nb == 0, det);
 }
 
-/// A megakernel setting that changes no arithmetic (`set` applied to the
-/// variant's CudaModelOptions) gives the same logits, bit for bit, as the
-/// default: `steps` decode steps after `fill_keys` random committed keys,
-/// random weights, each step compared. Used for MegaPlan::merge_in_o (the
+/// The first tokens of a sequence decoded one at a time by the megakernel,
+/// from position 0, against the fp32 reference: 1..`steps` keys, so a query
+/// head runs in fewer parts than planned (min(head_parts, keys)) and the
+/// CTAs of the unused parts take the attention's no-unit path.
+void check_megakernel_first_tokens(const std::string& tag, const ModelConfig& cfg, uint64_t seed, int steps,
+                                   int merge_in_o = -1) {
+  Rng rng(seed);
+  TinyWeights tw = make_weights(cfg, rng);
+  ModelOptions opt;
+  opt.max_context = 64;
+  CudaModelOptions mko;
+  mko.megakernel = true;
+  mko.megakernel_merge_in_o = merge_in_o;
+  auto mk = tiny_model(cfg, tw, opt, mko);
+  cuda_check::RefModel ref(cfg, tw.f);
+  cuda_check::RefState st = ref.empty_state();
+  double worst = 0;
+  size_t bad = 0;
+  std::vector<float> a;
+  for (int i = 0; i < steps; ++i) {
+    const int tok = rng.below(cfg.vocab_size);
+    mk->debug_poison_buffers();
+    mk->forward(append_batch({tok}, i, LogitsMode::Last), a);
+    size_t nb = 0;
+    worst = std::max(worst, rel_err(a, ref.step(st, tok, i), &nb));
+    bad += nb;
+  }
+  char name[200], det[120];
+  std::snprintf(name, sizeof name, "megakernel[%s] first %d tokens one at a time vs fp32 reference", tag.c_str(), steps);
+  std::snprintf(det, sizeof det, "(worst step; nonfinite=%zu)", bad);
+  record(name, worst, 1e-2, worst < 1e-2 && bad == 0, det);
+}
+
+/// A megakernel setting that changes no arithmetic gives the same logits, bit
+/// for bit, as a baseline: `steps` decode steps after `fill_keys` random
+/// committed keys, random weights, each step compared. `base` and `variant`
+/// set each model's CudaModelOptions explicitly (so the check still compares
+/// two settings once a default changes); the variant's plan must contain
+/// every string of `expect` (the knob reached the plan, the step takes the
+/// path it tests), else the check fails. Used for MegaPlan::merge_in_o (the
 /// parts of a head merged by the O projection's input load, with part 0's
-/// operations in part 0's order) and for fixed ring slot sizes against the
-/// tuned one.
-template <class Set>
-void check_megakernel_same_bits(const std::string& what, const ModelConfig& cfg, int fill_keys, int steps, Set&& set) {
+/// operations in part 0's order), the L2 prefetch (a hint: this is a smoke
+/// test that it runs and leaves the bits alone) and fixed ring slot sizes.
+template <class Base, class Variant>
+void check_megakernel_same_bits(const std::string& what, const ModelConfig& cfg, int fill_keys, int steps, Base&& base,
+                                Variant&& variant, const std::vector<std::string>& expect) {
   ModelOptions opt;
   opt.max_context = 1024;
   opt.max_tree = 128;
   std::vector<std::vector<float>> out[2];
+  std::string missing;
   for (int v = 0; v < 2; ++v) {
     CudaModelOptions mko;
     mko.megakernel = true;
-    if (v == 1) set(mko);
+    if (v == 0) base(mko);
+    else variant(mko);
     auto m = make_cuda_model_random(cfg, opt, mko, 42);
     m->debug_fill_committed_random(fill_keys, 43);
-    if (v == 1) std::printf("megakernel[%s] plan: %s", what.c_str(), m->debug_gemm_plans().c_str());
+    if (v == 1) {
+      const std::string plan = m->debug_gemm_plans();
+      std::printf("megakernel[%s] plan: %s", what.c_str(), plan.c_str());
+      for (const auto& e : expect)
+        if (plan.find(e) == std::string::npos) missing += (missing.empty() ? "" : ", ") + e;
+    }
     Rng rng(44);
     for (int i = 0; i < steps; ++i) {
       std::vector<float> a;
@@ -1027,10 +1072,19 @@ void check_megakernel_same_bits(const std::string& what, const ModelConfig& cfg,
     if (out[0][i].size() != out[1][i].size() ||
         std::memcmp(out[0][i].data(), out[1][i].data(), sizeof(float) * out[0][i].size()) != 0)
       ++differ;
-  char name[200], det[200];
-  std::snprintf(name, sizeof name, "megakernel[%s]: logits bitwise == the default's", what.c_str());
-  std::snprintf(det, sizeof det, "(%d of %d steps differ)", differ, steps);
-  record(name, differ, 0, differ == 0, det);
+  char name[200], det[300];
+  std::snprintf(name, sizeof name, "megakernel[%s]: logits bitwise == the baseline's", what.c_str());
+  std::snprintf(det, sizeof det, "(%d of %d steps differ%s%s)", differ, steps,
+                missing.empty() ? "" : "; the plan lacks: ", missing.c_str());
+  record(name, differ, 0, differ == 0 && missing.empty(), det);
+}
+
+/// merge_in_o against part 0's merge: the plan must run whole heads in more
+/// than one part for all `fill_keys + steps` keys (head_keys at least that).
+void check_merge_in_o_bits(const std::string& what, const ModelConfig& cfg, int fill_keys, int steps) {
+  check_megakernel_same_bits(
+      what + " merge in O", cfg, fill_keys, steps, [](CudaModelOptions& o) { o.megakernel_merge_in_o = 0; },
+      [](CudaModelOptions& o) { o.megakernel_merge_in_o = 1; }, {"merge_in_o=1", "head_parts=4"});
 }
 
 /// The megakernel's ring slot size chosen by timing (autotune): made with
@@ -1420,13 +1474,6 @@ int main(int argc, char** argv) {
     // every K/V load of the head parts after the wait for QKV (the default issues the committed ones before it)
     check_megakernel("gqa7 no prewait", gqa7, 6, 40, -1, 0, -1, 0, -1, -1, 0);
     check_megakernel("qwen2-like long hk1024 P1 no prewait", qwen2_like, 8, 260, 1024, 1, -1, 0, -1, -1, 0);
-    // the parts of a head merged by the O projection's input load (merge_in_o)
-    check_megakernel("gqa7 merge in O", gqa7, 6, 40, -1, 0, -1, 0, -1, -1, -1, 1);
-    check_megakernel("gqa7 P2 merge in O", gqa7, 6, 40, -1, 2, -1, 0, -1, -1, -1, 1);
-    check_megakernel("llama-like hk150 merge in O", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 4, 200, 150, 0, -1, 0, -1, -1, -1, 1);
-    const auto merge_in_o = [](CudaModelOptions& o) { o.megakernel_merge_in_o = 1; };
-    check_megakernel_same_bits("gqa7 merge in O", gqa7, 100, 12, merge_in_o);
-    check_megakernel_same_bits("qwen2-like merge in O", qwen2_like, 100, 12, merge_in_o);
     check_megakernel_plan_errors(gqa7);
     check_megakernel_slot_tuning(gqa7);
     {
@@ -1454,20 +1501,45 @@ int main(int argc, char** argv) {
     check_megakernel_shape("qwen2.5-0.5b", -1, 0, -1, 2, 2);
     check_megakernel_shape("qwen2.5-0.5b", -1, 0, -1, -1, -1, -1, 0);  // K/V loads after the wait
     check_megakernel_shape("llama3-8b", -1, 0, -1, -1, -1, -1, 0);
-    for (const char* sh : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"})
-      check_megakernel_same_bits(std::string(sh) + " shape, merge in O", shape_config(sh), 512, 3,
-                                 [](CudaModelOptions& o) { o.megakernel_merge_in_o = 1; });
-    // the L2 prefetch of the gate/up tail (a hint: no arithmetic changes), past the rows at the tiny model
-    check_megakernel_same_bits("gqa7 l2 prefetch 1 MiB", gqa7, 100, 6,
-                               [](CudaModelOptions& o) { o.megakernel_l2_prefetch_bytes = 1 << 20; });
-    for (const char* sh : {"qwen2.5-0.5b", "qwen2.5-1.5b"})
-      check_megakernel_same_bits(std::string(sh) + " shape, l2 prefetch 128 KB", shape_config(sh), 512, 3,
-                                 [](CudaModelOptions& o) { o.megakernel_l2_prefetch_bytes = 128 << 10; });
-    // each ring slot size the tuner may pick, fixed, against the tuned default
-    for (int sb : {32768, 35840, 40960, 53760})
-      check_megakernel_same_bits("qwen2.5-0.5b shape, " + std::to_string(sb) + " B slots", shape_config("qwen2.5-0.5b"),
-                                 512, 3, [sb](CudaModelOptions& o) { o.megakernel_slot_bytes = sb; });
     check_megakernel_two_plans();
+    // Last, so that a fault in a setting written since the last GPU run (run
+    // 23: merge_in_o, the L2 prefetch, the first-token and 16-SM paths)
+    // cannot take the checks above down with it.
+    // the parts of a head merged by the O projection's input load (merge_in_o)
+    check_megakernel("gqa7 merge in O", gqa7, 6, 40, -1, 0, -1, 0, -1, -1, -1, 1);
+    check_megakernel("gqa7 P2 merge in O", gqa7, 6, 40, -1, 2, -1, 0, -1, -1, -1, 1);
+    check_megakernel("llama-like hk150 merge in O", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 4, 200, 150, 0, -1, 0, -1, -1, -1, 1);
+    check_merge_in_o_bits("gqa7", gqa7, 100, 12);
+    // 1..6 keys: fewer parts than planned; with and without merge_in_o
+    check_megakernel_first_tokens("gqa7", gqa7, 10, 6);
+    check_megakernel_first_tokens("gqa7 merge in O", gqa7, 10, 6, 1);
+    {
+      // 32 query heads in a 16-SM green context: one part per head, two heads
+      // per CTA (the attention's wait is done by each CTA's first unit only)
+      ModelConfig g32 = tiny_config("llama", 2048, 1024, 32, 2, 64, 1000, false, false, RopeStyle::NeoX, false);
+      g32.num_layers = 2;
+      check_megakernel("gqa32 L=2 in 16 SMs", g32, 9, 20, -1, 0, -1, 0, -1, -1, -1, -1, 16);
+    }
+    check_merge_in_o_bits("qwen2-like", qwen2_like, 100, 12);
+    for (const char* sh : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"})
+      check_merge_in_o_bits(std::string(sh) + " shape", shape_config(sh), 512, 3);
+    // the L2 prefetch of the gate/up tail: a hint, so a smoke test (it runs,
+    // the bits stay); 1 MiB is past every row of the tiny model
+    const auto no_prefetch = [](CudaModelOptions& o) { o.megakernel_l2_prefetch_bytes = 0; };
+    check_megakernel_same_bits("gqa7 l2 prefetch 1 MiB (smoke)", gqa7, 100, 6, no_prefetch,
+                               [](CudaModelOptions& o) { o.megakernel_l2_prefetch_bytes = 1 << 20; },
+                               {"l2_prefetch_bytes=1048576"});
+    for (const char* sh : {"qwen2.5-0.5b", "qwen2.5-1.5b"})
+      check_megakernel_same_bits(std::string(sh) + " shape, l2 prefetch 128 KB (smoke)", shape_config(sh), 512, 3,
+                                 no_prefetch, [](CudaModelOptions& o) { o.megakernel_l2_prefetch_bytes = 128 << 10; },
+                                 {"l2_prefetch_bytes=131072"});
+    // each ring slot size the tuner may pick, fixed, against fixed 32 KB slots
+    for (int sb : {35840, 40960, 53760})
+      check_megakernel_same_bits("qwen2.5-0.5b shape, " + std::to_string(sb) + " B slots vs 32 KB",
+                                 shape_config("qwen2.5-0.5b"), 512, 3,
+                                 [](CudaModelOptions& o) { o.megakernel_slot_bytes = 32768; },
+                                 [sb](CudaModelOptions& o) { o.megakernel_slot_bytes = sb; },
+                                 {"x" + std::to_string(sb) + " "});
     cudaStreamDestroy(st);
   } catch (const std::exception& e) {
     std::printf("CHECK %-58s err=nan limit=0 FAIL exception: %s\n", "(aborted)", e.what());
