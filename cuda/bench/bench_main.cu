@@ -357,6 +357,53 @@ void apply_mk_flags(CudaModelOptions& co) {
 /// after the step's first start; -1 where a CTA has no such stamp).
 std::string g_mk_trace_csv_dir;
 
+/// The head units' phases (MegaParams::trace after the op stamps,
+/// kMegaAttnStamps per layer and CTA): medians over layers 1.. and units, in
+/// us, for part 0 and for the other parts apart (the plan's head_parts, read
+/// from `plan`): the QKV wait, the scores (K rows landed), the softmax, P V
+/// and the state stored, the handoff (part 0: the others' states merged and
+/// its output stored; the others: their release); and from the layer's last
+/// QKV end to the part's start and its end. Prints one line, returns JSON
+/// members ("" when the step ran no head units).
+template <class EndMax>
+std::string attention_phase_summary(const std::string& which, const std::vector<unsigned long long>& t, int G, int L,
+                                    const std::string& plan, EndMax&& end_max) {
+  int P = 1;
+  const size_t at = plan.find("head_parts=");
+  if (at != std::string::npos) P = std::max(1, std::atoi(plan.c_str() + at + 11));
+  const size_t off = (6 * static_cast<size_t>(L) + 1) * G * kMegaTraceStamps;
+  if (t.size() < off + static_cast<size_t>(L) * G * kMegaAttnStamps) return "";
+  // [part 0 or not][phase 0..4 deltas, 5: start after QKV, 6: end after QKV]
+  std::vector<double> v[2][7];
+  for (int l = 1; l < L; ++l) {
+    const double qkv_end = end_max(l * 6);
+    for (int c = 0; c < G; ++c) {
+      const unsigned long long* a = &t[off + (static_cast<size_t>(l) * G + c) * kMegaAttnStamps];
+      if (a[0] == 0 || a[5] == 0) continue;
+      const int k = c % P == 0 ? 0 : 1;
+      for (int ph = 0; ph < 5; ++ph) v[k][ph].push_back((static_cast<double>(a[ph + 1]) - a[ph]) / 1e3);
+      v[k][5].push_back((static_cast<double>(a[1]) - qkv_end) / 1e3);
+      v[k][6].push_back((static_cast<double>(a[5]) - qkv_end) / 1e3);
+    }
+  }
+  if (v[0][0].empty()) return "";
+  const auto median = [](std::vector<double> x) {
+    if (x.empty()) return 0.0;
+    std::sort(x.begin(), x.end());
+    return x[x.size() / 2];
+  };
+  static const char* names[] = {"wait", "scores", "softmax", "pv_state", "handoff", "start_after_qkv", "end_after_qkv"};
+  std::printf("megakernel attention %-13s phases (us, medians; part 0 | parts 1..%d):", which.c_str(), P - 1);
+  std::string json;
+  for (int ph = 0; ph < 7; ++ph) {
+    std::printf(" %s %.2f|%.2f", names[ph], median(v[0][ph]), median(v[1][ph]));
+    json += std::string(ph ? ", " : "") + "\"attn_" + names[ph] + "_part0_us\": " + num(median(v[0][ph])) +
+            ", \"attn_" + names[ph] + "_others_us\": " + num(median(v[1][ph]));
+  }
+  std::printf("\n");
+  return json;
+}
+
 /// The megakernel's critical path per op kind, from one traced step
 /// (CudaModelOptions::megakernel_trace): mean over layers >= 1 of the time
 /// from the previous op's last end to this op's last end ("segment"), of
@@ -414,7 +461,8 @@ std::string megakernel_trace_summary(const std::string& which, const ModelConfig
   }
   const double lm = end_max(L * ops) - end_max(L * ops - 1);
   const double total = end_max(L * ops) - t0;
-  std::string json = "{";
+  const std::string attn_json = attention_phase_summary(which, t, G, L, m->debug_gemm_plans(), end_max);
+  std::string json = "{" + attn_json + (attn_json.empty() ? "" : ", ");
   std::printf("megakernel trace %-13s total %.1f us, LM head %.1f us; per layer (us, segment / wake / arrive):", which.c_str(),
               total / 1e3, lm / 1e3);
   double layer = 0;

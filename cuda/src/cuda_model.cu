@@ -858,8 +858,7 @@ class CudaModelImpl final : public CudaModel {
     mk_sync_.allocate(sizeof(unsigned) * decode_megakernel_sync_words(mk_shape_));
     SS_CUDA_CHECK(cudaMemsetAsync(mk_sync_.get(), 0, mk_sync_.bytes(), stream_));
     if (copt_.megakernel_trace) {
-      mk_trace_.allocate(sizeof(unsigned long long) * (6 * static_cast<size_t>(cfg_.num_layers) + 1) * mk_plan_.ctas *
-                         kMegaTraceStamps);
+      mk_trace_.allocate(sizeof(unsigned long long) * mega_trace_words(cfg_.num_layers, mk_plan_.ctas));
       SS_CUDA_CHECK(cudaMemsetAsync(mk_trace_.get(), 0, mk_trace_.bytes(), stream_));
     }
     SS_CUDA_CHECK(cudaStreamSynchronize(stream_));

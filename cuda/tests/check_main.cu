@@ -31,6 +31,7 @@
 
 #include "common.h"
 #include "device_memory.h"
+#include "kernels/decode_megakernel.h"
 #include "kernels/epilogues.h"
 #include "kernels/gemm_skinny.h"
 #include "kernels/kernels.h"
@@ -1029,6 +1030,66 @@ void check_megakernel_first_tokens(const std::string& tag, const ModelConfig& cf
   record(name, worst, 1e-2, worst < 1e-2 && bad == 0, det);
 }
 
+/// The megakernel trace (CudaModelOptions::megakernel_trace; MegaParams::trace):
+/// a traced decode step gives the same logits, bit for bit, as an untraced
+/// one; every op stamp of a CTA with rows is ordered (arrival <= start <= end
+/// where present); and head_attention's phase stamps are set, in order, for
+/// exactly the CTAs that ran a head unit (units = heads x parts: CTAs 0 .. that).
+void check_megakernel_trace(const std::string& tag, const ModelConfig& cfg, uint64_t seed) {
+  Rng rng(seed);
+  TinyWeights tw = make_weights(cfg, rng);
+  ModelOptions opt;
+  opt.max_context = 200;
+  CudaModelOptions plain;
+  plain.megakernel = true;
+  CudaModelOptions traced = plain;
+  traced.megakernel_trace = true;
+  auto a = tiny_model(cfg, tw, opt, plain);
+  auto b = tiny_model(cfg, tw, opt, traced);
+  std::vector<int> prompt(100);
+  for (auto& t : prompt) t = rng.below(cfg.vocab_size);
+  std::vector<float> la, lb;
+  a->forward(append_batch(prompt, 0, LogitsMode::Last), la);
+  b->forward(append_batch(prompt, 0, LogitsMode::Last), lb);
+  const int tok = rng.below(cfg.vocab_size);
+  a->forward(append_batch({tok}, 100, LogitsMode::Last), la);
+  b->forward(append_batch({tok}, 100, LogitsMode::Last), lb);
+  const bool same = la.size() == lb.size() && std::memcmp(la.data(), lb.data(), sizeof(float) * la.size()) == 0;
+  std::vector<unsigned long long> t;
+  const int G = b->debug_megakernel_trace(t);
+  const int L = cfg.num_layers;
+  const std::string plan = b->debug_gemm_plans();
+  const size_t at = plan.find("head_parts=");
+  const int P = at == std::string::npos ? 0 : std::atoi(plan.c_str() + at + 11);
+  const int units = cfg.num_heads * P;
+  int bad_ops = 0, bad_phases = 0;
+  const bool sized = t.size() == mega_trace_words(L, G);
+  if (sized) {
+    for (int slot = 0; slot <= 6 * L; ++slot)
+      for (int c = 0; c < G; ++c) {
+        const unsigned long long* s3 = &t[(static_cast<size_t>(slot) * G + c) * kMegaTraceStamps];
+        if (s3[0] == 0 || s3[1] < s3[0] || (s3[2] != 0 && s3[2] > s3[0])) ++bad_ops;
+      }
+    const size_t off = (6 * static_cast<size_t>(L) + 1) * G * kMegaTraceStamps;
+    for (int l = 0; l < L; ++l)
+      for (int c = 0; c < G; ++c) {
+        const unsigned long long* ph = &t[off + (static_cast<size_t>(l) * G + c) * kMegaAttnStamps];
+        bool ok = true;
+        if (c < units) {
+          for (int k = 0; k < kMegaAttnStamps; ++k) ok = ok && ph[k] != 0 && (k == 0 || ph[k] >= ph[k - 1]);
+        } else {
+          for (int k = 0; k < kMegaAttnStamps; ++k) ok = ok && ph[k] == 0;
+        }
+        if (!ok) ++bad_phases;
+      }
+  }
+  char name[200], det[200];
+  std::snprintf(name, sizeof name, "megakernel[%s] trace: same bits, op and attention-phase stamps in order", tag.c_str());
+  std::snprintf(det, sizeof det, "(bitwise %s; %zu words; %d head units; bad op stamps %d, bad phase rows %d)",
+                same ? "equal" : "DIFFERENT", t.size(), units, bad_ops, bad_phases);
+  record(name, bad_ops + bad_phases, 0, same && sized && P > 1 && bad_ops == 0 && bad_phases == 0, det);
+}
+
 /// A megakernel setting that changes no arithmetic gives the same logits, bit
 /// for bit, as a baseline: `steps` decode steps after `fill_keys` random
 /// committed keys, random weights, each step compared. `base` and `variant`
@@ -1521,6 +1582,7 @@ int main(int argc, char** argv) {
       check_megakernel("gqa32 L=2 in 16 SMs", g32, 9, 20, -1, 0, -1, 0, -1, -1, -1, -1, 16);
     }
     check_merge_in_o_bits("qwen2-like", qwen2_like, 100, 12);
+    check_megakernel_trace("gqa7", gqa7, 13);
     for (const char* sh : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"})
       check_merge_in_o_bits(std::string(sh) + " shape", shape_config(sh), 512, 3);
     // the L2 prefetch of the gate/up tail: a hint, so a smoke test (it runs,

@@ -202,8 +202,8 @@ class CudaModel : public Model {
   virtual void debug_read_weight(const std::string& which, int layer, std::vector<float>& out) = 0;
 
   /// Benchmark hook: the global-timer stamps (ns) of the last megakernel step,
-  /// [(6 * num_layers + 1) * ctas * 3]: start, end, arrival (decode_megakernel.h, MegaParams::trace),
-  /// and the number of CTAs. Throws InvalidArgument unless the model was made
+  /// [(6 * num_layers + 1) * ctas * 3]: start, end, arrival, then [num_layers][ctas][6] the
+  /// attention's phases (decode_megakernel.h, MegaParams::trace, kMegaAttnStamps), and the number of CTAs. Throws InvalidArgument unless the model was made
   /// with megakernel_trace.
   virtual int debug_megakernel_trace(std::vector<unsigned long long>& stamps) = 0;
 

@@ -138,6 +138,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
   }
   if (tid == 0) {
     make_step_consts(p, *consts);
+    consts->attn_stamps =
+        p.trace != nullptr
+            ? p.trace + static_cast<size_t>(kCtrPerLayer * L + 1) * G * kMegaTraceStamps + static_cast<size_t>(cta) * kMegaAttnStamps
+            : nullptr;
     for (int i = 0; i < pl.num_slots; ++i) {
       mbar_init(&full[i], 1);
       mbar_init(&empty[i], kWarps);
@@ -238,6 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           hp.r = r;
           hp.parts = c.head_parts;
           hp.defer = pl.merge_in_o != 0;
+          if (unsigned long long* a = consts->attn_stamps) hp.stamps = a + static_cast<size_t>(l) * G * kMegaAttnStamps;
           hp.flag = ctr + L * kCtrPerLayer + 1 + l * s.num_heads + h;
           hp.part_o = p.part_o + static_cast<size_t>(h) * pl.max_splits * s.head_dim;
           hp.part_ml = p.part_ml + static_cast<size_t>(h) * pl.max_splits;

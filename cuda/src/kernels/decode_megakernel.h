@@ -61,6 +61,18 @@ struct MegaLayer {
 
 /// Stamps per (op slot, CTA) of MegaParams::trace: start, end, arrival.
 constexpr int kMegaTraceStamps = 3;
+/// Stamps per (layer, CTA) of head_attention's phases in MegaParams::trace
+/// (after the op stamps), of the CTA's last head unit of the layer: 0 entry,
+/// 1 the QKV wait over, 2 the scores done (the K rows landed), 3 the softmax's
+/// max and sum done, 4 P V done and the part's state (or output) stored, 5
+/// done (part 0: the merged output stored; others: their arrival released).
+/// 0 where the CTA ran no head unit.
+constexpr int kMegaAttnStamps = 6;
+/// Words of MegaParams::trace for a plan of `ctas` CTAs.
+inline size_t mega_trace_words(int num_layers, int ctas) {
+  return (6 * static_cast<size_t>(num_layers) + 1) * ctas * kMegaTraceStamps +
+         static_cast<size_t>(num_layers) * ctas * kMegaAttnStamps;
+}
 
 /// Model shape as the megakernel needs it.
 struct MegaShape {
@@ -193,10 +205,12 @@ struct MegaParams {
   unsigned long long* keys = nullptr;    ///< [1] arg-max key of the step (argmax_key_index)
   unsigned* sync = nullptr;              ///< decode_megakernel_sync_words(s) words, zero
   int lm_head = 1;                       ///< 0: stop after the last layer (no logits, no arg-max)
-  /// Null, or [(6 * num_layers + 1) * ctas * kMegaTraceStamps] global-timer
-  /// stamps (ns): per op slot (per layer: QKV, attention units, split merge,
-  /// O, gate/up, down; then the LM head) and CTA, its start (after its wait),
-  /// its end, and its arrival at the wait (before it; 0 where an op has none).
+  /// Null, or mega_trace_words(num_layers, ctas) global-timer stamps (ns):
+  /// [(6 * num_layers + 1) * ctas * kMegaTraceStamps] per op slot (per layer:
+  /// QKV, attention units, split merge, O, gate/up, down; then the LM head)
+  /// and CTA, its start (after its wait), its end, and its arrival at the
+  /// wait (before it; 0 where an op has none); then [num_layers][ctas]
+  /// [kMegaAttnStamps] head_attention's phases.
   unsigned long long* trace = nullptr;
 };
 

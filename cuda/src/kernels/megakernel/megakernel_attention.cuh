@@ -17,6 +17,9 @@ struct alignas(16) StepConsts {
   int splits, per_split;          ///< key splits per kv head, keys per split
   int whole_heads;                ///< 1: query heads in head_parts CTAs each, no merge phase (head_attention)
   int head_parts;                 ///< parts per head this step: min(MegaPlan::head_parts, n_keys)
+  /// Trace: this CTA's head_attention phase stamps of layer 0 (layer l at
+  /// + l * ctas * kMegaAttnStamps), or null.
+  unsigned long long* attn_stamps;
 };
 
 /// Logical key j of the step's token -> KV cache index: the committed prefix,
@@ -216,6 +219,8 @@ struct HeadPart {
   /// MegaPlan::merge_in_o: every part (0 too) leaves its state in part_o /
   /// part_ml and no part merges; the O projection's input load does.
   bool defer = false;
+  /// Null, or this CTA's kMegaAttnStamps phase stamps of the layer (trace).
+  unsigned long long* stamps = nullptr;
   unsigned* flag = nullptr;   ///< the head's arrival counter of this layer
   float* part_o = nullptr;    ///< [parts][HD] of this head
   float2* part_ml = nullptr;  ///< [parts] of this head
@@ -272,10 +277,22 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
   const uint4* vc = reinterpret_cast<const uint4*>(vcache) + d8;
   // A row written before this launch may be loaded before the wait; the
   // step's own row (and q) only after it.
+  // The trace's phase stamps (thread 0, %globaltimer), when asked for.
+  const auto mark = [&](int k) {
+    if (part.stamps != nullptr && tid == 0) {
+      unsigned long long t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      part.stamps[k] = t;
+    }
+  };
+  mark(0);
   const bool waits = pw.ctr != nullptr;
   const auto early = [&](int r) { return !waits || r != pw.self_row; };
   const auto wait_qkv = [&] {
-    if (!waits) return;
+    if (!waits) {
+      mark(1);
+      return;
+    }
     if (tid == 0) {
       spin_until([&] { return ld_acquire_gpu(pw.ctr) >= pw.target; });
       if (pw.stamp != nullptr) {
@@ -285,6 +302,7 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
       }
     }
     consumer_sync();
+    mark(1);
   };
   float q[8];
   const auto load_q = [&] {
@@ -336,6 +354,7 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
       sj[b] = ks + NS * b < n ? d * qscale : -INFINITY;
       mloc = fmaxf(mloc, sj[b]);
     }
+    mark(2);
     M = block_max(mloc, small);
     float lsum = 0.f;
 #pragma unroll
@@ -350,6 +369,7 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
       }
     }
     L = block_sum(lsum, small);
+    mark(3);
   } else {
   // ---- scores: keys j = ks + NS * i, kBatch rows in flight. The loop bound
   // is the same for every thread: the shuffles need the whole warp. ----
@@ -384,6 +404,7 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
       }
     }
   }
+  mark(2);
   M = block_max(mloc, small);  // its barriers also publish sc
   float lsum = 0.f;
   for (int j = tid; j < n; j += kConsumers) {
@@ -392,6 +413,7 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
     lsum += pj;
   }
   L = block_sum(lsum, small);  // its barriers also publish the probabilities
+  mark(3);
   // ---- P V: the same (key subset, d8) ownership ----
   for (int base = 0; base < n; base += NS * kBatch) {
     const int j0 = base + ks;
@@ -429,6 +451,7 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
       if (tid == 0) __stcg(part.part_ml + part.r, make_float2(M, L));
     }
   }
+  mark(4);
   if (part.parts > 1 && !part.defer) {
     if (part.r > 0) {
       consumer_sync();
@@ -454,6 +477,7 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
       }
     }
   }
+  mark(5);
   consumer_sync();  // the scratch is reused by the next head of this CTA
 }
 
