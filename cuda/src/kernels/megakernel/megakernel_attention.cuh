@@ -275,8 +275,6 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
   float* pv = scratch + ((n + 3) & ~3);             // [NS][HD]
   const uint4* kc = reinterpret_cast<const uint4*>(kcache) + d8;
   const uint4* vc = reinterpret_cast<const uint4*>(vcache) + d8;
-  // A row written before this launch may be loaded before the wait; the
-  // step's own row (and q) only after it.
   // The trace's phase stamps (thread 0, %globaltimer), when asked for.
   const auto mark = [&](int k) {
     if (part.stamps != nullptr && tid == 0) {
@@ -286,6 +284,8 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
     }
   };
   mark(0);
+  // A row written before this launch may be loaded before the wait; the
+  // step's own row (and q) only after it.
   const bool waits = pw.ctr != nullptr;
   const auto early = [&](int r) { return !waits || r != pw.self_row; };
   const auto wait_qkv = [&] {
