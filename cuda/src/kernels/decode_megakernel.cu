@@ -99,6 +99,11 @@ constexpr int kAlignSlack = 128;
 #include "kernels/megakernel/megakernel_attention.cuh"
 
 // ---------------------------------------------------------------- the kernel
+// Two instantiations: kTraced (MegaParams::trace set) and not. The trace's
+// pointer arithmetic, kept live across the whole step, cost the untraced
+// kernel registers: 132 / 508 bytes of static spill stores / loads with the
+// stamps in a runtime branch, 68 / 196 without (ptxas -v, sm_90a, nvcc 13.0).
+template <bool kTraced>
 __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __grid_constant__ MegaParams p) {
   extern __shared__ unsigned char smem_raw[];
   unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 127) & ~uintptr_t(127));
@@ -139,7 +144,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
   if (tid == 0) {
     make_step_consts(p, *consts);
     consts->attn_stamps =
-        p.trace != nullptr
+        kTraced && p.trace != nullptr
             ? p.trace + static_cast<size_t>(kCtrPerLayer * L + 1) * G * kMegaTraceStamps + static_cast<size_t>(cta) * kMegaAttnStamps
             : nullptr;
     for (int i = 0; i < pl.num_slots; ++i) {
@@ -179,7 +184,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       // ---- QKV (+ bias, RoPE, K/V into the cache) ------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamQKV];
-        gemv_op(p, st, l > 0 ? lc - kCtrPerLayer + kCtrDown : nullptr, lc + kCtrQKV, slot0 + kCtrQKV,
+        gemv_op<kTraced>(p, st, l > 0 ? lc - kCtrPerLayer + kCtrDown : nullptr, lc + kCtrQKV, slot0 + kCtrQKV,
                 kStreamsPerLayer * l + kStreamQKV, kStreamsPerLayer * l - 1, released, [&] {
           rinv = load_normed_input(p, l == 0, c.token, x, small);
           if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * l);  // down of layer l - 1
@@ -214,13 +219,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       // in a CTA without units.
       const int units = c.whole_heads ? s.num_heads * pl.head_parts : s.num_kv_heads * c.splits;
       if (pl.hold_until_input == 2 && cta >= units) mark_released(released, kStreamsPerLayer * l + kStreamQKV + 1);
-      trace_mark(p, slot0 + kCtrAttn, 2);
+      trace_mark<kTraced>(p, slot0 + kCtrAttn, 2);
       // attn_prewait: a CTA's first head unit waits for QKV itself, after
       // issuing its committed K/V loads (PreWait); every other CTA waits here.
       bool waited = !(c.whole_heads && pl.attn_prewait);
       if (waited) {
         wait_counter(lc + kCtrQKV, G);
-        trace_mark(p, slot0 + kCtrAttn, 0);
+        trace_mark<kTraced>(p, slot0 + kCtrAttn, 0);
       }
       if (c.whole_heads) {
         // Unit u = h * P + r: part r of query head h (H * P <= G when P > 1,
@@ -234,7 +239,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
             pw.ctr = lc + kCtrQKV;
             pw.target = static_cast<unsigned>(G);
             pw.self_row = c.kv_index;
-            if (p.trace != nullptr)
+            if (kTraced && p.trace != nullptr)
               pw.stamp = p.trace + (static_cast<size_t>(slot0 + kCtrAttn) * p.plan.ctas + blockIdx.x) * kMegaTraceStamps;
             waited = true;
           }
@@ -242,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           hp.r = r;
           hp.parts = c.head_parts;
           hp.defer = pl.merge_in_o != 0;
-          if (unsigned long long* a = consts->attn_stamps) hp.stamps = a + static_cast<size_t>(l) * G * kMegaAttnStamps;
+          if (unsigned long long* a = kTraced ? consts->attn_stamps : nullptr) hp.stamps = a + static_cast<size_t>(l) * G * kMegaAttnStamps;
           hp.flag = ctr + L * kCtrPerLayer + 1 + l * s.num_heads + h;
           hp.part_o = p.part_o + static_cast<size_t>(h) * pl.max_splits * s.head_dim;
           hp.part_ml = p.part_ml + static_cast<size_t>(h) * pl.max_splits;
@@ -260,28 +265,28 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         }
         if (!waited) {  // no unit in this CTA
           wait_counter(lc + kCtrQKV, G);
-          trace_mark(p, slot0 + kCtrAttn, 0);
+          trace_mark<kTraced>(p, slot0 + kCtrAttn, 0);
         }
         if (pl.hold_until_input == 2) mark_released(released, kStreamsPerLayer * l + kStreamQKV + 1);
-        signal_counter(p, lc + kCtrAttn, slot0 + kCtrAttn);
+        signal_counter<kTraced>(p, lc + kCtrAttn, slot0 + kCtrAttn);
         if (pl.l2_prefetch_bytes && tid == 0)
           l2_prefetch_tail(table[kStreamsPerLayer * l + kStreamGateUp], pl.l2_prefetch_bytes);
-        trace_mark(p, slot0 + kCtrMerge, 0);  // no merge: an empty op in the trace
-        trace_mark(p, slot0 + kCtrMerge, 1);
+        trace_mark<kTraced>(p, slot0 + kCtrMerge, 0);  // no merge: an empty op in the trace
+        trace_mark<kTraced>(p, slot0 + kCtrMerge, 1);
       } else {
         for (int u = cta; u < s.num_kv_heads * c.splits; u += G) {
           if (s.head_dim == 64) attention_unit<64>(p, c, Ly, u, ybuf);
           else attention_unit<128>(p, c, Ly, u, ybuf);
         }
         if (pl.hold_until_input == 2) mark_released(released, kStreamsPerLayer * l + kStreamQKV + 1);
-        signal_counter(p, lc + kCtrAttn, slot0 + kCtrAttn);
+        signal_counter<kTraced>(p, lc + kCtrAttn, slot0 + kCtrAttn);
         if (pl.l2_prefetch_bytes && tid == 0)
           l2_prefetch_tail(table[kStreamsPerLayer * l + kStreamGateUp], pl.l2_prefetch_bytes);
-        trace_mark(p, slot0 + kCtrMerge, 2);
+        trace_mark<kTraced>(p, slot0 + kCtrMerge, 2);
         wait_counter(lc + kCtrAttn, G);
-        trace_mark(p, slot0 + kCtrMerge, 0);
+        trace_mark<kTraced>(p, slot0 + kCtrMerge, 0);
         merge_splits(p, c, cta);
-        signal_counter(p, lc + kCtrMerge, slot0 + kCtrMerge);
+        signal_counter<kTraced>(p, lc + kCtrMerge, slot0 + kCtrMerge);
       }
       // ---- O projection + residual -------------------------------------------------------
       if (l == 0)  // the residual starts as the token's embedding
@@ -289,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           h_own[i] = __bfloat162float(p.embed[static_cast<size_t>(c.token) * H + own.row0 + i]);
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamO];
-        gemv_op(p, st, c.whole_heads ? lc + kCtrAttn : lc + kCtrMerge, lc + kCtrO, slot0 + kCtrO, kStreamsPerLayer * l + kStreamO,
+        gemv_op<kTraced>(p, st, c.whole_heads ? lc + kCtrAttn : lc + kCtrMerge, lc + kCtrO, slot0 + kCtrO, kStreamsPerLayer * l + kStreamO,
                 kStreamsPerLayer * l + kStreamQKV, released, [&] {
           if (c.whole_heads && c.head_parts > 1 && pl.merge_in_o)
             load_merged_attn(p.part_o, p.part_ml, s.num_heads, s.head_dim, pl.max_splits, c.head_parts, x);
@@ -302,7 +307,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       // ---- gate/up + SwiGLU --------------------------------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamGateUp];
-        gemv_op(p, st, lc + kCtrO, lc + kCtrGateUp, slot0 + kCtrGateUp,
+        gemv_op<kTraced>(p, st, lc + kCtrO, lc + kCtrGateUp, slot0 + kCtrGateUp,
                 kStreamsPerLayer * l + kStreamGateUp, kStreamsPerLayer * l + kStreamO, released, [&] {
           rinv = load_normed_input(p, false, c.token, x, small);
           if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * l + kStreamO + 1);
@@ -321,7 +326,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       // ---- down projection + residual ------------------------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamDown];
-        gemv_op(p, st, lc + kCtrGateUp, lc + kCtrDown, slot0 + kCtrDown,
+        gemv_op<kTraced>(p, st, lc + kCtrGateUp, lc + kCtrDown, slot0 + kCtrDown,
                 kStreamsPerLayer * l + kStreamDown, kStreamsPerLayer * l + kStreamGateUp, released, [&] {
           load_input(p.act, I, x);
           if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * l + kStreamGateUp + 1);
@@ -334,9 +339,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       const Stream st = table[kStreamsPerLayer * L];
       unsigned long long best = 0ull;
       if (st.row1 > st.row0) {
-        trace_mark(p, L * kCtrPerLayer, 2);
+        trace_mark<kTraced>(p, L * kCtrPerLayer, 2);
         wait_counter(ctr + (L - 1) * kCtrPerLayer + kCtrDown, G);
-        trace_mark(p, L * kCtrPerLayer, 0);
+        trace_mark<kTraced>(p, L * kCtrPerLayer, 0);
         rinv = load_normed_input(p, false, c.token, x, small);
         if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * L);  // the last down
         consume_stream(p, st, ring, x, [&](int row, float v) {
@@ -348,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           }
         });
       } else {
-        trace_mark(p, L * kCtrPerLayer, 0);
+        trace_mark<kTraced>(p, L * kCtrPerLayer, 0);
         if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * L);
       }
       if (lane == 0) small_key[warp] = best;  // the same in every lane of the warp
@@ -357,7 +362,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         for (int w = 0; w < kWarps; ++w) best = small_key[w] > best ? small_key[w] : best;
         if (best != 0ull) atomicMax(p.keys, best);
       }
-      trace_mark(p, L * kCtrPerLayer, 1);
+      trace_mark<kTraced>(p, L * kCtrPerLayer, 1);
     }
   }
   // ---- the last CTA to finish re-zeroes the counters for the next launch --------------
@@ -479,6 +484,7 @@ void configure_decode_megakernel(const MegaPlan& plan) {
   // The attribute is per function and device, shared by every model of the
   // process: it only ever grows, so that a model with a smaller plan made
   // later (a 1.5B target after a 0.5B draft) does not break an earlier one.
+  // Both instantiations (traced or not) get it: a model may be traced later.
   static std::mutex mu;
   static std::map<int, size_t> granted;  // device -> bytes set
   int dev = 0;
@@ -487,17 +493,21 @@ void configure_decode_megakernel(const MegaPlan& plan) {
     std::lock_guard<std::mutex> lock(mu);
     size_t& g = granted[dev];
     if (plan.smem_bytes > g) {
-      SS_CUDA_CHECK(cudaFuncSetAttribute(decode_megakernel_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(plan.smem_bytes)));
+      for (const void* fn : {reinterpret_cast<const void*>(decode_megakernel_kernel<false>),
+                             reinterpret_cast<const void*>(decode_megakernel_kernel<true>)})
+        SS_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(plan.smem_bytes)));
       g = plan.smem_bytes;
     }
   }
-  int blocks = 0;
-  SS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_megakernel_kernel, kThreads,
-                                                              plan.smem_bytes));
-  if (blocks < 1)
-    throw CudaError("decode megakernel: a CTA with " + std::to_string(plan.smem_bytes) +
-                    " bytes of shared memory does not fit on an SM");
+  for (const void* fn : {reinterpret_cast<const void*>(decode_megakernel_kernel<false>),
+                         reinterpret_cast<const void*>(decode_megakernel_kernel<true>)}) {
+    int blocks = 0;
+    SS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kThreads, plan.smem_bytes));
+    if (blocks < 1)
+      throw CudaError("decode megakernel: a CTA with " + std::to_string(plan.smem_bytes) +
+                      " bytes of shared memory does not fit on an SM");
+  }
 }
 
 void launch_decode_megakernel(const MegaParams& p, cudaStream_t stream) {
@@ -511,7 +521,10 @@ void launch_decode_megakernel(const MegaParams& p, cudaStream_t stream) {
   attr[0].val.cooperative = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  SS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_megakernel_kernel, p));
+  if (p.trace != nullptr)
+    SS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_megakernel_kernel<true>, p));
+  else
+    SS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_megakernel_kernel<false>, p));
 }
 
 }  // namespace swiftspec::cuda

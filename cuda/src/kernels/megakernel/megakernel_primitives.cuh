@@ -63,8 +63,12 @@ __device__ __forceinline__ void wait_counter(const unsigned* ctr, unsigned targe
 
 /// Trace (MegaParams::trace): consumer thread 0 stamps the global timer (ns)
 /// at the start (which 0: after its wait), the end (1: before its release) or
-/// the arrival at the wait (2) of op `slot`.
+/// the arrival at the wait (2) of op `slot`. kTraced is the kernel's
+/// instantiation (decode_megakernel_kernel<kTraced>): the untraced one has no
+/// trace code at all, so the stamps cannot cost the default step registers.
+template <bool kTraced>
 __device__ __forceinline__ void trace_mark(const MegaParams& p, int slot, int which) {
+  if constexpr (!kTraced) return;
   if (p.trace != nullptr && threadIdx.x == 0) {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -75,9 +79,10 @@ __device__ __forceinline__ void trace_mark(const MegaParams& p, int slot, int wh
 /// The consumers' writes so far (ordered by the barrier) are released to the
 /// waiters of `ctr` (the pattern of CUTLASS's generic barrier). The trace's
 /// end of op `slot` is stamped after the barrier: all warps are done.
+template <bool kTraced>
 __device__ __forceinline__ void signal_counter(const MegaParams& p, unsigned* ctr, int slot) {
   consumer_sync();
-  trace_mark(p, slot, 1);
+  trace_mark<kTraced>(p, slot, 1);
   if (threadIdx.x == 0) red_release_gpu_add(ctr, 1u);
 }
 

@@ -232,20 +232,20 @@ __device__ __forceinline__ void mark_released(int* released, int value) {
 /// the op's own go after its release; with hold_until_input the body marks
 /// those of `prev_stream` once its input is loaded (a CTA without rows here
 /// at once).
-template <class Body>
+template <bool kTraced, class Body>
 __device__ __forceinline__ void gemv_op(const MegaParams& p, const Stream& st, const unsigned* wait_ctr,
                                         unsigned* done_ctr, int slot, int stream_idx, int prev_stream, int* released,
                                         Body&& body) {
   if (st.row1 > st.row0) {
-    trace_mark(p, slot, 2);
+    trace_mark<kTraced>(p, slot, 2);
     if (wait_ctr != nullptr) wait_counter(wait_ctr, static_cast<unsigned>(p.plan.ctas));
-    trace_mark(p, slot, 0);
+    trace_mark<kTraced>(p, slot, 0);
     body();
   } else {
-    trace_mark(p, slot, 0);
+    trace_mark<kTraced>(p, slot, 0);
     if (p.plan.hold_until_input) mark_released(released, prev_stream + 1);
   }
-  signal_counter(p, done_ctr, slot);
+  signal_counter<kTraced>(p, done_ctr, slot);
   // After the release (its fence has waited for the op's stores): the
   // producer may refill the slots held for it.
   if (!p.plan.hold_until_input) mark_released(released, stream_idx + 1);
