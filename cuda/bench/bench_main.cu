@@ -354,7 +354,8 @@ void apply_mk_flags(CudaModelOptions& co) {
 
 /// --megakernel-trace-csv DIR: every stamp of each traced step as
 /// DIR/mk_trace_<shape>[_<tag>].csv (layer, op, cta, arrive, start, end; ns
-/// after the step's first start; -1 where a CTA has no such stamp).
+/// after the step's first start; -1 where a CTA has no such stamp; then the
+/// ring's waits in the op, ns: bytes, full, held as in ring_wait_summary).
 std::string g_mk_trace_csv_dir;
 
 /// The head units' phases (MegaParams::trace after the op stamps,
@@ -371,7 +372,7 @@ std::string attention_phase_summary(const std::string& which, const std::vector<
   int P = 1;
   const size_t at = plan.find("head_parts=");
   if (at != std::string::npos) P = std::max(1, std::atoi(plan.c_str() + at + 11));
-  const size_t off = (6 * static_cast<size_t>(L) + 1) * G * kMegaTraceStamps;
+  const size_t off = mega_trace_attn_offset(L, G);
   if (t.size() < off + static_cast<size_t>(L) * G * kMegaAttnStamps) return "";
   // [part 0 or not][phase 0..4 deltas, 5: start after QKV, 6: end after QKV]
   std::vector<double> v[2][7];
@@ -399,6 +400,79 @@ std::string attention_phase_summary(const std::string& which, const std::vector<
     std::printf(" %s %.2f|%.2f", names[ph], median(v[0][ph]), median(v[1][ph]));
     json += std::string(ph ? ", " : "") + "\"attn_" + names[ph] + "_part0_us\": " + num(median(v[0][ph])) +
             ", \"attn_" + names[ph] + "_others_us\": " + num(median(v[1][ph]));
+  }
+  std::printf("\n");
+  return json;
+}
+
+/// The ring's waits per GEMV op kind (MegaParams::trace's kMegaRingWords,
+/// cycles turned into us with each CTA's clock words): the consumers waiting
+/// for a chunk's bytes ("bytes"), the producer waiting for a full ring's slot
+/// to be consumed ("full": this SM's weight stream stopped) or for a held
+/// slot's release ("held"). Per op kind, the mean over layers 1.. of the
+/// median and of the maximum over the CTAs with rows in the op (its arrival
+/// stamp set); the LM head alone. Prints one line, returns JSON members.
+std::string ring_wait_summary(const std::string& which, const std::vector<unsigned long long>& t, int G, int L) {
+  if (t.size() < mega_trace_words(L, G)) return "";
+  const size_t ring = mega_trace_ring_offset(L, G), clk = mega_trace_clock_offset(L, G);
+  std::vector<double> ns_per_cycle(G, 0.0);
+  double ghz_sum = 0;
+  int ghz_n = 0;
+  for (int c = 0; c < G; ++c) {
+    const unsigned long long* w = &t[clk + static_cast<size_t>(c) * kMegaClockWords];
+    if (w[2] > w[0] && w[3] > w[1]) {
+      ns_per_cycle[c] = static_cast<double>(w[3] - w[1]) / static_cast<double>(w[2] - w[0]);
+      ghz_sum += 1.0 / ns_per_cycle[c];
+      ++ghz_n;
+    }
+  }
+  if (ghz_n == 0) return "";
+  const auto median = [](std::vector<double> x) {
+    std::sort(x.begin(), x.end());
+    return x[x.size() / 2];
+  };
+  // [word][median, max] for one op slot, over the CTAs with rows; false if none.
+  const auto per_slot = [&](int slot, double (&out)[kMegaRingWords][2]) {
+    std::vector<double> v[kMegaRingWords];
+    for (int c = 0; c < G; ++c) {
+      if (t[(static_cast<size_t>(slot) * G + c) * kMegaTraceStamps + 2] == 0 || ns_per_cycle[c] == 0) continue;
+      const unsigned long long* w = &t[ring + (static_cast<size_t>(slot) * G + c) * kMegaRingWords];
+      for (int k = 0; k < kMegaRingWords; ++k) v[k].push_back(static_cast<double>(w[k]) * ns_per_cycle[c] / 1e3);
+    }
+    if (v[0].empty()) return false;
+    for (int k = 0; k < kMegaRingWords; ++k) {
+      out[k][0] = median(v[k]);
+      out[k][1] = *std::max_element(v[k].begin(), v[k].end());
+    }
+    return true;
+  };
+  static const char* ops[] = {"qkv", "o_proj", "gate_up", "down", "lm_head"};
+  static const int op_slot[] = {0, 3, 4, 5};
+  static const char* words[kMegaRingWords] = {"bytes", "full", "held"};
+  std::printf("megakernel ring  %-13s waits (us per layer, median|max over the CTAs with rows; bytes: consumers "
+              "waiting for a chunk, full: producer waiting for a slot, held: for a held slot's release; SM clock "
+              "%.2f GHz):", which.c_str(), ghz_sum / ghz_n);
+  std::string json = "\"sm_clock_ghz\": " + num(ghz_sum / ghz_n);
+  for (int o = 0; o < 5; ++o) {
+    double mean[kMegaRingWords][2] = {};
+    int n = 0;
+    if (o < 4) {
+      for (int l = 1; l < L; ++l) {
+        double one[kMegaRingWords][2];
+        if (!per_slot(l * 6 + op_slot[o], one)) continue;
+        for (int k = 0; k < kMegaRingWords; ++k) mean[k][0] += one[k][0], mean[k][1] += one[k][1];
+        ++n;
+      }
+    } else if (per_slot(6 * L, mean)) {
+      n = 1;
+    }
+    if (n == 0) continue;
+    std::printf(" %s", ops[o]);
+    for (int k = 0; k < kMegaRingWords; ++k) {
+      std::printf(" %s %.2f|%.2f", words[k], mean[k][0] / n, mean[k][1] / n);
+      json += std::string(", \"") + ops[o] + "_" + words[k] + "_wait_us\": " + num(mean[k][0] / n) + ", \"" + ops[o] +
+              "_" + words[k] + "_wait_max_us\": " + num(mean[k][1] / n);
+    }
   }
   std::printf("\n");
   return json;
@@ -448,12 +522,19 @@ std::string megakernel_trace_summary(const std::string& which, const ModelConfig
   if (!g_mk_trace_csv_dir.empty()) {
     const std::string path = g_mk_trace_csv_dir + "/mk_trace_" + which + (tag.empty() ? "" : "_" + tag) + ".csv";
     if (FILE* f = std::fopen(path.c_str(), "w")) {
-      std::fprintf(f, "layer,op,cta,arrive_ns,start_ns,end_ns\n");
+      std::fprintf(f, "layer,op,cta,arrive_ns,start_ns,end_ns,bytes_wait_ns,full_wait_ns,held_wait_ns\n");
       auto rel = [&](double v) { return v > 0 ? static_cast<long long>(v - t0) : -1LL; };
+      const size_t ring = mega_trace_ring_offset(L, G), clk = mega_trace_clock_offset(L, G);
       for (int slot = 0; slot <= L * ops; ++slot)
-        for (int c = 0; c < G; ++c)
-          std::fprintf(f, "%d,%s,%d,%lld,%lld,%lld\n", slot / ops, slot == L * ops ? "lm_head" : names[slot % ops], c,
-                       rel(stamp(slot, c, 2)), rel(stamp(slot, c, 0)), rel(stamp(slot, c, 1)));
+        for (int c = 0; c < G; ++c) {
+          const unsigned long long* cw = &t[clk + static_cast<size_t>(c) * kMegaClockWords];
+          const double npc = cw[2] > cw[0] ? static_cast<double>(cw[3] - cw[1]) / static_cast<double>(cw[2] - cw[0]) : -1.0;
+          const unsigned long long* rw = &t[ring + (static_cast<size_t>(slot) * G + c) * kMegaRingWords];
+          auto ns = [&](int k) { return npc > 0 ? static_cast<long long>(rw[k] * npc) : -1LL; };
+          std::fprintf(f, "%d,%s,%d,%lld,%lld,%lld,%lld,%lld,%lld\n", slot / ops,
+                       slot == L * ops ? "lm_head" : names[slot % ops], c, rel(stamp(slot, c, 2)), rel(stamp(slot, c, 0)),
+                       rel(stamp(slot, c, 1)), ns(0), ns(1), ns(2));
+        }
       std::fclose(f);
     } else {
       std::fprintf(stderr, "--megakernel-trace-csv: cannot write %s\n", path.c_str());
@@ -462,7 +543,8 @@ std::string megakernel_trace_summary(const std::string& which, const ModelConfig
   const double lm = end_max(L * ops) - end_max(L * ops - 1);
   const double total = end_max(L * ops) - t0;
   const std::string attn_json = attention_phase_summary(which, t, G, L, m->debug_gemm_plans(), end_max);
-  std::string json = "{" + attn_json + (attn_json.empty() ? "" : ", ");
+  const std::string ring_json = ring_wait_summary(which, t, G, L);
+  std::string json = "{" + attn_json + (attn_json.empty() ? "" : ", ") + ring_json + (ring_json.empty() ? "" : ", ");
   std::printf("megakernel trace %-13s total %.1f us, LM head %.1f us; per layer (us, segment / wake / arrive):", which.c_str(),
               total / 1e3, lm / 1e3);
   double layer = 0;

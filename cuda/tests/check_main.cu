@@ -1070,7 +1070,7 @@ void check_megakernel_trace(const std::string& tag, const ModelConfig& cfg, uint
         const unsigned long long* s3 = &t[(static_cast<size_t>(slot) * G + c) * kMegaTraceStamps];
         if (s3[0] == 0 || s3[1] < s3[0] || (s3[2] != 0 && s3[2] > s3[0])) ++bad_ops;
       }
-    const size_t off = (6 * static_cast<size_t>(L) + 1) * G * kMegaTraceStamps;
+    const size_t off = mega_trace_attn_offset(L, G);
     for (int l = 0; l < L; ++l)
       for (int c = 0; c < G; ++c) {
         const unsigned long long* ph = &t[off + (static_cast<size_t>(l) * G + c) * kMegaAttnStamps];
@@ -1083,11 +1083,56 @@ void check_megakernel_trace(const std::string& tag, const ModelConfig& cfg, uint
         if (!ok) ++bad_phases;
       }
   }
-  char name[200], det[200];
-  std::snprintf(name, sizeof name, "megakernel[%s] trace: same bits, op and attention-phase stamps in order", tag.c_str());
-  std::snprintf(det, sizeof det, "(bitwise %s; %zu words; %d head units; bad op stamps %d, bad phase rows %d)",
-                same ? "equal" : "DIFFERENT", t.size(), units, bad_ops, bad_phases);
-  record(name, bad_ops + bad_phases, 0, same && sized && P > 1 && bad_ops == 0 && bad_phases == 0, det);
+  // The ring's waits (kMegaRingWords per op slot and CTA, cycles; the CTA's
+  // clock words turn them into ns): each CTA's clock is sane; a GEMV op's
+  // consumer wait for bytes fits inside the op's own span (start .. end
+  // stamps); a CTA without rows in an op, and the attention / merge slots,
+  // have no waits; the producer's waits fit in the CTA's run; and at layer 0
+  // every CTA with QKV rows has its bytes word stored (nonzero: even a wait
+  // that finds its chunk landed takes cycles).
+  int bad_clock = 0, bad_ring = 0, no_first_wait = 0;
+  double ghz_min = 1e9, ghz_max = 0;
+  if (sized) {
+    const size_t ring = mega_trace_ring_offset(L, G), clk = mega_trace_clock_offset(L, G);
+    for (int c = 0; c < G; ++c) {
+      const unsigned long long* cw = &t[clk + static_cast<size_t>(c) * kMegaClockWords];
+      const bool clock_ok = cw[2] > cw[0] && cw[3] > cw[1];
+      const double npc = clock_ok ? static_cast<double>(cw[3] - cw[1]) / static_cast<double>(cw[2] - cw[0]) : 0.0;
+      if (!clock_ok || npc < 1.0 / 3.5 || npc > 1.0 / 0.5) {
+        ++bad_clock;
+        continue;
+      }
+      ghz_min = std::min(ghz_min, 1.0 / npc);
+      ghz_max = std::max(ghz_max, 1.0 / npc);
+      double producer_ns = 0;
+      for (int slot = 0; slot <= 6 * L; ++slot) {
+        const unsigned long long* s3 = &t[(static_cast<size_t>(slot) * G + c) * kMegaTraceStamps];
+        const unsigned long long* w = &t[ring + (static_cast<size_t>(slot) * G + c) * kMegaRingWords];
+        const int kind = slot % 6;
+        const bool gemv = slot == 6 * L || kind == 0 || kind == 3 || kind == 4 || kind == 5;
+        const bool rows = gemv && s3[2] != 0;  // a CTA with rows stamps its arrival
+        if (!rows) {
+          if (w[0] != 0 || w[1] != 0 || w[2] != 0) ++bad_ring;
+          continue;
+        }
+        const double span = s3[1] >= s3[0] ? static_cast<double>(s3[1] - s3[0]) : 0.0;
+        if (w[0] * npc > 1.05 * span + 100.0) ++bad_ring;
+        if (slot == 0 && w[0] == 0) ++no_first_wait;
+        producer_ns += static_cast<double>(w[1] + w[2]) * npc;
+      }
+      if (producer_ns > 1.05 * static_cast<double>(cw[3] - cw[1]) + 1000.0) ++bad_ring;
+    }
+  }
+  char name[200], det[320];
+  std::snprintf(name, sizeof name, "megakernel[%s] trace: same bits, op and attention-phase stamps in order, ring waits",
+                tag.c_str());
+  std::snprintf(det, sizeof det,
+                "(bitwise %s; %zu words; %d head units; bad op stamps %d, bad phase rows %d; SM clock %.2f-%.2f GHz, "
+                "bad clocks %d, bad ring words %d, first QKV without a wait %d)",
+                same ? "equal" : "DIFFERENT", t.size(), units, bad_ops, bad_phases, ghz_min, ghz_max, bad_clock, bad_ring,
+                no_first_wait);
+  const int bad = bad_ops + bad_phases + bad_clock + bad_ring + no_first_wait;
+  record(name, bad, 0, same && sized && P > 1 && bad == 0, det);
 }
 
 /// A megakernel setting that changes no arithmetic gives the same logits, bit

@@ -155,14 +155,24 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
     if (cta == 0) *p.keys = 0ull;  // published to the LM head by CTA 0's first release
     *released = 0;
   }
+  if constexpr (kTraced) {
+    // The ring's waits are stored per op only where there were any: clear
+    // this CTA's words of the previous launch first.
+    if (p.trace != nullptr)
+      for (int i = tid; i <= kCtrPerLayer * L; i += kThreads) {
+        unsigned long long* w = ring_trace_words(p, i);
+        for (int k = 0; k < kMegaRingWords; ++k) w[k] = 0ull;
+      }
+  }
   __syncthreads();
 
   if (warp == kWarps) {  // ---- the producer warp ----------------------------------------
-    if (lane == 0) producer_loop(p, table, last_idx, slots, full, empty, released);
+    if (lane == 0) producer_loop<kTraced>(p, table, last_idx, slots, full, empty, released);
     __syncwarp();
   } else {  // ---- the consumer warps ----------------------------------------------------
     const StepConsts c = *consts;
     Ring ring{slots, full, empty, 0};
+    if constexpr (kTraced) clock_trace(p, 0);
     const Stream own = table[kStreamO];  // O and down rows: the same in every layer
     // O and down: row += dot, in the shared-memory residual and in h32 (read by all CTAs).
     const auto add_residual = [&](int row, float v) {
@@ -188,9 +198,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
                 kStreamsPerLayer * l + kStreamQKV, kStreamsPerLayer * l - 1, released, [&] {
           rinv = load_normed_input(p, l == 0, c.token, x, small);
           if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * l);  // down of layer l - 1
-          consume_stream(p, st, ring, x, [&](int row, float v) {
+          consume_stream<kTraced>(p, st, ring, x, [&](int row, float v) {
             if (lane == 0) ybuf[row - st.row0] = v;
           });
+          store_ring_wait<kTraced>(p, slot0 + kCtrQKV, ring);
           __syncwarp();
           // EpiQKV with the RoPE table of the launch instead of a sincosf after a
           // dependent load on the op's critical path. Tile t's pair (r, r + 8)
@@ -301,7 +312,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           else
             load_input(p.attn, s.num_heads * s.head_dim, x);
           if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * l + kStreamQKV + 1);
-          consume_stream(p, st, ring, x, add_residual);
+          consume_stream<kTraced>(p, st, ring, x, add_residual);
+          store_ring_wait<kTraced>(p, slot0 + kCtrO, ring);
         });
       }
       // ---- gate/up + SwiGLU --------------------------------------------------------------
@@ -311,9 +323,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
                 kStreamsPerLayer * l + kStreamGateUp, kStreamsPerLayer * l + kStreamO, released, [&] {
           rinv = load_normed_input(p, false, c.token, x, small);
           if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * l + kStreamO + 1);
-          consume_stream(p, st, ring, x, [&](int row, float v) {
+          consume_stream<kTraced>(p, st, ring, x, [&](int row, float v) {
             if (lane == 0) ybuf[row - st.row0] = v;
           });
+          store_ring_wait<kTraced>(p, slot0 + kCtrGateUp, ring);
           __syncwarp();
           EpiSwiGLU::Params e;
           e.act = p.act;
@@ -330,7 +343,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
                 kStreamsPerLayer * l + kStreamDown, kStreamsPerLayer * l + kStreamGateUp, released, [&] {
           load_input(p.act, I, x);
           if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * l + kStreamGateUp + 1);
-          consume_stream(p, st, ring, x, add_residual);
+          consume_stream<kTraced>(p, st, ring, x, add_residual);
+          store_ring_wait<kTraced>(p, slot0 + kCtrDown, ring);
         });
       }
     }
@@ -344,7 +358,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         trace_mark<kTraced>(p, L * kCtrPerLayer, 0);
         rinv = load_normed_input(p, false, c.token, x, small);
         if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * L);  // the last down
-        consume_stream(p, st, ring, x, [&](int row, float v) {
+        consume_stream<kTraced>(p, st, ring, x, [&](int row, float v) {
           if (row < s.vocab) {
             v *= rinv;
             if (lane == 0 && p.logits) p.logits[row] = v;
@@ -352,6 +366,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
             best = k > best ? k : best;
           }
         });
+        store_ring_wait<kTraced>(p, L * kCtrPerLayer, ring);
       } else {
         trace_mark<kTraced>(p, L * kCtrPerLayer, 0);
         if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * L);
@@ -365,6 +380,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       trace_mark<kTraced>(p, L * kCtrPerLayer, 1);
     }
   }
+  if constexpr (kTraced) clock_trace(p, 2);
   // ---- the last CTA to finish re-zeroes the counters for the next launch --------------
   __syncthreads();
   if (tid == 0) {

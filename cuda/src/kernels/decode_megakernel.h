@@ -68,10 +68,35 @@ constexpr int kMegaTraceStamps = 3;
 /// done (part 0: the merged output stored; others: their arrival released).
 /// 0 where the CTA ran no head unit.
 constexpr int kMegaAttnStamps = 6;
+/// Words per (op slot, CTA) of the ring's waits in MegaParams::trace (after
+/// the phase stamps), in SM clock cycles (clock64), each summed over the op:
+/// 0 consumer warp 0 waiting for a chunk's bytes (its full barrier), 1 the
+/// producer waiting for a slot that holds one of the op's chunks to be
+/// consumed (the ring is full: this SM's weight stream stops), 2 the producer
+/// waiting for the release of a slot held for the op (MegaPlan::release_hold).
+/// QKV, O, gate/up, down and the LM head slots only; 0 where none.
+constexpr int kMegaRingWords = 3;
+/// Words per CTA after the ring waits: clock64 and the global timer (ns) at
+/// the consumers' start, then at their end: the CTA's cycles-to-ns ratio.
+constexpr int kMegaClockWords = 4;
+#if defined(__CUDACC__)
+#define SWIFTSPEC_MEGA_HD __host__ __device__
+#else
+#define SWIFTSPEC_MEGA_HD
+#endif
+/// Offsets of MegaParams::trace's parts, in words (after the op stamps).
+SWIFTSPEC_MEGA_HD inline size_t mega_trace_attn_offset(int num_layers, int ctas) {
+  return (6 * static_cast<size_t>(num_layers) + 1) * ctas * kMegaTraceStamps;
+}
+SWIFTSPEC_MEGA_HD inline size_t mega_trace_ring_offset(int num_layers, int ctas) {
+  return mega_trace_attn_offset(num_layers, ctas) + static_cast<size_t>(num_layers) * ctas * kMegaAttnStamps;
+}
+SWIFTSPEC_MEGA_HD inline size_t mega_trace_clock_offset(int num_layers, int ctas) {
+  return mega_trace_ring_offset(num_layers, ctas) + (6 * static_cast<size_t>(num_layers) + 1) * ctas * kMegaRingWords;
+}
 /// Words of MegaParams::trace for a plan of `ctas` CTAs.
-inline size_t mega_trace_words(int num_layers, int ctas) {
-  return (6 * static_cast<size_t>(num_layers) + 1) * ctas * kMegaTraceStamps +
-         static_cast<size_t>(num_layers) * ctas * kMegaAttnStamps;
+SWIFTSPEC_MEGA_HD inline size_t mega_trace_words(int num_layers, int ctas) {
+  return mega_trace_clock_offset(num_layers, ctas) + static_cast<size_t>(ctas) * kMegaClockWords;
 }
 
 /// Model shape as the megakernel needs it.
@@ -210,7 +235,10 @@ struct MegaParams {
   /// QKV, attention units, split merge, O, gate/up, down; then the LM head)
   /// and CTA, its start (after its wait), its end, and its arrival at the
   /// wait (before it; 0 where an op has none); then [num_layers][ctas]
-  /// [kMegaAttnStamps] head_attention's phases.
+  /// [kMegaAttnStamps] head_attention's phases; then [6 * num_layers + 1]
+  /// [ctas][kMegaRingWords] the ring's waits (cycles); then [ctas]
+  /// [kMegaClockWords] (offsets: mega_trace_*_offset). A traced launch runs
+  /// decode_megakernel_kernel<true>, the untraced one has no trace code.
   unsigned long long* trace = nullptr;
 };
 

@@ -76,6 +76,20 @@ __device__ __forceinline__ void trace_mark(const MegaParams& p, int slot, int wh
   }
 }
 
+/// Traced kernel: consumer thread 0 stores clock64 and the global timer at
+/// word `at` (0: the consumers' start, 2: their end) of this CTA's
+/// kMegaClockWords, which turn the ring's wait cycles into ns.
+__device__ __forceinline__ void clock_trace(const MegaParams& p, int at) {
+  if (p.trace != nullptr && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    unsigned long long* w =
+        p.trace + mega_trace_clock_offset(p.s.num_layers, p.plan.ctas) + static_cast<size_t>(blockIdx.x) * kMegaClockWords;
+    w[at] = static_cast<unsigned long long>(clock64());
+    w[at + 1] = t;
+  }
+}
+
 /// The consumers' writes so far (ordered by the barrier) are released to the
 /// waiters of `ctr` (the pattern of CUTLASS's generic barrier). The trace's
 /// end of op `slot` is stamped after the barrier: all warps are done.

@@ -57,6 +57,49 @@ __device__ __forceinline__ void l2_prefetch_tail(const Stream& st, int bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(end - n), "r"(static_cast<uint32_t>(n)) : "memory");
 }
 
+/// The trace's op slot of stream `idx` (QKV, O, gate/up, down per layer;
+/// the LM head last).
+__device__ __forceinline__ int op_slot_of_stream(int idx, int num_layers) {
+  if (idx >= kStreamsPerLayer * num_layers) return kCtrPerLayer * num_layers;
+  const int base = (idx / kStreamsPerLayer) * kCtrPerLayer;
+  switch (idx % kStreamsPerLayer) {
+    case kStreamQKV: return base + kCtrQKV;
+    case kStreamO: return base + kCtrO;
+    case kStreamGateUp: return base + kCtrGateUp;
+    default: return base + kCtrDown;
+  }
+}
+
+/// This CTA's kMegaRingWords trace words of op `slot` (MegaParams::trace set).
+__device__ __forceinline__ unsigned long long* ring_trace_words(const MegaParams& p, int slot) {
+  return p.trace + mega_trace_ring_offset(p.s.num_layers, p.plan.ctas) +
+         (static_cast<size_t>(slot) * p.plan.ctas + blockIdx.x) * kMegaRingWords;
+}
+
+/// The producer's ring waits of the traced kernel, summed per op (words 1
+/// and 2 of kMegaRingWords): a wait counts for the op whose chunk holds the
+/// slot waited for; the sums are stored when that op changes (streams come
+/// in order) and at the end.
+struct ProducerWaits {
+  int idx = -1;
+  unsigned long long slot_wait = 0, hold_wait = 0;
+  __device__ void add(const MegaParams& p, int stream, unsigned long long cycles, bool held) {
+    if (stream != idx) {
+      flush(p);
+      idx = stream;
+    }
+    (held ? hold_wait : slot_wait) += cycles;
+  }
+  __device__ void flush(const MegaParams& p) {
+    if (idx >= 0 && p.trace != nullptr) {
+      unsigned long long* w = ring_trace_words(p, op_slot_of_stream(idx, p.s.num_layers));
+      w[1] = slot_wait;
+      w[2] = hold_wait;
+    }
+    slot_wait = hold_wait = 0;
+  }
+};
+
 __device__ __forceinline__ int rows_per_chunk(const MegaPlan& pl, int K) {
   return max(1, pl.slot_bytes / (2 * K));
 }
@@ -101,6 +144,10 @@ struct ChunkWalk {
 /// own last chunks freed (run 21's trace: a CTA's release after the down op
 /// took 2.8 µs at the 0.5B while its ring refilled; one chunk in flight cut
 /// the wake by 1 µs but slowed the stream everywhere).
+///
+/// kTraced: the waits are timed (ProducerWaits); the untraced instantiation
+/// has none of that code.
+template <bool kTraced>
 __device__ void producer_loop(const MegaParams& p, const Stream* table, int last_idx, unsigned char* slots,
                               uint64_t* full, uint64_t* empty, const int* released) {
   const uint64_t policy = l2_policy_evict_first();  // weights are read once per step
@@ -111,23 +158,32 @@ __device__ void producer_loop(const MegaParams& p, const Stream* table, int last
                            ? static_cast<uint32_t>(p.plan.max_inflight) : 0u;
   const int hold = p.plan.release_hold;
   ChunkWalk ring, freed;  // freed: the chunk whose slot the next refill reuses (seq - ns)
+  ProducerWaits waits;    // kTraced only
   uint32_t seq = 0;
   const void* src;
   uint32_t bytes;
   while (ring.next(p, table, last_idx, src, bytes)) {
     const uint32_t slot = seq % ns, round = seq / ns;
     if (round > 0) {
+      const void* fsrc;
+      uint32_t fbytes;
+      long long t0 = 0;
+      if constexpr (kTraced) {
+        freed.next(p, table, last_idx, fsrc, fbytes);  // which op's chunk the wait is for
+        t0 = clock64();
+      }
       ring_wait(&empty[slot], (round - 1) & 1u);
+      if constexpr (kTraced) waits.add(p, freed.idx, static_cast<unsigned long long>(clock64() - t0), false);
       if (hold > 0) {
-        const void* fsrc;
-        uint32_t fbytes;
-        freed.next(p, table, last_idx, fsrc, fbytes);
+        if constexpr (!kTraced) freed.next(p, table, last_idx, fsrc, fbytes);
         // Only a chunk of a later stream waits: the op still needs the rest of
         // its own (holding those deadlocks once an op is longer than the
         // ring). The LM head (the last stream) has no release.
         if (freed.after < hold && ring.idx != freed.idx && freed.idx < kStreamsPerLayer * p.s.num_layers) {
           const int need = freed.idx + 1;
+          if constexpr (kTraced) t0 = clock64();
           spin_until([&] { return ld_volatile_shared(released) >= need; });
+          if constexpr (kTraced) waits.add(p, freed.idx, static_cast<unsigned long long>(clock64() - t0), true);
         }
       }
     }
@@ -136,6 +192,7 @@ __device__ void producer_loop(const MegaParams& p, const Stream* table, int last
     bulk_load(slots + static_cast<size_t>(slot) * p.plan.slot_bytes, src, bytes, &full[slot], policy);
     ++seq;
   }
+  if constexpr (kTraced) waits.flush(p);
 }
 
 // ---------------------------------------------------------------- consumer GEMV
@@ -175,14 +232,27 @@ struct Ring {
   uint64_t* full;
   uint64_t* empty;
   uint32_t seq = 0;
+  /// Traced kernel, consumer thread 0: cycles waited for chunks' bytes in
+  /// the current op (stored and reset by store_ring_wait).
+  unsigned long long bytes_wait = 0;
 };
+
+/// Traced kernel: consumer thread 0 stores the op's wait for bytes (word 0
+/// of kMegaRingWords of op `slot`) and resets it.
+template <bool kTraced>
+__device__ __forceinline__ void store_ring_wait(const MegaParams& p, int slot, Ring& ring) {
+  if constexpr (kTraced) {
+    if (p.trace != nullptr && threadIdx.x == 0) ring_trace_words(p, slot)[0] = ring.bytes_wait;
+    ring.bytes_wait = 0;
+  }
+}
 
 /// Consumer warps: the chunks of stream `st` in order. Each warp waits for a
 /// chunk, computes the dot products of its rows of it with x and hands each
 /// (absolute row, value) to `on_row` (all lanes, the same value), then frees
 /// the slot for the producer. No CTA barrier: warps drift apart by up to the
 /// ring's depth.
-template <class F>
+template <bool kTraced, class F>
 __device__ __forceinline__ void consume_stream(const MegaParams& p, const Stream& st, Ring& ring,
                                                const __nv_bfloat16* x, F&& on_row) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -193,7 +263,10 @@ __device__ __forceinline__ void consume_stream(const MegaParams& p, const Stream
   for (int row = st.row0; row < st.row1;) {
     const int R = min(rpc, st.row1 - row);
     const uint32_t slot = ring.seq % ns;
+    long long t0 = 0;
+    if constexpr (kTraced) t0 = clock64();
     ring_wait(&ring.full[slot], (ring.seq / ns) & 1u);
+    if constexpr (kTraced) ring.bytes_wait += static_cast<unsigned long long>(clock64() - t0);
     const uint4* w = reinterpret_cast<const uint4*>(ring.slots + static_cast<size_t>(slot) * p.plan.slot_bytes);
     // This warp's rows of the chunk: j with (row - row0 + j) % 8 == warp.
     for (int j = (warp - (row - st.row0)) & 7; j < R; j += 32) {
