@@ -102,7 +102,7 @@ constexpr int kAlignSlack = 128;
 // Two instantiations: kTraced (MegaParams::trace set) and not. The trace's
 // pointer arithmetic, kept live across the whole step, cost the untraced
 // kernel registers: 132 / 508 bytes of static spill stores / loads with the
-// stamps in a runtime branch, 68 / 196 without (ptxas -v, sm_90a, nvcc 13.0).
+// stamps in a runtime branch, 76 / 268 without (ptxas -v, sm_90a, nvcc 13.0).
 template <bool kTraced>
 __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __grid_constant__ MegaParams p) {
   extern __shared__ unsigned char smem_raw[];

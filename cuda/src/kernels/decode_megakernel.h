@@ -69,13 +69,16 @@ constexpr int kMegaTraceStamps = 3;
 /// 0 where the CTA ran no head unit.
 constexpr int kMegaAttnStamps = 6;
 /// Words per (op slot, CTA) of the ring's waits in MegaParams::trace (after
-/// the phase stamps), in SM clock cycles (clock64), each summed over the op:
-/// 0 consumer warp 0 waiting for a chunk's bytes (its full barrier), 1 the
-/// producer waiting for a slot that holds one of the op's chunks to be
-/// consumed (the ring is full: this SM's weight stream stops), 2 the producer
+/// the phase stamps), in SM clock cycles (clock64), each summed over the
+/// blocked waits only: 0 consumer warp 0 waiting for a chunk of the op to
+/// land (its full barrier); the producer, before refilling a slot that holds
+/// one of the op's chunks: 1 waiting for that chunk to land (the ring at full
+/// depth with bytes still in flight: HBM or latency bound), 2 waiting for the
+/// landed chunk to be consumed (every slot landed: this SM's weight stream
+/// has stopped, the consumers are behind or wait for a dependency), 3
 /// waiting for the release of a slot held for the op (MegaPlan::release_hold).
 /// QKV, O, gate/up, down and the LM head slots only; 0 where none.
-constexpr int kMegaRingWords = 3;
+constexpr int kMegaRingWords = 4;
 /// Words per CTA after the ring waits: clock64 and the global timer (ns) at
 /// the consumers' start, then at their end: the CTA's cycles-to-ns ratio.
 constexpr int kMegaClockWords = 4;

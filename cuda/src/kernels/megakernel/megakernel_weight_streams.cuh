@@ -76,27 +76,27 @@ __device__ __forceinline__ unsigned long long* ring_trace_words(const MegaParams
          (static_cast<size_t>(slot) * p.plan.ctas + blockIdx.x) * kMegaRingWords;
 }
 
-/// The producer's ring waits of the traced kernel, summed per op (words 1
-/// and 2 of kMegaRingWords): a wait counts for the op whose chunk holds the
-/// slot waited for; the sums are stored when that op changes (streams come
-/// in order) and at the end.
+/// The producer's ring waits of the traced kernel, summed per op (words 1-3
+/// of kMegaRingWords): a wait counts for the op whose chunk holds the slot
+/// waited for; the sums are stored when that op changes (streams come in
+/// order) and at the end.
 struct ProducerWaits {
   int idx = -1;
-  unsigned long long slot_wait = 0, hold_wait = 0;
-  __device__ void add(const MegaParams& p, int stream, unsigned long long cycles, bool held) {
+  unsigned long long w[3] = {0, 0, 0};  ///< in flight, landed not consumed, held
+  /// Adds `cycles` to word `k` (1..3) of stream `stream`'s op.
+  __device__ void add(const MegaParams& p, int stream, int k, unsigned long long cycles) {
     if (stream != idx) {
       flush(p);
       idx = stream;
     }
-    (held ? hold_wait : slot_wait) += cycles;
+    w[k - 1] += cycles;
   }
   __device__ void flush(const MegaParams& p) {
     if (idx >= 0 && p.trace != nullptr) {
-      unsigned long long* w = ring_trace_words(p, op_slot_of_stream(idx, p.s.num_layers));
-      w[1] = slot_wait;
-      w[2] = hold_wait;
+      unsigned long long* out = ring_trace_words(p, op_slot_of_stream(idx, p.s.num_layers));
+      for (int k = 0; k < 3; ++k) out[k + 1] = w[k];
     }
-    slot_wait = hold_wait = 0;
+    w[0] = w[1] = w[2] = 0;
   }
 };
 
@@ -167,13 +167,17 @@ __device__ void producer_loop(const MegaParams& p, const Stream* table, int last
     if (round > 0) {
       const void* fsrc;
       uint32_t fbytes;
-      long long t0 = 0;
       if constexpr (kTraced) {
-        freed.next(p, table, last_idx, fsrc, fbytes);  // which op's chunk the wait is for
-        t0 = clock64();
+        // Which op's chunk the slot holds, whether it is still landing (its
+        // full barrier's phase of the previous round: the slot cannot be
+        // re-armed before this refill, so the read is safe and changes no
+        // timing but the probe's), then how long it waits to be consumed.
+        freed.next(p, table, last_idx, fsrc, fbytes);
+        waits.add(p, freed.idx, 1, timed_ring_wait(&full[slot], (round - 1) & 1u));
+        waits.add(p, freed.idx, 2, timed_ring_wait(&empty[slot], (round - 1) & 1u));
+      } else {
+        ring_wait(&empty[slot], (round - 1) & 1u);
       }
-      ring_wait(&empty[slot], (round - 1) & 1u);
-      if constexpr (kTraced) waits.add(p, freed.idx, static_cast<unsigned long long>(clock64() - t0), false);
       if (hold > 0) {
         if constexpr (!kTraced) freed.next(p, table, last_idx, fsrc, fbytes);
         // Only a chunk of a later stream waits: the op still needs the rest of
@@ -181,9 +185,10 @@ __device__ void producer_loop(const MegaParams& p, const Stream* table, int last
         // ring). The LM head (the last stream) has no release.
         if (freed.after < hold && ring.idx != freed.idx && freed.idx < kStreamsPerLayer * p.s.num_layers) {
           const int need = freed.idx + 1;
+          long long t0 = 0;
           if constexpr (kTraced) t0 = clock64();
           spin_until([&] { return ld_volatile_shared(released) >= need; });
-          if constexpr (kTraced) waits.add(p, freed.idx, static_cast<unsigned long long>(clock64() - t0), true);
+          if constexpr (kTraced) waits.add(p, freed.idx, 3, static_cast<unsigned long long>(clock64() - t0));
         }
       }
     }
@@ -232,8 +237,8 @@ struct Ring {
   uint64_t* full;
   uint64_t* empty;
   uint32_t seq = 0;
-  /// Traced kernel, consumer thread 0: cycles waited for chunks' bytes in
-  /// the current op (stored and reset by store_ring_wait).
+  /// Traced kernel, consumer thread 0: cycles blocked waiting for chunks to
+  /// land in the current op (stored and reset by store_ring_wait).
   unsigned long long bytes_wait = 0;
 };
 
@@ -263,10 +268,8 @@ __device__ __forceinline__ void consume_stream(const MegaParams& p, const Stream
   for (int row = st.row0; row < st.row1;) {
     const int R = min(rpc, st.row1 - row);
     const uint32_t slot = ring.seq % ns;
-    long long t0 = 0;
-    if constexpr (kTraced) t0 = clock64();
-    ring_wait(&ring.full[slot], (ring.seq / ns) & 1u);
-    if constexpr (kTraced) ring.bytes_wait += static_cast<unsigned long long>(clock64() - t0);
+    if constexpr (kTraced) ring.bytes_wait += timed_ring_wait(&ring.full[slot], (ring.seq / ns) & 1u);
+    else ring_wait(&ring.full[slot], (ring.seq / ns) & 1u);
     const uint4* w = reinterpret_cast<const uint4*>(ring.slots + static_cast<size_t>(slot) * p.plan.slot_bytes);
     // This warp's rows of the chunk: j with (row - row0 + j) % 8 == warp.
     for (int j = (warp - (row - st.row0)) & 7; j < R; j += 32) {
