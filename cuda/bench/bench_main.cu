@@ -410,8 +410,9 @@ std::string attention_phase_summary(const std::string& which, const std::vector<
 /// kMegaRingWords, cycles turned into us with each CTA's clock words):
 /// consumer warp 0 waiting for a chunk to land ("bytes"); the producer, with
 /// the ring at full depth, waiting for the oldest chunk to land ("inflight":
-/// HBM or latency bound) or, landed, to be consumed ("unconsumed": this SM's
-/// weight stream stopped), or for a held slot's release ("held"). Per op
+/// HBM or latency bound) or, landed, to be consumed ("unconsumed": the
+/// consumers behind or waiting for a dependency; newer chunks may still be
+/// landing), or for a held slot's release ("held"). Per op
 /// kind, the mean over layers 1.. of the
 /// median and of the maximum over the CTAs with rows in the op (its arrival
 /// stamp set); the LM head alone. Prints one line, returns JSON members.

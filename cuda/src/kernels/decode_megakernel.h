@@ -74,8 +74,9 @@ constexpr int kMegaAttnStamps = 6;
 /// land (its full barrier); the producer, before refilling a slot that holds
 /// one of the op's chunks: 1 waiting for that chunk to land (the ring at full
 /// depth with bytes still in flight: HBM or latency bound), 2 waiting for the
-/// landed chunk to be consumed (every slot landed: this SM's weight stream
-/// has stopped, the consumers are behind or wait for a dependency), 3
+/// landed chunk to be consumed (the consumers are behind, or wait for a
+/// dependency; newer chunks may still be landing, and once they all have,
+/// this SM's weight stream stands still), 3
 /// waiting for the release of a slot held for the op (MegaPlan::release_hold).
 /// QKV, O, gate/up, down and the LM head slots only; 0 where none.
 constexpr int kMegaRingWords = 4;
