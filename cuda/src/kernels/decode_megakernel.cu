@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
     make_step_consts(p, *consts);
     consts->attn_stamps =
         kTraced && p.trace != nullptr
-            ? p.trace + static_cast<size_t>(kCtrPerLayer * L + 1) * G * kMegaTraceStamps + static_cast<size_t>(cta) * kMegaAttnStamps
+            ? p.trace + mega_trace_attn_offset(L, G) + static_cast<size_t>(cta) * kMegaAttnStamps
             : nullptr;
     for (int i = 0; i < pl.num_slots; ++i) {
       mbar_init(&full[i], 1);
