@@ -355,8 +355,8 @@ void apply_mk_flags(CudaModelOptions& co) {
 /// --megakernel-trace-csv DIR: every stamp of each traced step as
 /// DIR/mk_trace_<shape>[_<tag>].csv (layer, op, cta, arrive, start, end; ns
 /// after the step's first start; -1 where a CTA has no such stamp; then the
-/// ring's blocked waits for the op, ns: bytes, inflight, unconsumed, held as
-/// in ring_wait_summary).
+/// ring's blocked waits for the op, ns: bytes, inflight, unconsumed, idle,
+/// held as in ring_wait_summary).
 std::string g_mk_trace_csv_dir;
 
 /// The head units' phases (MegaParams::trace after the op stamps,
@@ -412,7 +412,8 @@ std::string attention_phase_summary(const std::string& which, const std::vector<
 /// the ring at full depth, waiting for the oldest chunk to land ("inflight":
 /// HBM or latency bound) or, landed, to be consumed ("unconsumed": the
 /// consumers behind or waiting for a dependency; newer chunks may still be
-/// landing), or for a held slot's release ("held"). Per op
+/// landing; "idle": the part of it after the newest chunk had landed too, the
+/// SM's stream standing still), or for a held slot's release ("held"). Per op
 /// kind, the mean over layers 1.. of the
 /// median and of the maximum over the CTAs with rows in the op (its arrival
 /// stamp set); the LM head alone. Prints one line, returns JSON members.
@@ -452,10 +453,11 @@ std::string ring_wait_summary(const std::string& which, const std::vector<unsign
   };
   static const char* ops[] = {"qkv", "o_proj", "gate_up", "down", "lm_head"};
   static const int op_slot[] = {0, 3, 4, 5};
-  static const char* words[kMegaRingWords] = {"bytes", "inflight", "unconsumed", "held"};
+  static const char* words[kMegaRingWords] = {"bytes", "inflight", "unconsumed", "idle", "held"};
   std::printf("megakernel ring  %-13s waits (us per layer, median|max over the CTAs with rows; bytes: consumers "
               "waiting for a chunk to land; the producer, ring at full depth: inflight, for its oldest chunk to "
-              "land; unconsumed, for it to be consumed; held, for a held slot's release; SM clock %.2f GHz):",
+              "land; unconsumed, for it to be consumed; idle, of that, with every chunk landed; held, for a held "
+              "slot's release; SM clock %.2f GHz):",
               which.c_str(), ghz_sum / ghz_n);
   std::string json = "\"sm_clock_ghz\": " + num(ghz_sum / ghz_n);
   for (int o = 0; o < 5; ++o) {
@@ -529,7 +531,7 @@ std::string megakernel_trace_summary(const std::string& which, const ModelConfig
     if (FILE* f = std::fopen(path.c_str(), "w")) {
       std::fprintf(f,
                    "layer,op,cta,arrive_ns,start_ns,end_ns,bytes_wait_ns,inflight_wait_ns,unconsumed_wait_ns,"
-                   "held_wait_ns\n");
+                   "idle_ns,held_wait_ns\n");
       auto rel = [&](double v) { return v > 0 ? static_cast<long long>(v - t0) : -1LL; };
       const size_t ring = mega_trace_ring_offset(L, G), clk = mega_trace_clock_offset(L, G);
       for (int slot = 0; slot <= L * ops; ++slot)
@@ -540,9 +542,9 @@ std::string megakernel_trace_summary(const std::string& which, const ModelConfig
                                  : -1.0;
           const unsigned long long* rw = &t[ring + (static_cast<size_t>(slot) * G + c) * kMegaRingWords];
           auto ns = [&](int k) { return npc > 0 ? static_cast<long long>(rw[k] * npc) : -1LL; };
-          std::fprintf(f, "%d,%s,%d,%lld,%lld,%lld,%lld,%lld,%lld,%lld\n", slot / ops,
+          std::fprintf(f, "%d,%s,%d,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld\n", slot / ops,
                        slot == L * ops ? "lm_head" : names[slot % ops], c, rel(stamp(slot, c, 2)), rel(stamp(slot, c, 0)),
-                       rel(stamp(slot, c, 1)), ns(0), ns(1), ns(2), ns(3));
+                       rel(stamp(slot, c, 1)), ns(0), ns(1), ns(2), ns(3), ns(4));
         }
       std::fclose(f);
     } else {

@@ -1034,10 +1034,11 @@ void check_megakernel_first_tokens(const std::string& tag, const ModelConfig& cf
 /// CTA, cycles; the CTA's clock words turn them into ns), audited: each CTA's
 /// clock is sane (0.5-3.5 GHz); a GEMV op's consumer wait for bytes fits in
 /// the op's own span (start .. end stamps; 25 % + 200 ns for the clock's
-/// drift from its run average); a CTA without rows in an op, and the
-/// attention / merge slots, have no waits; the producer's waits fit in the
-/// CTA's run. Also counts the CTAs whose producer blocked at all and those
-/// whose consumers waited for bytes at all.
+/// drift from its run average); the producer's idle time is part of its
+/// unconsumed time; a CTA without rows in an op, and the attention / merge
+/// slots, have no waits; the producer's waits fit in the CTA's run. Also
+/// counts the CTAs whose producer blocked at all and those whose consumers
+/// waited for bytes at all.
 struct RingWordsAudit {
   int bad_clock = 0, bad_ring = 0, producer_blocked = 0, consumer_blocked = 0, ctas = 0;
   double ghz_min = 0, ghz_max = 0;
@@ -1082,8 +1083,9 @@ RingWordsAudit audit_ring_words(const std::vector<unsigned long long>& t, int L,
       }
       const double span = s3[1] >= s3[0] ? static_cast<double>(s3[1] - s3[0]) : 0.0;
       if (w[0] * npc > 1.25 * span + 200.0) ++a.bad_ring;
+      if (w[3] > w[2]) ++a.bad_ring;  // idle is a part of unconsumed
       consumer_ns += static_cast<double>(w[0]) * npc;
-      for (int k = 1; k < kMegaRingWords; ++k) producer_ns += static_cast<double>(w[k]) * npc;
+      producer_ns += static_cast<double>(w[1] + w[2] + w[4]) * npc;  // inflight, unconsumed, held
     }
     if (producer_ns > 1.25 * static_cast<double>(cw[3] - cw[1]) + 1000.0) ++a.bad_ring;
     a.producer_blocked += producer_ns > 0 ? 1 : 0;

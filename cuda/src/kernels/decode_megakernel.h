@@ -75,11 +75,12 @@ constexpr int kMegaAttnStamps = 6;
 /// one of the op's chunks: 1 waiting for that chunk to land (the ring at full
 /// depth with bytes still in flight: HBM or latency bound), 2 waiting for the
 /// landed chunk to be consumed (the consumers are behind, or wait for a
-/// dependency; newer chunks may still be landing, and once they all have,
-/// this SM's weight stream stands still), 3
-/// waiting for the release of a slot held for the op (MegaPlan::release_hold).
+/// dependency; newer chunks may still be landing), 3 of word 2, the time
+/// after the newest chunk in the ring had landed too ("idle": this SM's
+/// weight stream stood still), 4 waiting for the release of a slot held for
+/// the op (MegaPlan::release_hold; the stream stands still too).
 /// QKV, O, gate/up, down and the LM head slots only; 0 where none.
-constexpr int kMegaRingWords = 4;
+constexpr int kMegaRingWords = 5;
 /// Words per CTA after the ring waits: clock64 and the global timer (ns) at
 /// the consumers' start, then at their end: the CTA's cycles-to-ns ratio.
 constexpr int kMegaClockWords = 4;

@@ -47,16 +47,21 @@ __device__ __forceinline__ void spin_until(F&& ready) {
 __device__ __forceinline__ void ring_wait(uint64_t* bar, uint32_t parity) {
   spin_until([&] { return mbar_try_wait(bar, parity); });
 }
-/// Traced kernel: cycles this thread was blocked in ring_wait, 0 when the
-/// phase was already complete (a non-blocking test first: try_wait may itself
-/// suspend for a while, and every chunk would add its probe's cycles).
-__device__ __forceinline__ unsigned long long timed_ring_wait(uint64_t* bar, uint32_t parity) {
+/// Whether the phase of `parity` of mbarrier `bar` has completed, without
+/// waiting (test_wait; try_wait may suspend the thread for a while).
+__device__ __forceinline__ bool mbar_test_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done;
   asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
                : "=r"(done)
                : "r"(smem_u32(bar)), "r"(parity)
                : "memory");
-  if (done) return 0ull;
+  return done != 0;
+}
+/// Traced kernel: cycles this thread was blocked in ring_wait, 0 when the
+/// phase was already complete (tested first: every chunk would otherwise add
+/// its probe's cycles).
+__device__ __forceinline__ unsigned long long timed_ring_wait(uint64_t* bar, uint32_t parity) {
+  if (mbar_test_wait(bar, parity)) return 0ull;
   const long long t0 = clock64();
   ring_wait(bar, parity);
   return static_cast<unsigned long long>(clock64() - t0);

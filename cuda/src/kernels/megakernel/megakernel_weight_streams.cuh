@@ -76,14 +76,15 @@ __device__ __forceinline__ unsigned long long* ring_trace_words(const MegaParams
          (static_cast<size_t>(slot) * p.plan.ctas + blockIdx.x) * kMegaRingWords;
 }
 
-/// The producer's ring waits of the traced kernel, summed per op (words 1-3
+/// The producer's ring waits of the traced kernel, summed per op (words 1-4
 /// of kMegaRingWords): a wait counts for the op whose chunk holds the slot
 /// waited for; the sums are stored when that op changes (streams come in
 /// order) and at the end.
 struct ProducerWaits {
+  static constexpr int kWords = kMegaRingWords - 1;
   int idx = -1;
-  unsigned long long w[3] = {0, 0, 0};  ///< in flight, landed not consumed, held
-  /// Adds `cycles` to word `k` (1..3) of stream `stream`'s op.
+  unsigned long long w[kWords] = {};  ///< in flight, landed not consumed, of that idle, held
+  /// Adds `cycles` to word `k` (1..4) of stream `stream`'s op.
   __device__ void add(const MegaParams& p, int stream, int k, unsigned long long cycles) {
     if (stream != idx) {
       flush(p);
@@ -94,11 +95,35 @@ struct ProducerWaits {
   __device__ void flush(const MegaParams& p) {
     if (idx >= 0 && p.trace != nullptr) {
       unsigned long long* out = ring_trace_words(p, op_slot_of_stream(idx, p.s.num_layers));
-      for (int k = 0; k < 3; ++k) out[k + 1] = w[k];
+      for (int k = 0; k < kWords; ++k) out[k + 1] = w[k];
     }
-    w[0] = w[1] = w[2] = 0;
+    for (int k = 0; k < kWords; ++k) w[k] = 0;
   }
 };
+
+/// Traced producer, before refilling `slot` (chunk seq - ns, round >= 1):
+/// how long the chunk there took to land (word 1), then to be consumed
+/// (word 2), and of that, how long the newest chunk, seq - 1, had landed too
+/// (word 3: every slot full of landed bytes, the SM's stream stood still).
+/// The barriers probed cannot be re-armed before this refill (seq - 1's slot
+/// only at seq - 1 + ns), so the probes read settled phases.
+__device__ __forceinline__ void timed_refill_wait(const MegaParams& p, ProducerWaits& waits, int stream,
+                                                  uint64_t* full, uint64_t* empty, uint32_t seq, uint32_t ns) {
+  const uint32_t slot = seq % ns, parity = (seq / ns - 1) & 1u;
+  waits.add(p, stream, 1, timed_ring_wait(&full[slot], parity));
+  if (mbar_test_wait(&empty[slot], parity)) return;
+  uint64_t* newest = &full[(seq - 1) % ns];
+  const uint32_t newest_parity = ((seq - 1) / ns) & 1u;
+  const long long t0 = clock64();
+  long long all_landed = mbar_test_wait(newest, newest_parity) ? t0 : -1;
+  spin_until([&] {
+    if (all_landed < 0 && mbar_test_wait(newest, newest_parity)) all_landed = clock64();
+    return mbar_test_wait(&empty[slot], parity);
+  });
+  const long long t1 = clock64();
+  waits.add(p, stream, 2, static_cast<unsigned long long>(t1 - t0));
+  if (all_landed >= 0) waits.add(p, stream, 3, static_cast<unsigned long long>(t1 - all_landed));
+}
 
 __device__ __forceinline__ int rows_per_chunk(const MegaPlan& pl, int K) {
   return max(1, pl.slot_bytes / (2 * K));
@@ -168,13 +193,8 @@ __device__ void producer_loop(const MegaParams& p, const Stream* table, int last
       const void* fsrc;
       uint32_t fbytes;
       if constexpr (kTraced) {
-        // Which op's chunk the slot holds, whether it is still landing (its
-        // full barrier's phase of the previous round: the slot cannot be
-        // re-armed before this refill, so the read is safe and changes no
-        // timing but the probe's), then how long it waits to be consumed.
-        freed.next(p, table, last_idx, fsrc, fbytes);
-        waits.add(p, freed.idx, 1, timed_ring_wait(&full[slot], (round - 1) & 1u));
-        waits.add(p, freed.idx, 2, timed_ring_wait(&empty[slot], (round - 1) & 1u));
+        freed.next(p, table, last_idx, fsrc, fbytes);  // which op's chunk the slot holds
+        timed_refill_wait(p, waits, freed.idx, full, empty, seq, ns);
       } else {
         ring_wait(&empty[slot], (round - 1) & 1u);
       }
@@ -188,7 +208,7 @@ __device__ void producer_loop(const MegaParams& p, const Stream* table, int last
           long long t0 = 0;
           if constexpr (kTraced) t0 = clock64();
           spin_until([&] { return ld_volatile_shared(released) >= need; });
-          if constexpr (kTraced) waits.add(p, freed.idx, 3, static_cast<unsigned long long>(clock64() - t0));
+          if constexpr (kTraced) waits.add(p, freed.idx, 4, static_cast<unsigned long long>(clock64() - t0));
         }
       }
     }
