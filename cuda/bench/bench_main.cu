@@ -541,7 +541,8 @@ std::string megakernel_trace_summary(const std::string& which, const ModelConfig
                                  ? static_cast<double>(cw[3] - cw[1]) / static_cast<double>(cw[2] - cw[0])
                                  : -1.0;
           const unsigned long long* rw = &t[ring + (static_cast<size_t>(slot) * G + c) * kMegaRingWords];
-          auto ns = [&](int k) { return npc > 0 ? static_cast<long long>(rw[k] * npc) : -1LL; };
+          const bool rows = stamp(slot, c, 2) > 0;  // a CTA with rows in a GEMV op stamps its arrival
+          auto ns = [&](int k) { return npc > 0 && rows ? static_cast<long long>(rw[k] * npc) : -1LL; };
           std::fprintf(f, "%d,%s,%d,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld\n", slot / ops,
                        slot == L * ops ? "lm_head" : names[slot % ops], c, rel(stamp(slot, c, 2)), rel(stamp(slot, c, 0)),
                        rel(stamp(slot, c, 1)), ns(0), ns(1), ns(2), ns(3), ns(4));

@@ -33,6 +33,7 @@ constexpr int kThreads = kConsumers + 32;    ///< + the producer warp
 /// Counters per layer, in step order (also the trace's op slots; the LM head
 /// is slot kCtrPerLayer * num_layers).
 enum Counter { kCtrQKV = 0, kCtrAttn = 1, kCtrMerge = 2, kCtrO = 3, kCtrGateUp = 4, kCtrDown = 5, kCtrPerLayer = 6 };
+static_assert(kCtrPerLayer == 6, "decode_megakernel.h's trace layout counts 6 op slots per layer");
 /// Weight streams per layer (the attention has none).
 enum StreamKind { kStreamQKV = 0, kStreamO = 1, kStreamGateUp = 2, kStreamDown = 3, kStreamsPerLayer = 4 };
 /// Keys per attention unit (kv head, split): 8 warps x 4 keys in flight

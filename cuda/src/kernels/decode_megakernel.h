@@ -76,10 +76,11 @@ constexpr int kMegaAttnStamps = 6;
 /// depth with bytes still in flight: HBM or latency bound), 2 waiting for the
 /// landed chunk to be consumed (the consumers are behind, or wait for a
 /// dependency; newer chunks may still be landing), 3 of word 2, the time
-/// after the newest chunk in the ring had landed too ("idle": this SM's
-/// weight stream stood still), 4 waiting for the release of a slot held for
-/// the op (MegaPlan::release_hold; the stream stands still too).
-/// QKV, O, gate/up, down and the LM head slots only; 0 where none.
+/// after every chunk in the ring had landed too ("idle": this SM's weight
+/// stream stood still), 4 waiting for the release of a slot held for the op
+/// (MegaPlan::release_hold; the stream stands still too). Not timed: the
+/// wait of MegaPlan::max_inflight (off by default). QKV, O, gate/up, down and
+/// the LM head slots only; 0 where none.
 constexpr int kMegaRingWords = 5;
 /// Words per CTA after the ring waits: clock64 and the global timer (ns) at
 /// the consumers' start, then at their end: the CTA's cycles-to-ns ratio.

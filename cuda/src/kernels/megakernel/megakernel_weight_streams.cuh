@@ -83,6 +83,7 @@ __device__ __forceinline__ unsigned long long* ring_trace_words(const MegaParams
 struct ProducerWaits {
   static constexpr int kWords = kMegaRingWords - 1;
   int idx = -1;
+  uint32_t landed = 0;  ///< every chunk below this one has landed (seen so far)
   unsigned long long w[kWords] = {};  ///< in flight, landed not consumed, of that idle, held
   /// Adds `cycles` to word `k` (1..4) of stream `stream`'s op.
   __device__ void add(const MegaParams& p, int stream, int k, unsigned long long cycles) {
@@ -103,26 +104,33 @@ struct ProducerWaits {
 
 /// Traced producer, before refilling `slot` (chunk seq - ns, round >= 1):
 /// how long the chunk there took to land (word 1), then to be consumed
-/// (word 2), and of that, how long the newest chunk, seq - 1, had landed too
-/// (word 3: every slot full of landed bytes, the SM's stream stood still).
-/// The barriers probed cannot be re-armed before this refill (seq - 1's slot
-/// only at seq - 1 + ns), so the probes read settled phases.
+/// (word 2), and of that, how long every chunk in the ring, up to seq - 1,
+/// had landed too (word 3: the SM's stream stood still; bulk copies may land
+/// out of order, so each one's full barrier is probed, in order, from the
+/// last one seen landed). The barriers probed cannot be re-armed before this
+/// refill (chunk k's slot only at k + ns > seq - 1), so the probes read
+/// settled phases. The wait on `empty` suspends in ~100 ns steps between the
+/// probes instead of busy-polling (warp 8 shares a scheduler with consumer
+/// warps).
 __device__ __forceinline__ void timed_refill_wait(const MegaParams& p, ProducerWaits& waits, int stream,
                                                   uint64_t* full, uint64_t* empty, uint32_t seq, uint32_t ns) {
   const uint32_t slot = seq % ns, parity = (seq / ns - 1) & 1u;
   waits.add(p, stream, 1, timed_ring_wait(&full[slot], parity));
+  if (waits.landed < seq - ns + 1) waits.landed = seq - ns + 1;  // chunk seq - ns just did
   if (mbar_test_wait(&empty[slot], parity)) return;
-  uint64_t* newest = &full[(seq - 1) % ns];
-  const uint32_t newest_parity = ((seq - 1) / ns) & 1u;
+  const auto all_landed = [&] {
+    while (waits.landed < seq && mbar_test_wait(&full[waits.landed % ns], (waits.landed / ns) & 1u)) ++waits.landed;
+    return waits.landed == seq;
+  };
   const long long t0 = clock64();
-  long long all_landed = mbar_test_wait(newest, newest_parity) ? t0 : -1;
+  long long since = all_landed() ? t0 : -1;
   spin_until([&] {
-    if (all_landed < 0 && mbar_test_wait(newest, newest_parity)) all_landed = clock64();
-    return mbar_test_wait(&empty[slot], parity);
+    if (since < 0 && all_landed()) since = clock64();
+    return mbar_try_wait_for(&empty[slot], parity, 100);
   });
   const long long t1 = clock64();
   waits.add(p, stream, 2, static_cast<unsigned long long>(t1 - t0));
-  if (all_landed >= 0) waits.add(p, stream, 3, static_cast<unsigned long long>(t1 - all_landed));
+  if (since >= 0) waits.add(p, stream, 3, static_cast<unsigned long long>(t1 - since));
 }
 
 __device__ __forceinline__ int rows_per_chunk(const MegaPlan& pl, int K) {
