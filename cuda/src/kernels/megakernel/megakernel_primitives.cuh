@@ -47,28 +47,6 @@ __device__ __forceinline__ void spin_until(F&& ready) {
 __device__ __forceinline__ void ring_wait(uint64_t* bar, uint32_t parity) {
   spin_until([&] { return mbar_try_wait(bar, parity); });
 }
-/// Whether the phase of `parity` of mbarrier `bar` has completed, without
-/// waiting (test_wait; try_wait may suspend the thread for a while).
-__device__ __forceinline__ bool mbar_test_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-               : "=r"(done)
-               : "r"(smem_u32(bar)), "r"(parity)
-               : "memory");
-  return done != 0;
-}
-/// One try_wait that suspends the thread at most ~`hint_ns` (or until the
-/// phase completes): a waiting loop that must also watch something else
-/// without busy-polling the scheduler its warp shares with consumer warps.
-__device__ __forceinline__ bool mbar_try_wait_for(uint64_t* bar, uint32_t parity, uint32_t hint_ns) {
-  uint32_t done;
-  asm volatile(
-      "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3; selp.u32 %0, 1, 0, p; }"
-      : "=r"(done)
-      : "r"(smem_u32(bar)), "r"(parity), "r"(hint_ns)
-      : "memory");
-  return done != 0;
-}
 /// Traced kernel: cycles this thread was blocked in ring_wait, 0 when the
 /// phase was already complete (tested first: every chunk would otherwise add
 /// its probe's cycles).
