@@ -295,19 +295,28 @@ def byte_alphabet() -> list[str]:
 
 
 def write_tiny_gguf(path: Path, arch: str = "llama", pre: str = "smollm", skip: tuple[str, ...] = (),
-                    extra_tensors: dict | None = None, seed: int = 0) -> dict[str, np.ndarray]:
-    """A complete tiny model: 1 layer, hidden 8, 2 heads of 4, 1 KV head, 259 tokens."""
+                    extra_tensors: dict | None = None, seed: int = 0, meta: dict | None = None) -> dict[str, np.ndarray]:
+    """A complete tiny model: 1 layer, hidden 8, 2 heads of 4, 1 KV head, 259 tokens.
+
+    ``meta`` replaces the values of the ``<arch>.*`` size fields written by name (``block_count``,
+    ``head_count``, ``layer_norm_rms_epsilon``, ``rope_freq_base``, ``context_length``) and may add
+    ``rope_scaling_type``."""
+    meta = dict(meta or {})
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(1)
-    w.add_context_length(64)
+    w.add_block_count(meta.pop("block_count", 1))
+    w.add_context_length(meta.pop("context_length", 64))
     w.add_embedding_length(8)
     w.add_feed_forward_length(16)
-    w.add_head_count(2)
+    w.add_head_count(meta.pop("head_count", 2))
     w.add_head_count_kv(1)
-    w.add_rope_freq_base(10000.0)
+    w.add_rope_freq_base(meta.pop("rope_freq_base", 10000.0))
     if "eps" not in skip:
-        w.add_layer_norm_rms_eps(1e-5)
+        w.add_layer_norm_rms_eps(meta.pop("layer_norm_rms_epsilon", 1e-5))
+    if "rope_scaling_type" in meta:
+        w.add_rope_scaling_type(gguf.RopeScalingType(meta.pop("rope_scaling_type")))
+        w.add_rope_scaling_factor(4.0)
+    assert not meta, f"unknown meta keys {sorted(meta)}"
     tokens = byte_alphabet() + ["he", "<|endoftext|>", "<|im_end|>"]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
@@ -496,3 +505,115 @@ def test_convert_weights_cli_checks_the_output_folder_first(tmp_path):
     done = run_tool(str(path), "--out", str(busy), "--overwrite", "--quiet")
     assert done.returncode == 0, done.stderr
     assert (busy / "notes.txt").read_text() == "keep me" and read_manifest(busy)["dtype"] == "bfloat16"
+
+
+# --------------------------------------------------------------------------- configs the runtime refuses, outputs
+
+def tiny_hf_folder(tmp_path: Path) -> Path:
+    """An HF folder (config.json, model.safetensors under HF names, tokenizer files): a tiny float32
+    conversion without its manifest."""
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    hf = convert_gguf(tmp_path / "tiny.gguf", tmp_path / "hf", "float32", progress=False)
+    (hf / "manifest.json").unlink()
+    return hf
+
+
+@pytest.mark.parametrize("edit, needle", [
+    ({"num_attention_heads": 0}, "field 'num_attention_heads' is 0, expected an integer in [1, 2147483647]"),
+    ({"num_hidden_layers": 1.0}, "field 'num_hidden_layers' is 1.0, expected an integer"),
+    ({"num_hidden_layers": 10**12}, "field 'num_hidden_layers' is 1000000000000, expected an integer"),
+    ({"num_hidden_layers": 10**6}, "config says num_hidden_layers = 1000000, but the weights hold only 11 tensors"),
+    ({"hidden_size": 8.0}, "field 'hidden_size' is 8.0, expected an integer"),
+    ({"num_key_value_heads": "1"}, "field 'num_key_value_heads' is '1', expected an integer"),
+    ({"head_dim": 3}, "head_dim must be even for RoPE, got 3"),
+    ({"rms_norm_eps": float("nan")}, "field 'rms_norm_eps' is nan, expected a finite number > 0"),
+    ({"rms_norm_eps": -1}, "field 'rms_norm_eps' is -1, expected a finite number > 0"),
+    ({"rope_theta": True}, "rope_theta is True, expected a number"),
+    ({"rope_theta": 0.0}, "field 'rope_theta' is 0.0, expected a finite number > 0"),
+    ({"max_position_embeddings": 0}, "field 'max_position_embeddings' is 0, expected an integer"),
+    ({"tie_word_embeddings": "no"}, "field 'tie_word_embeddings' is 'no', expected true or false"),
+    ({"eos_token_id": 10**6}, "field 'eos_token_id' is [1000000, 258, 257]; every id must be an integer in [0, 259)"),
+    ({"rope_scaling": "linear"}, "field 'rope_scaling' is 'linear', expected an object or null"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "unsupported rope_scaling type 'yarn' (supported: llama3, default)"),
+])
+def test_hf_config_the_runtime_would_refuse_is_refused_before_writing(tmp_path, edit, needle):
+    """Each of these configs was converted (a checkpoint the runtime then refused on every load, a
+    non-JSON NaN in its config.json, rope_theta true read as 1.0), or crashed the converter with a
+    traceback (0 heads: ZeroDivisionError; a float layer count: TypeError), or hung it (10^12 layers)."""
+    hf = tiny_hf_folder(tmp_path)
+    config = json.loads((hf / "config.json").read_text())
+    config.update(edit)
+    (hf / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as info:
+        convert_hf(hf, tmp_path / "out", "float32", progress=False)
+    assert str(info.value).startswith(str(hf)) and needle in str(info.value)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("meta, needle", [
+    ({"head_count": 0}, "field 'llama.attention.head_count' is 0, expected an integer in [1, 2147483647]"),
+    ({"block_count": 2**31}, "(config.json made from its metadata): field 'num_hidden_layers' is 2147483648"),
+    ({"block_count": 10**6}, "config says num_hidden_layers = 1000000, but the weights hold only 11 tensors"),
+    ({"layer_norm_rms_epsilon": -1.0}, "field 'rms_norm_eps' is -1.0, expected a finite number > 0"),
+    ({"rope_freq_base": 0.0}, "field 'rope_theta' is 0.0, expected a finite number > 0"),
+    ({"context_length": 0}, "field 'max_position_embeddings' is 0, expected an integer"),
+    ({"rope_scaling_type": "linear"}, "llama.rope.scaling.type is 'linear'; RoPE scaling from GGUF metadata is not supported"),
+])
+def test_gguf_metadata_the_runtime_would_refuse_is_refused_before_writing(tmp_path, meta, needle):
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, meta=meta)
+    with pytest.raises(CheckpointError) as info:
+        convert_gguf(path, tmp_path / "out", progress=False)
+    assert str(info.value).startswith(str(path)) and needle in str(info.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_output_path_that_cannot_be_made_is_one_line(tmp_path):
+    """An --out whose parent cannot hold a folder was a FileNotFoundError traceback (exit status 1)."""
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    for extra in ([], ["--tp", "2"]):
+        done = run_tool(str(path), "--out", "/proc/swiftspec-out", "--quiet", *extra)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr == "error: cannot write the output folder /proc/swiftspec-out: No such file or directory\n"
+    with pytest.raises(CheckpointError, match="cannot write the output folder /proc/swiftspec-out"):
+        convert_gguf(path, "/proc/swiftspec-out", progress=False)
+
+
+def test_output_folder_that_is_the_input_folder_is_refused_and_the_input_kept(tmp_path):
+    """--out equal to the input folder with --overwrite deleted the input's manifest, wrote the new
+    weights over it (int4: the float weights replaced) and ended in a SameFileError traceback."""
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    ckpt = convert_gguf(path, tmp_path / "ckpt", "float32", progress=False)
+    (tmp_path / "h").mkdir()
+    hf = tiny_hf_folder(tmp_path / "h")
+    before = {f.name: f.read_bytes() for d in (ckpt, hf) for f in d.iterdir()}
+    cases = [(ckpt, ckpt, ["--tp", "2"]), (ckpt, Path(str(ckpt) + "/"), ["--dtype", "int4", "--group-size", "8"]),
+             (hf, hf, [])]
+    for source, out, extra in cases:
+        done = run_tool(str(source), "--out", str(out), "--overwrite", "--quiet", *extra)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr == (f"error: output folder {out} is the input folder {source}; write the converted "
+                               "checkpoint to another folder\n")
+    assert {f.name: f.read_bytes() for d in (ckpt, hf) for f in d.iterdir()} == before
+    from swiftspec.convert.int4_checkpoint import quantize_checkpoint
+    from swiftspec.convert.tp_shard import shard_checkpoint
+
+    for call in (lambda: quantize_checkpoint(ckpt, ckpt, 8, progress=False, overwrite=True),
+                 lambda: shard_checkpoint(ckpt, ckpt, 2, progress=False, overwrite=True),
+                 lambda: convert_hf(hf, hf, progress=False, overwrite=True)):
+        with pytest.raises(CheckpointError, match="is the input folder"):
+            call()
+    assert read_manifest(ckpt)["dtype"] == "float32"
+
+
+def test_tp_degree_above_the_head_count_is_refused(tmp_path):
+    """--tp 3 of a 2-head model wrote a folder the runtime refuses (TpPlan: each rank needs a head);
+    --tp 99999 wrote 100005 files (411 MB) of it."""
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    done = run_tool(str(path), "--out", str(tmp_path / "tp3"), "--tp", "3", "--quiet")
+    assert done.returncode == 2
+    assert done.stderr == "error: tp (TP degree) 3 exceeds the model's 2 attention heads: each rank needs at least one\n"
+    assert not (tmp_path / "tp3").exists() and [p.name for p in tmp_path.iterdir()] == ["tiny.gguf"]

@@ -30,7 +30,7 @@ import_swiftspec()
 def main() -> int:
     from swiftspec.convert import SUPPORTED_DTYPES, convert_gguf, convert_hf
     from swiftspec.convert.int4 import DEFAULT_GROUP_SIZE, check_group_size
-    from swiftspec.convert.writer import check_output_folder
+    from swiftspec.convert.writer import check_not_source, check_output_folder
     from swiftspec.errors import CheckpointError
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -60,6 +60,7 @@ def main() -> int:
     group_size = check_group_size(DEFAULT_GROUP_SIZE if args.group_size is None else args.group_size) if int4 else None
     if not args.input.exists():
         raise CheckpointError(f"input {args.input} does not exist")
+    check_not_source(args.input, args.out)
     check_output_folder(args.out, args.overwrite, "--overwrite")  # before any work (reading, hashing the input)
     kwargs = dict(dtype=args.dtype, progress=not args.quiet, overwrite=args.overwrite)
     if int4:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import CheckpointError
+from .config_check import check_config, check_positive_int
 from .gguf_file import GGUFModelFile
 from .tokenizer_from_gguf import GGUFTokenizerInfo
 
@@ -35,7 +36,11 @@ def check_architecture(g: GGUFModelFile) -> str:
     return g.architecture
 
 
-def _rope_scaling(g: GGUFModelFile) -> dict | None:
+def _rope_scaling(g: GGUFModelFile) -> None:
+    """None (no RoPE scaling), else :class:`CheckpointError`: the runtime implements RoPE scaling only as
+    HF's "llama3" rope_scaling, which GGUF files carry as a ``rope_freqs.weight`` tensor (not supported
+    yet); 'linear' and 'yarn' scaling were written into config.json, and the runtime refused the folder
+    on every load."""
     kind = g.arch_get("rope.scaling.type")
     if kind in (None, "none"):
         if "rope_freqs.weight" in g.tensors:
@@ -43,17 +48,10 @@ def _rope_scaling(g: GGUFModelFile) -> dict | None:
                 f"{g.path}: tensor 'rope_freqs.weight' (Llama-3.1-style RoPE frequency scaling) is not supported yet"
             )
         return None
-    factor = g.arch_get("rope.scaling.factor")
-    if kind not in ("linear", "yarn") or not isinstance(factor, (int, float)):
-        raise CheckpointError(
-            f"{g.path}: {g.architecture}.rope.scaling.type is {kind!r} with factor {factor!r}; "
-            "supported: 'linear' or 'yarn' with a numeric factor"
-        )
-    scaling = {"rope_type": kind, "factor": _f32(factor)}
-    original = g.arch_get("rope.scaling.original_context_length")
-    if original is not None:
-        scaling["original_max_position_embeddings"] = int(original)
-    return scaling
+    raise CheckpointError(
+        f"{g.path}: {g.architecture}.rope.scaling.type is {kind!r}; RoPE scaling from GGUF metadata is not "
+        "supported (the runtime implements none, and HF's 'llama3' rope_scaling from a Hugging Face config.json)"
+    )
 
 
 def build_config(g: GGUFModelFile, tok: GGUFTokenizerInfo, dtype: str) -> dict:
@@ -71,7 +69,7 @@ def build_config(g: GGUFModelFile, tok: GGUFTokenizerInfo, dtype: str) -> dict:
     arch = check_architecture(g)
     model_type, hf_class = SUPPORTED_ARCHITECTURES[arch]
     hidden = g.arch_require("embedding_length", int)
-    heads = g.arch_require("attention.head_count", int)
+    heads = check_positive_int(g.arch_require("attention.head_count", int), f"{arch}.attention.head_count", str(g.path))
     kv_heads = g.arch_get("attention.head_count_kv", heads)
     if not isinstance(kv_heads, int) or kv_heads <= 0 or heads % kv_heads:
         raise CheckpointError(
@@ -129,4 +127,5 @@ def build_config(g: GGUFModelFile, tok: GGUFTokenizerInfo, dtype: str) -> dict:
     else:
         config["use_sliding_window"] = False
     config["swiftspec"] = {"rope_style": "neox", "attention_bias": attention_bias}
+    check_config(config, f"{g.path} (config.json made from its metadata)")
     return config

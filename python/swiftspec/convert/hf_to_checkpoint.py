@@ -10,12 +10,13 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..errors import CheckpointError
+from .config_check import check_config, check_positive_int
 from .dtypes import check_dtype
 from .int4 import DEFAULT_GROUP_SIZE, check_group_size
 from .layout import check_tensor_set
 from .manifest import make_manifest
 from .safetensors_reader import SafetensorsFile
-from .writer import CheckpointWriter
+from .writer import CheckpointWriter, check_not_source
 
 #: HF model_type values the runtime implements
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
@@ -71,7 +72,7 @@ def _rope(config: dict, path: Path) -> tuple[float, dict | None]:
             scaling = rest
     if theta is None:
         theta = 10000.0
-    if not isinstance(theta, (int, float)):
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool):
         raise CheckpointError(f"{path}: rope_theta is {theta!r}, expected a number")
     return float(theta), scaling
 
@@ -102,7 +103,7 @@ def build_config(hf_config: dict, tensor_names: set[str], dtype: str, path: Path
         if not isinstance(hf_config.get(key), (int, float)) or isinstance(hf_config.get(key), bool):
             raise CheckpointError(f"{path}: required key {key!r} is {hf_config.get(key)!r}, expected a number")
     config = copy.deepcopy(hf_config)
-    heads = config["num_attention_heads"]
+    heads = check_positive_int(config["num_attention_heads"], "num_attention_heads", str(path))
     config.setdefault("num_key_value_heads", heads)
     if config.get("head_dim") is None:
         config["head_dim"] = config["hidden_size"] // heads
@@ -122,6 +123,7 @@ def build_config(hf_config: dict, tensor_names: set[str], dtype: str, path: Path
         config["dtype"] = dtype
     bias = True if model_type == "qwen2" else bool(config.get("attention_bias", False))
     config["swiftspec"] = {"rope_style": "neox", "attention_bias": bias}
+    check_config(config, str(path))
     return config
 
 
@@ -159,6 +161,7 @@ def convert_hf(hf_dir: str | Path, out_dir: str | Path, dtype: str = "bfloat16",
     hf_dir = Path(hf_dir)
     if not hf_dir.is_dir():
         raise CheckpointError(f"HF model folder {hf_dir} does not exist or is not a folder")
+    check_not_source(hf_dir, out_dir)
     config_path = hf_dir / "config.json"
     hf_config = _read_json(config_path)
     check_model_type(hf_config, config_path)

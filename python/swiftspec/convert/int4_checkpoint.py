@@ -9,7 +9,6 @@ GGUF or HF model it was converted from) and adds ``quantized_from`` (this folder
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -19,7 +18,7 @@ from .int4 import DEFAULT_GROUP_SIZE, check_group_size
 from .layout import check_tensor_set
 from .manifest import MANIFEST, make_manifest, read_manifest
 from .safetensors_reader import SafetensorsFile
-from .writer import CheckpointWriter
+from .writer import CheckpointWriter, check_not_source
 
 
 def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path, group_size: int = DEFAULT_GROUP_SIZE, *,
@@ -33,6 +32,7 @@ def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path, group_size: in
     missing or mis-shaped tensor, a non-empty ``out_dir``.
     """
     src = Path(src_dir)
+    check_not_source(src, out_dir)
     manifest = read_manifest(src)
     if manifest["dtype"] == "int4":
         raise CheckpointError(f"{src}: already an int4 checkpoint; quantize the bfloat16 or float32 folder")
@@ -53,7 +53,7 @@ def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path, group_size: in
     writer.release()
     for f in src.iterdir():
         if f.is_file() and f.name != MANIFEST and f.suffix != ".safetensors":
-            shutil.copy2(f, writer.out_dir / f.name)
+            writer.copy_in(f)
     source = manifest["source"]
     new_manifest = make_manifest("int4", [weights], source["kind"], source["path"], source.get("sha256"),
                                  group_size=group_size)

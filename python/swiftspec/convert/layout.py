@@ -68,6 +68,10 @@ def check_tensor_set(found: Mapping[str, tuple[int, ...]], config: Mapping, sour
     ``source`` (a path) is named in the message, with the first missing, unexpected or
     mis-shaped tensors.
     """
+    layers = config["num_hidden_layers"]
+    if isinstance(layers, int) and layers > len(found):  # each layer has 9 tensors or more
+        raise CheckpointError(f"{source}: config says num_hidden_layers = {layers}, but the weights hold only "
+                              f"{len(found)} tensors (the config does not match the weights)")
     expected = expected_tensor_shapes(config, group_size)
     missing = sorted(set(expected) - set(found))
     extra = sorted(set(found) - set(expected))

@@ -22,7 +22,6 @@ Padding rows / columns are zero, so they add exactly 0 to every output.
 from __future__ import annotations
 
 import json
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -31,7 +30,7 @@ import numpy as np
 from ..errors import CheckpointError
 from .manifest import MANIFEST, read_manifest
 from .safetensors_reader import SafetensorsFile
-from .writer import CheckpointWriter
+from .writer import CheckpointWriter, check_not_source
 
 SHARED_FILE = "model-tp-shared.safetensors"
 FORMAT_VERSION = 2
@@ -57,6 +56,9 @@ def plan(config: dict, tp: int, ffn_align: int = 8) -> dict:
     inter, vocab = config["intermediate_size"], config["vocab_size"]
     if hkv < 1 or hq % hkv:
         raise CheckpointError(f"num_attention_heads {hq} is not a multiple of num_key_value_heads {hkv}")
+    if tp > hq:  # the runtime's TpPlan::make refuses it too: the folder could never be loaded
+        raise CheckpointError(f"tp (TP degree) {tp} exceeds the model's {hq} attention heads: each rank needs at "
+                              "least one")
     group = hq // hkv
     qpr = -(-hq // tp)
     q_heads, q_to_kv, kv = [], [], []
@@ -126,6 +128,7 @@ def shard_checkpoint(src_dir: str | Path, out_dir: str | Path, tp: int, *, ffn_a
     if not isinstance(tp, int) or tp < 2:
         raise CheckpointError(f"shard_checkpoint: tp must be an integer >= 2 (a TP-1 folder needs no sharding), got {tp!r}")
     src = Path(src_dir)
+    check_not_source(src, out_dir)
     manifest = read_manifest(src)
     if manifest["dtype"] == "int4":
         raise CheckpointError(f"{src}: tensor-parallel sharding of int4 checkpoints is not supported yet; load the "
@@ -150,7 +153,6 @@ def shard_checkpoint(src_dir: str | Path, out_dir: str | Path, tp: int, *, ffn_a
     lm_name = "model.embed_tokens.weight" if config["tie_word_embeddings"] else "lm_head.weight"
 
     writer = CheckpointWriter(out_dir, dtype, overwrite=overwrite)
-    out = writer.out_dir
     steps = tp + 1
     bar = _progress(steps, progress)
     # Replicated tensors.
@@ -186,7 +188,7 @@ def shard_checkpoint(src_dir: str | Path, out_dir: str | Path, tp: int, *, ffn_a
         bar(1)
     for f in src.iterdir():
         if f.is_file() and f.name != MANIFEST and f.suffix != ".safetensors":
-            shutil.copy2(f, out / f.name)
+            writer.copy_in(f)
     new_manifest = dict(manifest)
     new_manifest.update({
         "format_version": FORMAT_VERSION,
@@ -202,13 +204,18 @@ def convert_sharded(source: str | Path, out_dir: str | Path, tp: int, *, dtype: 
     """``convert_weights.py --tp N``: a GGUF file, an HF folder or a TP-1 swiftspec folder into a
     TP-``tp`` folder. GGUF / HF inputs are converted to a temporary TP-1 folder first."""
     source = Path(source)
+    check_not_source(source, out_dir)
     if source.is_dir() and (source / MANIFEST).is_file():
         return shard_checkpoint(source, out_dir, tp, overwrite=overwrite, progress=progress)
     from . import convert_gguf, convert_hf
 
     parent = Path(out_dir).resolve().parent
-    parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=parent, prefix=".tp1-") as tmp:
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        scratch = tempfile.TemporaryDirectory(dir=parent, prefix=".tp1-")
+    except OSError as exc:
+        raise CheckpointError(f"cannot write the output folder {out_dir}: {exc.strerror or exc}") from None
+    with scratch as tmp:
         tp1 = Path(tmp) / "tp1"
         convert = convert_hf if source.is_dir() else convert_gguf
         convert(source, tp1, dtype=dtype, progress=progress)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -47,12 +48,46 @@ def check_output_folder(out_dir: str | Path, overwrite: bool = False, overwrite_
         return False
     if not out_dir.is_dir():
         raise CheckpointError(f"output path {out_dir} exists and is not a folder")
-    if not any(out_dir.iterdir()):
+    try:
+        empty = not any(out_dir.iterdir())
+    except OSError as exc:
+        raise CheckpointError(f"output folder {out_dir} cannot be listed: {exc.strerror or exc}") from None
+    if empty:
         return False
     if not overwrite:
         raise CheckpointError(f"output folder {out_dir} is not empty; choose a new folder or pass {overwrite_option} "
                               "to write into it")
     return True
+
+
+def check_not_source(source: str | Path, out_dir: str | Path) -> None:
+    """Raise :class:`CheckpointError` if ``out_dir`` is the folder ``source`` (the input of a conversion):
+    writing there (with ``overwrite``) deleted the input's manifest and replaced its weights while they
+    were being read, then failed copying its files onto themselves, losing the input."""
+    source, out_dir = Path(source), Path(out_dir)
+    try:
+        same = source.is_dir() and out_dir.is_dir() and os.path.samefile(source, out_dir)
+    except OSError:
+        same = False
+    if same:
+        raise CheckpointError(f"output folder {out_dir} is the input folder {source}; write the converted "
+                              "checkpoint to another folder")
+
+
+class _OutputErrors:
+    """Context manager: an OSError (no permission, no space, a path that cannot be created) becomes a
+    :class:`CheckpointError` naming what was being written (it was a traceback)."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if exc is not None and isinstance(exc, OSError):
+            raise CheckpointError(f"cannot write {self.what}: {exc.strerror or exc}") from None
+        return False
 
 
 class CheckpointWriter:
@@ -74,8 +109,10 @@ class CheckpointWriter:
         self.float_dtype = "bfloat16" if self.dtype == "int4" else self.dtype
         self.group_size = check_group_size(group_size) if self.dtype == "int4" else None
         if check_output_folder(self.out_dir, overwrite):
-            (self.out_dir / MANIFEST).unlink(missing_ok=True)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+            with _OutputErrors(self.out_dir / MANIFEST):
+                (self.out_dir / MANIFEST).unlink(missing_ok=True)
+        with _OutputErrors(f"the output folder {self.out_dir}"):
+            self.out_dir.mkdir(parents=True, exist_ok=True)
         self._tensors: dict[str, np.ndarray] = {}
 
     def add(self, name: str, value: np.ndarray) -> None:
@@ -127,8 +164,11 @@ class CheckpointWriter:
                                   data_ptr=a.ctypes.data, data_len=a.nbytes)
         # self._tensors keeps every buffer alive for the duration of the call, as serialize_file requires.
         path = self.out_dir / filename
-        serialize_file(specs, str(path), metadata={"format": "pt"})
-        os.chmod(path, 0o666 & ~_umask())  # serialize_file creates the file 0600; use the usual mode
+        try:
+            serialize_file(specs, str(path), metadata={"format": "pt"})
+            os.chmod(path, 0o666 & ~_umask())  # serialize_file creates the file 0600; use the usual mode
+        except Exception as exc:  # OSError, or safetensors' own error for a failed write (no space left ...)
+            raise CheckpointError(f"cannot write {path}: {getattr(exc, 'strerror', None) or exc}") from None
         return filename
 
     def release(self) -> None:
@@ -137,12 +177,18 @@ class CheckpointWriter:
 
     def write_json(self, filename: str, obj: dict) -> None:
         """Write ``obj`` as indented UTF-8 JSON (non-ASCII kept) to ``filename`` in the folder."""
-        text = json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
-        (self.out_dir / filename).write_text(text, encoding="utf-8")
+        text = json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+        self.write_text(filename, text)
 
     def write_text(self, filename: str, text: str) -> None:
         """Write ``text`` (UTF-8) to ``filename`` in the folder."""
-        (self.out_dir / filename).write_text(text, encoding="utf-8")
+        with _OutputErrors(self.out_dir / filename):
+            (self.out_dir / filename).write_text(text, encoding="utf-8")
+
+    def copy_in(self, source: Path) -> None:
+        """Copy the file ``source`` into the folder under its own name (metadata kept)."""
+        with _OutputErrors(self.out_dir / source.name):
+            shutil.copy2(source, self.out_dir / source.name)
 
     def finish(self, manifest: dict) -> Path:
         """Write manifest.json, the last file: its presence marks the checkpoint complete. Returns the folder."""
