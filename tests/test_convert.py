@@ -617,3 +617,50 @@ def test_tp_degree_above_the_head_count_is_refused(tmp_path):
     assert done.returncode == 2
     assert done.stderr == "error: tp (TP degree) 3 exceeds the model's 2 attention heads: each rank needs at least one\n"
     assert not (tmp_path / "tp3").exists() and [p.name for p in tmp_path.iterdir()] == ["tiny.gguf"]
+
+
+def _rewrite_header(path: Path, edit) -> None:
+    import struct
+
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    edit(header)
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+
+
+UP = "model.layers.0.mlp.up_proj.weight"
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda h: h.__setitem__(UP, "x"), f"tensor '{UP}': header entry 'x' is not an object"),
+    (lambda h: h[UP].__setitem__("data_offsets", [0, 1, 2]), "field 'data_offsets' is [0, 1, 2], expected [begin, end]"),
+    (lambda h: h[UP].__setitem__("data_offsets", "0-4"), "field 'data_offsets' is '0-4', expected [begin, end]"),
+    (lambda h: h[UP].__setitem__("shape", [16.0, 8]), "field 'shape' is [16.0, 8], expected a list of integers >= 0"),
+    (lambda h: h[UP].pop("shape"), "field 'shape' is None, expected a list of integers >= 0"),
+    (lambda h: h[UP].pop("dtype"), "field 'dtype' is None, expected a string"),
+    (lambda h: h[UP].__setitem__("dtype", ["F32"]), "field 'dtype' is ['F32'], expected a string"),
+])
+def test_malformed_safetensors_header_entry_is_named(tmp_path, edit, needle):
+    """A header entry that is not an object, or a missing or mistyped dtype / shape / data_offsets,
+    was an AttributeError / KeyError / TypeError / ValueError traceback (exit status 1)."""
+    hf = tiny_hf_folder(tmp_path)
+    _rewrite_header(hf / "model.safetensors", edit)
+    for extra in ([], ["--dtype", "int4", "--group-size", "8"]):
+        done = run_tool(str(hf), "--out", str(tmp_path / "out"), "--quiet", *extra)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith(f"error: {hf / 'model.safetensors'}: ") and needle in done.stderr
+        assert done.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("shard", [1, "../elsewhere/model.safetensors", ""])
+def test_index_naming_a_shard_that_is_not_a_file_name_is_refused(tmp_path, shard):
+    """weight_map values other than a shard's file name: 1 was a TypeError traceback; a path
+    outside the folder was read."""
+    hf = tiny_hf_folder(tmp_path)
+    (hf / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {UP: shard}}))
+    with pytest.raises(CheckpointError) as info:
+        convert_hf(hf, tmp_path / "out", progress=False)
+    assert str(info.value) == (f"{hf / 'model.safetensors.index.json'}: weight_map[{UP!r}] is {shard!r}, expected "
+                               "the file name of a shard in the folder")

@@ -47,6 +47,10 @@ def weight_files(hf_dir: Path) -> list[Path]:
         weight_map = _read_json(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError(f"{index}: field 'weight_map' is missing or empty")
+        for tensor, shard in weight_map.items():
+            if not isinstance(shard, str) or not shard or "/" in shard or "\\" in shard or shard in (".", ".."):
+                raise CheckpointError(f"{index}: weight_map[{tensor!r}] is {shard!r}, expected the file name of a "
+                                      "shard in the folder")
         files = [hf_dir / f for f in sorted(set(weight_map.values()))]
     elif (hf_dir / "model.safetensors").exists():
         files = [hf_dir / "model.safetensors"]

@@ -42,6 +42,8 @@ class SafetensorsFile:
                 header = json.loads(f.read(n))
         except FileNotFoundError:
             raise CheckpointError(f"safetensors file {self.path} does not exist") from None
+        except OSError as exc:  # a folder, no permission ...
+            raise CheckpointError(f"safetensors file {self.path} cannot be read: {exc.strerror or exc}") from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise CheckpointError(f"{self.path}: safetensors header is not valid JSON: {exc}") from None
         if not isinstance(header, dict):
@@ -50,10 +52,28 @@ class SafetensorsFile:
         self.data_start = 8 + n
         self.entries: dict[str, dict] = header
         data_len = size - self.data_start
+        def is_count(v) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
         for name, e in header.items():
-            start, end = e.get("data_offsets", (None, None))
-            if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end <= data_len):
-                raise CheckpointError(f"{self.path}: tensor {name!r} has data_offsets {e.get('data_offsets')!r} "
+            # A malformed entry (not an object, a missing or mistyped field) was an AttributeError,
+            # KeyError, TypeError or ValueError traceback.
+            if not isinstance(e, dict):
+                raise CheckpointError(f"{self.path}: tensor {name!r}: header entry {e!r} is not an object")
+            if not isinstance(e.get("dtype"), str):
+                raise CheckpointError(f"{self.path}: tensor {name!r}: field 'dtype' is {e.get('dtype')!r}, "
+                                      "expected a string")
+            shape = e.get("shape")
+            if not isinstance(shape, list) or not all(is_count(d) for d in shape):
+                raise CheckpointError(f"{self.path}: tensor {name!r}: field 'shape' is {shape!r}, expected a list "
+                                      "of integers >= 0")
+            offsets = e.get("data_offsets")
+            if not (isinstance(offsets, list) and len(offsets) == 2 and all(is_count(o) for o in offsets)):
+                raise CheckpointError(f"{self.path}: tensor {name!r}: field 'data_offsets' is {offsets!r}, expected "
+                                      "[begin, end], two integers >= 0")
+            start, end = offsets
+            if not start <= end <= data_len:
+                raise CheckpointError(f"{self.path}: tensor {name!r} has data_offsets {offsets!r} "
                                       f"outside the {data_len} data bytes (truncated file?)")
 
     def shape(self, name: str) -> tuple[int, ...]:
