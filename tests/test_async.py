@@ -162,6 +162,32 @@ def test_async_timeline_chrome_trace(engine_tp1, messages, tmp_path):
     assert trace["otherData"]["rounds"] == len(verifies)
 
 
+def test_async_report_has_the_serial_keys_and_matches_its_timeline(engine_tp1, messages):
+    """The low-level async call reports what serial speculation reports, with the same keys: per
+    verification the subtree's nodes and the tokens accepted (equal to the timeline's verify events),
+    the draft's forward-pass rows, the expansion threshold in effect (before: the async report lacked
+    verified_per_step, draft_batch_rows, min_expand_prob and rejection_sampling_nodes)."""
+    from swiftspec import swiftspec_core as core
+
+    ids = engine_tp1.encode_prompt(messages["humaneval45"])
+    out = core.generate_async(engine_tp1._engine, ids, max_new_tokens=12, min_expand_prob=0.125, **TREE)
+    serial = core.spec.generate_serial(engine_tp1._target, engine_tp1._draft, ids, max_new_tokens=4, **TREE)
+    rep, st = out["report"], out["stats"]
+    assert set(rep) == set(serial["report"])
+    assert rep["growth"] == "top_k" and rep["verification"] == "greedy"
+    assert rep["min_expand_prob"] == 0.125 and rep["rejection_sampling_nodes"] == 0
+    verifies = [e for e in out["timeline"].events() if e["name"] == "verify"]
+    assert rep["verified_per_step"] == [e["args"]["nodes"] for e in verifies]
+    assert rep["accepted_per_step"] == [e["args"]["accepted"] for e in verifies]
+    assert len(verifies) == st["verification_steps"] >= 1
+    assert sum(rep["verified_per_step"]) == rep["verified_nodes"]
+    assert all(0 <= a <= v for a, v in zip(rep["accepted_per_step"], rep["verified_per_step"]))
+    assert len(rep["draft_batch_rows"]) >= st["draft_steps"] >= 1
+    assert sum(rep["draft_batch_rows"]) >= rep["drafted_nodes"] >= 1
+    # The Python binding's default threshold is 0 (grow until the budget), reported as such.
+    assert core.generate_async(engine_tp1._engine, ids, max_new_tokens=2, **TREE)["report"]["min_expand_prob"] == 0.0
+
+
 def test_async_bad_requests(engine_tp1, messages):
     with pytest.raises(InvalidRequestError, match="min_send_nodes must be >= 1"):
         engine_tp1.generate(messages["mtbench0"], max_new_tokens=4, mode="async", async_options={"min_send_nodes": 0})

@@ -6,6 +6,7 @@
 #include "python/bind_async.h"
 #include "python/model_busy.h"
 #include "python/request_hooks.h"
+#include "python/result_dicts.h"
 
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/pair.h>
@@ -60,34 +61,6 @@ nb::list events_list(const Timeline& t) {
       out.append(d);
     }
   return out;
-}
-
-nb::dict stats_dict(const GenerationStats& s) {
-  nb::dict d;
-  d["prompt_tokens"] = s.prompt_tokens;
-  d["new_tokens"] = s.new_tokens;
-  d["verification_steps"] = s.verification_steps;
-  d["draft_steps"] = s.draft_steps;
-  d["prefill_time"] = s.prefill_time;
-  d["decode_time"] = s.decode_time;
-  d["target_time"] = s.target_time;
-  d["draft_time"] = s.draft_time;
-  d["finish_reason"] = s.finish_reason;
-  d["acceptance_length"] = s.acceptance_length();
-  return d;
-}
-
-nb::dict report_dict(const SpeculationReport& r) {
-  nb::dict d;
-  d["growth"] = r.growth;
-  d["verification"] = r.verification;
-  d["expand_width"] = r.expand_width;
-  d["target_sampling_nodes"] = r.target_sampling_nodes;
-  d["verified_nodes"] = r.verified_nodes;
-  d["drafted_nodes"] = r.drafted_nodes;
-  d["reused_nodes"] = r.reused_nodes;
-  d["accepted_per_step"] = r.accepted_per_step;
-  return d;
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "swiftspec/model.h"
 #include "python/model_busy.h"
 #include "python/request_hooks.h"
+#include "python/result_dicts.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -105,21 +106,6 @@ nb::dict config_dict(const ModelConfig& c) {
   d["attention_bias"] = c.attention_bias;
   d["bos_token_id"] = c.bos_token_id;
   d["eos_token_ids"] = c.eos_token_ids;
-  return d;
-}
-
-nb::dict stats_dict(const GenerationStats& s) {
-  nb::dict d;
-  d["prompt_tokens"] = s.prompt_tokens;
-  d["new_tokens"] = s.new_tokens;
-  d["verification_steps"] = s.verification_steps;
-  d["draft_steps"] = s.draft_steps;
-  d["prefill_time"] = s.prefill_time;
-  d["decode_time"] = s.decode_time;
-  d["target_time"] = s.target_time;
-  d["draft_time"] = s.draft_time;
-  d["finish_reason"] = s.finish_reason;
-  d["acceptance_length"] = s.acceptance_length();
   return d;
 }
 

@@ -3,6 +3,7 @@
 #include "python/bind_speculative.h"
 #include "python/model_busy.h"
 #include "python/request_hooks.h"
+#include "python/result_dicts.h"
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
@@ -96,38 +97,6 @@ nb::dict result_dict(const VerificationResult& r) {
   d["accepted"] = r.accepted();
   d["rejection_sampling_nodes"] = r.rejection_sampling_nodes;
   d["target_sampling_nodes"] = r.target_sampling_nodes;
-  return d;
-}
-
-nb::dict stats_dict(const GenerationStats& s) {
-  nb::dict d;
-  d["prompt_tokens"] = s.prompt_tokens;
-  d["new_tokens"] = s.new_tokens;
-  d["verification_steps"] = s.verification_steps;
-  d["draft_steps"] = s.draft_steps;
-  d["prefill_time"] = s.prefill_time;
-  d["decode_time"] = s.decode_time;
-  d["target_time"] = s.target_time;
-  d["draft_time"] = s.draft_time;
-  d["finish_reason"] = s.finish_reason;
-  d["acceptance_length"] = s.acceptance_length();
-  return d;
-}
-
-nb::dict report_dict(const SpeculationReport& r) {
-  nb::dict d;
-  d["growth"] = r.growth;
-  d["verification"] = r.verification;
-  d["expand_width"] = r.expand_width;
-  d["min_expand_prob"] = r.min_expand_prob;
-  d["rejection_sampling_nodes"] = r.rejection_sampling_nodes;
-  d["target_sampling_nodes"] = r.target_sampling_nodes;
-  d["verified_nodes"] = r.verified_nodes;
-  d["drafted_nodes"] = r.drafted_nodes;
-  d["reused_nodes"] = r.reused_nodes;
-  d["accepted_per_step"] = r.accepted_per_step;
-  d["verified_per_step"] = r.verified_per_step;
-  d["draft_batch_rows"] = r.draft_batch_rows;
   return d;
 }
 

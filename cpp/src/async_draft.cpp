@@ -152,6 +152,7 @@ void run_draft_leader(Model& draft, Session& s, TimelineTrack* track, LeaderStat
     out.steps = drafter.steps() - steps0;
     out.time = drafter.time() - time0;
     out.drafted_nodes = drafter.drafted_nodes();
+    out.draft_batch_rows = drafter.batch_rows();
     return;
   }
   // A one-token prompt: nothing to prefill ahead; root the tree at the first token.
@@ -169,6 +170,7 @@ void run_draft_leader(Model& draft, Session& s, TimelineTrack* track, LeaderStat
   out.steps = drafter.steps() - steps0;
   out.time = drafter.time() - time0;
   out.drafted_nodes = drafter.drafted_nodes();
+  out.draft_batch_rows = drafter.batch_rows();
 }
 
 }  // namespace swiftspec::async_detail

@@ -2,6 +2,7 @@
 // streams their tokens through the callback, shuts them down and joins them.
 #include "swiftspec/async_engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -130,11 +131,15 @@ GenerationResult generate_speculative_async(Model& target, Model& draft, const s
                         ? "greedy"
                         : "target_sampling";
   sp.expand_width = options.speculative.resolve_expand_width(config);
+  // Negative (auto) is 0 for a DraftTree of its own (speculative.h).
+  sp.min_expand_prob = std::max(options.speculative.min_expand_prob, 0.0);
   sp.target_sampling_nodes = tst.target_sampling_nodes;
   sp.verified_nodes = tst.verified_nodes;
   sp.drafted_nodes = dst.drafted_nodes;
   sp.reused_nodes = dst.reused_nodes;
   sp.accepted_per_step = tst.accepted_per_step;
+  sp.verified_per_step = tst.verified_per_step;
+  sp.draft_batch_rows = dst.draft_batch_rows;
   return result;
 }
 

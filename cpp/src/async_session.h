@@ -92,6 +92,8 @@ struct LeaderStats {
   int verified_nodes = 0;            ///< target only: non-root nodes verified
   int target_sampling_nodes = 0;     ///< target only
   std::vector<int> accepted_per_step;  ///< target only
+  std::vector<int> verified_per_step;  ///< target only: non-root nodes of each verified subtree
+  std::vector<int> draft_batch_rows;   ///< draft only: rows of each draft forward pass
 };
 
 /// The target group's leader loop (async_target.cpp).

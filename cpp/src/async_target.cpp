@@ -74,6 +74,7 @@ void run_target_leader(Model& target, Session& s, TimelineTrack* track, LeaderSt
     out.verified_nodes += msg->tree.size() - 1;
     out.target_sampling_nodes += r.target_sampling_nodes;
     out.accepted_per_step.push_back(r.accepted());
+    out.verified_per_step.push_back(msg->tree.size() - 1);
     if (track)
       track->add(ev::kVerify, w1, v1, msg->round,
                  {{"nodes", msg->tree.size() - 1}, {"accepted", r.accepted()}});
