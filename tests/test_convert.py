@@ -664,3 +664,33 @@ def test_index_naming_a_shard_that_is_not_a_file_name_is_refused(tmp_path, shard
         convert_hf(hf, tmp_path / "out", progress=False)
     assert str(info.value) == (f"{hf / 'model.safetensors.index.json'}: weight_map[{UP!r}] is {shard!r}, expected "
                                "the file name of a shard in the folder")
+
+
+@pytest.mark.parametrize("file, edit, needle", [
+    ("config.json", {"head_dim": None}, "config.json: field 'head_dim' is None, expected an integer in [1, 2147483647]"),
+    ("config.json", {"num_hidden_layers": "1"}, "config.json: field 'num_hidden_layers' is '1', expected an integer"),
+    ("config.json", {"swiftspec": None}, "config.json: field 'swiftspec' is None, expected an object with the boolean "
+                                         "'attention_bias'"),
+    ("config.json", "{", "config.json cannot be read as JSON: Expecting property name"),
+    ("config.json", "[]", "config.json: expected a JSON object"),
+    ("manifest.json", {"files": ["../hf/model.safetensors"]},
+     "manifest.json: listed file '../hf/model.safetensors' must be a plain file name inside the folder"),
+])
+def test_edited_checkpoint_folder_is_named_when_quantized_or_sharded(tmp_path, file, edit, needle):
+    """An edited config.json of a checkpoint folder given to --dtype int4 or --tp was a KeyError /
+    TypeError / JSONDecodeError traceback; a manifest naming a weight file outside the folder (which
+    the runtime refuses) was read and converted."""
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    ckpt = convert_gguf(path, tmp_path / "ckpt", "float32", progress=False)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "model.safetensors").write_bytes((ckpt / "model.safetensors").read_bytes())
+    if isinstance(edit, str):
+        (ckpt / file).write_text(edit)
+    else:
+        (ckpt / file).write_text(json.dumps({**json.loads((ckpt / file).read_text()), **edit}))
+    for extra in (["--tp", "2"], ["--dtype", "int4", "--group-size", "8"]):
+        done = run_tool(str(ckpt), "--out", str(tmp_path / "out"), "--quiet", *extra)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith(f"error: {ckpt / file}") and needle in done.stderr, done.stderr
+        assert done.stderr.count("\n") == 1 and not (tmp_path / "out").exists()

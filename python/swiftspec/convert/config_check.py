@@ -67,3 +67,29 @@ def check_config(config: Mapping, origin: str) -> None:
         kind = scaling.get("rope_type", scaling.get("type"))
         if kind not in (None, "", "default", "llama3"):
             raise CheckpointError(f"{origin}: unsupported rope_scaling type {kind!r} (supported: llama3, default)")
+
+
+def read_checkpoint_config(folder) -> dict:
+    """config.json of the swiftspec checkpoint ``folder``, checked as the runtime checks it (:func:`check_config`)
+    and holding what the converters read from it (``tie_word_embeddings``, ``swiftspec.attention_bias``).
+    Raises :class:`CheckpointError` naming the file and the field: an edited config was a JSONDecodeError,
+    KeyError or TypeError traceback when a folder was quantized or sharded."""
+    import json
+    from pathlib import Path
+
+    path = Path(folder) / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} cannot be read as JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    check_config(config, str(path))
+    if not isinstance(config.get("tie_word_embeddings"), bool):
+        raise CheckpointError(f"{path}: field 'tie_word_embeddings' is {config.get('tie_word_embeddings')!r}, "
+                              "expected true or false")
+    ours = config.get("swiftspec")
+    if not isinstance(ours, dict) or not isinstance(ours.get("attention_bias"), bool):
+        raise CheckpointError(f"{path}: field 'swiftspec' is {ours!r}, expected an object with the boolean "
+                              "'attention_bias'")
+    return config

@@ -8,12 +8,12 @@ GGUF or HF model it was converted from) and adds ``quantized_from`` (this folder
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from ..errors import CheckpointError
+from .config_check import read_checkpoint_config
 from .int4 import DEFAULT_GROUP_SIZE, check_group_size
 from .layout import check_tensor_set
 from .manifest import MANIFEST, make_manifest, read_manifest
@@ -39,7 +39,7 @@ def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path, group_size: in
     if manifest.get("tp_degree", 1) != 1:
         raise CheckpointError(f"{src}: a tensor-parallel folder (tp_degree {manifest['tp_degree']}); int4 needs the "
                               "TP-1 folder")
-    config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    config = read_checkpoint_config(src)
     check_group_size(group_size, config, str(src / "config.json"))
     files = [SafetensorsFile(src / f) for f in manifest["files"]]
     where = {name: f for f in files for name in f.entries}

@@ -91,6 +91,9 @@ def read_manifest(folder: str | Path) -> dict:
     files = manifest.get("files")
     if not isinstance(files, list) or not files or not all(isinstance(f, str) for f in files):
         raise CheckpointError(f"{path}: field 'files' is {files!r}, expected a non-empty list of file names")
+    for name in files:
+        if "/" in name or "\\" in name or name in ("", ".", ".."):
+            raise CheckpointError(f"{path}: listed file {name!r} must be a plain file name inside the folder")
     for name in files + ["config.json"]:
         if not (Path(folder) / name).is_file():
             raise CheckpointError(f"{path}: listed file {name!r} is missing from {folder}")

@@ -21,13 +21,13 @@ Padding rows / columns are zero, so they add exactly 0 to every output.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import CheckpointError
+from .config_check import read_checkpoint_config
 from .manifest import MANIFEST, read_manifest
 from .safetensors_reader import SafetensorsFile
 from .writer import CheckpointWriter, check_not_source
@@ -136,7 +136,7 @@ def shard_checkpoint(src_dir: str | Path, out_dir: str | Path, tp: int, *, ffn_a
                               "folder")
     if manifest.get("tp_degree", 1) != 1:
         raise CheckpointError(f"{src}: already sharded (tp_degree {manifest['tp_degree']}); shard the TP-1 folder")
-    config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    config = read_checkpoint_config(src)
     dtype = manifest["dtype"]
     p = plan(config, tp, ffn_align)
     files = [SafetensorsFile(src / f) for f in manifest["files"]]
