@@ -24,7 +24,10 @@ def fake_build(tmp_path: Path) -> Path:
         'case "$*" in\n'
         f'  *"--mk-attn-prewait 0"*) cat "{RUN23}/prewait0.log";;\n'
         '  *--broken*) echo "CUDA error: an illegal memory access"; exit 3;;\n'
-        f'  *) cat "{RUN23}/bench.log";;\n'
+        # the lines run 24 added beside the trace (plan, ring waits) must not become rows
+        '  *) echo "megakernel traced plan qwen2.5-0.5b  megakernel ctas=132 slots=4x53760 cooperative";\n'
+        '     echo "megakernel ring  qwen2.5-0.5b  waits (us per layer): qkv bytes 0.10|0.20";\n'
+        f'     cat "{RUN23}/bench.log";;\n'
         "esac\n"
     )
     bench.chmod(bench.stat().st_mode | stat.S_IXUSR)
@@ -51,6 +54,7 @@ def test_table_of_recorded_runs(tmp_path):
     assert rows[(1, "qwen2.5-0.5b")] == ("", "0.5858", "580.6", "21.29")
     assert rows[(1, "qwen2.5-1.5b")] == ("", "1.2191", "1224.7", "39.52")
     assert rows[(2, "qwen2.5-0.5b")] == ("--mk-attn-prewait 0", "0.5958", "591.4", "21.72")
+    assert len([line for line in out.stdout.splitlines() if line.startswith("variant")]) == len(rows) == 6
     assert "==== variant 3 failed (exit 3)" in out.stdout
     log = (tmp_path / "out" / "mk_ab.log").read_text()
     assert "an illegal memory access" in log and log.count("==== variant") == 4

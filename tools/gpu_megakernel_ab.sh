@@ -40,7 +40,7 @@ awk '
   /^==== variant [0-9]+: / { v = $0; sub(/^==== /, "", v); next }
   /^==== variant [0-9]+ failed/ { print; next }
   / megakernel decode / { for (k = 1; k <= NF; ++k) if ($k == "decode") ms[$2] = $(k + 1); next }
-  /^megakernel trace / {
+  /^megakernel trace / && $4 == "total" {
     shape = $3; tot = $5; lay = $NF
     printf "%-40s %-14s decode %8s ms  traced %8s us  layer %6s us\n", v, shape, ms[shape], tot, lay
   }' "$LOG"

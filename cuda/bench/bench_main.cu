@@ -541,7 +541,11 @@ std::string megakernel_trace_summary(const std::string& which, const ModelConfig
                                  ? static_cast<double>(cw[3] - cw[1]) / static_cast<double>(cw[2] - cw[0])
                                  : -1.0;
           const unsigned long long* rw = &t[ring + (static_cast<size_t>(slot) * G + c) * kMegaRingWords];
-          const bool rows = stamp(slot, c, 2) > 0;  // a CTA with rows in a GEMV op stamps its arrival
+          // A CTA with rows in a GEMV op (QKV, O, gate/up, down, the LM head) stamps its arrival; the
+          // attention's arrival stamp is no ring op's.
+          const int op = slot % ops;
+          const bool gemv = slot == L * ops || op == 0 || op == 3 || op == 4 || op == 5;
+          const bool rows = gemv && stamp(slot, c, 2) > 0;
           auto ns = [&](int k) { return npc > 0 && rows ? static_cast<long long>(rw[k] * npc) : -1LL; };
           std::fprintf(f, "%d,%s,%d,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld\n", slot / ops,
                        slot == L * ops ? "lm_head" : names[slot % ops], c, rel(stamp(slot, c, 2)), rel(stamp(slot, c, 0)),
@@ -557,6 +561,13 @@ std::string megakernel_trace_summary(const std::string& which, const ModelConfig
   const std::string attn_json = attention_phase_summary(which, t, G, L, m->debug_gemm_plans(), end_max);
   const std::string ring_json = ring_wait_summary(which, t, G, L);
   std::string json = "{" + attn_json + (attn_json.empty() ? "" : ", ") + ring_json + (ring_json.empty() ? "" : ", ");
+  // The traced model tunes its own plan (it times the traced kernel), so its slot size may differ from
+  // the untraced model's: its plan line with the trace.
+  const std::string plans = m->debug_gemm_plans();
+  const size_t mk_at = plans.find("megakernel ");
+  if (mk_at != std::string::npos)
+    std::printf("megakernel traced plan %-13s %s\n", which.c_str(),
+                plans.substr(mk_at, plans.find('\n', mk_at) - mk_at).c_str());
   std::printf("megakernel trace %-13s total %.1f us, LM head %.1f us; per layer (us, segment / wake / arrive):", which.c_str(),
               total / 1e3, lm / 1e3);
   double layer = 0;

@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         if (pl.hold_until_input == 2) mark_released(released, kStreamsPerLayer * l + kStreamQKV + 1);
         signal_counter<kTraced>(p, lc + kCtrAttn, slot0 + kCtrAttn);
         if (pl.l2_prefetch_bytes && tid == 0)
-          l2_prefetch_tail(table[kStreamsPerLayer * l + kStreamGateUp], pl.l2_prefetch_bytes);
+          l2_prefetch_tail(pl, table[kStreamsPerLayer * l + kStreamGateUp]);
         trace_mark<kTraced>(p, slot0 + kCtrMerge, 0);  // no merge: an empty op in the trace
         trace_mark<kTraced>(p, slot0 + kCtrMerge, 1);
       } else {
@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         if (pl.hold_until_input == 2) mark_released(released, kStreamsPerLayer * l + kStreamQKV + 1);
         signal_counter<kTraced>(p, lc + kCtrAttn, slot0 + kCtrAttn);
         if (pl.l2_prefetch_bytes && tid == 0)
-          l2_prefetch_tail(table[kStreamsPerLayer * l + kStreamGateUp], pl.l2_prefetch_bytes);
+          l2_prefetch_tail(pl, table[kStreamsPerLayer * l + kStreamGateUp]);
         trace_mark<kTraced>(p, slot0 + kCtrMerge, 2);
         wait_counter(lc + kCtrAttn, G);
         trace_mark<kTraced>(p, slot0 + kCtrMerge, 0);

@@ -151,10 +151,11 @@ struct MegaPlan {
   /// states, and the O projection's input load merges them (the same bits as
   /// part 0's merge): no part waits for another. 0: part 0 merges.
   int merge_in_o = 0;
-  /// > 0: once its attention is done, a CTA prefetches into L2 the last this
-  /// many bytes of its gate/up rows of the layer (one bulk prefetch), so
-  /// that HBM streams while the ring is full and the O projection waits.
-  /// 0: off. Changes no arithmetic.
+  /// > 0: once its attention is done, a CTA prefetches into L2 the last (at
+  /// most) this many bytes of its gate/up rows of the layer (one bulk
+  /// prefetch), so that HBM streams while the ring is full and the O
+  /// projection waits; only rows beyond the num_slots chunks the ring itself
+  /// fetches first (none at the 0.5B shape). 0: off. Changes no arithmetic.
   int l2_prefetch_bytes = 0;
   int x_bytes = 0;     ///< GEMV input vector (bf16, the longest K)
   int ybuf_rows = 0;   ///< per-CTA output rows of a QKV or gate/up op (fp32)

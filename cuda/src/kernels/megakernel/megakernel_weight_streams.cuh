@@ -44,19 +44,6 @@ __device__ Stream stream_of(const MegaParams& p, int idx, int cta) {
   return st;
 }
 
-/// MegaPlan::l2_prefetch_bytes: one bulk L2 prefetch of the last `bytes` of
-/// the CTA's rows of stream `st` (their tail: the ring fetches the head
-/// first). Issued once the CTA's attention is done, while the ring is full
-/// and HBM would idle until the O projection; a hint, no data changes.
-__device__ __forceinline__ void l2_prefetch_tail(const Stream& st, int bytes) {
-  if (st.row1 <= st.row0) return;
-  const size_t total = static_cast<size_t>(st.row1 - st.row0) * st.K * 2;
-  const size_t n = (total < static_cast<size_t>(bytes) ? total : static_cast<size_t>(bytes)) & ~size_t(15);
-  if (n == 0) return;
-  const char* end = reinterpret_cast<const char*>(st.w + static_cast<size_t>(st.row1) * st.K);
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(end - n), "r"(static_cast<uint32_t>(n)) : "memory");
-}
-
 /// The trace's op slot of stream `idx` (QKV, O, gate/up, down per layer;
 /// the LM head last).
 __device__ __forceinline__ int op_slot_of_stream(int idx, int num_layers) {
@@ -135,6 +122,25 @@ __device__ __forceinline__ void timed_refill_wait(const MegaParams& p, ProducerW
 
 __device__ __forceinline__ int rows_per_chunk(const MegaPlan& pl, int K) {
   return max(1, pl.slot_bytes / (2 * K));
+}
+
+/// MegaPlan::l2_prefetch_bytes: one bulk L2 prefetch of at most
+/// `pl.l2_prefetch_bytes` from the end of the CTA's rows of stream `st`,
+/// issued once the CTA's attention is done, while HBM would idle until the O
+/// projection; a hint, no data changes. Only rows the ring cannot hold
+/// before the stream's op starts: the ring fetches the head of the stream
+/// itself, at most num_slots chunks of it, and a prefetch of those would read
+/// them from HBM twice (at the 0.5B shape a CTA's gate/up rows are 112-140 KB,
+/// about what the ring holds: nothing to prefetch).
+__device__ __forceinline__ void l2_prefetch_tail(const MegaPlan& pl, const Stream& st) {
+  const int beyond = st.row1 - st.row0 - pl.num_slots * rows_per_chunk(pl, st.K);
+  if (beyond <= 0) return;
+  const size_t total = static_cast<size_t>(beyond) * st.K * 2;
+  const size_t cap = static_cast<size_t>(pl.l2_prefetch_bytes);
+  const size_t n = (total < cap ? total : cap) & ~size_t(15);
+  if (n == 0) return;
+  const char* end = reinterpret_cast<const char*>(st.w + static_cast<size_t>(st.row1) * st.K);
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(end - n), "r"(static_cast<uint32_t>(n)) : "memory");
 }
 
 /// A walk over the CTA's streams in step order, chunk by chunk (whole rows,
