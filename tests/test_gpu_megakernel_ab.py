@@ -1,6 +1,7 @@
 """tools/gpu_megakernel_ab.sh (the megakernel A/B on the GPU machine), run here against a stand-in
 bench binary that prints recorded H200 outputs (run 23, call 2): its table carries each variant's
-decode and trace numbers, a failed variant is reported with its exit status, and a missing
+decode and trace numbers, a failed variant is reported with its exit status (a hung one is cut
+after MK_AB_TIMEOUT_S and the next runs), and a missing
 binary or no variant is refused with a message that names what is wrong."""
 
 import os
@@ -24,6 +25,7 @@ def fake_build(tmp_path: Path) -> Path:
         'case "$*" in\n'
         f'  *"--mk-attn-prewait 0"*) cat "{RUN23}/prewait0.log";;\n'
         '  *--broken*) echo "CUDA error: an illegal memory access"; exit 3;;\n'
+        '  *--hang*) sleep 30;;\n'
         # the lines run 24 added beside the trace (plan, ring waits) must not become rows
         '  *) echo "megakernel traced plan qwen2.5-0.5b  megakernel ctas=132 slots=4x53760 cooperative";\n'
         '     echo "megakernel ring  qwen2.5-0.5b  waits (us per layer): qkv bytes 0.10|0.20";\n'
@@ -61,6 +63,15 @@ def test_table_of_recorded_runs(tmp_path):
     args = (tmp_path / "args").read_text().splitlines()
     assert all(a.startswith("--megakernel-only --no-gemm --megakernel-trace --shapes qwen2.5-0.5b,qwen2.5-1.5b") for a in args)
     assert args[1].endswith("--mk-attn-prewait 0")
+
+
+def test_a_hung_variant_is_cut_and_the_next_runs(tmp_path):
+    build = fake_build(tmp_path)
+    env = dict(os.environ, OUT=str(tmp_path / "out"), BUILD_DIR=str(build), MK_AB_TIMEOUT_S="1")
+    out = subprocess.run(["bash", str(SCRIPT), "--hang", ""], capture_output=True, text=True, env=env, timeout=25)
+    assert out.returncode == 0, out.stderr
+    assert "==== variant 1 failed (exit 124)" in out.stdout
+    assert re.search(r"variant 2: \[\]\s+qwen2.5-0.5b\s+decode\s+0.5858 ms", out.stdout)
 
 
 def test_refuses_without_binary_or_variants(tmp_path):

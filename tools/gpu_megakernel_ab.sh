@@ -9,7 +9,10 @@
 # then a table: per variant and shape, the megakernel decode step (ms, wall
 # clock over the bench's replays) and the traced step and layer (us).
 # env: OUT (default /tmp/swiftspec-gpu), BUILD_DIR (default build/gpu),
-#      MK_AB_SHAPES (default all three, e.g. "qwen2.5-0.5b,qwen2.5-1.5b").
+#      MK_AB_SHAPES (default all three, e.g. "qwen2.5-0.5b,qwen2.5-1.5b"),
+#      MK_AB_TIMEOUT_S (default 120: a variant that runs longer, e.g. a hung
+#      kernel, is killed and reported as failed with exit 124, and the next
+#      variant runs).
 set -uo pipefail
 OUT=${OUT:-/tmp/swiftspec-gpu}
 BENCH=${BUILD_DIR:-build/gpu}/cuda/swiftspec-cuda-bench
@@ -30,7 +33,7 @@ for flags in "$@"; do
   i=$((i + 1))
   echo "==== variant $i: [${flags}]" >> "$LOG"
   # shellcheck disable=SC2086 # the flags are words on purpose
-  "$BENCH" --megakernel-only --no-gemm --megakernel-trace "${shapes[@]}" $flags >> "$LOG" 2>&1
+  timeout -k 5 "${MK_AB_TIMEOUT_S:-120}" "$BENCH" --megakernel-only --no-gemm --megakernel-trace "${shapes[@]}" $flags >> "$LOG" 2>&1
   rc=$?
   [ $rc -ne 0 ] && echo "==== variant $i failed (exit $rc)" >> "$LOG"
 done
