@@ -694,3 +694,29 @@ def test_edited_checkpoint_folder_is_named_when_quantized_or_sharded(tmp_path, f
         assert done.returncode == 2, done.stderr
         assert done.stderr.startswith(f"error: {ckpt / file}") and needle in done.stderr, done.stderr
         assert done.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_an_interrupted_conversion_is_named_as_such_when_loaded(tmp_path, monkeypatch):
+    """A checkpoint folder without its manifest (an interrupted --dtype int4 or --tp conversion) was
+    read as a Hugging Face folder, and refused for missing q_proj.weight tensors or a tensor in two
+    files, without a word about the conversion. A complete float folder without its manifest still
+    converts (it is a valid HF folder)."""
+    from swiftspec.models import resolve_checkpoint
+
+    monkeypatch.setenv("SWIFTSPEC_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    ckpt = convert_gguf(path, tmp_path / "ckpt", "float32", progress=False)
+    half = run_tool(str(ckpt), "--out", str(tmp_path / "half4"), "--dtype", "int4", "--group-size", "8", "--quiet")
+    assert half.returncode == 0, half.stderr
+    (tmp_path / "half4" / "manifest.json").unlink()
+    with pytest.raises(CheckpointError) as info:
+        resolve_checkpoint(tmp_path / "half4")
+    assert str(info.value).startswith(
+        f"{tmp_path / 'half4'} looks like an incomplete swiftspec checkpoint: its config.json is one the converter "
+        "writes, but manifest.json, written last, is missing (the conversion was interrupted or failed; convert it "
+        f"again). Read as a Hugging Face folder it fails: {tmp_path / 'half4'}: missing tensors")
+    (ckpt / "manifest.json").unlink()
+    out = resolve_checkpoint(ckpt, "float32")
+    assert read_manifest(out)["source"]["kind"] == "hf"
+    assert load_tensors(out, "np").keys() == load_tensors(ckpt, "np").keys()

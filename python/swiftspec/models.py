@@ -45,6 +45,17 @@ def _convert_into_cache(source: Path, dtype: str, convert) -> Path:
     return final
 
 
+def _swiftspec_config(folder: Path) -> bool:
+    """Whether ``folder/config.json`` holds the "swiftspec" object that the converter adds."""
+    import json
+
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and isinstance(config.get("swiftspec"), dict)
+
+
 def resolve_checkpoint(model: str | os.PathLike, dtype: str = "bfloat16") -> Path:
     """The checkpoint folder for ``model``, fetching or converting it if needed.
 
@@ -71,7 +82,15 @@ def resolve_checkpoint(model: str | os.PathLike, dtype: str = "bfloat16") -> Pat
         if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
             from swiftspec.convert import convert_hf
 
-            return _convert_into_cache(path, dtype, convert_hf)
+            try:
+                return _convert_into_cache(path, dtype, convert_hf)
+            except CheckpointError as exc:
+                if _swiftspec_config(path):  # an interrupted conversion, not an HF folder
+                    raise CheckpointError(
+                        f"{path} looks like an incomplete swiftspec checkpoint: its config.json is one the converter "
+                        "writes, but manifest.json, written last, is missing (the conversion was interrupted or "
+                        f"failed; convert it again). Read as a Hugging Face folder it fails: {exc}") from None
+                raise
         raise CheckpointError(
             f"{path}: not a model folder (expected a swiftspec checkpoint with manifest.json, "
             "or a Hugging Face folder with config.json and *.safetensors)"
