@@ -232,6 +232,21 @@ def test_bad_tree_batch(tiny):
                       attend_slots=[0, 0])
     with pytest.raises(InvalidRequestError, match="outside the tree KV"):
         model.forward([1], positions=[0], tree_slots=[10**6], attend_offsets=[0, 1], attend_slots=[10**6])
+    # Before, the CPU backend ran these (the CUDA one refused the first two): two tokens writing one
+    # slot (the result depended on the write order), a token attending a later token's slot, a slot
+    # attended twice (weighted twice in the softmax); an offset past attend_slots was read out of bounds.
+    tree = dict(positions=[3, 4], logits="all")
+    with pytest.raises(InvalidRequestError, match="tokens 0 and 1 both write tree slot 0"):
+        model.forward([4, 5], tree_slots=[0, 0], attend_offsets=[0, 1, 3], attend_slots=[0, 0, 0], **tree)
+    with pytest.raises(InvalidRequestError, match="token 0 attends tree slot 1, written by the later token 1"):
+        model.forward([4, 5], tree_slots=[0, 1], attend_offsets=[0, 2, 4], attend_slots=[1, 0, 0, 1], **tree)
+    with pytest.raises(InvalidRequestError, match="token 1 attends tree slot 0 twice"):
+        model.forward([4, 5], tree_slots=[0, 1], attend_offsets=[0, 1, 4], attend_slots=[0, 0, 0, 1], **tree)
+    with pytest.raises(InvalidRequestError, match="CSR index.*entry 1 = 100 of 3 slots"):
+        model.forward([4, 5], tree_slots=[0, 1], attend_offsets=[0, 100, 3], attend_slots=[0, 0, 1], **tree)
+    # the model is untouched by the refusals: a valid tree batch gives what it gave before them
+    want = model.forward([4, 5], tree_slots=[0, 1], attend_offsets=[0, 1, 3], attend_slots=[0, 0, 1], **tree)
+    assert want.shape == (2, 64) and np.isfinite(want).all()
 
 
 def test_unknown_backend(tiny):
@@ -922,3 +937,28 @@ def test_generate_cancel_is_a_public_event(small_pair):
         next(e.stream("hi", max_new_tokens=2, cancel=cancel))
     assert "".join(e.stream("def add(a, b):", max_new_tokens=4, mode="target")) == e.generate(
         "def add(a, b):", max_new_tokens=4, mode="target").text
+
+
+def test_a_format_version_past_int32_is_refused_not_read_as_another(tiny):
+    """format_version 2^32 + 1 was read as 1 (nlohmann's get<int>) and the folder loaded."""
+    manifest = json.loads((tiny / "manifest.json").read_text())
+    (tiny / "manifest.json").write_text(json.dumps({**manifest, "format_version": 2**32 + 1}))
+    with pytest.raises(CheckpointError) as info:
+        core.load_model(str(tiny))
+    assert str(info.value) == (f"{tiny / 'manifest.json'}: unsupported format_version 4294967297 "
+                               "(this build reads 1, 2 and 3)")
+
+
+def test_a_safetensors_shape_whose_size_overflows_is_refused(tiny):
+    """shape [2^62, 4] of F32 is 2^64 bytes, which wrapped to 0 and matched empty data_offsets."""
+    f = tiny / "model.safetensors"
+    raw = f.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    begin = header["model.norm.weight"]["data_offsets"][0]
+    header["model.norm.weight"].update(shape=[2**62, 4], data_offsets=[begin, begin])
+    text = json.dumps(header).encode()
+    f.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+    with pytest.raises(CheckpointError) as info:
+        core.load_model(str(tiny))
+    assert str(info.value) == f"{f}: tensor 'model.norm.weight': shape [4611686018427387904,4] is too large"

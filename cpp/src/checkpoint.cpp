@@ -16,6 +16,7 @@
 
 #include "swiftspec/error.h"
 #include "json_error.h"
+#include "json_int.h"
 
 namespace swiftspec {
 
@@ -127,8 +128,14 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       v.name = name;
       std::string dt = t["dtype"].get<std::string>();
       if (!parse_dtype(dt, v.dtype)) fail(where + "unsupported dtype '" + dt + "'");
+      // The element count must not overflow: shape [2^62, 4] of F32 made 2^64 bytes, wrapped to 0, and
+      // passed the byte-size check below with empty data_offsets.
+      uint64_t elements = 1;
       for (const auto& d : t["shape"]) {
         if (!d.is_number_integer() || d.get<int64_t>() < 0) fail(where + "shape entries must be integers >= 0");
+        const uint64_t n = static_cast<uint64_t>(d.get<int64_t>());
+        if (n != 0 && elements > (uint64_t{1} << 62) / n) fail(where + "shape " + t["shape"].dump() + " is too large");
+        elements *= n;
         v.shape.push_back(d.get<int64_t>());
       }
       const auto& off = t["data_offsets"];
@@ -225,7 +232,10 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
     throw CheckpointError(manifest_path + ": field 'format' must be \"swiftspec-checkpoint\"");
   if (!manifest.contains("format_version") || !manifest["format_version"].is_number_integer())
     throw CheckpointError(manifest_path + ": missing integer field 'format_version'");
-  ckpt->format_version_ = manifest["format_version"].get<int>();
+  // read_int32, not get<int>(): format_version 2^32 + 1 was read as 1 and the folder loaded.
+  if (read_int32(manifest["format_version"], ckpt->format_version_) != JsonInt::Ok)
+    throw CheckpointError(manifest_path + ": unsupported format_version " + manifest["format_version"].dump() +
+                          " (this build reads 1, 2 and 3)");
   if (ckpt->format_version_ == 2)
     throw CheckpointError(manifest_path + ": format_version 2 is a tensor-parallel folder; load it with a placement "
                                           "whose group has \"tp\" equal to its tp_degree");

@@ -12,6 +12,7 @@
 #include "backend/cpu/int4_weights.h"
 #include "swiftspec/error.h"
 #include "src/json_error.h"
+#include "src/json_int.h"
 
 namespace swiftspec::cpu {
 namespace {
@@ -266,8 +267,8 @@ bool ShardedCheckpoint::is_sharded(const std::string& dir) {
   if (!fs::is_regular_file(path)) return false;
   try {
     const json m = read_json(path);
-    return m.is_object() && m.contains("tp_degree") && m["tp_degree"].is_number_integer() &&
-           m["tp_degree"].get<int>() > 1;
+    int tp = 0;  // read_int32: tp_degree 2^32 + 2 was read as 2
+    return m.is_object() && m.contains("tp_degree") && read_int32(m["tp_degree"], tp) == JsonInt::Ok && tp > 1;
   } catch (const CheckpointError&) {
     return false;
   }
@@ -279,13 +280,13 @@ std::shared_ptr<ShardedCheckpoint> ShardedCheckpoint::open(const std::string& di
   auto fail = [&](const std::string& what) { throw CheckpointError(mpath + ": " + what); };
   if (!m.is_object() || m.value("format", "") != "swiftspec-checkpoint")
     fail("field 'format' must be \"swiftspec-checkpoint\"");
-  if (!m.contains("format_version") || !m["format_version"].is_number_integer() || m["format_version"].get<int>() != 2)
+  int version = 0, n = 0;  // read_int32, not get<int>(): 2^32 + 2 was read as 2
+  if (!m.contains("format_version") || read_int32(m["format_version"], version) != JsonInt::Ok || version != 2)
     fail("a tensor-parallel folder has format_version 2");
-  if (!m.contains("tp_degree") || !m["tp_degree"].is_number_integer() || m["tp_degree"].get<int>() < 2)
+  if (!m.contains("tp_degree") || read_int32(m["tp_degree"], n) != JsonInt::Ok || n < 2)
     fail("field 'tp_degree' must be an integer >= 2 in a tensor-parallel folder");
   auto ckpt = std::shared_ptr<ShardedCheckpoint>(new ShardedCheckpoint());
   ckpt->dir_ = dir;
-  const int n = m["tp_degree"].get<int>();
   const std::string dtype = m.value("dtype", "");
   if (dtype == "float32") ckpt->dtype_ = DType::F32;
   else if (dtype == "bfloat16") ckpt->dtype_ = DType::BF16;
