@@ -962,3 +962,32 @@ def test_a_safetensors_shape_whose_size_overflows_is_refused(tiny):
     with pytest.raises(CheckpointError) as info:
         core.load_model(str(tiny))
     assert str(info.value) == f"{f}: tensor 'model.norm.weight': shape [4611686018427387904,4] is too large"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tokens", "4294967297"], "--tokens: 4294967297 is out of the range of token ids"),  # was decoded as token 1
+    (["--tokens", "2147483648"], "--tokens: 2147483648 is out of the range of token ids"),
+    (["--tokens", ""], "--tokens: the prompt is empty; give at least one token id"),
+    (["--tokens", "1,"], "--tokens: '' is not an integer token id"),
+    (["--tokens", "1", "--max-new-tokens", "2.7"], "--max-new-tokens: '2.7' is not an integer"),  # decoded 2 tokens
+    (["--tokens", "1", "--max-new-tokens", "1e20"], "--max-new-tokens: '1e20' is not an integer"),  # "got -2147483648"
+    (["--tokens", "1", "--max-new-tokens", "99999999999"],
+     "--max-new-tokens: 99999999999 is out of range [-2147483648, 2147483647]"),
+    (["--tokens", "1", "--top-k", "1e12"], "--top-k: '1e12' is not an integer"),
+    (["--tokens", "1", "--seed", "-1"], "--seed: '-1' is not an integer >= 0"),  # sampled with another seed
+    (["--tokens", "1", "--seed", "1.5"], "--seed: '1.5' is not an integer >= 0"),  # sampled with seed 1
+    (["--tokens", "1", "--seed", "18446744073709551616"], "--seed: 18446744073709551616 is out of range [0, "
+                                                          "18446744073709551615]"),
+    (["--tokens", "1", "--threads", "1.5"], "--threads: '1.5' is not an integer"),
+])
+def test_cpp_example_refuses_arguments_it_would_misread(tmp_path, args, message):
+    """swiftspec-decode read integers as doubles and cast them, and token ids as longs cast to int32:
+    values were wrapped, truncated or became another number, silently. The arguments are checked
+    before the checkpoint is opened."""
+    from swiftspec.paths import binary
+
+    proc = subprocess.run([str(binary("swiftspec-decode")), "--checkpoint", str(tmp_path / "missing"), *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[0] == f"swiftspec-decode: {message}"
+    assert proc.stdout == ""

@@ -6,6 +6,10 @@
 //                    [--threads N] [--backend cpu|cuda]
 // Prints the new token ids, space-separated, on one line; statistics on stderr.
 // Exit code 2 on bad arguments or bad input, with a message naming it.
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -30,19 +34,51 @@ const char* const kUsage =
   std::exit(2);
 }
 
+// The integer `v` given to option `opt`, in [lo, hi]: anything else (a fraction, an exponent, trailing
+// text, a value past the range) is a usage error naming it. Integers were read as doubles and cast,
+// so "--max-new-tokens 2.7" decoded 2 tokens, "--seed -1" or "--seed 1.5" decoded with another seed,
+// and "--max-new-tokens 1e20" was refused as "got -2147483648".
+long long parse_integer(const std::string& opt, const std::string& v, long long lo, long long hi) {
+  errno = 0;
+  char* end = nullptr;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || std::isspace(static_cast<unsigned char>(v[0])) || end == v.c_str() || *end)
+    usage_error(opt + ": '" + v + "' is not an integer");
+  if (errno == ERANGE || x < lo || x > hi)
+    usage_error(opt + ": " + v + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return x;
+}
+
+uint64_t parse_seed(const std::string& v) {
+  errno = 0;
+  char* end = nullptr;
+  if (v.empty() || !std::isdigit(static_cast<unsigned char>(v[0])))  // strtoull takes "-1" as 2^64 - 1
+    usage_error("--seed: '" + v + "' is not an integer >= 0");
+  const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
+  if (*end) usage_error("--seed: '" + v + "' is not an integer >= 0");
+  if (errno == ERANGE) usage_error("--seed: " + v + " is out of range [0, 18446744073709551615]");
+  return x;
+}
+
+// Token ids as int32 (an id past the range was wrapped: 4294967297 decoded as token 1); the engine
+// checks them against the vocabulary.
 std::vector<int32_t> parse_ids(const std::string& s) {
+  if (s.empty()) usage_error("--tokens: the prompt is empty; give at least one token id");
   std::vector<int32_t> ids;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      size_t used = 0;
-      long v = std::stol(item, &used);
-      if (used != item.size()) throw std::invalid_argument(item);
-      ids.push_back(static_cast<int32_t>(v));
-    } catch (const std::exception&) {
+  size_t begin = 0;
+  while (true) {
+    const size_t comma = s.find(',', begin);
+    const std::string item = s.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
+    errno = 0;
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || std::isspace(static_cast<unsigned char>(item[0])) || end == item.c_str() || *end)
       usage_error("--tokens: '" + item + "' is not an integer token id");
-    }
+    if (errno == ERANGE || v < INT32_MIN || v > INT32_MAX)
+      usage_error("--tokens: " + item + " is out of the range of token ids");
+    ids.push_back(static_cast<int32_t>(v));
+    if (comma == std::string::npos) break;
+    begin = comma + 1;
   }
   return ids;
 }
@@ -74,12 +110,12 @@ int main(int argc, char** argv) {
     if (a == "--checkpoint") checkpoint = value();
     else if (a == "--draft") draft = value();
     else if (a == "--tokens") prompt = parse_ids(value());
-    else if (a == "--max-new-tokens") cfg.max_new_tokens = static_cast<int>(number(value()));
+    else if (a == "--max-new-tokens") cfg.max_new_tokens = static_cast<int>(parse_integer(a, value(), INT_MIN, INT_MAX));
     else if (a == "--temperature") cfg.sampling.temperature = static_cast<float>(number(value()));
-    else if (a == "--top-k") cfg.sampling.top_k = static_cast<int>(number(value()));
+    else if (a == "--top-k") cfg.sampling.top_k = static_cast<int>(parse_integer(a, value(), INT_MIN, INT_MAX));
     else if (a == "--top-p") cfg.sampling.top_p = static_cast<float>(number(value()));
-    else if (a == "--seed") cfg.sampling.seed = static_cast<uint64_t>(number(value()));
-    else if (a == "--threads") threads = static_cast<int>(number(value()));
+    else if (a == "--seed") cfg.sampling.seed = parse_seed(value());
+    else if (a == "--threads") threads = static_cast<int>(parse_integer(a, value(), INT_MIN, INT_MAX));
     else if (a == "--backend") backend = value();
     else if (a == "--mode") mode = value();
     else usage_error("unknown argument '" + a + "'");
