@@ -660,3 +660,58 @@ def test_default_max_context_follows_the_model_limit(checkpoint_dir, tmp_path):
     with pytest.raises(ConfigUnavailable, match="max_context 2000 exceeds the model's max_position_embeddings 1024"):
         run_bench(datasets=["humaneval"], num_prompts=1, max_new_tokens=4, configs="target", target=str(limited),
                   warmup=0, max_context=2000, out_dir=None, progress=False)
+
+
+@pytest.mark.parametrize("out, message", [
+    ("/proc/swiftspec-bench", "--out /proc/swiftspec-bench: cannot create the folder (No such file or directory)"),
+    ("FILE/sub", "--out FILE/sub: cannot create the folder (Not a directory)"),
+])
+def test_an_out_folder_that_cannot_be_made_is_refused_before_loading(tmp_path, out, message):
+    """It was a FileNotFoundError / NotADirectoryError traceback once the models had loaded and
+    warmed up (the folder was first made when the first row was written)."""
+    (tmp_path / "FILE").write_text("a file")
+    out = out.replace("FILE", str(tmp_path / "FILE"))
+    with pytest.raises(BenchConfigError) as info:
+        run_bench(datasets=["humaneval"], num_prompts=1, max_new_tokens=4, configs="target",
+                  target="never-loaded", out_dir=out, progress=False)
+    assert str(info.value) == message.replace("FILE", str(tmp_path / "FILE"))
+
+
+def test_a_result_file_that_is_a_folder_is_refused_before_loading(tmp_path):
+    """--resume with requests.jsonl a folder was an IsADirectoryError traceback after the models loaded."""
+    (tmp_path / "requests.jsonl").mkdir()
+    for resume in (False, True):
+        with pytest.raises(BenchConfigError) as info:
+            run_bench(datasets=["humaneval"], num_prompts=1, max_new_tokens=4, configs="target",
+                      target="never-loaded", out_dir=tmp_path, progress=False, resume=resume)
+        assert str(info.value) == f"--out {tmp_path}: {tmp_path / 'requests.jsonl'} exists and is not a file"
+
+
+def test_an_empty_requests_file_is_not_an_earlier_run(tmp_path):
+    """A run that stopped before measuring (a configuration the runtime rejected) leaves an empty
+    requests.jsonl; the folder was then refused as holding 'the results of an earlier run' unless
+    resumed with the same settings (the rejected ones)."""
+    from swiftspec.bench.api import _check_out
+
+    (tmp_path / "requests.jsonl").write_text("")
+    (tmp_path / "run_identity.json").write_text("{}")
+    _check_out(tmp_path, "pass --resume")  # no error
+    (tmp_path / "requests.jsonl").write_text("\n")
+    with pytest.raises(BenchConfigError, match=r"holds the results of an earlier run \(requests.jsonl\)"):
+        _check_out(tmp_path, "pass --resume")
+
+
+@pytest.mark.parametrize("tail", ["\x00\xff\xfe", "hello", "\u00e9{"])
+def test_resume_refuses_text_appended_after_the_last_row(tmp_path, tail):
+    """A last line without its line end that is not JSON was dropped as 'cut by a kill' whatever it
+    held; a cut row starts with '{' and is ASCII (json.dumps), so other text is named as an edit."""
+    runner, items = _interrupted_run(tmp_path)
+    path = tmp_path / "requests.jsonl"
+    before = path.read_bytes()
+    path.write_bytes(before + tail.encode("latin-1"))
+    with pytest.raises(BenchConfigError) as e:
+        runner._resumed_rows(items)
+    assert str(e.value) == f"--resume: {path} line 3 is not JSON"
+    assert path.read_bytes() == before + tail.encode("latin-1")  # untouched
+    path.write_bytes(before + b'{"dataset": "huma')  # a cut row: dropped, the two whole rows kept
+    assert len(runner._resumed_rows(items)) == 2

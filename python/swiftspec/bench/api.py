@@ -126,14 +126,31 @@ def run_bench(*, datasets: list[str], num_prompts: int, max_new_tokens: int, con
     return doc
 
 
-def _check_out(out: Path, advice: str | None) -> None:
-    """Raises :class:`BenchConfigError` if ``out`` is a file, or (``advice`` given: not a resumed
-    run) holds the results of an earlier run, whose message then ends with ``advice``: measured
-    results are never replaced silently."""
+def _is_empty_file(path: Path) -> bool:
+    return path.is_file() and path.stat().st_size == 0
+
+
+def _check_out(out: Path, advice: str | None, create: bool = True) -> None:
+    """Raises :class:`BenchConfigError` if ``out`` is a file, cannot be made (``create``: it is made
+    here, before any model loads), holds a bench.json / requests.jsonl / run_identity.json / bench.md
+    that is not a file, or (``advice`` given: not a resumed run) holds the results of an earlier run
+    (an empty requests.jsonl holds none), whose message then ends with ``advice``: measured results
+    are never replaced silently."""
     if out.exists() and not out.is_dir():
         raise BenchConfigError(f"--out {out} exists and is not a folder")
+    try:  # now, not after the models have loaded (it was a FileNotFoundError / NotADirectoryError traceback then)
+        if create:
+            out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BenchConfigError(f"--out {out}: cannot create the folder ({exc.strerror or exc})") from None
+    for name in ("bench.json", "requests.jsonl", "run_identity.json", "bench.md"):
+        if (out / name).exists() and not (out / name).is_file():  # was a traceback once the models had loaded
+            raise BenchConfigError(f"--out {out}: {out / name} exists and is not a file")
     if advice is not None:
-        earlier = [n for n in ("bench.json", "requests.jsonl") if (out / n).exists()]
+        # An empty requests.jsonl (a run that stopped before measuring: a configuration the runtime
+        # rejected) holds no results; it made the folder unusable except with --resume of the same settings.
+        earlier = [n for n in ("bench.json", "requests.jsonl")
+                   if (out / n).exists() and not (n == "requests.jsonl" and _is_empty_file(out / n))]
         if earlier:
             raise BenchConfigError(f"--out {out} holds the results of an earlier run ({', '.join(earlier)}): "
                                    + advice)
@@ -565,7 +582,7 @@ def merge_bench(folders: list[str | Path], out_dir: str | Path, *, plots: bool =
             raise BenchConfigError(f"--merge names {folders[i]} twice")
         if f == out_resolved:
             raise BenchConfigError(f"--out {out} is one of the --merge folders; give a new folder")
-    _check_out(out, "give another folder")
+    _check_out(out, "give another folder", create=False)  # made once the parts are read and agree
     parts = [(f, read_part(f)) for f in folders]
     doc = merge_documents(parts, command=command if command is not None else mach.command_line(), decode=decode)
     try:

@@ -409,7 +409,10 @@ class Runner:
             try:
                 json.loads(lines[-1])
             except (ValueError, RecursionError):
-                self._resume_cut = lines.pop()
+                # A cut row is a prefix of one json.dumps wrote: "{" first, ASCII only. Other text (bytes
+                # appended by hand, a mangled edit) is named as not JSON below, not dropped as a cut.
+                if lines[-1].startswith("{") and lines[-1].isascii():
+                    self._resume_cut = lines.pop()
         # The model's vocabulary (it may emit padding ids beyond the tokens); None: not loaded (the runner's tests)
         vocab = getattr(self.tokenizer, "model_vocab_size", getattr(self.tokenizer, "vocab_size", None))
         for n, line in enumerate(lines):
