@@ -926,62 +926,9 @@ class CudaModelImpl final : public CudaModel {
 
   // ---------------------------------------------------------------- steps
   void validate(const ForwardBatch& b) const {
-    const int n = static_cast<int>(b.tokens.size());
-    if (n == 0) throw InvalidArgument("forward: tokens is empty");
-    if (b.positions.size() != b.tokens.size())
-      throw InvalidArgument("forward: positions has " + std::to_string(b.positions.size()) +
-                            " entries for " + std::to_string(n) + " tokens");
-    for (int i = 0; i < n; ++i) {
-      if (b.tokens[i] < 0 || b.tokens[i] >= cfg_.vocab_size)
-        throw InvalidArgument("forward: tokens[" + std::to_string(i) + "] = " + std::to_string(b.tokens[i]) +
-                              " is outside [0, vocab_size=" + std::to_string(cfg_.vocab_size) + ")");
-      if (b.positions[i] < 0)
-        throw InvalidArgument("forward: positions[" + std::to_string(i) + "] = " + std::to_string(b.positions[i]) +
-                              " is negative");
-    }
-    if (!b.is_tree()) {
-      if (committed_ + n > opt_.max_context)
-        throw InvalidArgument("forward: " + std::to_string(n) + " tokens after " + std::to_string(committed_) +
-                              " committed exceed max_context " + std::to_string(opt_.max_context));
-      return;
-    }
-    if (static_cast<int>(b.tree_slots.size()) != n)
-      throw InvalidArgument("forward: tree_slots has " + std::to_string(b.tree_slots.size()) +
-                            " entries for " + std::to_string(n) + " tokens");
-    if (static_cast<int>(b.attend_offsets.size()) != n + 1)
-      throw InvalidArgument("forward: attend_offsets must have n+1 = " + std::to_string(n + 1) + " entries");
-    if (b.attend_offsets[0] != 0 || b.attend_offsets[n] != static_cast<int>(b.attend_slots.size()))
-      throw InvalidArgument("forward: attend_offsets must start at 0 and end at attend_slots.size()");
-    std::vector<int> writer(opt_.max_tree, -1);
-    for (int i = 0; i < n; ++i) {
-      const int s = b.tree_slots[i];
-      if (s < 0 || s >= opt_.max_tree)
-        throw InvalidArgument("forward: tree_slots[" + std::to_string(i) + "] = " + std::to_string(s) +
-                              " is outside [0, max_tree=" + std::to_string(opt_.max_tree) + ")");
-      if (writer[s] >= 0)
-        throw InvalidArgument("forward: tree_slots[" + std::to_string(i) + "] repeats slot " + std::to_string(s));
-      writer[s] = i;
-    }
-    for (int i = 0; i < n; ++i) {
-      const int o0 = b.attend_offsets[i], o1 = b.attend_offsets[i + 1];
-      if (o1 <= o0) throw InvalidArgument("forward: attend list of token " + std::to_string(i) + " is empty");
-      if (o1 - o0 > opt_.max_tree)
-        throw InvalidArgument("forward: attend list of token " + std::to_string(i) + " is longer than max_tree");
-      if (b.attend_slots[o1 - 1] != b.tree_slots[i])
-        throw InvalidArgument("forward: attend list of token " + std::to_string(i) +
-                              " must end with its own tree slot " + std::to_string(b.tree_slots[i]));
-      for (int j = o0; j < o1; ++j) {
-        const int s = b.attend_slots[j];
-        if (s < 0 || s >= opt_.max_tree)
-          throw InvalidArgument("forward: attend_slots[" + std::to_string(j) + "] = " + std::to_string(s) +
-                                " is outside [0, max_tree)");
-        // Slots written in this batch must be written by this token or an earlier one
-        // (ancestors first), so that steps of kMaxStepTokens can run in order.
-        if (writer[s] > i)
-          throw InvalidArgument("forward: token " + std::to_string(i) + " attends slot " + std::to_string(s) +
-                                " written by a later token " + std::to_string(writer[s]));
-      }
-    }
+    // The rules of every backend (ForwardBatch::validate); this one runs a tree in
+    // pieces of kMaxStepTokens, which its "ancestors first" rule makes safe.
+    b.validate(cfg_.vocab_size, committed_, opt_.max_context, opt_.max_tree);
   }
 
   /// Fills `d` with tokens [begin, begin+count) of `b`; returns the attend-list length.

@@ -153,38 +153,7 @@ class CpuModel final : public Model {
 };
 
 void CpuModel::validate(const ForwardBatch& b) const {
-  const size_t n = b.tokens.size();
-  if (n == 0) throw InvalidArgument("forward: the batch has no tokens");
-  if (b.positions.size() != n)
-    throw InvalidArgument("forward: positions has " + std::to_string(b.positions.size()) + " entries for " +
-                          std::to_string(n) + " tokens");
-  for (size_t i = 0; i < n; ++i) {
-    if (b.tokens[i] < 0 || b.tokens[i] >= config_.vocab_size)
-      throw InvalidArgument("forward: token id " + std::to_string(b.tokens[i]) + " at index " +
-                            std::to_string(i) + " is outside the vocabulary [0, " +
-                            std::to_string(config_.vocab_size) + ")");
-    if (b.positions[i] < 0)
-      throw InvalidArgument("forward: position " + std::to_string(b.positions[i]) + " is negative");
-  }
-  if (!b.is_tree()) {
-    if (committed_ + static_cast<int64_t>(n) > options_.max_context)
-      throw InvalidArgument("forward: " + std::to_string(committed_) + " committed + " + std::to_string(n) +
-                            " new tokens exceed the context of " + std::to_string(options_.max_context) +
-                            " tokens (max_context)");
-    return;
-  }
-  if (b.tree_slots.size() != n) throw InvalidArgument("forward: tree_slots must have one slot per token");
-  if (b.attend_offsets.size() != n + 1 || b.attend_offsets[0] != 0 ||
-      b.attend_offsets[n] != static_cast<int>(b.attend_slots.size()))
-    throw InvalidArgument("forward: attend_offsets must be a CSR index of n+1 entries over attend_slots");
-  for (size_t i = 0; i < n; ++i) {
-    check_slot(b.tree_slots[i], "forward: tree slot");
-    const int s = b.attend_offsets[i], e = b.attend_offsets[i + 1];
-    if (e <= s || b.attend_slots[e - 1] != b.tree_slots[i])
-      throw InvalidArgument("forward: the attended tree slots of token " + std::to_string(i) +
-                            " must end with its own slot " + std::to_string(b.tree_slots[i]));
-    for (int j = s; j < e; ++j) check_slot(b.attend_slots[j], "forward: attended tree slot");
-  }
+  b.validate(config_.vocab_size, committed_, options_.max_context, options_.max_tree);
 }
 
 void CpuModel::attention(int layer, const ForwardBatch& b, int committed_before, const float* q, float* out) {

@@ -168,34 +168,7 @@ class TpCpuModel final : public Model {
 
 // The same checks, with the same messages, as the single-rank CPU model.
 void TpCpuModel::validate(const ForwardBatch& b) const {
-  const size_t n = b.tokens.size();
-  if (n == 0) throw InvalidArgument("forward: the batch has no tokens");
-  if (b.positions.size() != n)
-    throw InvalidArgument("forward: positions has " + str(b.positions.size()) + " entries for " + str(n) + " tokens");
-  for (size_t i = 0; i < n; ++i) {
-    if (b.tokens[i] < 0 || b.tokens[i] >= config_.vocab_size)
-      throw InvalidArgument("forward: token id " + str(b.tokens[i]) + " at index " + str(i) +
-                            " is outside the vocabulary [0, " + str(config_.vocab_size) + ")");
-    if (b.positions[i] < 0) throw InvalidArgument("forward: position " + str(b.positions[i]) + " is negative");
-  }
-  if (!b.is_tree()) {
-    if (committed_ + static_cast<int64_t>(n) > options_.max_context)
-      throw InvalidArgument("forward: " + str(committed_) + " committed + " + str(n) +
-                            " new tokens exceed the context of " + str(options_.max_context) + " tokens (max_context)");
-    return;
-  }
-  if (b.tree_slots.size() != n) throw InvalidArgument("forward: tree_slots must have one slot per token");
-  if (b.attend_offsets.size() != n + 1 || b.attend_offsets[0] != 0 ||
-      b.attend_offsets[n] != static_cast<int>(b.attend_slots.size()))
-    throw InvalidArgument("forward: attend_offsets must be a CSR index of n+1 entries over attend_slots");
-  for (size_t i = 0; i < n; ++i) {
-    check_slot(b.tree_slots[i], "forward: tree slot");
-    const int s = b.attend_offsets[i], e = b.attend_offsets[i + 1];
-    if (e <= s || b.attend_slots[e - 1] != b.tree_slots[i])
-      throw InvalidArgument("forward: the attended tree slots of token " + str(i) + " must end with its own slot " +
-                            str(b.tree_slots[i]));
-    for (int j = s; j < e; ++j) check_slot(b.attend_slots[j], "forward: attended tree slot");
-  }
+  b.validate(config_.vocab_size, committed_, options_.max_context, options_.max_tree);
 }
 
 // Attention of rank r's query heads, the arithmetic of the single-rank CPU

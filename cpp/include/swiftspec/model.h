@@ -52,6 +52,17 @@ struct ForwardBatch {
   LogitsMode logits = LogitsMode::Last;
 
   bool is_tree() const { return !tree_slots.empty(); }
+  /// Checks the batch against a model's limits before any of it runs, the
+  /// same rules on every backend: at least one token, one position (>= 0)
+  /// per token, ids in [0, vocab_size); append mode: `committed` + n <=
+  /// `max_context`; tree mode: one tree slot per token, each in [0,
+  /// `max_tree`) and none written twice, attend_offsets a CSR index of n+1
+  /// entries over attend_slots, each token's list non-empty, ending with its
+  /// own slot, its slots in range and distinct, and a slot this batch writes
+  /// attended only by its writer or a later token (ancestors come first: a
+  /// backend may run the batch in pieces of tokens). Throws InvalidArgument
+  /// naming the field, the token and the value.
+  void validate(int vocab_size, int64_t committed, int max_context, int max_tree) const;
   /// Builds a plain append batch: tokens at positions start, start+1, ...
   static ForwardBatch append(const std::vector<int32_t>& tokens, int start_position,
                              LogitsMode mode = LogitsMode::Last);
