@@ -243,8 +243,10 @@ class Engine:
             raise InvalidRequestError("close() was called from a callback of a request running on this engine (it "
                                       "would wait for itself); close the engine after that request returns")
         with self._lock:
-            self._engine = self._target = self._draft = None
+            # _closed first: a reader outside the lock that snapshots the models and then finds the
+            # engine open (_open_models) has snapshots taken before any of them was released.
             self._closed = True
+            self._engine = self._target = self._draft = None
 
     def __enter__(self) -> "Engine":
         return self
@@ -256,10 +258,17 @@ class Engine:
         if getattr(self, "_closed", False):
             raise InvalidRequestError("the engine is closed")
 
+    def _open_models(self):
+        """(target, draft) of an open engine, read together: close() on another thread may release
+        them at any moment, so they are read first and the engine checked open after (close() marks
+        it closed before it releases them). InvalidRequestError once the engine is closed."""
+        target, draft = self._target, self._draft
+        self._check_open()
+        return target, draft
+
     @property
     def has_draft(self) -> bool:
-        self._check_open()
-        return self._draft is not None
+        return self._open_models()[1] is not None
 
     @property
     def target_model(self):
@@ -363,12 +372,14 @@ class Engine:
                 take, named by its index), or a prompt plus max_new_tokens longer than the context.
             KeyboardInterrupt: Ctrl-C during the request.
         """
-        self._check_open()
+        # The models as of now; close() on another thread may release the engine's meanwhile (this
+        # request then stops with "the engine is closed" once it has the lock, below).
+        target, draft = self._open_models()
         if mode is None:
-            mode = "serial" if self.has_draft else "target"
+            mode = "serial" if draft is not None else "target"
         if mode not in _MODES:
             raise InvalidRequestError(f"mode must be one of {', '.join(_MODES)}; got {mode!r}")
-        if mode != "target" and not self.has_draft:
+        if mode != "target" and draft is None:
             raise InvalidRequestError(f"mode {mode!r} needs a draft model; this engine has none")
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not isinstance(s, str) or not s for s in stops):
@@ -409,9 +420,9 @@ class Engine:
         if self._request_thread == threading.get_ident():
             raise InvalidRequestError("generate() was called from a callback of a request running on this engine "
                                       "(it would wait for itself); call it after that request returns")
-        if tree_budget > self._target.max_tree:
+        if tree_budget > target.max_tree:
             raise InvalidRequestError(
-                f"tree_budget {tree_budget} exceeds the engine's tree KV capacity max_tree={self._target.max_tree}"
+                f"tree_budget {tree_budget} exceeds the engine's tree KV capacity max_tree={target.max_tree}"
             )
 
         prompt_ids = self.encode_prompt(prompt)
