@@ -506,6 +506,13 @@ class Engine:
         if "cancel" in kwargs:
             raise InvalidRequestError("stream() is cancelled by closing the iterator (close() or leaving the loop); "
                                       "do not pass cancel")
+        # (Checked when the stream starts, at its first piece: a generator's body runs then.) Its request
+        # runs on a thread of its own: from a callback of a request on this engine it would wait for that
+        # request, which waits for its pieces: both hung for ever.
+        if getattr(self, "_request_thread", None) == threading.get_ident():
+            raise InvalidRequestError("stream() was started from a callback of a request running on this engine (it "
+                                      "would wait for that request, which waits for it); start it after that request "
+                                      "returns")
         pieces: queue.Queue = queue.Queue()
         cancel = threading.Event()
         done = object()
