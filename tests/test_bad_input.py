@@ -162,6 +162,10 @@ def test_unknown_architecture(tmp_path):
     ("hidden_size", 0, "hidden_size' must be > 0"),
     ("vocab_size", "many", "vocab_size' must be an integer"),
     ("max_position_embeddings", 0, "max_position_embeddings' must be > 0, got 0"),
+    # was read as bos id 2 (get<int>() wrapped it), the folder loaded
+    ("bos_token_id", 2**32 + 2, "bos_token_id' is out of range: 4294967298"),
+    ("tie_word_embeddings", "no", 'tie_word_embeddings\' must be true or false, got "no"'),
+    ("rms_norm_eps", -1e-6, "rms_norm_eps' must be > 0, got -1e-06"),
 ])
 def test_invalid_config_fields(tmp_path, field, value, pattern):
     ckpt = write_checkpoint(tmp_path / "bad", cfg={**TINY_CONFIG, field: value}, tensors=tiny_tensors(TINY_CONFIG))

@@ -281,6 +281,17 @@ void bind_runtime(nb::module_& m) {
           "layer"_a, "slots"_a, "K and V of the given tree slots, fp32 [len(slots), kv_heads*head_dim] each.");
 
   m.def(
+      "parse_model_config",
+      [](const std::string& text, const std::string& origin) {
+        return config_dict(ModelConfig::from_json_text(text, origin));
+      },
+      "text"_a, "origin"_a,
+      "Parses a checkpoint's config.json text as the runtime does when it loads the checkpoint\n"
+      "(ModelConfig::from_json_text, config.h) and returns the model configuration as a dict. Raises\n"
+      "CheckpointError '<origin>: ...' naming the field the runtime refuses (the converters check the\n"
+      "config they are about to write with it).");
+
+  m.def(
       "load_model",
       [](const std::string& dir, const std::string& backend, const ModelOptions& options) {
         nb::gil_scoped_release release;

@@ -4,6 +4,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
+#include <type_traits>
 
 #include "json_int.h"
 #include "json_error.h"
@@ -58,15 +60,26 @@ double get_number(const json& j, const char* key, const std::string& origin) {
   return v.get<double>();
 }
 
+/// An optional boolean or string field (absent or null: `fallback`).
 template <typename T>
 T get_or(const json& j, const char* key, T fallback, const std::string& origin) {
+  static_assert(std::is_same_v<T, bool> || std::is_same_v<T, std::string>, "integers: get_int_or (range-checked)");
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
-  try {
-    return it->get<T>();
-  } catch (const json::exception&) {
-    fail(origin, std::string("field '") + key + "' has the wrong type: " + it->dump());
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!it->is_boolean()) fail(origin, std::string("field '") + key + "' must be true or false, got " + it->dump());
+  } else {
+    if (!it->is_string()) fail(origin, std::string("field '") + key + "' must be a string, got " + it->dump());
   }
+  return it->get<T>();
+}
+
+/// An optional integer field (absent or null: `fallback`), read as get_int does: a value past
+/// int32 is refused, not wrapped (get<int>() read 2^32 + 2 as 2).
+int get_int_or(const json& j, const char* key, int fallback, const std::string& origin) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  return get_int(j, key, origin);
 }
 
 }  // namespace
@@ -127,7 +140,7 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   }
   c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false, origin);
   c.attention_bias = get_or<bool>(j, "attention_bias", c.architecture == "qwen2", origin);
-  c.bos_token_id = get_or<int>(j, "bos_token_id", -1, origin);
+  c.bos_token_id = get_int_or(j, "bos_token_id", -1, origin);
 
   if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
     const json& e = j["eos_token_id"];
@@ -202,8 +215,13 @@ void ModelConfig::validate(const std::string& origin) const {
     fail(origin, "num_attention_heads (" + std::to_string(num_heads) +
                      ") must be a multiple of num_key_value_heads (" + std::to_string(num_kv_heads) + ")");
   if (head_dim % 2 != 0) fail(origin, "head_dim must be even for RoPE, got " + std::to_string(head_dim));
-  if (!(rms_norm_eps > 0)) fail(origin, "field 'rms_norm_eps' must be > 0");
-  if (!(rope_theta > 0)) fail(origin, "field 'rope_theta' must be > 0");
+  const auto number = [](double v) {  // shortest form: -1, 0, 1e-06 (std::to_string: -1.000000)
+    std::ostringstream o;
+    o << v;
+    return o.str();
+  };
+  if (!(rms_norm_eps > 0)) fail(origin, "field 'rms_norm_eps' must be > 0, got " + number(rms_norm_eps));
+  if (!(rope_theta > 0)) fail(origin, "field 'rope_theta' must be > 0, got " + number(rope_theta));
   for (int e : eos_token_ids)
     if (e < 0 || e >= vocab_size)
       fail(origin, "eos_token_id " + std::to_string(e) + " is outside the vocabulary [0, " +

@@ -1,16 +1,19 @@
-"""The checks the runtime makes on config.json (``cpp/src/config.cpp``), made by the converters on the
+"""The runtime's own check of config.json (``cpp/src/config.cpp``), made by the converters on the
 config they are about to write, before any weight is read: a model the runtime would refuse at load time
 is refused at conversion time instead, naming the field (it was written, then refused on every load).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Mapping
 
 from ..errors import CheckpointError
 
 _INT32_MAX = 2**31 - 1
+# The sizes the sharding and int4 converters read from a swiftspec checkpoint's config.json, which
+# the converter writes explicitly (the runtime would derive a null head_dim; they do not).
 _SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
           "num_key_value_heads", "head_dim")
 
@@ -28,53 +31,26 @@ def check_positive_int(value, key: str, origin: str) -> int:
 
 
 def check_config(config: Mapping, origin: str) -> None:
-    """Raise :class:`CheckpointError` naming ``origin`` and the field unless ``config`` (a checkpoint's
-    config.json dict) passes the runtime's checks: positive int32 sizes, heads a multiple of KV heads, an
-    even head_dim, finite positive rms_norm_eps and rope_theta, a positive max_position_embeddings,
-    boolean tie_word_embeddings / attention_bias, eos ids inside the vocabulary, rope_scaling an
-    object or null."""
-    for key in _SIZES:
-        check_positive_int(config.get(key), key, origin)
-    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
-    if heads % kv:
-        raise CheckpointError(f"{origin}: num_attention_heads ({heads}) must be a multiple of "
-                              f"num_key_value_heads ({kv})")
-    if config["head_dim"] % 2:
-        raise CheckpointError(f"{origin}: head_dim must be even for RoPE, got {config['head_dim']}")
-    for key in ("rms_norm_eps", "rope_theta"):
-        value = config.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise CheckpointError(f"{origin}: field {key!r} is {value!r}, expected a finite number > 0")
-    if config.get("max_position_embeddings") is not None:
-        check_positive_int(config["max_position_embeddings"], "max_position_embeddings", origin)
-    for key in ("tie_word_embeddings", "attention_bias"):
-        if config.get(key) is not None and not isinstance(config[key], bool):
-            raise CheckpointError(f"{origin}: field {key!r} is {config[key]!r}, expected true or false")
-    vocab = config["vocab_size"]
-    eos = config.get("eos_token_id")
-    ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
-    for e in ids:
-        if not _is_int(e) or not 0 <= e < vocab:
-            raise CheckpointError(f"{origin}: field 'eos_token_id' is {eos!r}; every id must be an integer in "
-                                  f"[0, {vocab}) (vocab_size)")
-    bos = config.get("bos_token_id")
-    if bos is not None and not _is_int(bos):
-        raise CheckpointError(f"{origin}: field 'bos_token_id' is {bos!r}, expected an integer or null")
-    scaling = config.get("rope_scaling")
-    if scaling is not None and not isinstance(scaling, dict):
-        raise CheckpointError(f"{origin}: field 'rope_scaling' is {scaling!r}, expected an object or null")
-    if scaling:
-        kind = scaling.get("rope_type", scaling.get("type"))
-        if kind not in (None, "", "default", "llama3"):
-            raise CheckpointError(f"{origin}: unsupported rope_scaling type {kind!r} (supported: llama3, default)")
+    """Raise :class:`CheckpointError` naming ``origin`` and the field unless the runtime would load
+    ``config`` (a checkpoint's config.json dict, as the converter is about to write it): the runtime's
+    own parser (``ModelConfig::from_json_text``, ``cpp/src/config.cpp``, through
+    ``swiftspec_core.parse_model_config``) reads its JSON text, so converter and runtime cannot
+    disagree. A float that is not finite is refused first: JSON has no NaN or infinity (``json.dumps``
+    would write a config.json no JSON parser reads)."""
+    from ..swiftspec_core import parse_model_config
+
+    for key, value in config.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise CheckpointError(f"{origin}: field {key!r} is {value!r}, expected a finite number")
+    parse_model_config(json.dumps(config), origin)
 
 
 def read_checkpoint_config(folder) -> dict:
     """config.json of the swiftspec checkpoint ``folder``, checked as the runtime checks it (:func:`check_config`)
-    and holding what the converters read from it (``tie_word_embeddings``, ``swiftspec.attention_bias``).
+    and holding what the converters read from it (the sizes as explicit integers, ``tie_word_embeddings``,
+    ``swiftspec.attention_bias``).
     Raises :class:`CheckpointError` naming the file and the field: an edited config was a JSONDecodeError,
     KeyError or TypeError traceback when a folder was quantized or sharded."""
-    import json
     from pathlib import Path
 
     path = Path(folder) / "config.json"
@@ -84,6 +60,8 @@ def read_checkpoint_config(folder) -> dict:
         raise CheckpointError(f"{path} cannot be read as JSON: {exc}") from None
     if not isinstance(config, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
+    for key in _SIZES:
+        check_positive_int(config.get(key), key, str(path))
     check_config(config, str(path))
     if not isinstance(config.get("tie_word_embeddings"), bool):
         raise CheckpointError(f"{path}: field 'tie_word_embeddings' is {config.get('tie_word_embeddings')!r}, "
