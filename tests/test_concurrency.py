@@ -81,3 +81,82 @@ def test_a_stream_started_from_a_callback_of_its_engine_is_refused_not_hung(smal
                     on_text=lambda delta: made.append(engine.stream(PROMPT, max_new_tokens=4, mode=mode)))
     assert "".join(made[0]) == engine.generate(PROMPT, max_new_tokens=4, mode=mode).text
     engine.close()
+
+
+FORK_SCRIPT = r"""
+import json, os, sys, threading
+from swiftspec import InvalidRequestError
+from swiftspec import swiftspec_core as core
+from swiftspec.engine import Engine
+
+ckpt, placement = sys.argv[1], json.loads(sys.argv[2])
+engine = Engine(ckpt, ckpt, max_context=128, placement=placement)
+want = {m: engine.generate("def f(x):", max_new_tokens=4, mode=m).token_ids for m in ("target", "serial", "async")}
+# A request of the parent holds the engine while the process forks (its callback waits).
+in_callback, release = threading.Event(), threading.Event()
+parent_request = threading.Thread(target=lambda: engine.generate(
+    "def f(x):", max_new_tokens=4, mode="target", on_text=lambda d: (in_callback.set(), release.wait())))
+parent_request.start()
+in_callback.wait()
+read_end, write_end = os.pipe()
+pid = os.fork()
+if pid == 0:  # the child: every way in is refused by name, none hangs; then it exits normally (models freed)
+    import signal
+    signal.alarm(60)  # a regression hangs here: the child must not outlive the test
+    os.close(read_end)
+    seen = {}
+    def outcome(name, fn):
+        try:
+            fn()
+            seen[name] = "ran"
+        except InvalidRequestError as exc:
+            seen[name] = str(exc)
+    for mode in ("target", "serial", "async"):
+        outcome(mode, lambda: engine.generate("def f(x):", max_new_tokens=4, mode=mode))
+    ids = engine.encode_prompt("def f(x):")
+    outcome("core.generate", lambda: core.Engine(engine.target_model, None).generate(ids, max_new_tokens=2))
+    outcome("core.generate_async", lambda: core.generate_async(core.Engine(engine.target_model, engine.draft_model),
+                                                               ids, max_new_tokens=2))
+    outcome("forward", lambda: engine.target_model.forward(ids))
+    os.write(write_end, json.dumps(seen).encode())
+    os.close(write_end)
+    sys.exit(0)
+os.close(write_end)
+child = b""
+while chunk := os.read(read_end, 65536):
+    child += chunk
+_, status = os.waitpid(pid, 0)
+release.set()
+parent_request.join()
+after = {m: engine.generate("def f(x):", max_new_tokens=4, mode=m).token_ids for m in ("target", "serial", "async")}
+print(json.dumps({"child": json.loads(child or b"{}"), "status": status, "same": after == want}))
+"""
+
+
+@pytest.mark.parametrize("placement", [None, {"target": {"tp": 3}, "draft": {"tp": 1}}], ids=["tp1", "tp3"])
+def test_an_engine_used_in_a_forked_child_is_refused_not_hung(small_ckpt, placement):
+    """os.fork() (multiprocessing's default start method on Linux) after the engine was made. The
+    child has none of the models' worker threads. Before: every generate() in the child hung for
+    ever (waiting for workers that are not there, or for the engine lock a parent's request held at
+    the fork), and close() or the child's exit aborted it ('terminate called after throwing an
+    instance of std::system_error: Invalid argument', status 134). Now each call is refused by name,
+    the child exits normally, and the parent's engine answers as before."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", FORK_SCRIPT, str(small_ckpt), json.dumps(placement)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["status"] == 0 and report["same"] is True, (report, proc.stderr[-3000:])
+    child = report["child"]
+    assert sorted(child) == ["async", "core.generate", "core.generate_async", "forward", "serial", "target"]
+    for mode in ("target", "serial", "async"):
+        assert child[mode].startswith("this engine was made in process "), child[mode]
+        assert "is a fork() of it: the models' worker threads did not survive the fork" in child[mode]
+    for call in ("core.generate", "core.generate_async", "forward"):
+        assert child[call].startswith("this model was loaded before this process was fork()ed from its parent: "
+                                      "its "), (call, child[call])
+        assert "did not survive the fork, so it cannot run here" in child[call]
+    assert "terminate called" not in proc.stderr

@@ -1,6 +1,9 @@
 #include "python/model_busy.h"
 
+#include <pthread.h>
+
 #include <mutex>
+#include <new>
 #include <string>
 #include <unordered_set>
 
@@ -13,6 +16,16 @@ std::unordered_set<const void*>& busy_objects() {
   static std::unordered_set<const void*> s;
   return s;
 }
+
+// A fork()ed child has only the forking thread: the calls the parent's other threads were running
+// are not running in it, and g_mu may have been held by one of them at the fork. Without this, a
+// model the parent was using stays "in use by another request" in the child for ever (and a held
+// g_mu would hang the child's first call).
+void forget_busy_in_child() {
+  new (&g_mu) std::mutex();
+  busy_objects().clear();
+}
+const bool g_fork_handler = pthread_atfork(nullptr, nullptr, &forget_busy_in_child) == 0;
 }  // namespace
 
 BusyGuard::BusyGuard(const std::vector<BusyItem>& items) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "swiftspec/error.h"
+#include "swiftspec/fork_count.h"
 
 namespace swiftspec {
 
@@ -36,10 +37,17 @@ WorkerGroup::WorkerGroup(int size, std::vector<std::vector<int>> rank_cores,
       throw InvalidArgument("WorkerGroup '" + name_ + "': communicator " + std::to_string(r) + " is rank " +
                             std::to_string(comms_[r]->rank()) + " of " + std::to_string(comms_[r]->size()));
   errors_.resize(size_);
+  forks_ = forks_so_far();
   for (int r = 1; r < size_; ++r) threads_.emplace_back([this, r] { thread_main(r); });
 }
 
 WorkerGroup::~WorkerGroup() {
+  if (forks_so_far() != forks_) {
+    // A fork()ed child: the rank threads are the parent's, not in this process (joining them
+    // throws; mu_ may have been held by one of them at the fork). Let go without a join (leaked).
+    new std::vector<std::thread>(std::move(threads_));
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -78,6 +86,7 @@ void WorkerGroup::thread_main(int rank) {
 }
 
 void WorkerGroup::run(const std::function<void(int)>& fn) {
+  if (size_ > 1 && forks_so_far() != forks_) throw forked_error("'" + name_ + "' group's rank threads");
   for (auto& e : errors_) e = nullptr;
   if (size_ > 1) {
     std::lock_guard<std::mutex> lock(mu_);

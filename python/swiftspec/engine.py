@@ -214,6 +214,7 @@ class Engine:
                 f"max_tree={max_tree}: the KV cache is allocated for all of it at load time; lower them") from None
         self._engine = core.Engine(self._target, self._draft)
         self.backend = backend
+        self._pid = os.getpid()  # the process the models' worker threads run in (see _check_open)
         self._lock = threading.Lock()
         self._request_thread: int | None = None  # the thread running a request, while one runs
 
@@ -239,6 +240,8 @@ class Engine:
             InvalidRequestError: called from a callback (``on_text``, a signal handler) of a request
                 running on this engine, on that request's thread: it would wait for itself.
         """
+        if self._forked():  # the parent's lock and request are not this process's: they could hold it for ever
+            self._lock, self._request_thread = threading.Lock(), None
         if getattr(self, "_request_thread", None) == threading.get_ident():
             raise InvalidRequestError("close() was called from a callback of a request running on this engine (it "
                                       "would wait for itself); close the engine after that request returns")
@@ -254,9 +257,19 @@ class Engine:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _forked(self) -> bool:
+        """Whether this process is a fork() of the one that made the engine."""
+        return getattr(self, "_pid", None) not in (None, os.getpid())
+
     def _check_open(self) -> None:
         if getattr(self, "_closed", False):
             raise InvalidRequestError("the engine is closed")
+        if self._forked():  # (the runtime refuses too; here also before the lock a parent's request may hold)
+            raise InvalidRequestError(
+                f"this engine was made in process {self._pid}, and this process ({os.getpid()}) is a fork() of it: the "
+                "models' worker threads did not survive the fork, so it cannot run here; make the engine in this "
+                "process (multiprocessing: the 'spawn' or 'forkserver' start method, or make the engine in each "
+                "worker)")
 
     def _open_models(self):
         """(target, draft) of an open engine, read together: close() on another thread may release

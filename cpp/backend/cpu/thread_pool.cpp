@@ -7,6 +7,7 @@
 #include <system_error>
 
 #include "swiftspec/error.h"
+#include "swiftspec/fork_count.h"
 
 namespace swiftspec::cpu {
 
@@ -21,6 +22,7 @@ ThreadPool::ThreadPool(int num_threads, const std::vector<int>& affinity) : affi
   if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());
   if (num_threads <= 0) num_threads = 1;
   num_threads_ = num_threads;
+  forks_ = forks_so_far();
   try {
     for (int t = 1; t < num_threads_; ++t) workers_.emplace_back([this, t] { worker_loop(t); });
   } catch (const std::system_error& e) {
@@ -38,6 +40,12 @@ ThreadPool::ThreadPool(int num_threads, const std::vector<int>& affinity) : affi
 }
 
 ThreadPool::~ThreadPool() {
+  if (forks_so_far() != forks_) {
+    // A fork()ed child: the workers are the parent's, not in this process (joining them throws).
+    // Their handles are let go without a join (leaked: the std::thread destructor would terminate).
+    new std::vector<std::thread>(std::move(workers_));
+    return;
+  }
   stop_.store(true);
   generation_.fetch_add(1);
   generation_.notify_all();
@@ -77,6 +85,7 @@ void ThreadPool::parallel_for(int n, const std::function<void(int, int)>& fn) {
     fn(0, n);
     return;
   }
+  if (forks_so_far() != forks_) throw forked_error("CPU worker threads");  // else: waits for ever on them
   task_ = &fn;
   task_n_ = n;
   pending_.store(num_threads_ - 1, std::memory_order_release);

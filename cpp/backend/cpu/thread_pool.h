@@ -43,6 +43,7 @@ class ThreadPool {
   std::atomic<int> pending_{0};
   std::atomic<bool> stop_{false};
   std::vector<int> affinity_;
+  uint64_t forks_ = 0;  // forks_so_far() when the workers started (fork_count.h)
 };
 
 }  // namespace swiftspec::cpu
