@@ -3,6 +3,7 @@ the interpreter never crashes (issue #2)."""
 
 import json
 import math
+import os
 import re
 import shutil
 import struct
@@ -259,6 +260,25 @@ def test_unknown_backend(tiny):
         core.load_model(str(tiny), "tpu")
 
 
+def test_cli_version_and_a_closed_stdout(tmp_path):
+    """`swiftspec --version` says the version (it was 'the following arguments are required'), and a
+    reader that closes stdout early (`swiftspec bench --print-schema | head`) ends the command quietly
+    with SIGPIPE's status 141 (it was a BrokenPipeError traceback)."""
+    import swiftspec
+
+    done = subprocess.run([sys.executable, "-m", "swiftspec.cli", "--version"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout == f"swiftspec {swiftspec.__version__}\n", done
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # no reader from the start: the first write fails, whatever the timing
+    try:
+        done = subprocess.run([sys.executable, "-m", "swiftspec.cli", "bench", "--print-schema"], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141 and done.stderr == "", done.stderr
+
+
 def test_cli_reports_bad_path_without_traceback(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "swiftspec.cli", "generate", "--target", str(tmp_path / "nope.gguf"), "hi"],
@@ -419,7 +439,11 @@ def test_cli_generate_loads_the_reference_draft_only_to_use_it(monkeypatch, caps
     assert main(["generate", *mode, "hi"]) == 2
     assert seen["target"] == DEFAULT_PAIR["target"]
     assert seen["draft"] == (DEFAULT_PAIR["draft"] if loads_draft else None)
-    assert ("and draft" in capsys.readouterr().err) == loads_draft
+    err = capsys.readouterr().err
+    assert ("and draft" in err) == loads_draft and "weights where converted" not in err
+    # a --dtype other than bf16 is said on the loading line (an int4 run looked like a bf16 one)
+    assert main(["generate", *mode, "--dtype", "int4", "hi"]) == 2
+    assert "(int4 weights where converted)\n" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("streamed,stdout", [

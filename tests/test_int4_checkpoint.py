@@ -65,6 +65,14 @@ def test_quantizer_and_group_size_errors_name_the_problem():
             check_group_size(bad)
     with pytest.raises(CheckpointError, match=r"group size 24 does not divide hidden_size .* = 32"):
         check_group_size(24, TINY, "tiny/config.json")
+    # the error names a group size that fits (the README's command with the default 128 on
+    # SmolLM2-135M, hidden_size 576, gave no hint), or says none does
+    smol = {**TINY, "hidden_size": 576, "num_attention_heads": 9, "head_dim": 64, "intermediate_size": 1536}
+    with pytest.raises(CheckpointError, match=r"= 576; .*features \(--group-size 64 does\)$"):
+        check_group_size(128, smol, "smol/config.json")
+    assert check_group_size(64, smol) == 64
+    with pytest.raises(CheckpointError, match=r"\(no power of two from 8 below 128 divides them all\)$"):
+        check_group_size(128, {**TINY, "hidden_size": 36}, "odd/config.json")
     with pytest.raises(CheckpointError, match="'blk.w': int4 group size 32 does not divide its 48 input"):
         quantize_rtn(np.zeros((4, 48), np.float32), 32, "blk.w")
     w = np.zeros((4, 32), np.float32)

@@ -806,7 +806,7 @@ def test_cli_serve_names_a_missing_extra_before_loading(monkeypatch, capsys, tmp
     assert main(["serve", "--target", str(tmp_path / "never-loaded")]) == 2
     err = capsys.readouterr().err
     assert err == ("swiftspec serve: error: the server needs the 'serve' extra (uvicorn not installed): "
-                   "pip install 'swiftspec[serve]'\n")
+                   "pip install 'swiftspec[serve]' (in a clone of the repository: pip install '.[serve]')\n")
 
 
 def _cli_app(monkeypatch, engine, argv: list[str]):

@@ -12,6 +12,7 @@ message, never a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from swiftspec.errors import SwiftspecError
@@ -29,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     # an unknown option, named with the closest one (_unrecognized).
     parser = argparse.ArgumentParser(prog="swiftspec", description="Low-latency speculative LLM inference.",
                                      allow_abbrev=False)
+    from swiftspec import __version__
+
+    parser.add_argument("--version", action="version", version=f"swiftspec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND",
                                 parser_class=functools.partial(argparse.ArgumentParser, allow_abbrev=False))
     sub.required = True
@@ -87,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"swiftspec {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader of stdout went away (`swiftspec bench --print-schema | head`): stop quietly, with
+        # the status of a process SIGPIPE ended, and point stdout at /dev/null so that the
+        # interpreter's flush at exit does not raise it again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -106,6 +106,7 @@ def load_engine(args: argparse.Namespace):
 
         if not is_default_group(args.placement["draft"]):
             print("[swiftspec] --placement: the draft group is ignored: no draft model is loaded", file=sys.stderr)
-    print(f"[swiftspec] loading target {target}" + (f" and draft {draft}" if draft else ""), file=sys.stderr)
+    weights = "" if args.dtype == "bfloat16" else f" ({args.dtype} weights where converted)"
+    print(f"[swiftspec] loading target {target}" + (f" and draft {draft}" if draft else "") + weights, file=sys.stderr)
     return engine_module.Engine(target, draft, backend=args.backend, dtype=args.dtype, num_threads=args.threads,
                                 max_context=args.max_context, placement=args.placement)

@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
         "OpenAI-compatible API (POST /v1/chat/completions, GET /v1/models, GET /health). One request "
         "decodes at a time; up to --max-waiting more wait, later ones get HTTP 503. With no "
         "--target/--draft it serves the reference pair. Needs the 'serve' extra: "
-        "pip install 'swiftspec[serve]'.",
+        "pip install 'swiftspec[serve]' (in a clone of the repository: pip install '.[serve]').",
     )
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface, "
@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     missing = missing_modules()
     if missing:  # before the models load: a minute lost otherwise
         raise SwiftspecError(f"the server needs the '{EXTRA}' extra ({', '.join(missing)} not installed): "
-                             f"pip install 'swiftspec[{EXTRA}]'")
+                             f"pip install 'swiftspec[{EXTRA}]' (in a clone of the repository: pip install "
+                             f"'.[{EXTRA}]')")
     from swiftspec.serve.guard import check_api_key, parse_allowed_hosts
 
     if api_key is not None:

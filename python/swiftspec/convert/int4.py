@@ -24,6 +24,7 @@ fp16-rounded scale widened back to float32 (so dequantization uses the exact sca
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Mapping
 
@@ -63,8 +64,12 @@ def check_group_size(group_size: int, config: Mapping | None = None, source: str
                 "intermediate_size (down_proj input)": config["intermediate_size"]}
         for what, k in dims.items():
             if k % group_size:
+                common = math.gcd(*dims.values())
+                fits = [g for g in (512, 256, 128, 64, 32, 16, 8) if g < group_size and common % g == 0]
+                hint = (f"--group-size {fits[0]} does" if fits
+                        else f"no power of two from 8 below {group_size} divides them all")
                 raise CheckpointError(f"{source}: int4 group size {group_size} does not divide {what} = {k}; "
-                                      "choose a group size that divides every projection's input features")
+                                      f"choose a group size that divides every projection's input features ({hint})")
     return group_size
 
 
