@@ -160,3 +160,99 @@ def test_an_engine_used_in_a_forked_child_is_refused_not_hung(small_ckpt, placem
                                       "its "), (call, child[call])
         assert "did not survive the fork, so it cannot run here" in child[call]
     assert "terminate called" not in proc.stderr
+
+
+@pytest.fixture()
+def held_engine(small_ckpt):
+    """An engine and a request of another thread that holds it (its on_text waits) until
+    ``release`` is set; a watchdog sets it after 60 s, so a regression fails instead of hanging.
+    Yields (engine, release, finish): finish() releases the holder and returns its tokens."""
+    engine = Engine(small_ckpt, small_ckpt, max_context=128)
+    holding, release, held = threading.Event(), threading.Event(), []
+
+    def hold(delta):
+        holding.set()
+        release.wait()
+
+    holder = threading.Thread(target=lambda: held.append(engine.generate(PROMPT, max_new_tokens=4, mode="target",
+                                                                           on_text=hold).token_ids))
+    holder.start()
+    watchdog = threading.Timer(60, release.set)
+    watchdog.start()
+    assert holding.wait(60)
+
+    def finish():
+        release.set()
+        holder.join(60)
+        assert not holder.is_alive() and len(held) == 1
+        return held[0]
+
+    yield engine, release, finish
+    finish()
+    watchdog.cancel()
+    engine.close()
+
+
+@pytest.mark.parametrize("mode", ["target", "serial", "async"])
+def test_a_request_waiting_for_the_engine_is_cancelled_at_once(held_engine, mode):
+    """generate(cancel=event) behind another thread's request: before, it waited until that request
+    ended (here: for ever) and only then returned "cancelled". Now it returns "cancelled" with no
+    tokens while the other request still runs, whether the event was set before the call or while it
+    waited; the other request and the engine are unaffected."""
+    engine, release, finish = held_engine
+    preset = threading.Event()
+    preset.set()
+    r = engine.generate(PROMPT, max_new_tokens=4, mode=mode, cancel=preset)
+    assert not release.is_set(), "it waited for the running request"
+    assert (r.finish_reason, r.token_ids, r.text) == ("cancelled", [], "")
+    assert r.stats["new_tokens"] == 0 and r.stats["prompt_tokens"] == len(r.prompt_token_ids) > 0
+    later, outcome = threading.Event(), []
+    waiter = threading.Thread(target=lambda: outcome.append(engine.generate(PROMPT, max_new_tokens=4, mode=mode,
+                                                                            cancel=later)))
+    waiter.start()
+    later.set()  # whether it is waiting yet or not: it must not wait for the running request
+    waiter.join(30)
+    assert not release.is_set() and not waiter.is_alive(), "it waited for the running request"
+    assert (outcome[0].finish_reason, outcome[0].token_ids) == ("cancelled", [])
+    held = finish()
+    want = engine.generate(PROMPT, max_new_tokens=4, mode="target").token_ids
+    assert held == want
+    assert engine.generate(PROMPT, max_new_tokens=4, mode=mode).token_ids == want
+
+
+def test_ctrl_c_on_a_stream_waiting_for_the_engine_returns_at_once(held_engine, monkeypatch):
+    """Ctrl-C while a stream() waits for its first piece behind another thread's request: the
+    stream's cleanup cancels its request and joins its thread, which waited for the engine until
+    the other request ended (here: for ever). Now the KeyboardInterrupt comes at once."""
+    import os
+    import signal
+
+    import swiftspec.engine as engine_module
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("Ctrl-C reaches the main thread only")
+    engine, release, finish = held_engine
+    polled = threading.Event()
+
+    class Exiting(threading.Event):  # polled by every cancel check: the first poll is the waiting stream's
+        def is_set(self):
+            polled.set()
+            return super().is_set()
+
+    monkeypatch.setattr(engine_module, "_exiting", Exiting())  # (the holder polls nothing while it is held)
+
+    def interrupt_once_the_stream_waits():
+        if polled.wait(90):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        interrupter = threading.Thread(target=interrupt_once_the_stream_waits)
+        interrupter.start()
+        with pytest.raises(KeyboardInterrupt):
+            next(engine.stream(PROMPT, max_new_tokens=4, mode="serial"))
+        assert not release.is_set(), "the stream waited for the running request"
+        interrupter.join(60)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert finish() == engine.generate(PROMPT, max_new_tokens=4, mode="target").token_ids

@@ -40,6 +40,14 @@ _exiting = threading.Event()
 _running = 0
 _running_changed = threading.Condition()
 _EXIT_WAIT_S = 10.0
+_WAIT_POLL_S = 0.02  # how often a request waiting for its engine polls its cancel (as the async host does)
+
+
+def _cancelled_before_start(prompt_tokens: int) -> dict:
+    """The runtime's stats for a request cancelled before it ran (as for a cancel set before the call)."""
+    return {"prompt_tokens": prompt_tokens, "new_tokens": 0, "verification_steps": 0, "draft_steps": 0,
+            "prefill_time": 0.0, "decode_time": 0.0, "target_time": 0.0, "draft_time": 0.0,
+            "finish_reason": "cancelled", "acceptance_length": 0.0}
 
 
 def _cancel_requests_at_exit() -> None:
@@ -215,7 +223,8 @@ class Engine:
         self._engine = core.Engine(self._target, self._draft)
         self.backend = backend
         self._pid = os.getpid()  # the process the models' worker threads run in (see _check_open)
-        self._lock = threading.Lock()
+        # An RLock for its _is_owned() (see generate); a request never takes it twice (re-entry is refused).
+        self._lock = threading.RLock()
         self._request_thread: int | None = None  # the thread running a request, while one runs
 
     @classmethod
@@ -241,7 +250,7 @@ class Engine:
                 running on this engine, on that request's thread: it would wait for itself.
         """
         if self._forked():  # the parent's lock and request are not this process's: they could hold it for ever
-            self._lock, self._request_thread = threading.Lock(), None
+            self._lock, self._request_thread = threading.RLock(), None
         if getattr(self, "_request_thread", None) == threading.get_ident():
             raise InvalidRequestError("close() was called from a callback of a request running on this engine (it "
                                       "would wait for itself); close the engine after that request returns")
@@ -366,8 +375,8 @@ class Engine:
         ``cancel`` (a ``threading.Event``, or any object with ``is_set()``)
         cancels from another thread: once it is set, the request stops within
         one prefill chunk or decode step, also during a long prompt's prefill
-        where no text reaches ``on_text`` (one waiting for the engine behind
-        another request stops as soon as its turn comes), and returns what it
+        where no text reaches ``on_text`` (one waiting for its turn behind
+        another request returns at once, without waiting), and returns what it
         has with finish_reason "cancelled" (set before the call: no new tokens).
 
         Ctrl-C (SIGINT, when called from the main thread) stops the request
@@ -457,35 +466,53 @@ class Engine:
         with _running_changed:  # counted while it waits for the engine too: see _cancel_requests_at_exit
             _running += 1
         try:
-            with self._lock:  # one request at a time per engine
-                self._check_open()  # closed while this request waited for the lock
-                self._request_thread = threading.get_ident()
+            # One request at a time per engine. While this one waits for its turn, its cancel (and the
+            # interpreter's exit) is polled too: once set it returns at once with no tokens, rather
+            # than when the running request ends (minutes, for a long one).
+            t_wait = time.perf_counter()
+            try:
+                acquired = self._lock.acquire(blocking=False)
+                while not acquired and not cancel_check():
+                    acquired = self._lock.acquire(timeout=_WAIT_POLL_S)
+            except BaseException:  # Ctrl-C, or a cancel that raised: also if it came just after the lock was taken
+                if self._lock._is_owned():
+                    self._lock.release()
+                raise
+            if not acquired:
+                out = {"tokens": [], "stats": _cancelled_before_start(len(prompt_ids))}
+                wall = time.perf_counter() - t_wait
+            else:
                 try:
-                    t0 = time.perf_counter()
-                    request = dict(
-                        max_new_tokens=max_new_tokens,
-                        temperature=float(temperature),
-                        top_k=top_k,
-                        top_p=float(top_p),
-                        seed=seed,
-                        stop_token_ids=self.tokenizer.eos_token_ids,
-                        tree_budget=tree_budget,
-                        max_depth=max_depth,
-                        branching=branching,
-                        on_tokens=on_tokens,
-                        # Ctrl-C is polled by the runtime itself; a stream() closed early sets cancel,
-                        # the interpreter's exit _exiting.
-                        cancel_check=cancel_check,
-                    )
-                    if mode == "async":  # parallel tree generation, with its timeline
-                        from swiftspec import swiftspec_core as core
+                    self._check_open()  # closed while this request waited for the lock
+                    self._request_thread = threading.get_ident()
+                    try:
+                        t0 = time.perf_counter()
+                        request = dict(
+                            max_new_tokens=max_new_tokens,
+                            temperature=float(temperature),
+                            top_k=top_k,
+                            top_p=float(top_p),
+                            seed=seed,
+                            stop_token_ids=self.tokenizer.eos_token_ids,
+                            tree_budget=tree_budget,
+                            max_depth=max_depth,
+                            branching=branching,
+                            on_tokens=on_tokens,
+                            # Ctrl-C is polled by the runtime itself; a stream() closed early sets cancel,
+                            # the interpreter's exit _exiting.
+                            cancel_check=cancel_check,
+                        )
+                        if mode == "async":  # parallel tree generation, with its timeline
+                            from swiftspec import swiftspec_core as core
 
-                        out = core.generate_async(self._engine, prompt_ids, **request, **(async_options or {}))
-                    else:
-                        out = self._engine.generate(prompt_ids, mode=mode, **request)
-                    wall = time.perf_counter() - t0
+                            out = core.generate_async(self._engine, prompt_ids, **request, **(async_options or {}))
+                        else:
+                            out = self._engine.generate(prompt_ids, mode=mode, **request)
+                        wall = time.perf_counter() - t0
+                    finally:
+                        self._request_thread = None
                 finally:
-                    self._request_thread = None
+                    self._lock.release()
         finally:
             with _running_changed:
                 _running -= 1
