@@ -256,3 +256,44 @@ def test_ctrl_c_on_a_stream_waiting_for_the_engine_returns_at_once(held_engine, 
     finally:
         signal.signal(signal.SIGINT, previous)
     assert finish() == engine.generate(PROMPT, max_new_tokens=4, mode="target").token_ids
+
+
+def test_the_server_takes_a_new_request_once_the_running_one_is_cancelled():
+    """swiftspec serve with --max-waiting 0: a client presses Stop (its job is cancelled; the engine
+    stops within one decode step) and sends its next message at once. Before: that message got 503
+    "the engine is busy: 1 request is running" for as long as the cancelled request took to notice;
+    now it is taken, waits for that step, and runs. A second live request is still refused.
+    Through the runner with an engine whose decode step ends when the test says: deterministic."""
+    import asyncio
+
+    from swiftspec.serve.runner import Busy, EngineRunner
+
+    in_step, step_done = threading.Event(), threading.Event()
+
+    class Finished:
+        def __init__(self, reason):
+            self.finish_reason = reason
+
+    class SteppedEngine:  # the runner's only use of an engine: one decode step, then the cancel check
+        def generate(self, prompt_ids, on_text=None, cancel=None, **kwargs):
+            in_step.set()
+            step_done.wait(60)
+            return Finished("cancelled" if cancel.is_set() else "length")
+
+    runner = EngineRunner(SteppedEngine(), max_waiting=0)
+
+    async def stop_and_ask_again():
+        loop = asyncio.get_running_loop()
+        first = runner.submit(loop, [1, 2, 3])
+        await asyncio.to_thread(in_step.wait, 60)  # the first request is decoding
+        first.cancel()  # Stop: it ends once its step does
+        second = runner.submit(loop, [4, 5, 6])  # asked again at once
+        full = "the engine is busy: 1 request is running and 0 are waiting .at most 0 may wait."
+        with pytest.raises(Busy, match=full):
+            runner.submit(loop, [7, 8, 9])  # a third, live one: the line is full
+        step_done.set()
+        return [kind async for kind, _ in first.events()], [kind async for kind, _ in second.events()]
+
+    assert asyncio.run(stop_and_ask_again()) == (["cancelled"], ["done"])
+    assert runner.status() == {"running": 0, "waiting": 0, "max_waiting": 0,
+                               "ended": {"done": 1, "cancelled": 1, "error": 0}}

@@ -108,9 +108,13 @@ class EngineRunner:
         with self._cond:
             if self._closed:
                 raise Busy("the server is shutting down")
-            if len(self._line) > self.max_waiting:
-                raise Busy(f"the engine is busy: 1 request is running and {len(self._line) - 1} "
-                           f"{'is' if len(self._line) == 2 else 'are'} waiting (at most {self.max_waiting} may wait)")
+            # Jobs cancelled already (their client left or pressed Stop) do not count: they end within
+            # one decode step (a running one) or at once (a waiting one), and a client that stops
+            # its reply and asks again at once must not be refused because of it.
+            live = sum(not j.cancelled for j in self._line)
+            if live > self.max_waiting:
+                raise Busy(f"the engine is busy: 1 request is running and {live - 1} "
+                           f"{'is' if live == 2 else 'are'} waiting (at most {self.max_waiting} may wait)")
             job = Job(self, loop)
             self._line.append(job)
         threading.Thread(target=self._run, args=(job, prompt_ids, generate_kwargs), daemon=True,
