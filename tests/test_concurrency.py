@@ -297,3 +297,24 @@ def test_the_server_takes_a_new_request_once_the_running_one_is_cancelled():
     assert asyncio.run(stop_and_ask_again()) == (["cancelled"], ["done"])
     assert runner.status() == {"running": 0, "waiting": 0, "max_waiting": 0,
                                "ended": {"done": 1, "cancelled": 1, "error": 0}}
+
+
+def test_a_request_arriving_during_shutdown_is_told_the_server_is_shutting_down(checkpoint_dir):
+    """A request that reaches the handler after the shutdown began (it was being read or
+    tokenized when SIGTERM came) was answered 503 with code "busy" (retry in 5 s: the engine is
+    busy) though the server was going away; now its code is "shutting_down", as for the replies
+    the shutdown cut short."""
+    from starlette.testclient import TestClient
+
+    from swiftspec.serve.app import create_app
+
+    with Engine(checkpoint_dir(SMALL, "bfloat16"), max_context=128) as engine:
+        app = create_app(engine, max_waiting=0)
+        with TestClient(app) as client:
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}
+            assert client.post("/v1/chat/completions", json=body).status_code == 200
+            app.state.server.runner.close()  # what the exit signal does first
+            r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 503
+    assert r.json() == {"error": {"message": "the server is shutting down", "type": "server_error", "param": None,
+                                  "code": "shutting_down"}}

@@ -52,7 +52,7 @@ from swiftspec.serve.openai_schema import (
     swiftspec_stats,
     usage,
 )
-from swiftspec.serve.runner import Busy, EngineRunner
+from swiftspec.serve.runner import Busy, EngineRunner, ShuttingDown
 
 log = logging.getLogger("swiftspec.serve")
 
@@ -166,8 +166,9 @@ class ChatServer:
             return _error(exc)
         try:
             job = self.runner.submit(asyncio.get_running_loop(), prompt_ids, **kwargs)
-        except Busy as exc:
-            return _error(RequestError(str(exc), status=503, type="server_error", code="busy"))
+        except Busy as exc:  # a request that arrived during shutdown is told so, as the ones it cut short are
+            code = "shutting_down" if isinstance(exc, ShuttingDown) else "busy"
+            return _error(RequestError(str(exc), status=503, type="server_error", code=code))
         cid, created = new_completion_id()
         meta = dict(mode=mode, tree_budget=kwargs["tree_budget"] if mode != "target" else None,
                     seed=kwargs["seed"] if req.temperature > 0 else None)

@@ -26,6 +26,10 @@ class Busy(Exception):
     """The wait line is full (or the runner is closing): the request was not queued."""
 
 
+class ShuttingDown(Busy):
+    """The runner is closed (the server is shutting down): the request was not queued."""
+
+
 class Job:
     """One submitted request. Its events, in order (``kind, value``):
 
@@ -107,7 +111,7 @@ class EngineRunner:
         """
         with self._cond:
             if self._closed:
-                raise Busy("the server is shutting down")
+                raise ShuttingDown("the server is shutting down")
             # Jobs cancelled already (their client left or pressed Stop) do not count: they end within
             # one decode step (a running one) or at once (a waiting one), and a client that stops
             # its reply and asks again at once must not be refused because of it.
