@@ -217,7 +217,10 @@ def test_a_request_waiting_for_the_engine_is_cancelled_at_once(held_engine, mode
     held = finish()
     want = engine.generate(PROMPT, max_new_tokens=4, mode="target").token_ids
     assert held == want
-    assert engine.generate(PROMPT, max_new_tokens=4, mode=mode).token_ids == want
+    ran = engine.generate(PROMPT, max_new_tokens=4, mode=mode)
+    assert ran.token_ids == want
+    # the cancelled request's stats have the keys of a request that ran (the runtime's stats_dict)
+    assert set(r.stats) == set(ran.stats) and r.stats["acceptance_length"] == 0.0 and r.stats["decode_time"] == 0.0
 
 
 def test_ctrl_c_on_a_stream_waiting_for_the_engine_returns_at_once(held_engine, monkeypatch):

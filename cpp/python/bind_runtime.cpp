@@ -281,6 +281,18 @@ void bind_runtime(nb::module_& m) {
           "layer"_a, "slots"_a, "K and V of the given tree slots, fp32 [len(slots), kv_heads*head_dim] each.");
 
   m.def(
+      "cancelled_stats",
+      [](int prompt_tokens) {
+        GenerationStats st;
+        st.prompt_tokens = prompt_tokens;
+        st.finish_reason = "cancelled";
+        return stats_dict(st);
+      },
+      "prompt_tokens"_a,
+      "The 'stats' dict (the keys every generate call returns) of a request cancelled before it ran:\n"
+      "no new tokens, no steps, zero times, finish_reason 'cancelled'.");
+
+  m.def(
       "parse_model_config",
       [](const std::string& text, const std::string& origin) {
         return config_dict(ModelConfig::from_json_text(text, origin));

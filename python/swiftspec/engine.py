@@ -43,12 +43,6 @@ _EXIT_WAIT_S = 10.0
 _WAIT_POLL_S = 0.02  # how often a request waiting for its engine polls its cancel (as the async host does)
 
 
-def _cancelled_before_start(prompt_tokens: int) -> dict:
-    """The runtime's stats for a request cancelled before it ran (as for a cancel set before the call)."""
-    return {"prompt_tokens": prompt_tokens, "new_tokens": 0, "verification_steps": 0, "draft_steps": 0,
-            "prefill_time": 0.0, "decode_time": 0.0, "target_time": 0.0, "draft_time": 0.0,
-            "finish_reason": "cancelled", "acceptance_length": 0.0}
-
 
 def _cancel_requests_at_exit() -> None:
     _exiting.set()
@@ -479,7 +473,9 @@ class Engine:
                     self._lock.release()
                 raise
             if not acquired:
-                out = {"tokens": [], "stats": _cancelled_before_start(len(prompt_ids))}
+                from swiftspec import swiftspec_core as core
+
+                out = {"tokens": [], "stats": core.cancelled_stats(len(prompt_ids))}
                 wall = time.perf_counter() - t_wait
             else:
                 try:
