@@ -9,6 +9,15 @@ Fixtures:
   checkpoint_dir(name, dtype) -> Path  its converted checkpoint ("float32" or "bfloat16")
   mtbench -> list[dict]              the 80 MT-Bench questions
   humaneval -> list[dict]            the 164 HumanEval problems
+  llamacpp_cpu_build -> LlamaCppBuild  llama.cpp's CPU build (swiftspec.bench.llamacpp_build; built
+                                     once per machine into the cache: minutes on 2 cores)
+
+Tiers (markers, set here from what a test uses, so no test file repeats the rule):
+  real_model  uses a reference model (a fixture above that fetches or converts one)
+  hf_oracle   compares with HF transformers (hf_causal_lm, or a module that marks itself)
+  slow        builds something large (the CUDA backend, llama.cpp, the package from a clean copy)
+  browser     drives the chat page in chromium
+The fast tier is ``pytest -m "not (real_model or slow or browser)"``; CI runs every test.
 """
 
 from __future__ import annotations
@@ -26,6 +35,23 @@ _USER_CACHE = cache_dir()
 
 def _cache() -> Path:
     return _USER_CACHE
+
+
+#: Fixtures whose use makes a test a real-model one (they fetch or convert a reference model).
+_REAL_MODEL_FIXTURES = frozenset({"gguf_path", "checkpoint_dir", "hf_causal_lm", "llamacpp_cpu_build"})
+#: Fixtures that build something large.
+_SLOW_FIXTURES = frozenset({"llamacpp_cpu_build"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & _REAL_MODEL_FIXTURES:
+            item.add_marker(pytest.mark.real_model)
+        if "hf_causal_lm" in used:
+            item.add_marker(pytest.mark.hf_oracle)
+        if used & _SLOW_FIXTURES:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -99,3 +125,12 @@ def hf_causal_lm(gguf_path):
         return kept[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def llamacpp_cpu_build():
+    """llama.cpp's CPU build of the llama-cpp-python 0.3.36 sdist, from the user cache (built there,
+    and the sdist downloaded, on the first run)."""
+    from swiftspec.bench.llamacpp_build import ensure_llamacpp
+
+    return ensure_llamacpp("cpu", cache=_cache(), progress=True)

@@ -30,8 +30,9 @@ PLACEMENT_TP2 = {"draft": {"tp": 1, "cores": [0]}, "target": {"tp": 2, "cores": 
 
 
 def _engine(checkpoint_dir, placement):
-    return Engine(checkpoint_dir(TARGET, DTYPE), checkpoint_dir(DRAFT, DTYPE), placement=placement,
-                  max_context=1024, max_tree=64)
+    return Engine(
+        checkpoint_dir(TARGET, DTYPE), checkpoint_dir(DRAFT, DTYPE), placement=placement, max_context=1024, max_tree=64
+    )
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +82,10 @@ def test_async_equals_target_only_tp1(engine_tp1, messages, reference_tp1, key):
     s = out.timeline.summary()
     assert s["rounds"] == st["verification_steps"]
     assert 0 < s["target_verify"] <= s["decode_span"] + 1e-9
-    print(f"{key}: acceptance {st['acceptance_length']:.2f}, {st['verification_steps']} rounds, "
-          f"target busy {s['target_utilization']:.0%} of the decode span")
+    print(
+        f"{key}: acceptance {st['acceptance_length']:.2f}, {st['verification_steps']} rounds, "
+        f"target busy {s['target_utilization']:.0%} of the decode span"
+    )
 
 
 def test_async_equals_target_only_tp2_target(checkpoint_dir, messages):
@@ -120,7 +123,7 @@ def test_async_limits_and_cancellation(engine_tp1, messages, reference_tp1):
     assert out.finish_reason == "cancelled"
     assert 1 <= len(out.token_ids) < NEW_TOKENS and out.token_ids == ref[: len(out.token_ids)]
     # A stop string cuts the text before its first occurrence, as target-only decoding would.
-    stop = full.text[len(full.text) // 2:][:4]
+    stop = full.text[len(full.text) // 2 :][:4]
     b = engine_tp1.generate(messages[key], max_new_tokens=NEW_TOKENS, mode="async", stop=stop, **TREE)
     assert b.text == full.text[: full.text.index(stop)] and b.finish_reason == "stop"
     # EOS: a prompt whose answer is one word ends with the end-of-turn token, as target-only.
@@ -150,8 +153,14 @@ def test_async_timeline_chrome_trace(engine_tp1, messages, tmp_path):
     trace = json.loads(path.read_text())
     events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     names = {(e["cat"], e["name"]) for e in events}
-    assert {("target", "prefill"), ("target", "verify"), ("draft", "prefill"), ("draft", "grow"),
-            ("draft", "select_send"), ("draft", "reroot")} <= names
+    assert {
+        ("target", "prefill"),
+        ("target", "verify"),
+        ("draft", "prefill"),
+        ("draft", "grow"),
+        ("draft", "select_send"),
+        ("draft", "reroot"),
+    } <= names
     verifies = [e for e in events if e["name"] == "verify"]
     assert len(verifies) == out.stats["verification_steps"]
     assert all(e["dur"] >= 0 and "nodes" in e["args"] and "accepted" in e["args"] for e in verifies)

@@ -26,8 +26,9 @@ SMALL = "smollm2-135m-instruct"
 
 def _run_cpp_tests(filters, env_extra=None, timeout=900):
     env = dict(os.environ, **(env_extra or {}))
-    proc = subprocess.run([str(binary("swiftspec-cpp-tests")), *filters], capture_output=True, text=True,
-                          env=env, timeout=timeout)
+    proc = subprocess.run(
+        [str(binary("swiftspec-cpp-tests")), *filters], capture_output=True, text=True, env=env, timeout=timeout
+    )
     print(proc.stdout[-4000:])
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "0 failed" in proc.stdout
@@ -35,16 +36,28 @@ def _run_cpp_tests(filters, env_extra=None, timeout=900):
 
 
 def test_cpp_runtime_units():
-    out = _run_cpp_tests(["async_channel", "async_allreduce", "async_worker_group", "async_tp_plan",
-                          "async_timeline", "async_placement", "async_send_policy", "forward_batch"])
+    out = _run_cpp_tests(
+        [
+            "async_channel",
+            "async_allreduce",
+            "async_worker_group",
+            "async_tp_plan",
+            "async_timeline",
+            "async_placement",
+            "async_send_policy",
+            "forward_batch",
+        ]
+    )
     assert out.count("[  OK  ]") == 10
 
 
 def test_cpp_tp_model_against_cpu_model(checkpoint_dir):
     """TP 1 bit-identical to the plain CPU model; TP 2 and 3 close to it, same argmax, layer-0 K/V
     identical, and every tree row identical to decoding its path alone (batch invariance)."""
-    _run_cpp_tests(["tp1_model_bit_identical", "tp_model_close_to_tp1"],
-                   {"SWIFTSPEC_TEST_DRAFT": str(checkpoint_dir(DRAFT, "bfloat16"))})
+    _run_cpp_tests(
+        ["tp1_model_bit_identical", "tp_model_close_to_tp1"],
+        {"SWIFTSPEC_TEST_DRAFT": str(checkpoint_dir(DRAFT, "bfloat16"))},
+    )
 
 
 def test_presharded_checkpoint_equals_load_time_sharding(checkpoint_dir, tmp_path):
@@ -57,8 +70,11 @@ def test_presharded_checkpoint_equals_load_time_sharding(checkpoint_dir, tmp_pat
     out = shard_checkpoint(src, tmp_path / "tp2", 2, progress=False)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["format_version"] == 2 and manifest["tp_degree"] == 2
-    assert manifest["files"] == ["model-tp-shared.safetensors", "model-tp0-of-2.safetensors",
-                                 "model-tp1-of-2.safetensors"]
+    assert manifest["files"] == [
+        "model-tp-shared.safetensors",
+        "model-tp0-of-2.safetensors",
+        "model-tp1-of-2.safetensors",
+    ]
     opts = core.ModelOptions()
     opts.max_context, opts.max_tree = 128, 16
     group = json.dumps({"tp": 2, "threads_per_rank": 1})
@@ -85,11 +101,17 @@ def test_placement_errors_name_the_field(checkpoint_dir):
         Engine(ckpt, ckpt, placement="nowhere.json")
     # SM partitions (green contexts) are CUDA settings: checked in form everywhere, refused on the cpu backend.
     one_gpu = {"draft": {"sm_partition": [0, 16]}, "target": {"sm_partition": [16, 0]}}
-    with pytest.raises(InvalidRequestError, match=r"placement.target.sm_partition \[16, 0\] applies to the cuda "
-                                                  r"backend only"):
+    with pytest.raises(
+        InvalidRequestError,
+        match=r"placement.target.sm_partition \[16, 0\] applies to the cuda "
+        r"backend only",
+    ):
         Engine(ckpt, ckpt, placement=one_gpu)
-    with pytest.raises(InvalidRequestError, match=r"draft.sm_partition \[0, 24\] and target.sm_partition \[16, 0\] "
-                                                  r"overlap on GPU 0"):
+    with pytest.raises(
+        InvalidRequestError,
+        match=r"draft.sm_partition \[0, 24\] and target.sm_partition \[16, 0\] "
+        r"overlap on GPU 0",
+    ):
         Engine(ckpt, ckpt, placement={"draft": {"sm_partition": [0, 24]}, "target": {"sm_partition": [16, 0]}})
     with pytest.raises(InvalidRequestError, match="placement.draft.sm_partition must be"):
         Engine(ckpt, ckpt, placement={"draft": {"sm_partition": [0, -8]}})
@@ -104,7 +126,9 @@ def test_placement_errors_name_the_field(checkpoint_dir):
         Engine(ckpt, ckpt, placement={"target": {"gemm_engine": "fast"}})
     opts = core.ModelOptions()
     opts.max_context, opts.max_tree, opts.gemm_engine = 64, 8, "mma"
-    with pytest.raises(InvalidRequestError, match=r"gemm_engine 'mma' \(ModelOptions.gemm_engine\) applies to the cuda"):
+    with pytest.raises(
+        InvalidRequestError, match=r"gemm_engine 'mma' \(ModelOptions.gemm_engine\) applies to the cuda"
+    ):
         core.load_model(str(ckpt), "cpu", opts)
     # The decode megakernel is a CUDA setting too: a JSON boolean per group, refused on the cpu backend.
     with pytest.raises(InvalidRequestError, match="placement.draft.megakernel applies to the cuda backend only"):
@@ -130,15 +154,20 @@ def test_placement_errors_name_the_field(checkpoint_dir):
         normalize({"target": {"megakernel": 1}})
     opts = core.ModelOptions()
     opts.max_context, opts.max_tree, opts.sm_first, opts.sm_count = 64, 8, 0, 16
-    with pytest.raises(InvalidRequestError, match=r"sm_partition \[0, 16\] \(ModelOptions.sm_first / sm_count\) "
-                                                  "applies to the cuda backend only"):
+    with pytest.raises(
+        InvalidRequestError,
+        match=r"sm_partition \[0, 16\] \(ModelOptions.sm_first / sm_count\) "
+        "applies to the cuda backend only",
+    ):
         core.load_model(str(ckpt), "cpu", opts)
     e = Engine(ckpt, ckpt, placement="auto", max_context=256, max_tree=32)
     n = os.cpu_count()
     assert e.placement["draft"]["cores"][0][0] == 0 and e.placement["target"]["tp"] == 1
     if n == 2:
-        assert e.placement == {"draft": {"cores": [[0]], "threads_per_rank": 0, "tp": 1},
-                               "target": {"cores": [[1]], "threads_per_rank": 0, "tp": 1}}
+        assert e.placement == {
+            "draft": {"cores": [[0]], "threads_per_rank": 0, "tp": 1},
+            "target": {"cores": [[1]], "threads_per_rank": 0, "tp": 1},
+        }
 
 
 def _rss_kib():
@@ -210,6 +239,7 @@ def test_many_short_generations_no_leak(checkpoint_dir):
             out = core.generate_async(eng, p, max_new_tokens=4, on_tokens=cb, **kw)
             assert out["tokens"] == ref[: len(seen)] and len(seen) >= 2
         else:  # the callback raises: the request fails, the engine does not
+
             def cb(t):
                 raise Boom()
 
@@ -227,6 +257,8 @@ def test_many_short_generations_no_leak(checkpoint_dir):
     assert _threads() == threads0
     rss_end = _rss_kib()
     growth = rss_end - rss_warm
-    print(f"RSS after warm-up {rss_warm} KiB, after {SOAK_REQUESTS} requests {rss_end} KiB (+{growth} KiB), "
-          f"threads {threads0}")
+    print(
+        f"RSS after warm-up {rss_warm} KiB, after {SOAK_REQUESTS} requests {rss_end} KiB (+{growth} KiB), "
+        f"threads {threads0}"
+    )
     assert growth < 4096, f"resident memory grew by {growth} KiB over {SOAK_REQUESTS - 100} requests"

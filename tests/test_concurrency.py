@@ -63,8 +63,9 @@ def test_a_stream_started_from_a_callback_of_its_engine_is_refused_not_hung(smal
 
     def run():
         try:
-            engine.generate(PROMPT, max_new_tokens=4, mode=mode,
-                            on_text=lambda delta: list(engine.stream("x", max_new_tokens=2)))
+            engine.generate(
+                PROMPT, max_new_tokens=4, mode=mode, on_text=lambda delta: list(engine.stream("x", max_new_tokens=2))
+            )
         except BaseException as exc:  # checked below
             outcome.append(exc)
 
@@ -77,8 +78,12 @@ def test_a_stream_started_from_a_callback_of_its_engine_is_refused_not_hung(smal
     assert engine.generate(PROMPT, max_new_tokens=4, mode=mode).token_ids == want
     # A stream made in a callback but started after its request returned is no re-entry.
     made = []
-    engine.generate(PROMPT, max_new_tokens=2, mode=mode,
-                    on_text=lambda delta: made.append(engine.stream(PROMPT, max_new_tokens=4, mode=mode)))
+    engine.generate(
+        PROMPT,
+        max_new_tokens=2,
+        mode=mode,
+        on_text=lambda delta: made.append(engine.stream(PROMPT, max_new_tokens=4, mode=mode)),
+    )
     assert "".join(made[0]) == engine.generate(PROMPT, max_new_tokens=4, mode=mode).text
     engine.close()
 
@@ -145,8 +150,12 @@ def test_an_engine_used_in_a_forked_child_is_refused_not_hung(small_ckpt, placem
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", FORK_SCRIPT, str(small_ckpt), json.dumps(placement)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", FORK_SCRIPT, str(small_ckpt), json.dumps(placement)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["status"] == 0 and report["same"] is True, (report, proc.stderr[-3000:])
@@ -156,8 +165,10 @@ def test_an_engine_used_in_a_forked_child_is_refused_not_hung(small_ckpt, placem
         assert child[mode].startswith("this engine was made in process "), child[mode]
         assert "is a fork() of it: the models' worker threads did not survive the fork" in child[mode]
     for call in ("core.generate", "core.generate_async", "forward"):
-        assert child[call].startswith("this model was loaded before this process was fork()ed from its parent: "
-                                      "its "), (call, child[call])
+        assert child[call].startswith("this model was loaded before this process was fork()ed from its parent: its "), (
+            call,
+            child[call],
+        )
         assert "did not survive the fork, so it cannot run here" in child[call]
     assert "terminate called" not in proc.stderr
 
@@ -174,8 +185,9 @@ def held_engine(small_ckpt):
         holding.set()
         release.wait()
 
-    holder = threading.Thread(target=lambda: held.append(engine.generate(PROMPT, max_new_tokens=4, mode="target",
-                                                                           on_text=hold).token_ids))
+    holder = threading.Thread(
+        target=lambda: held.append(engine.generate(PROMPT, max_new_tokens=4, mode="target", on_text=hold).token_ids)
+    )
     holder.start()
     watchdog = threading.Timer(60, release.set)
     watchdog.start()
@@ -207,8 +219,9 @@ def test_a_request_waiting_for_the_engine_is_cancelled_at_once(held_engine, mode
     assert (r.finish_reason, r.token_ids, r.text) == ("cancelled", [], "")
     assert r.stats["new_tokens"] == 0 and r.stats["prompt_tokens"] == len(r.prompt_token_ids) > 0
     later, outcome = threading.Event(), []
-    waiter = threading.Thread(target=lambda: outcome.append(engine.generate(PROMPT, max_new_tokens=4, mode=mode,
-                                                                            cancel=later)))
+    waiter = threading.Thread(
+        target=lambda: outcome.append(engine.generate(PROMPT, max_new_tokens=4, mode=mode, cancel=later))
+    )
     waiter.start()
     later.set()  # whether it is waiting yet or not: it must not wait for the running request
     waiter.join(30)
@@ -298,8 +311,12 @@ def test_the_server_takes_a_new_request_once_the_running_one_is_cancelled():
         return [kind async for kind, _ in first.events()], [kind async for kind, _ in second.events()]
 
     assert asyncio.run(stop_and_ask_again()) == (["cancelled"], ["done"])
-    assert runner.status() == {"running": 0, "waiting": 0, "max_waiting": 0,
-                               "ended": {"done": 1, "cancelled": 1, "error": 0}}
+    assert runner.status() == {
+        "running": 0,
+        "waiting": 0,
+        "max_waiting": 0,
+        "ended": {"done": 1, "cancelled": 1, "error": 0},
+    }
 
 
 def test_a_request_arriving_during_shutdown_is_told_the_server_is_shutting_down(checkpoint_dir):
@@ -319,5 +336,11 @@ def test_a_request_arriving_during_shutdown_is_told_the_server_is_shutting_down(
             app.state.server.runner.close()  # what the exit signal does first
             r = client.post("/v1/chat/completions", json=body)
     assert r.status_code == 503
-    assert r.json() == {"error": {"message": "the server is shutting down", "type": "server_error", "param": None,
-                                  "code": "shutting_down"}}
+    assert r.json() == {
+        "error": {
+            "message": "the server is shutting down",
+            "type": "server_error",
+            "param": None,
+            "code": "shutting_down",
+        }
+    }

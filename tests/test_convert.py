@@ -57,26 +57,45 @@ def doc_shapes(c: dict) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (v, h)
     for n in range(c["num_hidden_layers"]):
         p = f"model.layers.{n}."
-        shapes.update({
-            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-            p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h), p + "mlp.down_proj.weight": (h, i),
-        })
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (q, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, q),
+                p + "mlp.gate_proj.weight": (i, h),
+                p + "mlp.up_proj.weight": (i, h),
+                p + "mlp.down_proj.weight": (h, i),
+            }
+        )
         if c["swiftspec"]["attention_bias"]:
-            shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
-                           p + "self_attn.v_proj.bias": (kv,)})
+            shapes.update(
+                {
+                    p + "self_attn.q_proj.bias": (q,),
+                    p + "self_attn.k_proj.bias": (kv,),
+                    p + "self_attn.v_proj.bias": (kv,),
+                }
+            )
     return shapes
 
 
 GGUF_TO_HF = {
-    "token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight", "attn_norm.weight": "input_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias", "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
 
@@ -90,25 +109,41 @@ def hf_name(gguf_name: str) -> str:
 
 # --------------------------------------------------------------------------- real models
 
+
 @pytest.mark.parametrize("dtype", SUPPORTED_DTYPES)
 def test_manifest(checkpoint_dir, gguf_path, dtype):
     folder = checkpoint_dir(QWEN_05, dtype)
     manifest = json.loads((folder / "manifest.json").read_text())
+    assert read_manifest(folder) == manifest
     expected = {
-        "format": "swiftspec-checkpoint", "format_version": 1, "dtype": dtype,
-        "files": ["model.safetensors"], "tp_degree": 1,
-        "source": {"kind": "gguf", "path": str(gguf_path(QWEN_05).resolve()),
-                   "sha256": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"},
+        "format": "swiftspec-checkpoint",
+        "format_version": 1,
+        "dtype": dtype,
+        "files": ["model.safetensors"],
+        "tp_degree": 1,
+        "source": {
+            "kind": "gguf",
+            "path": str(gguf_path(QWEN_05).resolve()),
+            "sha256": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        },
     }
     if dtype == "int4":  # format version 3: the quantization object (docs/checkpoint_format.md)
         from swiftspec.convert.manifest import quantization_entry
 
-        expected.update(format_version=3, quantization=quantization_entry(128))
+        # from a GGUF: method "gguf", group 32, and the error against the GGUF per type of its projections
+        types = manifest["quantization"].pop("gguf_types")
+        assert {t: v["tensors"] for t, v in types.items()} == {"Q4_K": 12, "Q5_0": 132, "Q6_K": 12, "Q8_0": 12}
+        assert all(0 < v["relative_error"] < 0.12 and v["groups"] > 0 for v in types.values())
+        expected.update(format_version=3, quantization={**quantization_entry(32), "method": "gguf"})
     assert manifest == expected
-    assert read_manifest(folder) == manifest
     assert sorted(p.name for p in folder.iterdir()) == [
-        "config.json", "generation_config.json", "manifest.json", "model.safetensors",
-        "tokenizer.json", "tokenizer_config.json"]
+        "config.json",
+        "generation_config.json",
+        "manifest.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
 
 
 @pytest.mark.parametrize("name", [QWEN_05, QWEN_15, SMOL])
@@ -151,9 +186,15 @@ def test_config_equals_gguf_metadata(name, checkpoint_dir, gguf_path):
         QWEN_15: (1536, 8960, 28, 12, 2, 151936, 32768),
         SMOL: (576, 1536, 30, 9, 3, 49152, 8192),
     }[name]
-    assert (config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"],
-            config["num_attention_heads"], config["num_key_value_heads"], config["vocab_size"],
-            config["max_position_embeddings"]) == expected
+    assert (
+        config["hidden_size"],
+        config["intermediate_size"],
+        config["num_hidden_layers"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["vocab_size"],
+        config["max_position_embeddings"],
+    ) == expected
 
 
 @pytest.mark.parametrize("name,dtype", [(QWEN_05, "float32"), (QWEN_05, "bfloat16"), (SMOL, "float32")])
@@ -239,8 +280,10 @@ def test_smollm2_unpermuted_qk_gives_hf_logits(checkpoint_dir, gguf_path, smol_h
         assert np.array_equal(unpermute_llama_rows(rows, heads), mine)
 
     tok = Tokenizer.from_checkpoint(folder)
-    prompts = [tok.encode_chat(prompt_messages("humaneval", humaneval[0])),
-               tok.encode_chat(prompt_messages("mtbench", mtbench[10]))]
+    prompts = [
+        tok.encode_chat(prompt_messages("humaneval", humaneval[0])),
+        tok.encode_chat(prompt_messages("mtbench", mtbench[10])),
+    ]
     for ids in prompts:
         with torch.no_grad():
             a = smol_hf_from_gguf(torch.tensor([ids])).logits[0]
@@ -274,9 +317,21 @@ def test_hf_folder_roundtrip(checkpoint_dir, tmp_path):
             assert torch.equal(got[k], want[k]), k
         config = json.loads((out / "config.json").read_text())
         reference = json.loads((gguf_ckpt / "config.json").read_text())
-        for key in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                    "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings", "rope_scaling",
-                    "max_position_embeddings", "swiftspec", "eos_token_id"):
+        for key in (
+            "model_type",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "vocab_size",
+            "tie_word_embeddings",
+            "rope_scaling",
+            "max_position_embeddings",
+            "swiftspec",
+            "eos_token_id",
+        ):
             assert config[key] == reference[key], key
         assert np.float32(config["rope_theta"]) == np.float32(reference["rope_theta"])
         assert config["torch_dtype"] == dtype
@@ -284,6 +339,7 @@ def test_hf_folder_roundtrip(checkpoint_dir, tmp_path):
 
 
 # --------------------------------------------------------------------------- tiny GGUF files
+
 
 def byte_alphabet() -> list[str]:
     keep = set(range(0x21, 0x7F)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
@@ -294,8 +350,15 @@ def byte_alphabet() -> list[str]:
     return out
 
 
-def write_tiny_gguf(path: Path, arch: str = "llama", pre: str = "smollm", skip: tuple[str, ...] = (),
-                    extra_tensors: dict | None = None, seed: int = 0, meta: dict | None = None) -> dict[str, np.ndarray]:
+def write_tiny_gguf(
+    path: Path,
+    arch: str = "llama",
+    pre: str = "smollm",
+    skip: tuple[str, ...] = (),
+    extra_tensors: dict | None = None,
+    seed: int = 0,
+    meta: dict | None = None,
+) -> dict[str, np.ndarray]:
     """A complete tiny model: 1 layer, hidden 8, 2 heads of 4, 1 KV head, 259 tokens.
 
     ``meta`` replaces the values of the ``<arch>.*`` size fields written by name (``block_count``,
@@ -327,10 +390,19 @@ def write_tiny_gguf(path: Path, arch: str = "llama", pre: str = "smollm", skip: 
     w.add_eos_token_id(258)
     w.add_add_bos_token(False)
     w.add_chat_template("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
-    shapes = {"token_embd.weight": (259, 8), "output_norm.weight": (8,), "blk.0.attn_norm.weight": (8,),
-              "blk.0.attn_q.weight": (8, 8), "blk.0.attn_k.weight": (4, 8), "blk.0.attn_v.weight": (4, 8),
-              "blk.0.attn_output.weight": (8, 8), "blk.0.ffn_norm.weight": (8,),
-              "blk.0.ffn_gate.weight": (16, 8), "blk.0.ffn_up.weight": (16, 8), "blk.0.ffn_down.weight": (8, 16)}
+    shapes = {
+        "token_embd.weight": (259, 8),
+        "output_norm.weight": (8,),
+        "blk.0.attn_norm.weight": (8,),
+        "blk.0.attn_q.weight": (8, 8),
+        "blk.0.attn_k.weight": (4, 8),
+        "blk.0.attn_v.weight": (4, 8),
+        "blk.0.attn_output.weight": (8, 8),
+        "blk.0.ffn_norm.weight": (8,),
+        "blk.0.ffn_gate.weight": (16, 8),
+        "blk.0.ffn_up.weight": (16, 8),
+        "blk.0.ffn_down.weight": (8, 16),
+    }
     if arch == "qwen2":
         shapes.update({"blk.0.attn_q.bias": (8,), "blk.0.attn_k.bias": (4,), "blk.0.attn_v.bias": (4,)})
     tensors = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items() if n not in skip}
@@ -435,7 +507,10 @@ def test_output_folder_and_dtype_checks(tmp_path):
     (busy / "notes.txt").write_text("keep me")
     with pytest.raises(CheckpointError) as info:
         convert_gguf(path, busy, progress=False)
-    assert str(info.value) == f"output folder {busy} is not empty; choose a new folder or pass overwrite=True to write into it"
+    assert (
+        str(info.value)
+        == f"output folder {busy} is not empty; choose a new folder or pass overwrite=True to write into it"
+    )
     convert_gguf(path, busy, progress=False, overwrite=True)
     assert (busy / "notes.txt").read_text() == "keep me" and read_manifest(busy)["dtype"] == "bfloat16"
 
@@ -460,8 +535,9 @@ def test_hf_input_errors(tmp_path):
 
 
 def run_tool(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "tools" / "convert_weights.py"), *args],
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, str(REPO / "tools" / "convert_weights.py"), *args], capture_output=True, text=True
+    )
 
 
 def test_convert_weights_cli(tmp_path):
@@ -509,6 +585,7 @@ def test_convert_weights_cli_checks_the_output_folder_first(tmp_path):
 
 # --------------------------------------------------------------------------- configs the runtime refuses, outputs
 
+
 def tiny_hf_folder(tmp_path: Path) -> Path:
     """An HF folder (config.json, model.safetensors under HF names, tokenizer files): a tiny float32
     conversion without its manifest."""
@@ -518,24 +595,72 @@ def tiny_hf_folder(tmp_path: Path) -> Path:
     return hf
 
 
-@pytest.mark.parametrize("edit, needle", [
-    ({"num_attention_heads": 0}, "field 'num_attention_heads' is 0, expected an integer in [1, 2147483647]"),
-    ({"num_hidden_layers": 1.0}, "field 'num_hidden_layers' must be an integer, got 1.0"),
-    ({"num_hidden_layers": 10**12}, "field 'num_hidden_layers' is out of range: 1000000000000"),
-    ({"num_hidden_layers": 10**6}, "config says num_hidden_layers = 1000000, but the weights hold only 11 tensors"),
-    ({"hidden_size": 8.0}, "field 'hidden_size' must be an integer, got 8.0"),
-    ({"num_key_value_heads": "1"}, "field 'num_key_value_heads' must be an integer, got \"1\""),
-    ({"head_dim": 3}, "head_dim must be even for RoPE, got 3"),
-    ({"rms_norm_eps": float("nan")}, "field 'rms_norm_eps' is nan, expected a finite number"),
-    ({"rms_norm_eps": -1}, "field 'rms_norm_eps' must be > 0, got -1"),
-    ({"rope_theta": True}, "rope_theta is True, expected a number"),
-    ({"rope_theta": 0.0}, "field 'rope_theta' must be > 0, got 0"),
-    ({"max_position_embeddings": 0}, "field 'max_position_embeddings' must be > 0, got 0"),
-    ({"tie_word_embeddings": "no"}, "field 'tie_word_embeddings' must be true or false, got \"no\""),
-    ({"eos_token_id": 10**6}, "eos_token_id 1000000 is outside the vocabulary [0, 259)"),
-    ({"rope_scaling": "linear"}, "field 'rope_scaling' must be an object or null"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "unsupported rope_scaling type 'yarn' (supported: llama3, default)"),
-])
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        ({"num_attention_heads": 0}, "field 'num_attention_heads' is 0, expected an integer in [1, 2147483647]"),
+        ({"num_hidden_layers": 1.0}, "field 'num_hidden_layers' must be an integer, got 1.0"),
+        ({"num_hidden_layers": 10**12}, "field 'num_hidden_layers' is out of range: 1000000000000"),
+        ({"num_hidden_layers": 10**6}, "config says num_hidden_layers = 1000000, but the weights hold only 11 tensors"),
+        ({"hidden_size": 8.0}, "field 'hidden_size' must be an integer, got 8.0"),
+        ({"num_key_value_heads": "1"}, "field 'num_key_value_heads' must be an integer, got \"1\""),
+        ({"head_dim": 3}, "head_dim must be even for RoPE, got 3"),
+        ({"rms_norm_eps": float("nan")}, "field 'rms_norm_eps' is nan, expected a finite number"),
+        ({"rms_norm_eps": -1}, "field 'rms_norm_eps' must be > 0, got -1"),
+        ({"rope_theta": True}, "rope_theta is True, expected a number"),
+        ({"rope_theta": 0.0}, "field 'rope_theta' must be > 0, got 0"),
+        ({"max_position_embeddings": 0}, "field 'max_position_embeddings' must be > 0, got 0"),
+        ({"tie_word_embeddings": "no"}, "field 'tie_word_embeddings' must be true or false, got \"no\""),
+        ({"eos_token_id": 10**6}, "eos_token_id 1000000 is outside the vocabulary [0, 259)"),
+        ({"rope_scaling": "linear"}, "field 'rope_scaling' must be an object or null"),
+        (
+            {"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}},
+            "unsupported rope_scaling type 'dynamic' (supported: llama3, yarn, default)",
+        ),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 0.5}}, "field 'rope_scaling.factor' must be >= 1, got 0.5"),
+        (
+            {"rope_scaling": {"rope_type": "yarn", "factor": float("nan")}},
+            "field 'rope_scaling.factor' is nan, expected a finite number",
+        ),
+        (
+            {
+                "rope_scaling": {
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": float("inf"),
+                    "original_max_position_embeddings": 64,
+                }
+            },
+            "field 'rope_scaling.high_freq_factor' is inf, expected a finite number",
+        ),
+        (
+            {
+                "rope_scaling": {
+                    "rope_type": "llama3",
+                    "factor": 0.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                }
+            },
+            "field 'rope_scaling.factor' must be >= 1, got 0",
+        ),
+        (
+            {
+                "rope_parameters": {
+                    "rope_type": "llama3",
+                    "rope_theta": 10000.0,
+                    "factor": 8.0,
+                    "low_freq_factor": 2.0,
+                    "high_freq_factor": 2.0,
+                    "original_max_position_embeddings": 64,
+                }
+            },
+            "field 'rope_scaling.high_freq_factor' must be greater than low_freq_factor (2), got 2",
+        ),
+    ],
+)
 def test_hf_config_the_runtime_would_refuse_is_refused_before_writing(tmp_path, edit, needle):
     """Each of these configs was converted (a checkpoint the runtime then refused on every load, a
     non-JSON NaN in its config.json, rope_theta true read as 1.0), or crashed the converter with a
@@ -550,15 +675,24 @@ def test_hf_config_the_runtime_would_refuse_is_refused_before_writing(tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("meta, needle", [
-    ({"head_count": 0}, "field 'llama.attention.head_count' is 0, expected an integer in [1, 2147483647]"),
-    ({"block_count": 2**31}, "(config.json made from its metadata): field 'num_hidden_layers' is out of range: 2147483648"),
-    ({"block_count": 10**6}, "config says num_hidden_layers = 1000000, but the weights hold only 11 tensors"),
-    ({"layer_norm_rms_epsilon": -1.0}, "field 'rms_norm_eps' must be > 0, got -1"),
-    ({"rope_freq_base": 0.0}, "field 'rope_theta' must be > 0, got 0"),
-    ({"context_length": 0}, "field 'max_position_embeddings' must be > 0, got 0"),
-    ({"rope_scaling_type": "linear"}, "llama.rope.scaling.type is 'linear'; RoPE scaling from GGUF metadata is not supported"),
-])
+@pytest.mark.parametrize(
+    "meta, needle",
+    [
+        ({"head_count": 0}, "field 'llama.attention.head_count' is 0, expected an integer in [1, 2147483647]"),
+        (
+            {"block_count": 2**31},
+            "(config.json made from its metadata): field 'num_hidden_layers' is out of range: 2147483648",
+        ),
+        ({"block_count": 10**6}, "config says num_hidden_layers = 1000000, but the weights hold only 11 tensors"),
+        ({"layer_norm_rms_epsilon": -1.0}, "field 'rms_norm_eps' must be > 0, got -1"),
+        ({"rope_freq_base": 0.0}, "field 'rope_theta' must be > 0, got 0"),
+        ({"context_length": 0}, "field 'max_position_embeddings' must be > 0, got 0"),
+        (
+            {"rope_scaling_type": "linear"},
+            "llama.rope.scaling.type is 'linear'; RoPE scaling from GGUF metadata is not supported",
+        ),
+    ],
+)
 def test_gguf_metadata_the_runtime_would_refuse_is_refused_before_writing(tmp_path, meta, needle):
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path, meta=meta)
@@ -589,20 +723,27 @@ def test_output_folder_that_is_the_input_folder_is_refused_and_the_input_kept(tm
     (tmp_path / "h").mkdir()
     hf = tiny_hf_folder(tmp_path / "h")
     before = {f.name: f.read_bytes() for d in (ckpt, hf) for f in d.iterdir()}
-    cases = [(ckpt, ckpt, ["--tp", "2"]), (ckpt, Path(str(ckpt) + "/"), ["--dtype", "int4", "--group-size", "8"]),
-             (hf, hf, [])]
+    cases = [
+        (ckpt, ckpt, ["--tp", "2"]),
+        (ckpt, Path(str(ckpt) + "/"), ["--dtype", "int4", "--group-size", "8"]),
+        (hf, hf, []),
+    ]
     for source, out, extra in cases:
         done = run_tool(str(source), "--out", str(out), "--overwrite", "--quiet", *extra)
         assert done.returncode == 2, done.stderr
-        assert done.stderr == (f"error: output folder {out} is the input folder {source}; write the converted "
-                               "checkpoint to another folder\n")
+        assert done.stderr == (
+            f"error: output folder {out} is the input folder {source}; write the converted "
+            "checkpoint to another folder\n"
+        )
     assert {f.name: f.read_bytes() for d in (ckpt, hf) for f in d.iterdir()} == before
     from swiftspec.convert.int4_checkpoint import quantize_checkpoint
     from swiftspec.convert.tp_shard import shard_checkpoint
 
-    for call in (lambda: quantize_checkpoint(ckpt, ckpt, 8, progress=False, overwrite=True),
-                 lambda: shard_checkpoint(ckpt, ckpt, 2, progress=False, overwrite=True),
-                 lambda: convert_hf(hf, hf, progress=False, overwrite=True)):
+    for call in (
+        lambda: quantize_checkpoint(ckpt, ckpt, 8, progress=False, overwrite=True),
+        lambda: shard_checkpoint(ckpt, ckpt, 2, progress=False, overwrite=True),
+        lambda: convert_hf(hf, hf, progress=False, overwrite=True),
+    ):
         with pytest.raises(CheckpointError, match="is the input folder"):
             call()
     assert read_manifest(ckpt)["dtype"] == "float32"
@@ -615,7 +756,9 @@ def test_tp_degree_above_the_head_count_is_refused(tmp_path):
     write_tiny_gguf(path)
     done = run_tool(str(path), "--out", str(tmp_path / "tp3"), "--tp", "3", "--quiet")
     assert done.returncode == 2
-    assert done.stderr == "error: tp (TP degree) 3 exceeds the model's 2 attention heads: each rank needs at least one\n"
+    assert (
+        done.stderr == "error: tp (TP degree) 3 exceeds the model's 2 attention heads: each rank needs at least one\n"
+    )
     assert not (tmp_path / "tp3").exists() and [p.name for p in tmp_path.iterdir()] == ["tiny.gguf"]
 
 
@@ -624,24 +767,33 @@ def _rewrite_header(path: Path, edit) -> None:
 
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
+    header = json.loads(raw[8 : 8 + n])
     edit(header)
     text = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+    path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n :])
 
 
 UP = "model.layers.0.mlp.up_proj.weight"
 
 
-@pytest.mark.parametrize("edit, needle", [
-    (lambda h: h.__setitem__(UP, "x"), f"tensor '{UP}': header entry 'x' is not an object"),
-    (lambda h: h[UP].__setitem__("data_offsets", [0, 1, 2]), "field 'data_offsets' is [0, 1, 2], expected [begin, end]"),
-    (lambda h: h[UP].__setitem__("data_offsets", "0-4"), "field 'data_offsets' is '0-4', expected [begin, end]"),
-    (lambda h: h[UP].__setitem__("shape", [16.0, 8]), "field 'shape' is [16.0, 8], expected a list of integers >= 0"),
-    (lambda h: h[UP].pop("shape"), "field 'shape' is None, expected a list of integers >= 0"),
-    (lambda h: h[UP].pop("dtype"), "field 'dtype' is None, expected a string"),
-    (lambda h: h[UP].__setitem__("dtype", ["F32"]), "field 'dtype' is ['F32'], expected a string"),
-])
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        (lambda h: h.__setitem__(UP, "x"), f"tensor '{UP}': header entry 'x' is not an object"),
+        (
+            lambda h: h[UP].__setitem__("data_offsets", [0, 1, 2]),
+            "field 'data_offsets' is [0, 1, 2], expected [begin, end]",
+        ),
+        (lambda h: h[UP].__setitem__("data_offsets", "0-4"), "field 'data_offsets' is '0-4', expected [begin, end]"),
+        (
+            lambda h: h[UP].__setitem__("shape", [16.0, 8]),
+            "field 'shape' is [16.0, 8], expected a list of integers >= 0",
+        ),
+        (lambda h: h[UP].pop("shape"), "field 'shape' is None, expected a list of integers >= 0"),
+        (lambda h: h[UP].pop("dtype"), "field 'dtype' is None, expected a string"),
+        (lambda h: h[UP].__setitem__("dtype", ["F32"]), "field 'dtype' is ['F32'], expected a string"),
+    ],
+)
 def test_malformed_safetensors_header_entry_is_named(tmp_path, edit, needle):
     """A header entry that is not an object, or a missing or mistyped dtype / shape / data_offsets,
     was an AttributeError / KeyError / TypeError / ValueError traceback (exit status 1)."""
@@ -662,21 +814,40 @@ def test_index_naming_a_shard_that_is_not_a_file_name_is_refused(tmp_path, shard
     (hf / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {UP: shard}}))
     with pytest.raises(CheckpointError) as info:
         convert_hf(hf, tmp_path / "out", progress=False)
-    assert str(info.value) == (f"{hf / 'model.safetensors.index.json'}: weight_map[{UP!r}] is {shard!r}, expected "
-                               "the file name of a shard in the folder")
+    assert str(info.value) == (
+        f"{hf / 'model.safetensors.index.json'}: weight_map[{UP!r}] is {shard!r}, expected "
+        "the file name of a shard in the folder"
+    )
 
 
-@pytest.mark.parametrize("file, edit, needle", [
-    ("config.json", {"head_dim": None}, "config.json: field 'head_dim' is None, expected an integer in [1, 2147483647]"),
-    ("config.json", {"num_hidden_layers": "1"}, "config.json: field 'num_hidden_layers' is '1', expected an integer"),
-    ("config.json", {"swiftspec": None}, "config.json: field 'swiftspec' must be an object"),
-    ("config.json", {"swiftspec": {}}, "config.json: field 'swiftspec' is {}, expected an object with the boolean "
-                                       "'attention_bias'"),
-    ("config.json", "{", "config.json cannot be read as JSON: Expecting property name"),
-    ("config.json", "[]", "config.json: expected a JSON object"),
-    ("manifest.json", {"files": ["../hf/model.safetensors"]},
-     "manifest.json: listed file '../hf/model.safetensors' must be a plain file name inside the folder"),
-])
+@pytest.mark.parametrize(
+    "file, edit, needle",
+    [
+        (
+            "config.json",
+            {"head_dim": None},
+            "config.json: field 'head_dim' is None, expected an integer in [1, 2147483647]",
+        ),
+        (
+            "config.json",
+            {"num_hidden_layers": "1"},
+            "config.json: field 'num_hidden_layers' is '1', expected an integer",
+        ),
+        ("config.json", {"swiftspec": None}, "config.json: field 'swiftspec' must be an object"),
+        (
+            "config.json",
+            {"swiftspec": {}},
+            "config.json: field 'swiftspec' is {}, expected an object with the boolean 'attention_bias'",
+        ),
+        ("config.json", "{", "config.json cannot be read as JSON: Expecting property name"),
+        ("config.json", "[]", "config.json: expected a JSON object"),
+        (
+            "manifest.json",
+            {"files": ["../hf/model.safetensors"]},
+            "manifest.json: listed file '../hf/model.safetensors' must be a plain file name inside the folder",
+        ),
+    ],
+)
 def test_edited_checkpoint_folder_is_named_when_quantized_or_sharded(tmp_path, file, edit, needle):
     """An edited config.json of a checkpoint folder given to --dtype int4 or --tp was a KeyError /
     TypeError / JSONDecodeError traceback; a manifest naming a weight file outside the folder (which
@@ -716,7 +887,8 @@ def test_an_interrupted_conversion_is_named_as_such_when_loaded(tmp_path, monkey
     assert str(info.value).startswith(
         f"{tmp_path / 'half4'} looks like an incomplete swiftspec checkpoint: its config.json is one the converter "
         "writes, but manifest.json, written last, is missing (the conversion was interrupted or failed; convert it "
-        f"again). Read as a Hugging Face folder it fails: {tmp_path / 'half4'}: missing tensors")
+        f"again). Read as a Hugging Face folder it fails: {tmp_path / 'half4'}: missing tensors"
+    )
     # the failed conversion left nothing in the cache (paths.build_folder_atomically)
     assert list((tmp_path / "cache" / "checkpoints").iterdir()) == []
     (ckpt / "manifest.json").unlink()

@@ -53,6 +53,32 @@ def test_stop_string_cuts_text(engine, humaneval):
     assert len(cut.token_ids) < len(full.token_ids)
 
 
+def test_streamed_pieces_and_stops_equal_full_redecoding_on_a_real_output(engine):
+    """A real answer with multi-byte characters (CJK, emoji: tokens that split them): the pieces
+    Engine.stream yields, with and without stop strings (one inside a multi-byte run, one spanning
+    tokens), are those of re-decoding the whole output on every token (the TextStream before it became
+    incremental)."""
+    from test_tokenizer import _FullRedecodeStream
+
+    messages = [
+        {
+            "role": "user",
+            "content": "Write 'good morning' in Chinese, Japanese and Korean, each followed "
+            "by a sunrise emoji, one per line.",
+        }
+    ]
+    out = engine.generate(messages, max_new_tokens=48)
+    tok = engine.tokenizer
+    wide = [i for i, ch in enumerate(out.text) if ord(ch) > 0x2E80]
+    assert len(wide) > 4 and any("\ufffd" in tok.decode([t]) for t in out.token_ids)
+    for stops in ([], [out.text[wide[2] : wide[2] + 2]], [out.text[3:9], "never in it"]):
+        ref = _FullRedecodeStream(tok, stops)
+        expected = [ref.push([t]) for t in out.token_ids if not ref.stopped] + [ref.finish()]
+        pieces = list(engine.stream(messages, max_new_tokens=48, stop=stops))
+        assert pieces == [p for p in expected if p] and "".join(pieces) == ref.text
+        assert ref.stopped == bool(stops)
+
+
 def test_cancel_from_callback_and_engine_stays_usable(engine, humaneval):
     messages = prompt_messages("humaneval", humaneval[1])
     seen = []
@@ -98,13 +124,16 @@ def test_a_top_k_of_the_whole_vocabulary_is_no_top_k(engine):
     assert engine.generate("Once upon a time", top_k=10**6, **kw).token_ids == want
 
 
-@pytest.mark.parametrize("prompt,pattern", [
-    ("", "non-empty"),
-    ([], "non-empty"),
-    ([{"role": "user"}], "content"),
-    ([1, -5], "outside the vocabulary"),
-    (3.14, "prompt must be"),
-])
+@pytest.mark.parametrize(
+    "prompt,pattern",
+    [
+        ("", "non-empty"),
+        ([], "non-empty"),
+        ([{"role": "user"}], "content"),
+        ([1, -5], "outside the vocabulary"),
+        (3.14, "prompt must be"),
+    ],
+)
 def test_bad_prompts(engine, prompt, pattern):
     with pytest.raises(InvalidRequestError, match=pattern):
         engine.generate(prompt, max_new_tokens=2)
@@ -125,9 +154,18 @@ def test_cpp_example_decodes_like_python(engine, checkpoint_dir, humaneval):
     ids = engine.tokenizer.encode_chat(prompt_messages("humaneval", humaneval[4]))
     expected = engine.generate(ids, max_new_tokens=10).token_ids
     proc = subprocess.run(
-        [str(binary("swiftspec-decode")), "--checkpoint", str(checkpoint_dir(NAME, "bfloat16")),
-         "--tokens", ",".join(map(str, ids)), "--max-new-tokens", "10"],
-        capture_output=True, text=True, timeout=300,
+        [
+            str(binary("swiftspec-decode")),
+            "--checkpoint",
+            str(checkpoint_dir(NAME, "bfloat16")),
+            "--tokens",
+            ",".join(map(str, ids)),
+            "--max-new-tokens",
+            "10",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert [int(t) for t in proc.stdout.split()] == expected

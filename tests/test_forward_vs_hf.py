@@ -24,9 +24,7 @@ def real_prompts(tokenizer, humaneval, mtbench):
     for dataset, record in records:
         ids = tokenizer.encode_chat(prompt_messages(dataset, record))
         if len(ids) < 64:  # short MT-Bench question: add the second turn's text to reach 64 tokens
-            ids = tokenizer.encode_chat(
-                [{"role": "user", "content": record["turns"][0] + "\n\n" + record["turns"][1]}]
-            )
+            ids = tokenizer.encode_chat([{"role": "user", "content": record["turns"][0] + "\n\n" + record["turns"][1]}])
         assert len(ids) >= 64, (dataset, len(ids))
         prompts.append(ids)
     return prompts

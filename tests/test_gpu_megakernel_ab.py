@@ -12,7 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tools" / "gpu_megakernel_ab.sh"
-RUN23 = ROOT / "benchmarks" / "gpu" / "run23" / "call2-0f935ad"
+# (benchmarks/gpu/run23/call2-0f935ad/ until the raw outputs left the tree, commit e56efde)
+RECORDED = ROOT / "tests" / "data" / "recorded"
 
 
 def fake_build(tmp_path: Path) -> Path:
@@ -23,13 +24,13 @@ def fake_build(tmp_path: Path) -> Path:
         "#!/usr/bin/env bash\n"
         f'echo "$*" >> "{tmp_path}/args"\n'
         'case "$*" in\n'
-        f'  *"--mk-attn-prewait 0"*) cat "{RUN23}/prewait0.log";;\n'
+        f'  *"--mk-attn-prewait 0"*) cat "{RECORDED}/run23_prewait0.log";;\n'
         '  *--broken*) echo "CUDA error: an illegal memory access"; exit 3;;\n'
-        '  *--hang*) sleep 30;;\n'
+        "  *--hang*) sleep 30;;\n"
         # the lines run 24 added beside the trace (plan, ring waits) must not become rows
         '  *) echo "megakernel traced plan qwen2.5-0.5b  megakernel ctas=132 slots=4x53760 cooperative";\n'
         '     echo "megakernel ring  qwen2.5-0.5b  waits (us per layer): qkv bytes 0.10|0.20";\n'
-        f'     cat "{RUN23}/bench.log";;\n'
+        f'     cat "{RECORDED}/run23_bench.log";;\n'
         "esac\n"
     )
     bench.chmod(bench.stat().st_mode | stat.S_IXUSR)
@@ -49,7 +50,9 @@ def test_table_of_recorded_runs(tmp_path):
     assert out.returncode == 0, out.stderr
     rows = {}
     for line in out.stdout.splitlines():
-        m = re.match(r"variant (\d+): \[(.*)\]\s+(\S+)\s+decode\s+(\S+) ms\s+traced\s+(\S+) us\s+layer\s+(\S+) us", line)
+        m = re.match(
+            r"variant (\d+): \[(.*)\]\s+(\S+)\s+decode\s+(\S+) ms\s+traced\s+(\S+) us\s+layer\s+(\S+) us", line
+        )
         if m:
             rows[(int(m[1]), m[3])] = (m[2], m[4], m[5], m[6])
     # variant 1 = the defaults (bench.log), variant 2 = no prewait (prewait0.log), each shape asked for
@@ -61,7 +64,9 @@ def test_table_of_recorded_runs(tmp_path):
     log = (tmp_path / "out" / "mk_ab.log").read_text()
     assert "an illegal memory access" in log and log.count("==== variant") == 4
     args = (tmp_path / "args").read_text().splitlines()
-    assert all(a.startswith("--megakernel-only --no-gemm --megakernel-trace --shapes qwen2.5-0.5b,qwen2.5-1.5b") for a in args)
+    assert all(
+        a.startswith("--megakernel-only --no-gemm --megakernel-trace --shapes qwen2.5-0.5b,qwen2.5-1.5b") for a in args
+    )
     assert args[1].endswith("--mk-attn-prewait 0")
 
 

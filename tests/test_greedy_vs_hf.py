@@ -40,6 +40,6 @@ def test_greedy_equals_hf_generate(index, engine, hf_model_and_tokenizer, humane
             eos_token_id=engine.tokenizer.eos_token_ids,
             pad_token_id=engine.tokenizer.eos_token_ids[0],
         )
-    hf_new = out[0, len(hf_ids):].tolist()
+    hf_new = out[0, len(hf_ids) :].tolist()
     assert ours.token_ids == hf_new
     assert len(ours.token_ids) == NEW_TOKENS or ours.finish_reason == "stop"

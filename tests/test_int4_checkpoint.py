@@ -21,10 +21,19 @@ from swiftspec.convert.writer import CheckpointWriter
 CONVERT = Path(__file__).resolve().parents[1] / "tools" / "convert_weights.py"
 GROUP = 16
 TINY = {
-    "model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-    "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 128,
-    "tie_word_embeddings": True, "eos_token_id": 2,
+    "model_type": "qwen2",
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 128,
+    "tie_word_embeddings": True,
+    "eos_token_id": 2,
     "swiftspec": {"rope_style": "neox", "attention_bias": True},
 }
 
@@ -48,7 +57,7 @@ def test_rtn_error_is_at_most_half_a_step(group):
     rng = np.random.default_rng(group)
     w = (rng.standard_normal((40, 256)) * 0.05).astype(np.float32)
     w[3, :group] = np.abs(w[3, :group]) + 0.5  # an all-positive group: the range is widened to 0
-    w[5, :group] = 0.0                          # an all-zero group
+    w[5, :group] = 0.0  # an all-zero group
     qweight, scales, zeros = quantize_rtn(w, group)
     assert qweight.shape == (40, 128) and scales.shape == zeros.shape == (40, 256 // group)
     assert zeros.max() <= 15
@@ -94,8 +103,10 @@ def test_int4_layout_replaces_every_projection():
 def _tiny_float_tensors(config=TINY):
     rng = np.random.default_rng(0)
     shapes = expected_tensor_shapes(config)
-    return {n: (rng.standard_normal(s) * 0.1 + (1.0 if n.endswith("norm.weight") else 0.0)).astype(np.float32)
-            for n, s in shapes.items()}
+    return {
+        n: (rng.standard_normal(s) * 0.1 + (1.0 if n.endswith("norm.weight") else 0.0)).astype(np.float32)
+        for n, s in shapes.items()
+    }
 
 
 def _write_int4(folder, tensors=None, group=GROUP, config=TINY):
@@ -119,14 +130,16 @@ def _read_storage(folder):
     path = folder / "model.safetensors"
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
+    header = json.loads(raw[8 : 8 + n])
     header.pop("__metadata__", None)
     kinds = {"U8": np.uint8, "F16": np.float16, "BF16": np.uint16, "F32": np.float32, "I8": np.int8}
     out = {}
     for name, e in header.items():
         a, b = e["data_offsets"]
-        out[name] = (np.frombuffer(raw[8 + n + a:8 + n + b], dtype=kinds[e["dtype"]]).reshape(e["shape"]).copy(),
-                     e["dtype"])
+        out[name] = (
+            np.frombuffer(raw[8 + n + a : 8 + n + b], dtype=kinds[e["dtype"]]).reshape(e["shape"]).copy(),
+            e["dtype"],
+        )
     return out
 
 
@@ -139,8 +152,10 @@ def _variant(src, dst, change_tensors=None, change_manifest=None):
     tensors = _read_storage(src)
     if change_tensors:
         change_tensors(tensors)
-    specs = {n: TensorSpec(dtype=_SPEC[k], shape=list(a.shape), data_ptr=a.ctypes.data, data_len=a.nbytes)
-             for n, (a, k) in tensors.items()}
+    specs = {
+        n: TensorSpec(dtype=_SPEC[k], shape=list(a.shape), data_ptr=a.ctypes.data, data_len=a.nbytes)
+        for n, (a, k) in tensors.items()
+    }
     serialize_file(specs, str(dst / "model.safetensors"), metadata=None)
     (dst / "config.json").write_text((src / "config.json").read_text())
     manifest = json.loads((src / "manifest.json").read_text())
@@ -188,53 +203,82 @@ def _set(name, fn):
     def change(tensors):
         a, kind = tensors[name]
         tensors[name] = fn(a, kind)
+
     return change
 
 
 BAD_FOLDERS = {
     "mis-shaped qweight": (
-        _set(_prefix() + ".qweight", lambda a, k: (np.ascontiguousarray(a[:, :8]), k)), None,
+        _set(_prefix() + ".qweight", lambda a, k: (np.ascontiguousarray(a[:, :8]), k)),
+        None,
         r"model\.safetensors: tensor 'model\.layers\.0\.self_attn\.q_proj\.qweight' has shape \[32, 8\], "
-        r"expected \[32, 16\]"),
+        r"expected \[32, 16\]",
+    ),
     "missing scales": (
-        lambda t: t.pop(_prefix(1, "mlp.down_proj") + ".scales"), None,
-        r"missing tensor 'model\.layers\.1\.mlp\.down_proj\.scales'"),
+        lambda t: t.pop(_prefix(1, "mlp.down_proj") + ".scales"),
+        None,
+        r"missing tensor 'model\.layers\.1\.mlp\.down_proj\.scales'",
+    ),
     "scales as bf16": (
-        _set(_prefix() + ".scales", lambda a, k: (a.view(np.uint16), "BF16")), None,
+        _set(_prefix() + ".scales", lambda a, k: (a.view(np.uint16), "BF16")),
+        None,
         r"model\.safetensors: tensor 'model\.layers\.0\.self_attn\.q_proj\.scales' has dtype BF16 but the manifest "
-        r"\(dtype \"int4\"\) says F16"),
+        r"\(dtype \"int4\"\) says F16",
+    ),
     "qweight as int8": (
-        _set(_prefix() + ".qweight", lambda a, k: (a.view(np.int8), "I8")), None,
-        r"tensor 'model\.layers\.0\.self_attn\.q_proj\.qweight' has dtype I8 .* says U8"),
+        _set(_prefix() + ".qweight", lambda a, k: (a.view(np.int8), "I8")),
+        None,
+        r"tensor 'model\.layers\.0\.self_attn\.q_proj\.qweight' has dtype I8 .* says U8",
+    ),
     "zero point 16": (
-        _set(_prefix(1, "mlp.up_proj") + ".zeros", lambda a, k: (np.where(np.arange(a.size).reshape(a.shape) == 5, 16, a)
-                                                                    .astype(np.uint8), k)), None,
-        r"tensor 'model\.layers\.1\.mlp\.up_proj\.zeros' holds 16 at \[2, 1\]; 4-bit zero points are 0\.\.15"),
+        _set(
+            _prefix(1, "mlp.up_proj") + ".zeros",
+            lambda a, k: (np.where(np.arange(a.size).reshape(a.shape) == 5, 16, a).astype(np.uint8), k),
+        ),
+        None,
+        r"tensor 'model\.layers\.1\.mlp\.up_proj\.zeros' holds 16 at \[2, 1\]; 4-bit zero points are 0\.\.15",
+    ),
     "infinite scale": (
-        _set(_prefix(0, "mlp.gate_proj") + ".scales", lambda a, k: (np.where(np.arange(a.size).reshape(a.shape) == 0,
-                                                                              np.float16(np.inf), a), k)), None,
-        r"tensor 'model\.layers\.0\.mlp\.gate_proj\.scales' holds a non-finite scale at \[0, 0\]"),
+        _set(
+            _prefix(0, "mlp.gate_proj") + ".scales",
+            lambda a, k: (np.where(np.arange(a.size).reshape(a.shape) == 0, np.float16(np.inf), a), k),
+        ),
+        None,
+        r"tensor 'model\.layers\.0\.mlp\.gate_proj\.scales' holds a non-finite scale at \[0, 0\]",
+    ),
     "float weight next to qweight": (
-        lambda t: t.__setitem__(_prefix() + ".weight", (np.zeros((32, 32), np.uint16), "BF16")), None,
-        r"tensor 'model\.layers\.0\.self_attn\.q_proj\.weight' is present next to the int4"),
+        lambda t: t.__setitem__(_prefix() + ".weight", (np.zeros((32, 32), np.uint16), "BF16")),
+        None,
+        r"tensor 'model\.layers\.0\.self_attn\.q_proj\.weight' is present next to the int4",
+    ),
     "manifest group size of another folder": (
-        None, lambda m: m["quantization"].__setitem__("group_size", 8),
+        None,
+        lambda m: m["quantization"].__setitem__("group_size", 8),
         r"model\.safetensors: tensor 'model\.layers\.0\.self_attn\.q_proj\.scales' has shape \[32, 2\], expected "
-        r"\[32, 4\] \(group_size 8 from manifest\.json"),
+        r"\[32, 4\] \(group_size 8 from manifest\.json",
+    ),
     "group size not dividing K": (
-        None, lambda m: m["quantization"].__setitem__("group_size", 64),
-        r"quantization\.group_size 64 does not divide the 32 input features of 'model\.layers\.0\.self_attn\.q_proj'"),
+        None,
+        lambda m: m["quantization"].__setitem__("group_size", 64),
+        r"quantization\.group_size 64 does not divide the 32 input features of 'model\.layers\.0\.self_attn\.q_proj'",
+    ),
     "group size not a multiple of 8": (
-        None, lambda m: m["quantization"].__setitem__("group_size", 12),
-        r"manifest\.json: field 'quantization\.group_size' is 12; it must be a positive multiple of 8"),
-    "3 bits": (
-        None, lambda m: m["quantization"].__setitem__("bits", 3), r"'quantization\.bits' is 3"),
-    "no quantization object": (
-        None, lambda m: m.pop("quantization"), r"needs the object 'quantization'"),
+        None,
+        lambda m: m["quantization"].__setitem__("group_size", 12),
+        r"manifest\.json: field 'quantization\.group_size' is 12; it must be a positive multiple of 8",
+    ),
+    "3 bits": (None, lambda m: m["quantization"].__setitem__("bits", 3), r"'quantization\.bits' is 3"),
+    "no quantization object": (None, lambda m: m.pop("quantization"), r"needs the object 'quantization'"),
     "int4 with format_version 1": (
-        None, lambda m: m.__setitem__("format_version", 1), r"'dtype' is \"int4\" but format_version is 1"),
+        None,
+        lambda m: m.__setitem__("format_version", 1),
+        r"'dtype' is \"int4\" but format_version is 1",
+    ),
     "format_version 3 with bfloat16": (
-        None, lambda m: m.__setitem__("dtype", "bfloat16"), r"field 'dtype' must be \"int4\", got \"bfloat16\""),
+        None,
+        lambda m: m.__setitem__("dtype", "bfloat16"),
+        r"field 'dtype' must be \"int4\", got \"bfloat16\"",
+    ),
 }
 
 
@@ -250,8 +294,11 @@ def test_truncated_int4_file_is_refused_naming_the_file(tiny_int4, tmp_path):
     bad = _variant(tiny_int4, tmp_path / "bad")
     data = (bad / "model.safetensors").read_bytes()
     (bad / "model.safetensors").write_bytes(data[:-100])
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor '.*': data_offsets end \d+ lies past the data "
-                                              r"section .*truncated"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"model\.safetensors: tensor '.*': data_offsets end \d+ lies past the data "
+        r"section .*truncated",
+    ):
         core.load_model(str(bad))
 
 
@@ -289,16 +336,20 @@ def test_tensor_parallel_int4_refuses_a_slice_that_cuts_below_8_columns(tmp_path
     config = {**TINY, "head_dim": 4}
     folder = _write_int4(tmp_path / "hd4", config=config)
     core.load_group_model(str(folder), json.dumps({"tp": 2}))  # 8-column heads per rank: fine
-    with pytest.raises(CheckpointError, match=r"'model\.layers\.0\.self_attn\.o_proj': tensor parallelism \(tp 3\) "
-                                              r"with int4 weights \(group size 16\) would cut its input columns at a "
-                                              r"multiple of only 4"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"'model\.layers\.0\.self_attn\.o_proj': tensor parallelism \(tp 3\) "
+        r"with int4 weights \(group size 16\) would cut its input columns at a "
+        r"multiple of only 4",
+    ):
         core.load_group_model(str(folder), json.dumps({"tp": 3}))
 
 
 # ---------------------------------------------------------------------------- the converter CLI
 def _convert(*args):
-    return subprocess.run([sys.executable, str(CONVERT), *map(str, args), "--quiet"], capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(CONVERT), *map(str, args), "--quiet"], capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.fixture(scope="module")
@@ -334,12 +385,15 @@ def test_convert_cli_quantizes_a_checkpoint_folder(tiny_float, tmp_path):
     assert np.isfinite(logits).all()
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--dtype", "int4", "--group-size", "24"], "int4 group size 24 does not divide hidden_size"),
-    (["--dtype", "int4", "--group-size", "20"], "int4 group size 20 must be a positive multiple of 8"),
-    (["--dtype", "int4", "--tp", "2"], "--tp 2 with --dtype int4: tensor-parallel int4 folders are not supported"),
-    (["--dtype", "bfloat16", "--group-size", "64"], "--group-size 64 applies to --dtype int4 only"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--dtype", "int4", "--group-size", "24"], "int4 group size 24 does not divide hidden_size"),
+        (["--dtype", "int4", "--group-size", "20"], "int4 group size 20 must be a positive multiple of 8"),
+        (["--dtype", "int4", "--tp", "2"], "--tp 2 with --dtype int4: tensor-parallel int4 folders are not supported"),
+        (["--dtype", "bfloat16", "--group-size", "64"], "--group-size 64 applies to --dtype int4 only"),
+    ],
+)
 def test_convert_cli_rejects_bad_int4_options(tiny_float, tmp_path, args, needle):
     proc = _convert(tiny_float, "--out", tmp_path / "q", *args)
     assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
@@ -384,3 +438,55 @@ def test_hf_folder_and_checkpoint_folder_give_the_same_int4_weights(tiny_float, 
         assert ta[name][1] == tb[name][1] and np.array_equal(ta[name][0], tb[name][0]), name
     assert read_manifest(a)["format_version"] == 3 and read_manifest(a)["source"]["kind"] == "hf"
     assert json.loads((a / "config.json").read_text())["torch_dtype"] == "bfloat16"
+
+
+# ---------------------------------------------------------------------------- int4 on the cuda backend (issue 31)
+def test_cpp_cuda_int4_rules():
+    """cpp/tests/test_cuda_int4_rules.cpp: the bytes the CUDA memory plan counts per projection
+    (bf16 2 n k; int4 n k / 2 + 4 n k / G) and the options the cuda backend refuses for int4."""
+    from swiftspec.paths import binary
+
+    proc = subprocess.run([str(binary("swiftspec-cpp-tests")), "for_int4"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert proc.stdout.count("[  OK  ]") == 2 and "2 tests, 0 failed" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "placement,message",
+    [
+        (
+            {"target": {"megakernel": True}},
+            "placement.target.megakernel: int4 weights run on the cuda backend's layered step; the decode "
+            "megakernel streams bf16 weights (issue 31): drop megakernel, or use bfloat16 weights",
+        ),
+        ({"draft": {"megakernel": True}}, "placement.draft.megakernel: int4 weights run on the cuda backend's"),
+        (
+            {"target": {"tp": 2}},
+            "placement.target.tp 2: int4 weights run on one GPU on the cuda backend; the tensor-parallel GEMMs "
+            "read bf16 weights (issue 31): use tp 1, bfloat16 weights, or the cpu backend",
+        ),
+    ],
+)
+def test_int4_folder_on_cuda_is_refused_with_the_megakernel_or_tp(tiny_int4, placement, message):
+    """The loader refuses what the cuda backend cannot run int4 checkpoints with, naming the group and
+    field, before either model is planned or loaded (so also in a build without CUDA)."""
+    from swiftspec.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError) as err:
+        core.load_model_pair(str(tiny_int4), str(tiny_int4), json.dumps(placement), core.ModelOptions(), "cuda")
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_int4_problems_of_a_placement():
+    """swiftspec.placement.int4_problems: the runtime's rule per group, target first; nothing on the cpu
+    backend or for a placement without the megakernel and tp > 1."""
+    from swiftspec.placement import int4_problems, normalize
+
+    both = normalize({"draft": {"megakernel": True}, "target": {"tp": 2, "devices": [0, 1]}})
+    problems = int4_problems(both, "cuda")
+    assert [p.split(":")[0] for p in problems] == ["placement.target.tp 2", "placement.draft.megakernel"]
+    assert int4_problems(both, "cpu") == []
+    assert int4_problems(None, "cuda") == []
+    assert int4_problems(normalize({"draft": {"devices": [1]}, "target": {"gemm_engine": "mma"}}), "cuda") == []
+    assert core.int4_backend_problem("cuda", False, 1) == ""
+    assert core.int4_backend_problem("cuda", True, 1).startswith("megakernel: int4 weights run on")

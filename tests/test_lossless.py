@@ -9,13 +9,14 @@ The full check (80 MT-Bench first turns + 40 HumanEval, 128 new tokens) is
 tools/check_lossless.py; this is its CI-sized version.
 """
 
+import re
+
 import numpy as np
 import pytest
 
 from swiftspec import InvalidRequestError
 from swiftspec.datasets import prompt_messages
-from swiftspec.swiftspec_core import Engine, ModelOptions, load_model
-from swiftspec.swiftspec_core import spec
+from swiftspec.swiftspec_core import Engine, ModelOptions, load_model, spec
 from swiftspec.tokenizer import Tokenizer
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -50,16 +51,18 @@ def prompts(pair, mtbench, humaneval):
 def reference(pair, prompts):
     """Target-only greedy tokens of every prompt."""
     engine = pair[0]
-    return {key: engine.generate(ids, max_new_tokens=NEW_TOKENS, mode="target")["tokens"]
-            for key, ids in prompts.items()}
+    return {
+        key: engine.generate(ids, max_new_tokens=NEW_TOKENS, mode="target")["tokens"] for key, ids in prompts.items()
+    }
 
 
 @pytest.mark.parametrize("key,shape", CASES, ids=[f"{s}-{n}{i}" for (n, i), s in CASES])
 def test_greedy_speculation_equals_target_only(pair, prompts, reference, key, shape):
     engine = pair[0]
     budget, depth, branching = SHAPES[shape]
-    out = engine.generate(prompts[key], max_new_tokens=NEW_TOKENS, mode="serial", tree_budget=budget,
-                          max_depth=depth, branching=branching)
+    out = engine.generate(
+        prompts[key], max_new_tokens=NEW_TOKENS, mode="serial", tree_budget=budget, max_depth=depth, branching=branching
+    )
     ref = reference[key]
     st = out["stats"]
     first_diff = next((i for i, (a, b) in enumerate(zip(out["tokens"], ref)) if a != b), None)
@@ -70,8 +73,35 @@ def test_greedy_speculation_equals_target_only(pair, prompts, reference, key, sh
     assert st["acceptance_length"] > 1.0
     assert 0 < st["target_time"] and 0 < st["draft_time"]
     assert st["target_time"] + st["draft_time"] <= st["decode_time"] * 1.01 + 1e-3
-    print(f"{key} {shape}: acceptance length {st['acceptance_length']:.2f}, "
-          f"{st['verification_steps']} verifications, {st['draft_steps']} draft steps")
+    print(
+        f"{key} {shape}: acceptance length {st['acceptance_length']:.2f}, "
+        f"{st['verification_steps']} verifications, {st['draft_steps']} draft steps"
+    )
+
+
+@pytest.mark.parametrize("key", PROMPTS, ids=[f"{n}{i}" for n, i in PROMPTS])
+def test_greedy_auto_mode_equals_target_only(pair, prompts, reference, key):
+    """The auto mode (issue 32) mixes target-only rounds and trees of several budgets in one
+    request: its output is still target-only's, token for token, and its report accounts for every
+    round (the first target-only and the second the largest tree: the measuring rounds)."""
+    engine = pair[0]
+    budget, depth, branching = SHAPES["tree16"]
+    out = engine.generate(
+        prompts[key], max_new_tokens=NEW_TOKENS, mode="auto", tree_budget=budget, max_depth=depth, branching=branching
+    )
+    ref = reference[key]
+    first_diff = next((i for i, (a, b) in enumerate(zip(out["tokens"], ref)) if a != b), None)
+    assert out["tokens"] == ref, f"first difference at new token {first_diff}"
+    rep, st = out["report"], out["stats"]
+    rounds = rep["budget_per_round"]
+    assert rounds[:2] == [0, budget] and set(rounds) <= {0, 1, 2, 4, 8, budget}
+    assert len(rounds) == st["verification_steps"] == len(rep["accepted_per_step"])
+    assert sum(rep["round_reasons"].values()) == len(rounds) and rep["round_reasons"]["measure"] == 2
+    # every round emits its accepted tokens and one more: together, the request's tokens
+    assert sum(rep["accepted_per_step"]) + len(rounds) + 1 == len(ref)
+    # the draft sat out the first round: it caught up with that round's token before the second
+    assert rep["caught_up_tokens"] >= 1
+    print(f"{key}: rounds {rounds}")
 
 
 def test_teacher_forced_reference_confirms_target_only_output(pair, prompts, reference):
@@ -91,9 +121,9 @@ def test_teacher_forced_reference_confirms_target_only_output(pair, prompts, ref
         assert teacher_forced_reference(target, ids, wrong, NEW_TOKENS) is None
     assert teacher_forced_reference(target, ids, ref[:-1], NEW_TOKENS) is None  # did not stop there
     j = max(i for i, t in enumerate(ref) if t not in ref[:i])  # a token's first occurrence
-    assert teacher_forced_reference(target, ids, ref[:j + 1], NEW_TOKENS, stop_token_ids=[ref[j]]) == ref[:j + 1]
+    assert teacher_forced_reference(target, ids, ref[: j + 1], NEW_TOKENS, stop_token_ids=[ref[j]]) == ref[: j + 1]
     if j + 1 < len(ref):  # past a stop token: decoding would have stopped at it
-        assert teacher_forced_reference(target, ids, ref[:j + 2], NEW_TOKENS, stop_token_ids=[ref[j]]) is None
+        assert teacher_forced_reference(target, ids, ref[: j + 2], NEW_TOKENS, stop_token_ids=[ref[j]]) is None
     assert teacher_forced_reference(target, ids, [], NEW_TOKENS) is None
     assert target.committed_len == 0
 
@@ -105,8 +135,17 @@ def test_forced_sampled_growth_also_exact_when_greedy(pair, prompts, reference):
     _, target, draft, _ = pair
     key = ("humaneval", 0)
     for growth in ("sampled",):
-        out = spec.generate_serial(target, draft, prompts[key], max_new_tokens=NEW_TOKENS, tree_budget=12,
-                                   max_depth=6, branching=3, growth=growth, expand_width=2)
+        out = spec.generate_serial(
+            target,
+            draft,
+            prompts[key],
+            max_new_tokens=NEW_TOKENS,
+            tree_budget=12,
+            max_depth=6,
+            branching=3,
+            growth=growth,
+            expand_width=2,
+        )
         assert out["tokens"] == reference[key], growth
         assert out["report"]["verification"] == "greedy"
         assert out["report"]["growth"] == growth
@@ -137,15 +176,25 @@ def test_limits_cut_the_same_sequence(pair, prompts, reference):
     assert out["tokens"] == streamed == ref[: len(streamed)] and len(streamed) >= 7
 
 
-@pytest.mark.parametrize("growth,scheme,top_k", [("sampled", "rejection_sampling", 0), ("top_k", "target_sampling", 0),
-                                                 ("top_k", "target_sampling", 20)])
+@pytest.mark.parametrize(
+    "growth,scheme,top_k",
+    [("sampled", "rejection_sampling", 0), ("top_k", "target_sampling", 0), ("top_k", "target_sampling", 20)],
+)
 def test_stochastic_generation_is_seeded_and_reports_scheme(pair, prompts, growth, scheme, top_k):
     """top_k=20 with top-k growth: the verifier samples from each row's 20 best logits
     (Model.forward_top_k, sample_from_top_k) instead of the [n, vocab] distributions."""
     _, target, draft, _ = pair
     ids = prompts[("mtbench", 5)]
-    kw = dict(max_new_tokens=8, temperature=0.8, top_p=0.95, top_k=top_k, tree_budget=8, max_depth=4, branching=2,
-              growth=growth)
+    kw = dict(
+        max_new_tokens=8,
+        temperature=0.8,
+        top_p=0.95,
+        top_k=top_k,
+        tree_budget=8,
+        max_depth=4,
+        branching=2,
+        growth=growth,
+    )
     a = spec.generate_serial(target, draft, ids, seed=11, **kw)
     b = spec.generate_serial(target, draft, ids, seed=11, **kw)
     c = spec.generate_serial(target, draft, ids, seed=12, **kw)
@@ -168,8 +217,9 @@ def test_a_top_k_of_the_whole_vocabulary_verifies_like_no_top_k(pair, prompts):
     drew in rank order)."""
     _, target, draft, _ = pair
     ids = prompts[("mtbench", 5)]
-    kw = dict(max_new_tokens=8, temperature=0.8, top_p=0.95, tree_budget=8, max_depth=4, branching=2,
-              growth="top_k", seed=11)
+    kw = dict(
+        max_new_tokens=8, temperature=0.8, top_p=0.95, tree_budget=8, max_depth=4, branching=2, growth="top_k", seed=11
+    )
     want = spec.generate_serial(target, draft, ids, top_k=0, **kw)["tokens"]
     assert spec.generate_serial(target, draft, ids, top_k=target.config["vocab_size"], **kw)["tokens"] == want
 
@@ -177,7 +227,9 @@ def test_a_top_k_of_the_whole_vocabulary_verifies_like_no_top_k(pair, prompts):
 def test_bad_tree_parameters_are_rejected(pair, prompts):
     engine, target, draft, _ = pair
     ids = prompts[("humaneval", 0)]
-    with pytest.raises(InvalidRequestError, match="tree_budget 64 needs 65 tree slots but the target has max_tree = 64"):
+    with pytest.raises(
+        InvalidRequestError, match="tree_budget 64 needs 65 tree slots but the target has max_tree = 64"
+    ):
         engine.generate(ids, max_new_tokens=4, mode="serial", tree_budget=64)
     with pytest.raises(InvalidRequestError, match="branching must be >= 1, got 0"):
         engine.generate(ids, max_new_tokens=4, mode="serial", branching=0)
@@ -187,7 +239,9 @@ def test_bad_tree_parameters_are_rejected(pair, prompts):
         spec.generate_serial(target, draft, ids, max_new_tokens=4, expand_width=-1)
     with pytest.raises(InvalidRequestError, match="growth must be 'auto', 'top_k' or 'sampled'"):
         spec.generate_serial(target, draft, ids, max_new_tokens=4, growth="beam")
-    with pytest.raises(InvalidRequestError, match="exceeds the target's max_context 1024"):
+    with pytest.raises(
+        InvalidRequestError, match=re.escape("exceeds the context of 1024 tokens (the target's max_context)")
+    ):
         spec.generate_serial(target, draft, ids, max_new_tokens=1024)
     # still usable afterwards
     out = engine.generate(ids, max_new_tokens=4, mode="serial")

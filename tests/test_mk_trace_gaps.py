@@ -8,7 +8,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "cuda" / "scripts" / "mk_trace_gaps.py"
-TRACE = ROOT / "benchmarks" / "gpu" / "run21" / "call2-6eae8ec" / "mk_trace_qwen2.5-0.5b.csv.gz"
+# (benchmarks/gpu/run21/call2-6eae8ec/ until the raw outputs left the tree, commit e56efde)
+TRACE = ROOT / "tests" / "data" / "recorded" / "run21_mk_trace_qwen2.5-0.5b.csv.gz"
 
 
 def run(*args):
@@ -18,7 +19,7 @@ def run(*args):
 def test_recorded_trace_gaps():
     out = run(TRACE)
     assert out.returncode == 0, out.stderr
-    lines = {l.split()[0]: l for l in out.stdout.splitlines()[1:]}
+    lines = {line.split()[0]: line for line in out.stdout.splitlines()[1:]}
     assert "24 layers, 132 CTAs" in out.stdout.splitlines()[0]
     # QKV: a CTA's own end of the previous layer's down op -> its arrival at the QKV wait,
     # median / p90 / max in us, over layers 2..22 and the 72 CTAs with QKV rows.

@@ -38,7 +38,7 @@ def pair(checkpoint_dir):
 
 
 def short_ids(engine):
-    return engine.encode_prompt("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n" * 4)
+    return engine.encode_prompt('def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n' * 4)
 
 
 # ------------------------------------------------------------------ same numbers, chunked or not
@@ -90,12 +90,15 @@ def test_generation_is_the_same_for_any_prefill_chunk(pair, mode):
 
 
 # ----------------------------------------------------------- the cancellation check in a prefill
-@pytest.mark.parametrize("mode,cancel_at,target_len,draft_len", [
-    ("target", 1, 0, None),   # before the first chunk
-    ("target", 4, 12, None),  # after 3 of 6 chunks
-    ("serial", 3, 8, None),   # in the target's prefill (polls 1..5)
-    ("serial", 9, 20, 12),    # in the draft's prefill (polls 6..10)
-])
+@pytest.mark.parametrize(
+    "mode,cancel_at,target_len,draft_len",
+    [
+        ("target", 1, 0, None),  # before the first chunk
+        ("target", 4, 12, None),  # after 3 of 6 chunks
+        ("serial", 3, 8, None),  # in the target's prefill (polls 1..5)
+        ("serial", 9, 20, 12),  # in the draft's prefill (polls 6..10)
+    ],
+)
 def test_the_cancel_check_stops_each_prefill_between_chunks(pair, mode, cancel_at, target_len, draft_len):
     """Prompt of 20 tokens in chunks of 4: cancel_check is polled before each chunk, target then
     draft; returning True stops there with no token, and the engine is reusable."""
@@ -213,8 +216,9 @@ def test_hooks_that_are_not_callable_are_refused_by_name(small_ckpt):
         calls = {
             "generate": lambda **kw: engine._engine.generate(ids, max_new_tokens=2, mode="serial", **kw),
             "generate_async": lambda **kw: core.generate_async(engine._engine, ids, max_new_tokens=2, **kw),
-            "generate_serial": lambda **kw: core.spec.generate_serial(engine.target_model, engine.draft_model, ids,
-                                                                      max_new_tokens=2, **kw),
+            "generate_serial": lambda **kw: core.spec.generate_serial(
+                engine.target_model, engine.draft_model, ids, max_new_tokens=2, **kw
+            ),
         }
         for name, call in calls.items():
             with pytest.raises(InvalidRequestError, match="cancel_check must be callable or None, got int"):
@@ -310,8 +314,9 @@ def test_the_interpreter_exits_cleanly_with_a_stream_left_unfinished(small_ckpt,
     C++ frames: the process aborted ('terminate called without an active exception', status 134;
     async every time, serial at times) or nanobind reported leaked objects (target). Now every
     running request is cancelled at exit and waited for (one decode step)."""
-    proc = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(small_ckpt), mode], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT, str(small_ckpt), mode], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "terminate called" not in proc.stderr and "leaked" not in proc.stderr, proc.stderr[-3000:]
 
@@ -333,8 +338,11 @@ def test_a_prompt_one_pass_would_refuse_is_refused_before_the_first_chunk(small_
     }
     for name, start in starts.items():
         model.truncate_committed(0)
-        with pytest.raises(InvalidRequestError, match=r"prefill: 0 committed \+ 300 new tokens exceed the context "
-                                                      r"of 256 tokens \(max_context\)"):
+        with pytest.raises(
+            InvalidRequestError,
+            match=r"prefill: 0 committed \+ 300 new tokens exceed the context "
+            r"of 256 tokens \(max_context\)",
+        ):
             start(too_long)
         assert model.committed_len == 0, name
         with pytest.raises(InvalidRequestError, match=r"token id 1000000 at index 100 is outside the vocabulary"):

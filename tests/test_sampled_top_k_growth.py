@@ -38,8 +38,10 @@ def pair(checkpoint_dir):
 @pytest.fixture(scope="module")
 def prompts(pair, mtbench, humaneval):
     tok = pair[2]
-    return [tok.encode_chat(prompt_messages(ds, rec))
-            for ds, rec in (("mtbench", mtbench[3]), ("mtbench", mtbench[10]), ("humaneval", humaneval[5]))]
+    return [
+        tok.encode_chat(prompt_messages(ds, rec))
+        for ds, rec in (("mtbench", mtbench[3]), ("mtbench", mtbench[10]), ("humaneval", humaneval[5]))
+    ]
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 0, 0.8), (1.0, 0, 0.95), (0.7, 0, 1.0), (0.7, 20, 0.8)])
@@ -53,15 +55,25 @@ def test_top_sampling_tokens_from_the_head_equal_the_host_path(pair, prompts, te
         draft.truncate_committed(0)
         logits = draft.forward(ids, logits="all")[::4]
         draft.truncate_committed(0)
-        top_ids, top_logits, lse = draft.forward_top_k(ids, HEAD_K, True, logits="all",
-                                                       inv_temperature=1.0 / float(np.float32(temperature)))
+        top_ids, top_logits, lse = draft.forward_top_k(
+            ids, HEAD_K, True, logits="all", inv_temperature=1.0 / float(np.float32(temperature))
+        )
         top_ids, top_logits, lse = top_ids[::4], top_logits[::4], lse[::4]
         vocab = logits.shape[1]
         for r in range(logits.shape[0]):
             for count in (2, 4):
                 want = spec.top_sampling_tokens(logits[r], count, temperature, top_k, top_p)
-                got = spec.top_sampling_tokens_from_head(top_ids[r].tolist(), top_logits[r].tolist(), float(lse[r]),
-                                                         vocab, count, temperature, top_k, top_p, logits[r])
+                got = spec.top_sampling_tokens_from_head(
+                    top_ids[r].tolist(),
+                    top_logits[r].tolist(),
+                    float(lse[r]),
+                    vocab,
+                    count,
+                    temperature,
+                    top_k,
+                    top_p,
+                    logits[r],
+                )
                 assert got[0] == want[0], (r, count)
                 np.testing.assert_array_equal(np.asarray(got[1], np.float32), np.asarray(want[1], np.float32))
                 assert 1 <= len(want[0]) <= count
@@ -81,8 +93,9 @@ def test_top_k_growth_of_a_sampled_request_reads_no_rows_and_keeps_its_children(
     ids = prompts[2]
     draft.truncate_committed(0)
     first = int(np.argmax(draft.forward(ids, logits="last")[0]))
-    d = spec.DraftTree(draft, tree_budget=16, max_depth=6, branching=2, temperature=0.7, top_p=0.8, growth="top_k",
-                       seed=5)
+    d = spec.DraftTree(
+        draft, tree_budget=16, max_depth=6, branching=2, temperature=0.7, top_p=0.8, growth="top_k", seed=5
+    )
     assert d.growth == "top_k"
     d.start(ids, first)
     d.grow_to(16, 6)
@@ -109,8 +122,9 @@ def test_sampled_speculation_with_top_k_growth_emits_the_target_only_tokens(pair
     ids = prompts[1]
     engine = Engine(target, draft)
     ref = engine.generate(ids, max_new_tokens=16, mode="target", temperature=0.7, top_p=0.8, seed=3)["tokens"]
-    out = spec.generate_serial(target, draft, ids, max_new_tokens=16, temperature=0.7, top_p=0.8, seed=3,
-                               growth="top_k", tree_budget=16)
+    out = spec.generate_serial(
+        target, draft, ids, max_new_tokens=16, temperature=0.7, top_p=0.8, seed=3, growth="top_k", tree_budget=16
+    )
     assert out["tokens"] == ref
     assert out["report"]["verification"] == "target_sampling"
     # one verification of a 16-node tree: only undecided visited rows come to the host

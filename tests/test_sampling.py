@@ -79,8 +79,9 @@ def test_sampling_from_the_top_k_alone_follows_the_sampling_distribution(real_lo
     for row in real_logits[:2]:
         for temperature, top_k, top_p in ((0.7, 10, 1.0), (1.0, 16, 0.9), (1.5, 40, 0.95)):
             ids = spec.top_k_indices(row, top_k)
-            draws = np.asarray(spec.sample_from_top_k(ids, [float(row[i]) for i in ids], temperature, top_k,
-                                                      top_p, seed=11, n=20000))
+            draws = np.asarray(
+                spec.sample_from_top_k(ids, [float(row[i]) for i in ids], temperature, top_k, top_p, seed=11, n=20000)
+            )
             p = spec.sampling_distribution(row, temperature, top_k, top_p)
             counts = np.bincount(draws, minlength=row.size)
             assert np.all(p[draws] > 0)
@@ -106,13 +107,18 @@ def test_sample_from_top_k_refuses_entries_it_cannot_draw_from():
         with pytest.raises(InvalidRequestError, match=needle):
             spec.sample_from_top_k(ids, logits, **kwargs)
     for row_ids, row, needle in (
-            ([1, 2, 3], [0.0, 100.0, 1000.0], r"largest first without NaN, got top_logits\[1\] = 100 after 0$"),
-            ([1, 2, 3], [1.0, float("nan"), 0.0], r"got top_logits\[1\] = nan"),
-            ([1, 2, 3], [float("nan"), 1.0, 0.0], r"got top_logits\[0\] = nan"),
-            ([-1, 2, 3], [3.0, 1.0, 0.0], r"ids\[0\] is -1"),
-            # a repeated id was drawn with its entries' weights summed
-            ([4, 7, 4], [3.0, 1.0, 0.0], r"^sample_from_top_k: ids\[2\] repeats ids\[0\] = 4 \(a row's best entries "
-                                         r"name each token once\)$")):
+        ([1, 2, 3], [0.0, 100.0, 1000.0], r"largest first without NaN, got top_logits\[1\] = 100 after 0$"),
+        ([1, 2, 3], [1.0, float("nan"), 0.0], r"got top_logits\[1\] = nan"),
+        ([1, 2, 3], [float("nan"), 1.0, 0.0], r"got top_logits\[0\] = nan"),
+        ([-1, 2, 3], [3.0, 1.0, 0.0], r"ids\[0\] is -1"),
+        # a repeated id was drawn with its entries' weights summed
+        (
+            [4, 7, 4],
+            [3.0, 1.0, 0.0],
+            r"^sample_from_top_k: ids\[2\] repeats ids\[0\] = 4 \(a row's best entries "
+            r"name each token once\)$",
+        ),
+    ):
         with pytest.raises(InvalidRequestError, match=needle):
             spec.sample_from_top_k(row_ids, row, 1.0, 3, n=10)
     for first in (float("inf"), float("-inf")):  # non-finite logits are the model's, not the request's
@@ -233,14 +239,15 @@ def test_sample_from_head_refuses_bad_input(real_logits):
     vocab = row.size
     ids, vals, lse, _ = head_of(row, 0.7)
     for kwargs, needle in (
-            (dict(temperature=0.0), "temperature must be > 0"),
-            (dict(temperature=-1.0), "temperature must be a finite number >= 0"),
-            (dict(temperature=0.7, top_p=0.0), r"top_p must be in \(0, 1\]"),
-            (dict(temperature=0.7, top_p=1.5), r"top_p must be in \(0, 1\]"),
-            (dict(temperature=0.7, top_k=40), "top_k=40 keeps fewer than the vocabulary"),
-            (dict(temperature=0.7, us=[1.0]), r"u must be in \[0, 1\)"),
-            (dict(temperature=0.7, log_normalizer=vals[0] / 0.7 - 1.0), "is below the largest logit / T"),
-            (dict(temperature=0.7, vocab=10), r"k must be in \[1, vocab=10\]")):
+        (dict(temperature=0.0), "temperature must be > 0"),
+        (dict(temperature=-1.0), "temperature must be a finite number >= 0"),
+        (dict(temperature=0.7, top_p=0.0), r"top_p must be in \(0, 1\]"),
+        (dict(temperature=0.7, top_p=1.5), r"top_p must be in \(0, 1\]"),
+        (dict(temperature=0.7, top_k=40), "top_k=40 keeps fewer than the vocabulary"),
+        (dict(temperature=0.7, us=[1.0]), r"u must be in \[0, 1\)"),
+        (dict(temperature=0.7, log_normalizer=vals[0] / 0.7 - 1.0), "is below the largest logit / T"),
+        (dict(temperature=0.7, vocab=10), r"k must be in \[1, vocab=10\]"),
+    ):
         args = dict(ids=ids, top_logits=vals, log_normalizer=lse, vocab=vocab, top_p=1.0, us=[0.5], row=row)
         args.update(kwargs)
         with pytest.raises(InvalidRequestError, match=needle):
@@ -267,28 +274,41 @@ def test_sample_from_head_refuses_repeated_ids_and_non_finite_rows(real_logits):
     ids, vals, lse, _ = head_of(row, 1.0)
     twice = list(ids)
     twice[1] = twice[0]
-    with pytest.raises(InvalidRequestError, match=rf"^sample_from_head: ids\[1\] repeats ids\[0\] = {ids[0]} \(a row's "
-                                                  r"best entries name each token once\)$"):
+    with pytest.raises(
+        InvalidRequestError,
+        match=rf"^sample_from_head: ids\[1\] repeats ids\[0\] = {ids[0]} \(a row's "
+        r"best entries name each token once\)$",
+    ):
         spec.sample_from_head(twice, vals, lse, vocab, 1.0, 1.0, [0.6], row)
     for fill, shown in ((-np.inf, "-inf"), (np.inf, "inf")):
         bad = np.full(vocab, -np.inf, np.float32)
         bad[ids[0]] = fill
         # a normaliser the head cannot use (NaN): the row decides, at top_p 1 and below it
         for top_p in (1.0, 0.9):
-            who = "sample_from_head: the largest logit of the row" if top_p == 1.0 else \
-                "sampling_distribution: the largest logit"
-            with pytest.raises(SwiftspecError, match=rf"^{who} is {shown} \(the model produced non-finite logits\)$") \
-                    as info:
+            who = (
+                "sample_from_head: the largest logit of the row"
+                if top_p == 1.0
+                else "sampling_distribution: the largest logit"
+            )
+            with pytest.raises(
+                SwiftspecError, match=rf"^{who} is {shown} \(the model produced non-finite logits\)$"
+            ) as info:
                 spec.sample_from_head(ids, vals, float("nan"), vocab, 1.0, top_p, [0.5], bad)
             assert not isinstance(info.value, InvalidRequestError)
-        with pytest.raises(SwiftspecError, match=rf"^sampling_distribution: the largest logit is {shown} \(the model "
-                                                 r"produced non-finite logits\)$"):
+        with pytest.raises(
+            SwiftspecError,
+            match=rf"^sampling_distribution: the largest logit is {shown} \(the model "
+            r"produced non-finite logits\)$",
+        ):
             spec.sampling_distribution(bad, 1.0, 0, 1.0)
-    for kwargs, needle in ((dict(us=[-1e-300]), "sample_from_head: u must be in [0, 1), got -1e-300"),
-                           (dict(top_p=1.0000001), "top_p must be in (0, 1], got 1.0000001"),
-                           (dict(temperature=-1e-30), "temperature must be a finite number >= 0, got -1e-30")):
-        args = dict(ids=ids, top_logits=vals, log_normalizer=lse, vocab=vocab, temperature=1.0, top_p=1.0, us=[0.5],
-                    row=row)
+    for kwargs, needle in (
+        (dict(us=[-1e-300]), "sample_from_head: u must be in [0, 1), got -1e-300"),
+        (dict(top_p=1.0000001), "top_p must be in (0, 1], got 1.0000001"),
+        (dict(temperature=-1e-30), "temperature must be a finite number >= 0, got -1e-30"),
+    ):
+        args = dict(
+            ids=ids, top_logits=vals, log_normalizer=lse, vocab=vocab, temperature=1.0, top_p=1.0, us=[0.5], row=row
+        )
         args.update(kwargs)
         with pytest.raises(InvalidRequestError) as info:
             spec.sample_from_head(**args)

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -70,7 +71,7 @@ def _sse_events(text: str) -> list[str]:
     events = text[:-2].split("\n\n")
     for event in events:
         assert event.startswith("data: ") and "\n" not in event, event
-    return [e[len("data: "):] for e in events]
+    return [e[len("data: ") :] for e in events]
 
 
 @contextlib.contextmanager
@@ -113,22 +114,49 @@ def test_page_has_the_elements_its_script_uses(client):
     ids = set(re.findall(r'\bid="([\w-]+)"', page))
     assert {"messages", "prompt", "send", "stop", "max-tokens", "temperature", "top-p", "mode", "api-key"} <= used
     assert used <= ids, f"the script uses ids the page lacks: {sorted(used - ids)}"
-    # self-contained: no script, style or image fetched from elsewhere
-    assert not re.search(r'<(script|link|img)[^>]+(src|href)=', page)
+    # self-contained: no script, style or image fetched from elsewhere; the one resource is the icon
+    assert re.findall(r'<(?:script|link|img)[^>]+(?:src|href)="([^"]*)"', page) == ["/favicon.svg"]
     assert "/v1/chat/completions" in page and "/v1/models" in page and "AbortController" in page
     # both API calls send the key when one is entered (a server with --api-key refuses them without)
     assert '{"Authorization": "Bearer " + key}' in page and page.count("headers: headers(") == 2
 
 
+def test_favicon_is_served(client):
+    """The page's icon is the server's own (no 404 in the browser's console): /favicon.svg, and
+    /favicon.ico, which browsers ask for by themselves, redirects to it."""
+    from importlib import resources
+
+    icon = client.get("/favicon.svg")
+    assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+    assert icon.content == resources.files("swiftspec.serve").joinpath("favicon.svg").read_bytes()
+    assert icon.content.startswith(b"<svg ") and b"<script" not in icon.content
+    moved = client.get("/favicon.ico", follow_redirects=False)
+    assert moved.status_code == 301 and moved.headers["location"] == "/favicon.svg"
+    assert client.get("/favicon.ico").content == icon.content
+
+
 def test_health_and_models(client, engine):
-    assert client.get("/health").json() == {"status": "ok", "model": MODEL_ID, "running": 0, "waiting": 0,
-                                            "max_waiting": 1, "ended": {"done": 0, "cancelled": 0, "error": 0}}
+    assert client.get("/health").json() == {
+        "status": "ok",
+        "model": MODEL_ID,
+        "running": 0,
+        "waiting": 0,
+        "max_waiting": 1,
+        "ended": {"done": 0, "cancelled": 0, "error": 0},
+    }
     models = client.get("/v1/models").json()
     assert models["object"] == "list" and len(models["data"]) == 1
     m = models["data"][0]
     assert m["id"] == MODEL_ID and m["object"] == "model" and m["owned_by"] == "swiftspec"
-    assert m["swiftspec"] == {"draft": None, "modes": ["target"], "default_mode": "target", "max_context": CONTEXT,
-                              "tree_budget": 16, "max_tree": 254}
+    assert m["swiftspec"] == {
+        "draft": None,
+        "modes": ["target"],
+        "default_mode": "target",
+        "max_context": CONTEXT,
+        "tree_budget": 16,
+        "max_tree": 254,
+        "defaults": {"max_tokens": 256, "temperature": 1.0, "top_p": 1.0},
+    }
 
 
 # --------------------------------------------------------------------------- completions
@@ -138,8 +166,14 @@ def test_completion_equals_engine_generate(client, engine, messages, reference):
     body = r.json()
     assert body["object"] == "chat.completion" and body["model"] == MODEL_ID
     assert re.fullmatch(r"chatcmpl-[0-9a-f]{24}", body["id"]) and abs(body["created"] - time.time()) < 60
-    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": reference.text},
-                                "logprobs": None, "finish_reason": "length"}]
+    assert body["choices"] == [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": reference.text},
+            "logprobs": None,
+            "finish_reason": "length",
+        }
+    ]
     n_prompt = len(engine.encode_prompt(messages))
     assert body["usage"] == {"prompt_tokens": n_prompt, "completion_tokens": 16, "total_tokens": n_prompt + 16}
     stats = body["swiftspec"]
@@ -150,8 +184,16 @@ def test_completion_equals_engine_generate(client, engine, messages, reference):
 
 
 def test_stream_equals_engine_generate_with_openai_framing(client, messages, reference):
-    r = _chat(client, {"messages": messages, "max_tokens": 16, "temperature": 0, "stream": True,
-                       "stream_options": {"include_usage": True}})
+    r = _chat(
+        client,
+        {
+            "messages": messages,
+            "max_tokens": 16,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     events = _sse_events(r.text)
     assert events[-1] == "[DONE]"
@@ -166,10 +208,17 @@ def test_stream_equals_engine_generate_with_openai_framing(client, messages, ref
     assert last["swiftspec"]["mode"] == "target" and last["swiftspec"]["ttft_s"] > 0
     n_prompt = len(reference.prompt_token_ids)
     assert usage_chunk["choices"] == [] and usage_chunk["usage"] == {
-        "prompt_tokens": n_prompt, "completion_tokens": 16, "total_tokens": n_prompt + 16}
+        "prompt_tokens": n_prompt,
+        "completion_tokens": 16,
+        "total_tokens": n_prompt + 16,
+    }
     # without include_usage there is no usage-only chunk
-    plain = [json.loads(e) for e in _sse_events(_chat(client, {"messages": messages, "max_tokens": 2,
-                                                               "temperature": 0, "stream": True}).text)[:-1]]
+    plain = [
+        json.loads(e)
+        for e in _sse_events(
+            _chat(client, {"messages": messages, "max_tokens": 2, "temperature": 0, "stream": True}).text
+        )[:-1]
+    ]
     assert all(c["choices"] for c in plain)
 
 
@@ -208,11 +257,19 @@ def test_a_default_tree_budget_beyond_the_tree_kv_is_refused_at_start():
 
     from swiftspec.errors import InvalidRequestError
 
-    fake = SimpleNamespace(target_dir=Path("t"), draft_dir=Path("d"), has_draft=True,
-                           target_model=SimpleNamespace(max_tree=18), draft_model=SimpleNamespace(max_tree=20))
+    fake = SimpleNamespace(
+        target_dir=Path("t"),
+        draft_dir=Path("d"),
+        has_draft=True,
+        target_model=SimpleNamespace(max_tree=18),
+        draft_model=SimpleNamespace(max_tree=20),
+    )
     assert create_app(fake, tree_budget=16).state.server.tree_budget == 16
-    with pytest.raises(InvalidRequestError, match=r"^tree_budget 17 exceeds the tree KV capacity of the models: at "
-                                                  r"most 16$"):
+    with pytest.raises(
+        InvalidRequestError,
+        match=r"^tree_budget 17 exceeds the tree KV capacity of the models: at "
+        r"most 16$",
+    ):
         create_app(fake, tree_budget=17)
     no_draft = SimpleNamespace(**{**vars(fake), "has_draft": False, "draft_dir": None, "draft_model": None})
     create_app(no_draft, tree_budget=17)  # no draft: no tree is ever verified
@@ -224,10 +281,17 @@ def test_serial_speculation_with_a_draft(checkpoint_dir, messages, reference):
     ckpt = checkpoint_dir(NAME, "bfloat16")
     with Engine(ckpt, ckpt, max_context=CONTEXT) as pair, TestClient(create_app(pair)) as client:
         models = client.get("/v1/models").json()["data"][0]
-        assert models["swiftspec"]["modes"] == ["target", "serial", "async"]
-        assert models["swiftspec"]["default_mode"] == "serial"
-        r = _chat(client, {"messages": messages, "max_tokens": 16, "temperature": 0,
-                           "swiftspec": {"mode": "serial", "tree_budget": 4}}).json()
+        assert models["swiftspec"]["modes"] == ["auto", "target", "serial", "async"]
+        assert models["swiftspec"]["default_mode"] == "auto"
+        r = _chat(
+            client,
+            {
+                "messages": messages,
+                "max_tokens": 16,
+                "temperature": 0,
+                "swiftspec": {"mode": "serial", "tree_budget": 4},
+            },
+        ).json()
     assert r["choices"][0]["message"]["content"] == reference.text
     stats = r["swiftspec"]
     assert stats["mode"] == "serial" and stats["tree_budget"] == 4 and stats["draft_steps"] > 0
@@ -239,69 +303,138 @@ def test_serial_speculation_with_a_draft(checkpoint_dir, messages, reference):
 _MSG = [{"role": "user", "content": "hi"}]
 
 
-@pytest.mark.parametrize("body,param,message", [
-    (b"{not json", None, "the request body is not JSON"),
-    (b"\xff\xfe", None, "the request body is not JSON"),
-    ([1, 2], None, "the request body must be a JSON object, got list"),
-    ({}, "messages", "messages is missing"),
-    ({"messages": []}, "messages", "messages must be a non-empty list"),
-    ({"messages": "hi"}, "messages", "messages must be a non-empty list"),
-    ({"messages": [{"role": "bot", "content": "x"}]}, "messages",
-     f"messages[0] has the role 'bot', which the chat template of {MODEL_ID} does not take"),
-    ({"messages": [{"role": "user"}]}, "messages", "messages[0] has no 'content'"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages",
-     "messages[0].content[0] must be a text part"),
-    ({"messages": _MSG, "temperature": -1}, "temperature", "temperature must be a finite number >= 0, got -1"),
-    ({"messages": _MSG, "temperature": "hot"}, "temperature", "temperature must be a number, got 'hot'"),
-    ({"messages": _MSG, "temperature": 0.5, "top_p": 1.5}, "top_p", "top_p must be in (0, 1], got 1.5"),
-    ({"messages": _MSG, "temperature": 0, "top_p": 0.5}, "top_p", "top_p=0.5 has no effect under greedy decoding"),
-    ({"messages": _MSG, "seed": -3}, "seed", "seed must be an integer >= 0, got -3"),
-    ({"messages": _MSG, "max_tokens": 0}, "max_tokens", "max_tokens must be an integer >= 1, got 0"),
-    ({"messages": _MSG, "max_tokens": 8.5}, "max_tokens", "max_tokens must be an integer >= 1, got 8.5"),
-    ({"messages": _MSG, "max_tokens": 4096}, "max_tokens", f"max_tokens 4096 does not fit: the messages take 30 of "
-     f"the context's {CONTEXT} tokens, leaving {CONTEXT - 30}"),
-    ({"messages": _MSG, "max_tokens": 8, "max_completion_tokens": 9}, "max_completion_tokens", "differ"),
-    ({"messages": _MSG, "stop": ""}, "stop", "stop must be a non-empty string or a list of non-empty strings"),
-    ({"messages": _MSG, "stop": ["a", 3]}, "stop", "stop must be a non-empty string or a list"),
-    ({"messages": _MSG, "stream": "yes"}, "stream", "stream must be true or false"),
-    ({"messages": _MSG, "stream_options": {"include_usage": True}}, "stream_options", "applies to stream=true only"),
-    ({"messages": _MSG, "swiftspec": {"mode": "fast"}}, "swiftspec.mode",
-     "swiftspec.mode must be one of target, serial, async, got 'fast'"),
-    ({"messages": _MSG, "swiftspec": {"mode": "serial"}}, "swiftspec.mode",
-     "swiftspec.mode 'serial' needs a draft model; this server has none"),
-    ({"messages": _MSG, "swiftspec": {"tree_budget": 8}}, "swiftspec.tree_budget", "has no effect in mode 'target'"),
-    ({"messages": _MSG, "swiftspec": {"depth": 3}}, "swiftspec.depth", "unknown field swiftspec.depth"),
-    ({"messages": _MSG, "temperature": 0, "swiftspec": {"top_k": 5}}, "swiftspec.top_k", "swiftspec.top_k=5 has no effect under greedy"),
-    ({"messages": _MSG, "n": 2}, "n", "n=2 is not supported by this server"),
-    ({"messages": _MSG, "logprobs": True}, "logprobs", "logprobs=True is not supported"),
-    ({"messages": _MSG, "frequency_penalty": 0.5}, "frequency_penalty", "is not supported"),
-    ({"messages": _MSG, "temprature": 0}, "temprature", "unknown field 'temprature'"),
-    ({"messages": _MSG, "model": "gpt-4o"}, "model", f"model 'gpt-4o' is not served here; this server serves "
-     f"'{MODEL_ID}'"),
-    # found by an adversarial pass: each was a 200 (silently dropped or ignored) or a 500
-    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "max_tokens": 2}', "max_tokens",
-     "the request body has the key 'max_tokens' twice in one object; give it once"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": 0, "temperature": 1}', "temperature",
-     "has the key 'temperature' twice"),
-    pytest.param(b"[" * 100_000 + b"]" * 100_000, None, "the request body nests lists and objects deeper than 32 "
-                 "levels", id="nested-100000-deep"),
-    pytest.param(b'{"messages": [{"role": "user", "content": "hi"}], "model": ' + b"[" * 900 + b"]" * 900 + b"}",
-                 None, "nests lists and objects deeper than 32 levels", id="model-nested-900-deep"),
-    ({"messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages",
-     "messages[0].name is not supported by this server (a message takes role and content)"),
-    ({"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}, *_MSG]}, "messages",
-     "messages[0].tool_calls is not supported"),
-    ({"messages": _MSG, "stop": [f"s{i}" for i in range(17)]}, "stop",
-     "stop has 17 strings; this server takes at most 16"),
-    ({"messages": _MSG, "stop": ["ok", "x" * 100_000]}, "stop",
-     "stop[1] has 100000 characters; this server takes at most 256 per stop string"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "stop": ["ok", "\\udc00"]}', "stop",
-     "stop[1] is not valid text: surrogates not allowed at position 0"),
-    (b'{"messages": [{"role": "user", "content": "caf\\udce9"}]}', "messages",
-     "messages[0].content is not valid text: surrogates not allowed at position 3"),
-    ({"messages": [{"role": "user", "content": "word " * 600}]}, "messages",
-     f"which leaves no room for a reply in the context of {CONTEXT} tokens"),
-])
+@pytest.mark.parametrize(
+    "body,param,message",
+    [
+        (b"{not json", None, "the request body is not JSON"),
+        (b"\xff\xfe", None, "the request body is not JSON"),
+        ([1, 2], None, "the request body must be a JSON object, got list"),
+        ({}, "messages", "messages is missing"),
+        ({"messages": []}, "messages", "messages must be a non-empty list"),
+        ({"messages": "hi"}, "messages", "messages must be a non-empty list"),
+        (
+            {"messages": [{"role": "bot", "content": "x"}]},
+            "messages",
+            f"messages[0] has the role 'bot', which the chat template of {MODEL_ID} does not take",
+        ),
+        ({"messages": [{"role": "user"}]}, "messages", "messages[0] has no 'content'"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "messages",
+            "messages[0].content[0] must be a text part",
+        ),
+        ({"messages": _MSG, "temperature": -1}, "temperature", "temperature must be a finite number >= 0, got -1"),
+        ({"messages": _MSG, "temperature": "hot"}, "temperature", "temperature must be a number, got 'hot'"),
+        ({"messages": _MSG, "temperature": 0.5, "top_p": 1.5}, "top_p", "top_p must be in (0, 1], got 1.5"),
+        ({"messages": _MSG, "temperature": 0, "top_p": 0.5}, "top_p", "top_p=0.5 has no effect under greedy decoding"),
+        ({"messages": _MSG, "seed": -3}, "seed", "seed must be an integer >= 0, got -3"),
+        ({"messages": _MSG, "max_tokens": 0}, "max_tokens", "max_tokens must be an integer >= 1, got 0"),
+        ({"messages": _MSG, "max_tokens": 8.5}, "max_tokens", "max_tokens must be an integer >= 1, got 8.5"),
+        (
+            {"messages": _MSG, "max_tokens": 4096},
+            "max_tokens",
+            f"max_tokens 4096 does not fit: the messages take 30 of "
+            f"the context's {CONTEXT} tokens, leaving {CONTEXT - 30}",
+        ),
+        ({"messages": _MSG, "max_tokens": 8, "max_completion_tokens": 9}, "max_completion_tokens", "differ"),
+        ({"messages": _MSG, "stop": ""}, "stop", "stop must be a non-empty string or a list of non-empty strings"),
+        ({"messages": _MSG, "stop": ["a", 3]}, "stop", "stop must be a non-empty string or a list"),
+        ({"messages": _MSG, "stream": "yes"}, "stream", "stream must be true or false"),
+        (
+            {"messages": _MSG, "stream_options": {"include_usage": True}},
+            "stream_options",
+            "applies to stream=true only",
+        ),
+        (
+            {"messages": _MSG, "swiftspec": {"mode": "fast"}},
+            "swiftspec.mode",
+            "swiftspec.mode must be one of auto, target, serial, async, got 'fast'",
+        ),
+        (
+            {"messages": _MSG, "swiftspec": {"mode": "serial"}},
+            "swiftspec.mode",
+            "swiftspec.mode 'serial' needs a draft model; this server has none",
+        ),
+        (
+            {"messages": _MSG, "swiftspec": {"tree_budget": 8}},
+            "swiftspec.tree_budget",
+            "has no effect in mode 'target'",
+        ),
+        ({"messages": _MSG, "swiftspec": {"depth": 3}}, "swiftspec.depth", "unknown field swiftspec.depth"),
+        (
+            {"messages": _MSG, "temperature": 0, "swiftspec": {"top_k": 5}},
+            "swiftspec.top_k",
+            "swiftspec.top_k=5 has no effect under greedy",
+        ),
+        ({"messages": _MSG, "n": 2}, "n", "n=2 is not supported by this server"),
+        ({"messages": _MSG, "logprobs": True}, "logprobs", "logprobs=True is not supported"),
+        ({"messages": _MSG, "frequency_penalty": 0.5}, "frequency_penalty", "is not supported"),
+        ({"messages": _MSG, "temprature": 0}, "temprature", "unknown field 'temprature'"),
+        (
+            {"messages": _MSG, "model": "gpt-4o"},
+            "model",
+            f"model 'gpt-4o' is not served here; this server serves '{MODEL_ID}'",
+        ),
+        # found by an adversarial pass: each was a 200 (silently dropped or ignored) or a 500
+        (
+            b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "max_tokens": 2}',
+            "max_tokens",
+            "the request body has the key 'max_tokens' twice in one object; give it once",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "hi"}], "temperature": 0, "temperature": 1}',
+            "temperature",
+            "has the key 'temperature' twice",
+        ),
+        pytest.param(
+            b"[" * 100_000 + b"]" * 100_000,
+            None,
+            "the request body nests lists and objects deeper than 32 levels",
+            id="nested-100000-deep",
+        ),
+        pytest.param(
+            b'{"messages": [{"role": "user", "content": "hi"}], "model": ' + b"[" * 900 + b"]" * 900 + b"}",
+            None,
+            "nests lists and objects deeper than 32 levels",
+            id="model-nested-900-deep",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "hi", "name": "bob"}]},
+            "messages",
+            "messages[0].name is not supported by this server (a message takes role and content)",
+        ),
+        (
+            {"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}, *_MSG]},
+            "messages",
+            "messages[0].tool_calls is not supported",
+        ),
+        (
+            {"messages": _MSG, "stop": [f"s{i}" for i in range(17)]},
+            "stop",
+            "stop has 17 strings; this server takes at most 16",
+        ),
+        (
+            {"messages": _MSG, "stop": ["ok", "x" * 100_000]},
+            "stop",
+            "stop[1] has 100000 characters; this server takes at most 256 per stop string",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "hi"}], "stop": ["ok", "\\udc00"]}',
+            "stop",
+            "stop[1] is not valid text: surrogates not allowed at position 0",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "caf\\udce9"}]}',
+            "messages",
+            "messages[0].content is not valid text: surrogates not allowed at position 3",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "word " * 600}]},
+            "messages",
+            f"which leaves no room for a reply in the context of {CONTEXT} tokens",
+        ),
+    ],
+)
 def test_bad_requests_are_400_naming_the_field(client, body, param, message):
     content = body if isinstance(body, bytes) else json.dumps(body)
     r = client.post("/v1/chat/completions", content=content, headers={"Content-Type": "application/json"})
@@ -315,12 +448,25 @@ def test_bad_requests_are_400_naming_the_field(client, body, param, message):
 def test_openai_options_at_their_no_effect_values_are_accepted(client):
     """What OpenAI clients send by default passes: n 1, zero penalties, nulls, a user id, the
     developer role, text parts, max_completion_tokens."""
-    r = _chat(client, {"messages": [{"role": "developer", "content": "Be brief."},
-                                    {"role": "user", "content": [{"type": "text", "text": "h"},
-                                                                 {"type": "text", "text": "i"}]}],
-                       "max_completion_tokens": 1, "temperature": 0, "n": 1, "presence_penalty": 0,
-                       "frequency_penalty": 0.0, "logprobs": False, "tools": None, "top_p": None, "user": "u1",
-                       "seed": 3})
+    r = _chat(
+        client,
+        {
+            "messages": [
+                {"role": "developer", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "h"}, {"type": "text", "text": "i"}]},
+            ],
+            "max_completion_tokens": 1,
+            "temperature": 0,
+            "n": 1,
+            "presence_penalty": 0,
+            "frequency_penalty": 0.0,
+            "logprobs": False,
+            "tools": None,
+            "top_p": None,
+            "user": "u1",
+            "seed": 3,
+        },
+    )
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 1
 
@@ -332,8 +478,9 @@ def test_wrong_path_and_method_are_json_errors(client):
     assert r.status_code == 405 and "Method Not Allowed" in r.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("headers", [{"Content-Type": "text/plain"}, {},
-                                     {"Content-Type": "application/x-www-form-urlencoded"}])
+@pytest.mark.parametrize(
+    "headers", [{"Content-Type": "text/plain"}, {}, {"Content-Type": "application/x-www-form-urlencoded"}]
+)
 def test_a_body_not_sent_as_json_is_415(client, headers):
     """text/plain or no type at all is what a page on another site can POST here without the
     browser asking first (no CORS preflight): refused, so no site spends the engine unasked."""
@@ -342,8 +489,10 @@ def test_a_body_not_sent_as_json_is_415(client, headers):
     assert r.status_code == 415, r.text
     error = r.json()["error"]
     assert error["code"] == "unsupported_media_type"
-    assert error["message"] == ("the request body must be JSON with the header 'Content-Type: application/json', got "
-                                + (repr(headers["Content-Type"]) if headers else "no Content-Type"))
+    assert error["message"] == (
+        "the request body must be JSON with the header 'Content-Type: application/json', got "
+        + (repr(headers["Content-Type"]) if headers else "no Content-Type")
+    )
     r = client.post("/v1/chat/completions", content=body, headers={"Content-Type": "Application/JSON; charset=utf-8"})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 1
 
@@ -355,8 +504,10 @@ def test_oversized_bodies_are_413_before_they_are_read(engine):
     with _running_server(create_app(engine, max_body_bytes=1 << 20)) as url:
         host, port = url.rsplit("/", 1)[1].split(":")
         with socket.create_connection((host, int(port)), timeout=10) as sock:
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 50000000\r\n\r\n{\"messages\": [")
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 50000000\r\n\r\n{"messages": ['
+            )
             reply = b""
             while b"}}" not in reply:
                 chunk = sock.recv(65536)
@@ -366,19 +517,32 @@ def test_oversized_bodies_are_413_before_they_are_read(engine):
         assert head.startswith(b"HTTP/1.1 413 "), head
         assert json.loads(body)["error"] == {
             "message": "the request body is 50000000 bytes; this server takes at most 1048576 (swiftspec serve "
-                       "--max-body-bytes)", "type": "invalid_request_error", "param": None, "code": "request_too_large"}
-        many = httpx.post(f"{url}/v1/chat/completions", timeout=60,
-                          json={"messages": [{"role": "user", "content": ""}] * 100_000, "max_tokens": 1})
+            "--max-body-bytes)",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "request_too_large",
+        }
+        many = httpx.post(
+            f"{url}/v1/chat/completions",
+            timeout=60,
+            json={"messages": [{"role": "user", "content": ""}] * 100_000, "max_tokens": 1},
+        )
         assert many.status_code == 413 and many.json()["error"]["code"] == "request_too_large"
-        r = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={"messages": _MSG, "max_tokens": 2,
-                                                                        "temperature": 0})
+        r = httpx.post(
+            f"{url}/v1/chat/completions", timeout=60, json={"messages": _MSG, "max_tokens": 2, "temperature": 0}
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
     with TestClient(create_app(engine, max_body_bytes=1000)) as small:  # chunked: no Content-Length
-        r = small.post("/v1/chat/completions", headers={"Content-Type": "application/json"},
-                       content=iter([b'{"messages": [{"role": "user", "content": "', b"x" * 2000, b'"}]}']))
+        r = small.post(
+            "/v1/chat/completions",
+            headers={"Content-Type": "application/json"},
+            content=iter([b'{"messages": [{"role": "user", "content": "', b"x" * 2000, b'"}]}']),
+        )
         assert r.status_code == 413
-        assert r.json()["error"]["message"] == ("the request body is more than 1000 bytes; this server takes at most "
-                                                "1000 (swiftspec serve --max-body-bytes)")
+        assert r.json()["error"]["message"] == (
+            "the request body is more than 1000 bytes; this server takes at most "
+            "1000 (swiftspec serve --max-body-bytes)"
+        )
 
 
 def test_a_client_that_leaves_before_its_whole_body_is_no_server_error(engine, caplog):
@@ -387,8 +551,10 @@ def test_a_client_that_leaves_before_its_whole_body_is_no_server_error(engine, c
     with _running_server(create_app(engine)) as url:
         host, port = url.rsplit("/", 1)[1].split(":")
         with caplog.at_level(logging.INFO), socket.create_connection((host, int(port)), timeout=10) as sock:
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 500\r\n\r\n{\"messages\": [")
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 500\r\n\r\n{"messages": ['
+            )
             time.sleep(0.3)
         time.sleep(0.5)  # the server notices the disconnect
         assert httpx.get(f"{url}/health", timeout=10).json()["ended"] == {"done": 0, "cancelled": 0, "error": 0}
@@ -413,8 +579,9 @@ def test_a_long_conversation_is_rendered_off_the_event_loop(engine, monkeypatch)
         done = {}
 
         def big():
-            done["big"] = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
-                "messages": [{"role": "user", "content": ""}] * 30_000})
+            done["big"] = httpx.post(
+                f"{url}/v1/chat/completions", timeout=120, json={"messages": [{"role": "user", "content": ""}] * 30_000}
+            )
 
         thread = threading.Thread(target=big)
         thread.start()
@@ -448,8 +615,11 @@ def test_tokenizing_a_huge_message_leaves_the_event_loop_free(engine, monkeypatc
         done = {}
 
         def big():
-            done["big"] = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
-                "messages": [{"role": "user", "content": "word " * 800_000}]})
+            done["big"] = httpx.post(
+                f"{url}/v1/chat/completions",
+                timeout=120,
+                json={"messages": [{"role": "user", "content": "word " * 800_000}]},
+            )
 
         thread = threading.Thread(target=big)
         thread.start()
@@ -462,10 +632,12 @@ def test_tokenizing_a_huge_message_leaves_the_event_loop_free(engine, monkeypatc
             thread.join(120)
     assert health.status_code == 200 and health.json()["running"] == 0
     assert took < 1.0 and tokenizing, f"/health answered {took:.2f} s after the rendering; the big request " + (
-        "was still being tokenized" if tokenizing else "was answered first")
+        "was still being tokenized" if tokenizing else "was answered first"
+    )
     r = done["big"]
     assert r.status_code == 400 and r.json()["error"]["message"] == (
-        f"the messages take 800030 tokens, which leaves no room for a reply in the context of {CONTEXT} tokens")
+        f"the messages take 800030 tokens, which leaves no room for a reply in the context of {CONTEXT} tokens"
+    )
 
 
 # ------------------------------------------------------------------------- API key, Host check
@@ -488,17 +660,20 @@ _WRONG = "the API key is not this server's (Authorization: Bearer <key>)"
 _MALFORMED = "the Authorization header must be 'Bearer <key>' (one header)"
 
 
-@pytest.mark.parametrize("authorization,code,message", [
-    (None, "missing_api_key", _MISSING),
-    (f"Bearer {KEY}x", "invalid_api_key", _WRONG),
-    (f"Bearer {KEY[:-1]}", "invalid_api_key", _WRONG),
-    (f"Bearer {KEY.lower()}", "invalid_api_key", _WRONG),
-    ("Bearer ключ".encode(), "invalid_api_key", _WRONG),
-    (KEY, "invalid_authorization", _MALFORMED),
-    (f"Basic {KEY}", "invalid_authorization", _MALFORMED),
-    ("Bearer ", "invalid_authorization", _MALFORMED),
-    ("", "invalid_authorization", _MALFORMED),
-])
+@pytest.mark.parametrize(
+    "authorization,code,message",
+    [
+        (None, "missing_api_key", _MISSING),
+        (f"Bearer {KEY}x", "invalid_api_key", _WRONG),
+        (f"Bearer {KEY[:-1]}", "invalid_api_key", _WRONG),
+        (f"Bearer {KEY.lower()}", "invalid_api_key", _WRONG),
+        ("Bearer ключ".encode(), "invalid_api_key", _WRONG),
+        (KEY, "invalid_authorization", _MALFORMED),
+        (f"Basic {KEY}", "invalid_authorization", _MALFORMED),
+        ("Bearer ", "invalid_authorization", _MALFORMED),
+        ("", "invalid_authorization", _MALFORMED),
+    ],
+)
 def test_v1_without_the_api_key_is_401(keyed, authorization, code, message):
     """Every /v1 path, before the body is read (this one would be answered): 401, OpenAI's error
     object telling a missing header from a wrong key, and WWW-Authenticate: Bearer."""
@@ -535,47 +710,85 @@ def test_api_keys_are_compared_in_constant_time(keyed, monkeypatch):
     assert calls == [(b"wrong", KEY.encode()), (KEY.encode(), KEY.encode())]
 
 
-@pytest.mark.parametrize("host", ["localhost", "localhost:8000", "LocalHost:8000", "127.0.0.1", "127.0.0.1:8000",
-                                  "[::1]", "[::1]:8000", "[0:0::1]:80"])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "localhost",
+        "localhost:8000",
+        "LocalHost:8000",
+        "127.0.0.1",
+        "127.0.0.1:8000",
+        "[::1]",
+        "[::1]:8000",
+        "[0:0::1]:80",
+    ],
+)
 def test_loopback_hosts_are_answered(engine, host):
     with TestClient(create_app(engine, model_id=MODEL_ID, allowed_hosts=_LOOPBACK)) as client:
         assert client.get("/health", headers={"Host": host}).status_code == 200
         assert client.get("/v1/models", headers={"Host": host}).json()["data"][0]["id"] == MODEL_ID
 
 
-@pytest.mark.parametrize("host", ["evil.example", "evil.example:8000", "localhost.evil.example",
-                                  "127.0.0.1.nip.io:8000", "127.0.0.2", "[::2]:8000", "localhost:99999",
-                                  "localhost:x", "", "local host"])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "evil.example",
+        "evil.example:8000",
+        "localhost.evil.example",
+        "127.0.0.1.nip.io:8000",
+        "127.0.0.2",
+        "[::2]:8000",
+        "localhost:99999",
+        "localhost:x",
+        "",
+        "local host",
+    ],
+)
 def test_other_hosts_are_421_against_dns_rebinding(engine, host):
     """A page whose name was rebound to 127.0.0.1 reaches the server with its own name as Host:
     refused on every path, before the API key is looked at, with a JSON error naming the Host."""
     with TestClient(create_app(engine, model_id=MODEL_ID, allowed_hosts=_LOOPBACK, api_key=KEY)) as client:
-        for method, path in [("GET", "/"), ("GET", "/health"), ("GET", "/v1/models"),
-                             ("POST", "/v1/chat/completions")]:
-            r = client.request(method, path, headers={"Host": host, "Authorization": f"Bearer {KEY}"},
-                               json={"messages": _MSG, "max_tokens": 1})
+        for method, path in [("GET", "/"), ("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions")]:
+            r = client.request(
+                method,
+                path,
+                headers={"Host": host, "Authorization": f"Bearer {KEY}"},
+                json={"messages": _MSG, "max_tokens": 1},
+            )
             assert r.status_code == 421, (path, r.text)
-            assert r.json() == _refusal("invalid_host", f"this server does not answer requests for the Host "
-                                        f"{host!r}; it answers 127.0.0.1, ::1, localhost (swiftspec serve "
-                                        "--allowed-hosts)")
+            assert r.json() == _refusal(
+                "invalid_host",
+                f"this server does not answer requests for the Host "
+                f"{host!r}; it answers 127.0.0.1, ::1, localhost (swiftspec serve "
+                "--allowed-hosts)",
+            )
 
 
-@pytest.mark.parametrize("headers,status,message", [
-    ([], 421, "this server does not answer requests without a Host header; it answers localhost"),
-    ([(b"host", b"localhost"), (b"host", b"evil.example")], 421,
-     "this server does not answer requests with 2 Host headers; it answers localhost"),
-    ([(b"host", b"localhost"), (b"authorization", b"Bearer k"), (b"authorization", b"Bearer k")], 401,
-     "the Authorization header must be 'Bearer <key>' (one header)"),
-    ([(b"host", b"localhost:8000"), (b"authorization", b"Bearer k")], None, None),
-])
+@pytest.mark.parametrize(
+    "headers,status,message",
+    [
+        ([], 421, "this server does not answer requests without a Host header; it answers localhost"),
+        (
+            [(b"host", b"localhost"), (b"host", b"evil.example")],
+            421,
+            "this server does not answer requests with 2 Host headers; it answers localhost",
+        ),
+        (
+            [(b"host", b"localhost"), (b"authorization", b"Bearer k"), (b"authorization", b"Bearer k")],
+            401,
+            "the Authorization header must be 'Bearer <key>' (one header)",
+        ),
+        ([(b"host", b"localhost:8000"), (b"authorization", b"Bearer k")], None, None),
+    ],
+)
 def test_no_host_or_repeated_headers_are_refused(headers, status, message):
     """Headers an HTTP client can send but TestClient cannot (none, or twice), as ASGI hands them over."""
     from swiftspec.serve.guard import Guard
 
     refusal = Guard(None, api_key="k", allowed_hosts=["localhost"]).refusal(
-        {"type": "http", "path": "/v1/models", "headers": headers})
-    assert (refusal and (refusal.status, refusal.message.split(" (swiftspec")[0])) == (
-        status and (status, message))
+        {"type": "http", "path": "/v1/models", "headers": headers}
+    )
+    assert (refusal and (refusal.status, refusal.message.split(" (swiftspec")[0])) == (status and (status, message))
 
 
 def test_any_host_without_allowed_hosts_or_with_a_star(client, engine):
@@ -584,16 +797,24 @@ def test_any_host_without_allowed_hosts_or_with_a_star(client, engine):
         assert star.get("/health", headers={"Host": "evil.example"}).status_code == 200
 
 
-@pytest.mark.parametrize("options,message", [
-    ({"api_key": ""}, "the API key must not be empty"),
-    ({"api_key": "two words"}, "the API key may hold visible ASCII characters only (no spaces); character 4 of 9 "
-                               "is not one"),
-    ({"api_key": "clé"}, "character 3 of 3 is not one"),
-    ({"allowed_hosts": "localhost,"}, "the allowed host '' is not a host name or IP address without a port"),
-    ({"allowed_hosts": ["localhost:8000"]}, "the allowed host 'localhost:8000' is not a host name or IP address "
-                                            "without a port (give names such as localhost,my-host.lan; '*' for any)"),
-    ({"allowed_hosts": ["[::1]:80"]}, "the allowed host '[::1]:80' is not"),
-])
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ({"api_key": ""}, "the API key must not be empty"),
+        (
+            {"api_key": "two words"},
+            "the API key may hold visible ASCII characters only (no spaces); character 4 of 9 is not one",
+        ),
+        ({"api_key": "clé"}, "character 3 of 3 is not one"),
+        ({"allowed_hosts": "localhost,"}, "the allowed host '' is not a host name or IP address without a port"),
+        (
+            {"allowed_hosts": ["localhost:8000"]},
+            "the allowed host 'localhost:8000' is not a host name or IP address "
+            "without a port (give names such as localhost,my-host.lan; '*' for any)",
+        ),
+        ({"allowed_hosts": ["[::1]:80"]}, "the allowed host '[::1]:80' is not"),
+    ],
+)
 def test_bad_api_key_or_allowed_hosts_are_refused_when_the_app_is_made(engine, options, message):
     from swiftspec.errors import InvalidRequestError
 
@@ -636,8 +857,9 @@ def test_runner_counts_a_job_before_its_last_event(monkeypatch):
         return [kind async for kind, _ in job.events()]
 
     assert asyncio.run(one_job()) == ["text", "done"]
-    assert at_last_event == [{"running": 0, "waiting": 0, "max_waiting": 0,
-                              "ended": {"done": 1, "cancelled": 0, "error": 0}}]
+    assert at_last_event == [
+        {"running": 0, "waiting": 0, "max_waiting": 0, "ended": {"done": 1, "cancelled": 0, "error": 0}}
+    ]
 
 
 def test_one_runs_one_waits_a_third_gets_503_and_leaving_cancels(engine, mtbench, messages, reference):
@@ -651,12 +873,19 @@ def test_one_runs_one_waits_a_third_gets_503_and_leaving_cancels(engine, mtbench
         waiting_reply = {}
 
         def second():
-            waiting_reply["r"] = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
-                "messages": short_messages, "max_tokens": 4, "temperature": 0})
+            waiting_reply["r"] = httpx.post(
+                f"{url}/v1/chat/completions",
+                timeout=120,
+                json={"messages": short_messages, "max_tokens": 4, "temperature": 0},
+            )
             waiting_reply["at"] = time.monotonic()
 
-        with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=120, json={
-                "messages": long_messages, "max_tokens": 460, "temperature": 0, "stream": True}) as stream:
+        with httpx.stream(
+            "POST",
+            f"{url}/v1/chat/completions",
+            timeout=120,
+            json={"messages": long_messages, "max_tokens": 460, "temperature": 0, "stream": True},
+        ) as stream:
             lines = stream.iter_lines()
             for line in lines:  # until the first text: the long request is decoding
                 if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
@@ -664,9 +893,14 @@ def test_one_runs_one_waits_a_third_gets_503_and_leaving_cancels(engine, mtbench
             thread = threading.Thread(target=second)
             thread.start()
             _wait_for(lambda: http.get("/health").json()["waiting"] == 1, 30, "the second request to wait")
-            assert http.get("/health").json() == {"status": "ok", "model": engine.target_dir.name, "running": 1,
-                                                  "waiting": 1, "max_waiting": 1,
-                                                  "ended": {"done": 0, "cancelled": 0, "error": 0}}
+            assert http.get("/health").json() == {
+                "status": "ok",
+                "model": engine.target_dir.name,
+                "running": 1,
+                "waiting": 1,
+                "max_waiting": 1,
+                "ended": {"done": 0, "cancelled": 0, "error": 0},
+            }
             busy = http.post("/v1/chat/completions", json={"messages": short_messages, "max_tokens": 4})
             assert busy.status_code == 503 and busy.headers["retry-after"] == "5"
             assert busy.json()["error"]["code"] == "busy"
@@ -686,15 +920,17 @@ def test_a_non_streamed_client_that_leaves_cancels(engine, mtbench):
     long_messages = prompt_messages("mtbench", mtbench[0])
     with _running_server(create_app(engine, max_waiting=0)) as url, httpx.Client(base_url=url, timeout=120) as http:
         with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
-            http.post("/v1/chat/completions", json={"messages": long_messages, "max_tokens": 460, "temperature": 0},
-                      timeout=httpx.Timeout(120, read=3))
+            http.post(
+                "/v1/chat/completions",
+                json={"messages": long_messages, "max_tokens": 460, "temperature": 0},
+                timeout=httpx.Timeout(120, read=3),
+            )
         left = time.monotonic()
         _wait_for(lambda: http.get("/health").json()["running"] == 0, 10, "the reply to be cancelled")
         assert http.get("/health").json()["ended"] == {"done": 0, "cancelled": 1, "error": 0}
         r = http.post("/v1/chat/completions", json={"messages": _MSG, "max_tokens": 2, "temperature": 0})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
         assert time.monotonic() - left < 15
-
 
 
 def test_a_streamed_client_that_left_before_its_reply_started_cancels(engine, mtbench):
@@ -708,13 +944,27 @@ def test_a_streamed_client_that_left_before_its_reply_started_cancels(engine, mt
 
     app = create_app(engine, max_waiting=0)
     runner = app.state.server.runner
-    body = json.dumps({"messages": prompt_messages("mtbench", mtbench[0]), "max_tokens": 460, "temperature": 0,
-                       "stream": True}).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
-             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000),
-             "headers": [(b"host", b"x"), (b"content-type", b"application/json"),
-                         (b"content-length", str(len(body)).encode())]}
+    body = json.dumps(
+        {"messages": prompt_messages("mtbench", mtbench[0]), "max_tokens": 460, "temperature": 0, "stream": True}
+    ).encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+        "headers": [
+            (b"host", b"x"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+    }
 
     async def client_that_left():
         pending = [{"type": "http.request", "body": body, "more_body": False}]
@@ -746,10 +996,24 @@ def test_cli_serve_answers_and_stops_on_sigint_or_sigterm(checkpoint_dir, sig):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "swiftspec.cli", "serve", "--target", str(ckpt), "--port",
-                             str(port), "--max-context", str(CONTEXT)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env={k: v for k, v in os.environ.items() if k != "SWIFTSPEC_API_KEY"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "swiftspec.cli",
+            "serve",
+            "--target",
+            str(ckpt),
+            "--port",
+            str(port),
+            "--max-context",
+            str(CONTEXT),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "SWIFTSPEC_API_KEY"},
+    )
     try:
         url = f"http://127.0.0.1:{port}"
 
@@ -764,33 +1028,49 @@ def test_cli_serve_answers_and_stops_on_sigint_or_sigterm(checkpoint_dir, sig):
         # bound to 127.0.0.1: another name for it (DNS rebinding) is refused
         rebound = httpx.get(f"{url}/health", timeout=10, headers={"Host": f"evil.example:{port}"})
         assert rebound.status_code == 421 and rebound.json()["error"]["code"] == "invalid_host"
-        r = httpx.post(f"{url}/v1/chat/completions", timeout=120,
-                       json={"model": ckpt.name, "messages": _MSG, "max_tokens": 3, "temperature": 0})
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            timeout=120,
+            json={"model": ckpt.name, "messages": _MSG, "max_tokens": 3, "temperature": 0},
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
         replies = {}
 
         def waiting():
-            replies["waiting"] = httpx.post(f"{url}/v1/chat/completions", timeout=60,
-                                            json={"messages": _MSG, "max_tokens": 4, "temperature": 0})
+            replies["waiting"] = httpx.post(
+                f"{url}/v1/chat/completions", timeout=60, json={"messages": _MSG, "max_tokens": 4, "temperature": 0}
+            )
 
-        with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=60, json={
-                "messages": [{"role": "user", "content": "Write a long story about a dragon."}], "max_tokens": 400,
-                "temperature": 0, "stream": True}) as stream:
+        with httpx.stream(
+            "POST",
+            f"{url}/v1/chat/completions",
+            timeout=60,
+            json={
+                "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
+                "max_tokens": 400,
+                "temperature": 0,
+                "stream": True,
+            },
+        ) as stream:
             lines = stream.iter_lines()
             assert next(lines).startswith("data: ")  # streaming
             thread = threading.Thread(target=waiting)
             thread.start()
             _wait_for(lambda: httpx.get(f"{url}/health", timeout=5).json()["waiting"] == 1, 30, "a waiting request")
             proc.send_signal(sig)
-            events = [line[len("data: "):] for line in lines if line]
+            events = [line[len("data: ") :] for line in lines if line]
         thread.join(30)
         _, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    shutting_down = {"message": "the server is shutting down; the reply was cut short", "type": "server_error",
-                     "param": None, "code": "shutting_down"}
+    shutting_down = {
+        "message": "the server is shutting down; the reply was cut short",
+        "type": "server_error",
+        "param": None,
+        "code": "shutting_down",
+    }
     assert events[-1] == "[DONE]" and json.loads(events[-2]) == {"error": shutting_down}
     assert replies["waiting"].status_code == 503 and replies["waiting"].json() == {"error": shutting_down}
     assert proc.returncode == 0, err
@@ -805,8 +1085,18 @@ def test_cli_serve_names_a_missing_extra_before_loading(monkeypatch, capsys, tmp
     monkeypatch.setattr(swiftspec.serve, "missing_modules", lambda: ["uvicorn"])
     assert main(["serve", "--target", str(tmp_path / "never-loaded")]) == 2
     err = capsys.readouterr().err
-    assert err == ("swiftspec serve: error: the server needs the 'serve' extra (uvicorn not installed): "
-                   "pip install 'swiftspec[serve]' (in a clone of the repository: pip install '.[serve]')\n")
+    # the pin the command names is pyproject's (read from the installed package's metadata)
+    pin = next(d for d in _pyproject()["project"]["dependencies"] if d.startswith("uvicorn=="))
+    assert err == (
+        "swiftspec serve: error: the server needs uvicorn, which swiftspec depends on but which is not "
+        f"installed: pip install '{pin}'\n"
+    )
+
+
+def _pyproject() -> dict:
+    import tomllib
+
+    return tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
 
 
 def _cli_app(monkeypatch, engine, argv: list[str]):
@@ -825,7 +1115,8 @@ def _cli_app(monkeypatch, engine, argv: list[str]):
 
     apps = []
 
-    def serve(app, host, port, on_started):
+    def serve(app, host, port, on_started, request_timeout):
+        app.state.request_timeout = request_timeout  # (its effect: tests/test_serve_timeouts.py)
         apps.append(app)
         on_started()
 
@@ -835,34 +1126,50 @@ def _cli_app(monkeypatch, engine, argv: list[str]):
     return apps[0]
 
 
-@pytest.mark.parametrize("host,warned", [("0.0.0.0", True), ("::", True), ("192.168.1.5", True),
-                                         ("my-host.example", True), ("127.0.0.1", False), ("localhost", False),
-                                         ("::1", False)])
+@pytest.mark.parametrize(
+    "host,warned",
+    [
+        ("0.0.0.0", True),
+        ("::", True),
+        ("192.168.1.5", True),
+        ("my-host.example", True),
+        ("127.0.0.1", False),
+        ("localhost", False),
+        ("::1", False),
+    ],
+)
 def test_cli_serve_warns_when_it_listens_beyond_this_machine(monkeypatch, capsys, engine, host, warned):
     """Beyond loopback anyone who reaches the port can use the API: no authentication, no TLS."""
     monkeypatch.delenv("SWIFTSPEC_API_KEY", raising=False)
     _cli_app(monkeypatch, engine, ["--host", host])
     err = capsys.readouterr().err
     shown = f"[{host}]" if ":" in host else host
-    warning = (f"[swiftspec] warning: listening on {shown}, beyond this machine: the API has no authentication and "
-               "no TLS; anyone who can reach this port can use the models and read the replies\n")
+    warning = (
+        f"[swiftspec] warning: listening on {shown}, beyond this machine: the API has no authentication and "
+        "no TLS; anyone who can reach this port can use the models and read the replies\n"
+    )
     assert f"[swiftspec] serving served: chat page http://{shown}:8000/" in err
     assert (warning in err) == warned, err
     _cli_app(monkeypatch, engine, ["--host", host, "--api-key", KEY])
     err = capsys.readouterr().err
-    warning = (f"[swiftspec] warning: listening on {shown}, beyond this machine: no TLS: the API key and the replies "
-               "cross the network unencrypted\n")
+    warning = (
+        f"[swiftspec] warning: listening on {shown}, beyond this machine: no TLS: the API key and the replies "
+        "cross the network unencrypted\n"
+    )
     assert "[swiftspec] the API needs the header 'Authorization: Bearer <key>'\n" in err and KEY not in err
     assert (warning in err) == warned and "no authentication" not in err, err
 
 
-@pytest.mark.parametrize("argv,env,key", [
-    (["--api-key", "k1"], None, "k1"),
-    ([], "k2", "k2"),
-    (["--api-key", "k1"], "k2", "k1"),
-    ([], "", None),  # set but empty: no key
-    ([], None, None),
-])
+@pytest.mark.parametrize(
+    "argv,env,key",
+    [
+        (["--api-key", "k1"], None, "k1"),
+        ([], "k2", "k2"),
+        (["--api-key", "k1"], "k2", "k1"),
+        ([], "", None),  # set but empty: no key
+        ([], None, None),
+    ],
+)
 def test_cli_serve_takes_the_api_key_from_the_option_or_the_environment(monkeypatch, capsys, engine, argv, env, key):
     if env is None:
         monkeypatch.delenv("SWIFTSPEC_API_KEY", raising=False)
@@ -876,15 +1183,21 @@ def test_cli_serve_takes_the_api_key_from_the_option_or_the_environment(monkeypa
     assert ("Authorization: Bearer <key>" in capsys.readouterr().err) == (key is not None)
 
 
-@pytest.mark.parametrize("argv,answered,refused", [
-    ([], ["localhost:8000", "127.0.0.1:8000", "[::1]:8000"], ["evil.example:8000", "192.168.1.5:8000"]),
-    (["--host", "127.0.0.2"], ["127.0.0.2:8000", "localhost:8000"], ["evil.example"]),
-    (["--host", "::1"], ["[::1]:8000", "localhost"], ["evil.example"]),
-    (["--allowed-hosts", "*"], ["localhost:8000", "evil.example:8000"], []),
-    (["--host", "0.0.0.0"], ["evil.example:8000", "192.168.1.5"], []),
-    (["--host", "0.0.0.0", "--allowed-hosts", "My-Box.lan, 192.168.1.5"], ["my-box.lan:8000", "192.168.1.5"],
-     ["localhost:8000", "evil.example"]),
-])
+@pytest.mark.parametrize(
+    "argv,answered,refused",
+    [
+        ([], ["localhost:8000", "127.0.0.1:8000", "[::1]:8000"], ["evil.example:8000", "192.168.1.5:8000"]),
+        (["--host", "127.0.0.2"], ["127.0.0.2:8000", "localhost:8000"], ["evil.example"]),
+        (["--host", "::1"], ["[::1]:8000", "localhost"], ["evil.example"]),
+        (["--allowed-hosts", "*"], ["localhost:8000", "evil.example:8000"], []),
+        (["--host", "0.0.0.0"], ["evil.example:8000", "192.168.1.5"], []),
+        (
+            ["--host", "0.0.0.0", "--allowed-hosts", "My-Box.lan, 192.168.1.5"],
+            ["my-box.lan:8000", "192.168.1.5"],
+            ["localhost:8000", "evil.example"],
+        ),
+    ],
+)
 def test_cli_serve_checks_the_host_header(monkeypatch, engine, argv, answered, refused):
     """Bound to a loopback address: the loopback names (and the address bound) only; beyond it:
     any Host, unless --allowed-hosts names them."""
@@ -896,32 +1209,58 @@ def test_cli_serve_checks_the_host_header(monkeypatch, engine, argv, answered, r
             assert r.status_code == 421 and r.json()["error"]["code"] == "invalid_host", host
 
 
+def test_cli_serve_passes_its_request_timeout_to_the_server(monkeypatch, capsys, engine):
+    from swiftspec.cli import main
+    from swiftspec.serve import REQUEST_TIMEOUT_S
+
+    assert _cli_app(monkeypatch, engine, []).state.request_timeout == REQUEST_TIMEOUT_S == 30
+    assert _cli_app(monkeypatch, engine, ["--request-timeout", "2.5"]).state.request_timeout == 2.5
+    capsys.readouterr()
+    assert main(["serve", "--target", "never-loaded", "--request-timeout", "0"]) == 2
+    assert capsys.readouterr().err == "swiftspec serve: error: --request-timeout must be > 0 seconds, got 0\n"
+
+
 def test_cli_serve_names_a_bad_api_key_from_the_environment(monkeypatch, capsys, tmp_path):
     from swiftspec.cli import main
 
     monkeypatch.setenv("SWIFTSPEC_API_KEY", "my key")
     assert main(["serve", "--target", str(tmp_path / "never-loaded")]) == 2
-    assert capsys.readouterr().err == ("swiftspec serve: error: SWIFTSPEC_API_KEY: the API key may hold visible ASCII "
-                                       "characters only (no spaces); character 3 of 6 is not one\n")
+    assert capsys.readouterr().err == (
+        "swiftspec serve: error: SWIFTSPEC_API_KEY: the API key may hold visible ASCII "
+        "characters only (no spaces); character 3 of 6 is not one\n"
+    )
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--max-body-bytes", "0"], "--max-body-bytes must be >= 1, got 0"),
-    (["--port", "0"], "--port must be in [1, 65535], got 0"),
-    (["--max-waiting", "-1"], "--max-waiting must be >= 0, got -1"),
-    (["--tree-budget", "0"], "--tree-budget must be >= 1, got 0"),
-    (["--mode", "serial"], "--mode serial needs a draft model: give --draft (or drop --no-draft)"),
-    (["--draft", "d", "--no-draft", "--mode", "serial"], "--no-draft and --draft contradict each other: give one of "
-                                                          "them"),
-    (["--api-key", ""], "--api-key: the API key must not be empty"),
-    (["--api-key", "a key"], "--api-key: the API key may hold visible ASCII characters only (no spaces); character 2 "
-                             "of 5 is not one"),
-    (["--allowed-hosts", "localhost:8000"], "--allowed-hosts: the allowed host 'localhost:8000' is not a host name "
-                                            "or IP address without a port (give names such as localhost,my-host.lan; "
-                                            "'*' for any)"),
-    (["--allowed-hosts", "a,,b"], "--allowed-hosts: the allowed host '' is not a host name or IP address without a "
-                                  "port (give names such as localhost,my-host.lan; '*' for any)"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--max-body-bytes", "0"], "--max-body-bytes must be >= 1, got 0"),
+        (["--port", "0"], "--port must be in [1, 65535], got 0"),
+        (["--max-waiting", "-1"], "--max-waiting must be >= 0, got -1"),
+        (["--tree-budget", "0"], "--tree-budget must be >= 1, got 0"),
+        (["--mode", "serial"], "--mode serial needs a draft model: give --draft (or drop --no-draft)"),
+        (
+            ["--draft", "d", "--no-draft", "--mode", "serial"],
+            "--no-draft and --draft contradict each other: give one of them",
+        ),
+        (["--api-key", ""], "--api-key: the API key must not be empty"),
+        (
+            ["--api-key", "a key"],
+            "--api-key: the API key may hold visible ASCII characters only (no spaces); character 2 of 5 is not one",
+        ),
+        (
+            ["--allowed-hosts", "localhost:8000"],
+            "--allowed-hosts: the allowed host 'localhost:8000' is not a host name "
+            "or IP address without a port (give names such as localhost,my-host.lan; "
+            "'*' for any)",
+        ),
+        (
+            ["--allowed-hosts", "a,,b"],
+            "--allowed-hosts: the allowed host '' is not a host name or IP address without a "
+            "port (give names such as localhost,my-host.lan; '*' for any)",
+        ),
+    ],
+)
 def test_cli_serve_names_bad_options_before_loading(monkeypatch, capsys, tmp_path, extra, message):
     from swiftspec.cli import main
 

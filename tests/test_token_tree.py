@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from swiftspec import InvalidRequestError
-from swiftspec.swiftspec_core import ModelOptions, load_model
-from swiftspec.swiftspec_core import spec
+from swiftspec.swiftspec_core import ModelOptions, load_model, spec
 
 DRAFT = "qwen2.5-coder-0.5b-instruct"
 
@@ -54,11 +53,8 @@ def test_structure_mask_positions():
     assert t.path_tokens(4) == [100, 11, 13, 14]
     assert t.positions(40) == [40, 41, 41, 42, 43]
     expect = np.array(
-        [[1, 0, 0, 0, 0],
-         [1, 1, 0, 0, 0],
-         [1, 0, 1, 0, 0],
-         [1, 1, 0, 1, 0],
-         [1, 1, 0, 1, 1]], dtype=np.uint8)
+        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]], dtype=np.uint8
+    )
     np.testing.assert_array_equal(t.attention_mask(), expect)
     offsets, values = t.ancestors_csr()
     assert offsets == [0, 1, 3, 5, 8, 12]

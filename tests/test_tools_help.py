@@ -11,7 +11,9 @@ TOOLS = sorted(p for p in (Path(__file__).resolve().parent.parent / "tools").glo
 
 
 def test_tools_are_found():
-    assert {"check_lossless.py", "bench_acceptance.py", "convert_weights.py", "fetch_models.py"} <= {p.name for p in TOOLS}
+    assert {"check_lossless.py", "bench_acceptance.py", "convert_weights.py", "fetch_models.py"} <= {
+        p.name for p in TOOLS
+    }
 
 
 @pytest.mark.parametrize("tool", TOOLS, ids=[p.stem for p in TOOLS])

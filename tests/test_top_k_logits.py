@@ -91,8 +91,9 @@ def test_tree_rows_and_greedy_verification_from_the_argmax(model_and_prompt):
             j = parents[j]
         attend += chain[::-1]
         offsets.append(len(attend))
-    kw = dict(positions=[base + d for d in depth], logits="all", tree_slots=slots, attend_offsets=offsets,
-              attend_slots=attend)
+    kw = dict(
+        positions=[base + d for d in depth], logits="all", tree_slots=slots, attend_offsets=offsets, attend_slots=attend
+    )
     full = model.forward(tokens, **kw)
     top_ids, top_vals, _ = model.forward_top_k(tokens, 3, **kw)
     assert model.committed_len == base  # tree mode commits nothing

@@ -16,9 +16,7 @@ import numpy as np
 import pytest
 
 from swiftspec import InvalidRequestError
-from swiftspec.datasets import prompt_messages
-from swiftspec.swiftspec_core import ModelOptions, load_model
-from swiftspec.swiftspec_core import spec
+from swiftspec.swiftspec_core import ModelOptions, load_model, spec
 from swiftspec.tokenizer import Tokenizer
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -118,8 +116,10 @@ def check_committed(model, committed_tokens):
         for got, ref, name in ((before[layer][0], after[layer][0], "K"), (before[layer][1], after[layer][1], "V")):
             if not np.array_equal(got, ref):
                 row = int(np.nonzero((got != ref).any(axis=1))[0][0])
-                raise AssertionError(f"committed {name} of layer {layer} differs from recomputation first at "
-                                     f"position {row} (max |diff| {np.abs(got - ref).max():.3g})")
+                raise AssertionError(
+                    f"committed {name} of layer {layer} differs from recomputation first at "
+                    f"position {row} (max |diff| {np.abs(got - ref).max():.3g})"
+                )
 
 
 def check_tree_slots(model, kept):
@@ -146,8 +146,9 @@ def test_random_grow_verify_commit_reject_equals_recompute(models, mtbench, seed
     budget = int(rng.choice([4, 8, 12]))
     depth = int(rng.integers(2, 6))
     branching = int(rng.integers(2, 4))
-    d = spec.DraftTree(draft, tree_budget=budget, max_depth=depth, branching=branching,
-                       expand_width=int(rng.integers(1, 4)))
+    d = spec.DraftTree(
+        draft, tree_budget=budget, max_depth=depth, branching=branching, expand_width=int(rng.integers(1, 4))
+    )
     verifier_cache = spec.TreeKvCache(target)
     target.truncate_committed(0)
     first = int(np.argmax(target.forward(prompt, logits="last")[0]))
@@ -192,12 +193,15 @@ def test_random_grow_verify_commit_reject_equals_recompute(models, mtbench, seed
         assert t.tokens[0] == bonus
         assert target.committed_len == len(committed)
         assert draft.committed_len + len(pending) == len(committed)
-        assert committed[draft.committed_len:] == pending
+        assert committed[draft.committed_len :] == pending
         assert d.cache.free_slots + d.cache.processed_count == d.cache.capacity  # no leaked slot
-        check_tree_slots(draft, [(d.cache.slot(i), pending + t.path_tokens(i))
-                                 for i in range(len(t)) if d.cache.processed(i)])
+        check_tree_slots(
+            draft, [(d.cache.slot(i), pending + t.path_tokens(i)) for i in range(len(t)) if d.cache.processed(i)]
+        )
     check_committed(target, committed)
     check_committed(draft, committed[: draft.committed_len])
-    print(f"seed {seed}: budget {budget} depth {depth} branching {branching}: kept nodes {kept_total}, "
-          f"pending tokens {pending_seen}")
+    print(
+        f"seed {seed}: budget {budget} depth {depth} branching {branching}: kept nodes {kept_total}, "
+        f"pending tokens {pending_seen}"
+    )
     assert kept_total + pending_seen > 0  # the interesting paths were exercised

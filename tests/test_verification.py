@@ -26,8 +26,7 @@ import pytest
 import torch
 
 from swiftspec.datasets import prompt_messages
-from swiftspec.swiftspec_core import ModelOptions, load_model
-from swiftspec.swiftspec_core import spec
+from swiftspec.swiftspec_core import ModelOptions, load_model, spec
 from swiftspec.tokenizer import Tokenizer
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -73,8 +72,11 @@ def chi2_sf(stat: float, df: int) -> float:
     """Survival function of the chi-square distribution (regularised upper incomplete gamma)."""
     if df <= 0:
         return 1.0
-    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64),
-                                         torch.tensor(stat / 2.0, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(
+            torch.tensor(df / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0, dtype=torch.float64)
+        )
+    )
 
 
 def test_chi2_sf_matches_known_quantiles():
@@ -87,15 +89,15 @@ def test_chi2_sf_matches_known_quantiles():
 # ---------------------------------------------------------------- greedy
 def test_greedy_semantics_on_handmade_tree():
     t = spec.TokenTree(0)
-    a = t.add_child(0, 3, -0.1)   # 1
-    t.add_child(0, 4, -0.2)       # 2
-    c = t.add_child(a, 5, -0.1)   # 3
-    t.add_child(c, 6, -0.1)       # 4
+    a = t.add_child(0, 3, -0.1)  # 1
+    t.add_child(0, 4, -0.2)  # 2
+    c = t.add_child(a, 5, -0.1)  # 3
+    t.add_child(c, 6, -0.1)  # 4
     vocab = 8
     logits = np.zeros((5, vocab), np.float32)
-    logits[0, 3] = 1.0   # root -> 3 (node 1) accepted
-    logits[1, 5] = 1.0   # node 1 -> 5 (node 3) accepted
-    logits[3, 2] = 1.0   # node 3 -> 2: not a child: bonus 2
+    logits[0, 3] = 1.0  # root -> 3 (node 1) accepted
+    logits[1, 5] = 1.0  # node 1 -> 5 (node 3) accepted
+    logits[3, 2] = 1.0  # node 3 -> 2: not a child: bonus 2
     logits[4, 1] = 1.0
     r = spec.verify_greedy(t, logits)
     assert r["accepted_path"] == [0, 1, 3]
@@ -124,9 +126,11 @@ def test_top_k_verifiers_refuse_what_they_cannot_verify():
 
     tree = spec.TokenTree(5)
     tree.add_child(0, 3, -0.1)
-    for bad_ids, bad_logits, needle in ((ids, np.ascontiguousarray(logits[:, ::-1]), "largest first without NaN"),
-                                        (ids, np.where(logits > 2, np.nan, logits).astype(np.float32), "= nan"),
-                                        (-ids, logits, r"ids\[0\] is -4")):
+    for bad_ids, bad_logits, needle in (
+        (ids, np.ascontiguousarray(logits[:, ::-1]), "largest first without NaN"),
+        (ids, np.where(logits > 2, np.nan, logits).astype(np.float32), "= nan"),
+        (-ids, logits, r"ids\[0\] is -4"),
+    ):
         with pytest.raises(InvalidRequestError, match=needle):
             spec.verify_top_k_sampling(tree, bad_ids, bad_logits, 1.0, seed=1, target_rows=[1, 1])
     r = spec.verify_top_k_sampling(tree, ids, logits, 1.0, seed=1, target_rows=[1, 1])
@@ -190,7 +194,7 @@ def distributions_at(models, prompt, children, temperature, top_k, top_p):
         _, logits = cache.forward_nodes(tree, list(range(len(tree))), "all")
         cache.clear()
         raw[name] = logits
-        rows[name] = np.stack([spec.sampling_distribution(l, temperature, top_k, top_p) for l in logits])
+        rows[name] = np.stack([spec.sampling_distribution(row, temperature, top_k, top_p) for row in logits])
     distributions_at.target_logits = raw["p"]  # the rows behind p (for the top-k sampling scheme)
     return prompt[-1], rows["p"], rows["q"]
 
@@ -209,10 +213,19 @@ def position(models, mtbench):
     assert root2 == root
     row_of = {tok_id: i + 1 for i, tok_id in enumerate(support)}
     logits = distributions_at.target_logits
-    top_ids = np.stack([np.asarray(spec.top_k_indices(l, K), dtype=np.int32) for l in logits])
+    top_ids = np.stack([np.asarray(spec.top_k_indices(row, K), dtype=np.int32) for row in logits])
     top_logits = np.ascontiguousarray(np.take_along_axis(logits, top_ids.astype(np.int64), axis=1), dtype=np.float32)
-    return dict(root=root, p=np.ascontiguousarray(p), q=np.ascontiguousarray(q), row_of=row_of,
-                temperature=T, top_k=K, top_p=P, top_ids=top_ids, top_logits=top_logits)
+    return dict(
+        root=root,
+        p=np.ascontiguousarray(p),
+        q=np.ascontiguousarray(q),
+        row_of=row_of,
+        temperature=T,
+        top_k=K,
+        top_p=P,
+        top_ids=top_ids,
+        top_logits=top_logits,
+    )
 
 
 def run_trials(pos, scheme, bias, trials, seed0):
@@ -250,11 +263,19 @@ def run_trials(pos, scheme, bias, trials, seed0):
                     drows.append(0)
             tree.set_expanded(c, sub if scheme == "rejection" else [])
         if scheme == "target_top_k":  # TreeVerifier's path for top-k sampled requests: the rows' top-k only
-            r = spec.verify_top_k_sampling(tree, pos["top_ids"], pos["top_logits"], 1.0, seed=seed0 + 7919 * i + 3,
-                                           target_rows=trows)
+            r = spec.verify_top_k_sampling(
+                tree, pos["top_ids"], pos["top_logits"], 1.0, seed=seed0 + 7919 * i + 3, target_rows=trows
+            )
         else:
-            r = spec.verify_stochastic(tree, p, q if scheme == "rejection" else None, seed=seed0 + 7919 * i + 3,
-                                       bias=bias, target_rows=trows, draft_rows=drows)
+            r = spec.verify_stochastic(
+                tree,
+                p,
+                q if scheme == "rejection" else None,
+                seed=seed0 + 7919 * i + 3,
+                bias=bias,
+                target_rows=trows,
+                draft_rows=drows,
+            )
         if scheme == "rejection" and bias == "none":  # depth-2 nodes have no draws: target sampling
             assert r["rejection_sampling_nodes"] >= 1
         if scheme.startswith("target") and bias == "none":
@@ -300,16 +321,19 @@ def test_stochastic_verification_is_lossless(position, scheme):
     stat1, df1, pv1 = first_token_test(position, outcomes)
     stat2, df2, pv2 = second_token_test(position, outcomes)
     accepted = sum(b is not None for _, b in outcomes) / len(outcomes)
-    print(f"{scheme}: first token chi2={stat1:.1f} df={df1} p={pv1:.3g}; second token chi2={stat2:.1f} "
-          f"df={df2} p={pv2:.3g}; first-token acceptance {accepted:.3f}")
+    print(
+        f"{scheme}: first token chi2={stat1:.1f} df={df1} p={pv1:.3g}; second token chi2={stat2:.1f} "
+        f"df={df2} p={pv2:.3g}; first-token acceptance {accepted:.3f}"
+    )
     assert df1 >= 3 and df2 >= 3  # the position is not degenerate
     assert pv1 > ALPHA, f"first-token distribution differs from the target's (p={pv1:.3g})"
     assert pv2 > ALPHA, f"second-token distribution differs from the target's (p={pv2:.3g})"
     assert accepted > 0.3  # speculation actually happens at this position
 
 
-@pytest.mark.parametrize("scheme,bias", [("rejection", "accept_first_child"), ("rejection", "no_residual"),
-                                         ("target", "accept_first_child")])
+@pytest.mark.parametrize(
+    "scheme,bias", [("rejection", "accept_first_child"), ("rejection", "no_residual"), ("target", "accept_first_child")]
+)
 def test_negative_control_biased_verifier_is_caught(position, scheme, bias):
     outcomes = run_trials(position, scheme, bias, TRIALS, seed0=777)
     stat1, df1, pv1 = first_token_test(position, outcomes)
@@ -337,7 +361,8 @@ def test_rejection_sampling_small_vocab_distribution():
         rows = [0] * len(t)
         r = spec.verify_stochastic(t, p[None, :], q[None, :], seed=i, target_rows=rows, draft_rows=rows)
         counts[r["tokens"][0]] += 1
-    stat, df, pv = chi_square_pvalue({k: int(c) for k, c in enumerate(counts)},
-                                     {k: float(v) for k, v in enumerate(p) if v > 0}, n)
+    stat, df, pv = chi_square_pvalue(
+        {k: int(c) for k, c in enumerate(counts)}, {k: float(v) for k, v in enumerate(p) if v > 0}, n
+    )
     assert counts[3] == 0  # a token the target gives no mass is never emitted
     assert pv > ALPHA, (counts / n, stat, df, pv)

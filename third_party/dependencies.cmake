@@ -28,3 +28,25 @@ if(SKBUILD OR SWIFTSPEC_PYTHON)
     list(APPEND CMAKE_PREFIX_PATH "${_nb_dir}")
   endif()
 endif()
+
+# CUTLASS (CUDA builds only): the headers of the nvidia-cutlass wheel, pinned to 4.2.0.0
+# (`pip install '.[test]'` installs it; a `SWIFTSPEC_CUDA=ON pip install .` gets it in its build
+# environment, pyproject.toml's overrides). The wheel is read, never imported: its Python
+# dependencies are not needed for the headers.
+if(SWIFTSPEC_CUDA AND NOT SWIFTSPEC_CUTLASS_DIR)
+  execute_process(
+    COMMAND ${Python_EXECUTABLE} -c "import importlib.util, os; s = importlib.util.find_spec('cutlass_library'); print(os.path.join(list(s.submodule_search_locations)[0], 'source'))"
+    OUTPUT_VARIABLE SWIFTSPEC_CUTLASS_DIR OUTPUT_STRIP_TRAILING_WHITESPACE
+    RESULT_VARIABLE _cutlass_rc ERROR_QUIET)
+endif()
+if(SWIFTSPEC_CUDA)
+  if(NOT EXISTS "${SWIFTSPEC_CUTLASS_DIR}/include/cutlass/cutlass.h")
+    message(FATAL_ERROR "CUTLASS headers not found: run `${Python_EXECUTABLE} -m pip install --no-deps "
+                        "nvidia-cutlass==4.2.0.0`, or set SWIFTSPEC_CUTLASS_DIR to a CUTLASS source tree (the folder "
+                        "holding include/cutlass and tools/util/include)")
+  endif()
+  add_library(swiftspec_cutlass INTERFACE)
+  # SYSTEM: the library's own warnings stay out of the build log.
+  target_include_directories(swiftspec_cutlass SYSTEM INTERFACE "${SWIFTSPEC_CUTLASS_DIR}/include"
+                             "${SWIFTSPEC_CUTLASS_DIR}/tools/util/include")
+endif()

@@ -39,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_lossless import DRAFT, REPO, TARGET, load_prompts, load_reference_pair  # noqa: E402
+
 from swiftspec.bench.machine import commit_label  # noqa: E402
 
 DEFAULT_CONFIGS = "chain8:8:8:1,tree8:8:8:2,tree16:16:8:2,tree32:32:8:4,tree64:64:8:4"
@@ -82,8 +83,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=10, help="prompts per dataset (default 10)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--configs", default=DEFAULT_CONFIGS,
-                    help=f"name:budget:depth:branching[:min_expand_prob],... ({DEFAULT_CONFIGS})")
+    ap.add_argument(
+        "--configs",
+        default=DEFAULT_CONFIGS,
+        help=f"name:budget:depth:branching[:min_expand_prob],... ({DEFAULT_CONFIGS})",
+    )
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=0, help="CPU threads per model (0: all cores)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "acceptance"), help="output path without suffix")
@@ -96,8 +100,9 @@ def main(argv=None) -> int:
     configs = parse_configs(args.configs)
     tok = Tokenizer.from_checkpoint(ensure_checkpoint(TARGET, args.dtype, progress=False))
     prompts = load_prompts(tok, args.prompts, args.prompts)
-    target, draft = load_reference_pair(prompts, args.dtype, args.max_new_tokens,
-                                        max(c[0] for c in configs.values()) + 2, args.threads)
+    target, draft = load_reference_pair(
+        prompts, args.dtype, args.max_new_tokens, max(c[0] for c in configs.values()) + 2, args.threads
+    )
     engine = Engine(target, draft)
 
     load_before = os.getloadavg()
@@ -108,25 +113,53 @@ def main(argv=None) -> int:
 
         def row(res, name):
             st = res["stats"]
-            return {"dataset": dataset, "index": index, "config": name, "new_tokens": st["new_tokens"],
-                    "prefill_s": st["prefill_time"], "decode_s": st["decode_time"], "target_s": st["target_time"],
-                    "draft_s": st["draft_time"], "verification_steps": st["verification_steps"],
-                    "draft_steps": st["draft_steps"], "acceptance_length": st["acceptance_length"],
-                    "identical": res["tokens"] == ref["tokens"]}
+            return {
+                "dataset": dataset,
+                "index": index,
+                "config": name,
+                "new_tokens": st["new_tokens"],
+                "prefill_s": st["prefill_time"],
+                "decode_s": st["decode_time"],
+                "target_s": st["target_time"],
+                "draft_s": st["draft_time"],
+                "verification_steps": st["verification_steps"],
+                "draft_steps": st["draft_steps"],
+                "acceptance_length": st["acceptance_length"],
+                "identical": res["tokens"] == ref["tokens"],
+            }
 
         rows["target-only"].append(row(ref, "target-only"))
         line = []
         for name, (budget, depth, branching, min_p) in configs.items():
             # the function Engine.generate(mode="serial") calls, with explicit options
-            res = spec.generate_serial(target, draft, ids, max_new_tokens=args.max_new_tokens, tree_budget=budget,
-                                       max_depth=depth, branching=branching, min_expand_prob=min_p)
+            res = spec.generate_serial(
+                target,
+                draft,
+                ids,
+                max_new_tokens=args.max_new_tokens,
+                tree_budget=budget,
+                max_depth=depth,
+                branching=branching,
+                min_expand_prob=min_p,
+            )
             rows[name].append(row(res, name))
-            rows[name][-1]["report"] = {k: res["report"][k] for k in
-                                        ("growth", "verification", "expand_width", "min_expand_prob",
-                                         "verified_per_step", "accepted_per_step", "draft_batch_rows")}
+            rows[name][-1]["report"] = {
+                k: res["report"][k]
+                for k in (
+                    "growth",
+                    "verification",
+                    "expand_width",
+                    "min_expand_prob",
+                    "verified_per_step",
+                    "accepted_per_step",
+                    "draft_batch_rows",
+                )
+            }
             line.append(f"{name} {res['stats']['acceptance_length']:.2f}")
-        print(f"[{n + 1}/{len(prompts)}] {dataset}#{index}: " + ", ".join(line) + f" ({time.time() - t0:.0f}s)",
-              flush=True)
+        print(
+            f"[{n + 1}/{len(prompts)}] {dataset}#{index}: " + ", ".join(line) + f" ({time.time() - t0:.0f}s)",
+            flush=True,
+        )
     load_after = os.getloadavg()
 
     results = {}
@@ -137,14 +170,28 @@ def main(argv=None) -> int:
 
     record = {
         "what": "acceptance length and CPU decode speed of serial speculative decoding vs target-only",
-        "target": TARGET, "draft": DRAFT, "dtype": args.dtype, "backend": "cpu", "threads_per_model": args.threads,
-        "max_new_tokens": args.max_new_tokens, "prompts_per_dataset": args.prompts,
-        "configs": {name: {"tree_budget": b, "max_depth": d, "branching": k, "min_expand_prob": p}
-                    for name, (b, d, k, p) in configs.items()},
-        "git_commit": commit_label(REPO), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "loadavg_before": load_before, "loadavg_after": load_after},
-        "wall_s": time.time() - t0, "results": results, "rows": rows,
+        "target": TARGET,
+        "draft": DRAFT,
+        "dtype": args.dtype,
+        "backend": "cpu",
+        "threads_per_model": args.threads,
+        "max_new_tokens": args.max_new_tokens,
+        "prompts_per_dataset": args.prompts,
+        "configs": {
+            name: {"tree_budget": b, "max_depth": d, "branching": k, "min_expand_prob": p}
+            for name, (b, d, k, p) in configs.items()
+        },
+        "git_commit": commit_label(REPO),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "loadavg_before": load_before,
+            "loadavg_after": load_after,
+        },
+        "wall_s": time.time() - t0,
+        "results": results,
+        "rows": rows,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -162,18 +209,23 @@ def main(argv=None) -> int:
         "",
     ]
     for dataset in ("mtbench", "humaneval", "all"):
-        lines += [f"## {dataset}", "",
-                  "| config | budget | depth | branching | min_expand_prob | acceptance length | "
-                  "draft steps / verification | decode tok/s | speedup | draft share of decode | identical |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"## {dataset}",
+            "",
+            "| config | budget | depth | branching | min_expand_prob | acceptance length | "
+            "draft steps / verification | decode tok/s | speedup | draft share of decode | identical |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for name, s in results[dataset].items():
             b, d, k, p = configs.get(name, ("-", "-", "-", None))
             eff = rows[name][0]["report"]["min_expand_prob"] if name in configs and rows[name] else None
             pcol = "-" if eff is None else f"{eff:g}"
             share = s["draft_s"] / max(s["draft_s"] + s["target_s"], 1e-9)
-            lines.append(f"| {name} | {b} | {d} | {k} | {pcol} | {s['acceptance_length_pooled']:.2f} | "
-                         f"{s['draft_steps_per_verification']:.2f} | {s['decode_tokens_per_s']:.2f} | "
-                         f"{s['speedup_vs_target_only']:.2f}x | {share:.0%} | {s['identical']}/{s['prompts']} |")
+            lines.append(
+                f"| {name} | {b} | {d} | {k} | {pcol} | {s['acceptance_length_pooled']:.2f} | "
+                f"{s['draft_steps_per_verification']:.2f} | {s['decode_tokens_per_s']:.2f} | "
+                f"{s['speedup_vs_target_only']:.2f}x | {share:.0%} | {s['identical']}/{s['prompts']} |"
+            )
         lines.append("")
     out.with_suffix(".md").write_text("\n".join(lines))
     print("\n".join(lines))

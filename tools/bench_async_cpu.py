@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     load_start = os.getloadavg()
     t_start = time.time()
     for n, (name, ids) in enumerate(prompts):
-        order = configs[n % len(configs):] + configs[:n % len(configs)]
+        order = configs[n % len(configs) :] + configs[: n % len(configs)]
         results = {c: run(c, ids) for c in order}
         ref = results.get("target", results[order[0]]).token_ids
         rec = {"prompt": name, "prompt_tokens": len(ids), "configs": {}}
@@ -133,10 +133,17 @@ def main(argv=None) -> int:
             r = results[c]
             st = r.stats
             row = {
-                "equal_to_target": r.token_ids == ref, "new_tokens": len(r.token_ids), "ttft_s": r.ttft_s,
-                "decode_s": r.decode_s, "tpot_s": r.tpot_s, "wall_s": st["wall_time"],
-                "acceptance_length": st["acceptance_length"], "verification_steps": st["verification_steps"],
-                "draft_steps": st["draft_steps"], "target_s": st["target_time"], "draft_s": st["draft_time"],
+                "equal_to_target": r.token_ids == ref,
+                "new_tokens": len(r.token_ids),
+                "ttft_s": r.ttft_s,
+                "decode_s": r.decode_s,
+                "tpot_s": r.tpot_s,
+                "wall_s": st["wall_time"],
+                "acceptance_length": st["acceptance_length"],
+                "verification_steps": st["verification_steps"],
+                "draft_steps": st["draft_steps"],
+                "target_s": st["target_time"],
+                "draft_s": st["draft_time"],
             }
             if r.timeline is not None:
                 row["timeline"] = r.timeline.summary()
@@ -144,8 +151,10 @@ def main(argv=None) -> int:
                     r.timeline.save_chrome_trace(str(out_dir / f"trace_{name}.json"))
             rec["configs"][c] = row
         records.append(rec)
-        line = "  ".join(f"{c}: {1 / v['tpot_s'] if v['tpot_s'] else 0:.2f} tok/s"
-                         f"{'' if v['equal_to_target'] else ' DIFF'}" for c, v in rec["configs"].items())
+        line = "  ".join(
+            f"{c}: {1 / v['tpot_s'] if v['tpot_s'] else 0:.2f} tok/s{'' if v['equal_to_target'] else ' DIFF'}"
+            for c, v in rec["configs"].items()
+        )
         print(f"[{n + 1}/{len(prompts)}] {name}: {line}  ({time.time() - t_start:.0f}s)", flush=True)
 
     summary = {}
@@ -159,7 +168,8 @@ def main(argv=None) -> int:
             "median_tpot_s": statistics.median(r["tpot_s"] for r in rows),
             "mean_ttft_s": statistics.mean(r["ttft_s"] for r in rows),
             "mean_acceptance_length": statistics.mean(r["acceptance_length"] for r in rows),
-            "equal_to_target": sum(r["equal_to_target"] for r in rows), "prompts": len(rows),
+            "equal_to_target": sum(r["equal_to_target"] for r in rows),
+            "prompts": len(rows),
             # share of the decode time the target spends in forward passes (1.0: never waits for the draft)
             "target_busy_share": sum(r["target_s"] for r in rows) / decode if decode else 0.0,
         }
@@ -172,12 +182,25 @@ def main(argv=None) -> int:
         summary[c] = s
     result = {
         "what": "async vs serial speculative decoding on the CPU, draft and target groups on separate cores",
-        "target": TARGET, "draft": DRAFT, "dtype": args.dtype, "placement": placed.placement,
-        "tree": tree, "max_new_tokens": args.max_new_tokens, "async_options": async_options,
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
-                    "loadavg_1min_start_end": [load_start[0], os.getloadavg()[0]]},
-        "git_commit": commit_label(REPO), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv),
-        "wall_s": time.time() - t_start, "summary": summary, "records": records,
+        "target": TARGET,
+        "draft": DRAFT,
+        "dtype": args.dtype,
+        "placement": placed.placement,
+        "tree": tree,
+        "max_new_tokens": args.max_new_tokens,
+        "async_options": async_options,
+        "machine": {
+            "cpu": cpu_model(),
+            "cores": os.cpu_count(),
+            "platform": platform.platform(),
+            "loadavg_1min_start_end": [load_start[0], os.getloadavg()[0]],
+        },
+        "git_commit": commit_label(REPO),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": " ".join(sys.argv),
+        "wall_s": time.time() - t_start,
+        "summary": summary,
+        "records": records,
     }
     (out_dir / "async_cpu.json").write_text(json.dumps(result, indent=1))
     lines = [
@@ -192,16 +215,21 @@ def main(argv=None) -> int:
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c, s in summary.items():
-        lines.append(f"| {c} | {s['tpot_s'] * 1e3:.0f} | {s['tokens_per_s']:.2f} | {s['median_tpot_s'] * 1e3:.0f} | "
-                     f"{s['mean_ttft_s']:.2f} | {s['mean_acceptance_length']:.2f} | {s['target_busy_share']:.0%} | "
-                     f"{s['equal_to_target']}/{s['prompts']} |")
+        lines.append(
+            f"| {c} | {s['tpot_s'] * 1e3:.0f} | {s['tokens_per_s']:.2f} | {s['median_tpot_s'] * 1e3:.0f} | "
+            f"{s['mean_ttft_s']:.2f} | {s['mean_acceptance_length']:.2f} | {s['target_busy_share']:.0%} | "
+            f"{s['equal_to_target']}/{s['prompts']} |"
+        )
     for name in ("async", "async-eager"):
         if name not in summary:
             continue
         a = summary[name]
-        lines += ["", f"{name} timeline: the target verifies {a['target_utilization']:.0%} of the decode span "
-                      f"(waits {a['target_wait_per_round_s'] * 1e3:.0f} ms per round for the next subtree); the draft "
-                      f"grows the tree {a['draft_grow_share']:.0%} of it, concurrently."]
+        lines += [
+            "",
+            f"{name} timeline: the target verifies {a['target_utilization']:.0%} of the decode span "
+            f"(waits {a['target_wait_per_round_s'] * 1e3:.0f} ms per round for the next subtree); the draft "
+            f"grows the tree {a['draft_grow_share']:.0%} of it, concurrently.",
+        ]
         for base in ("serial", "serial-all"):
             if base in summary and a["tpot_s"] > 0:
                 lines.append(f"{name} TPOT vs {base}: {summary[base]['tpot_s'] / a['tpot_s']:.2f}x faster.")

@@ -5,6 +5,7 @@ bandwidth (issue 2's "CPU benchmark in tools/").
     python tools/bench_cpu_decode.py                       # both Qwen models, bf16 and fp32
     python tools/bench_cpu_decode.py --models qwen2.5-coder-0.5b-instruct --dtypes bfloat16 \\
         --new-tokens 32 --repeats 2 --out /tmp/decode.json
+    python tools/bench_cpu_decode.py --checkpoints g32=DIR_A,g128=DIR_B --out /tmp/decode.json
 
 For each model and weight dtype it loads the converted checkpoint, runs one untimed warm-up
 request, then ``--repeats`` greedy target-only requests of ``--new-tokens`` tokens on one
@@ -64,7 +65,7 @@ def measure_copy_bandwidth(mib: int, threads: int, repeats: int = 5) -> float:
     bounds = [n * i // threads for i in range(threads + 1)]
 
     def copy(i: int) -> None:
-        np.copyto(dst[bounds[i]:bounds[i + 1]], src[bounds[i]:bounds[i + 1]])
+        np.copyto(dst[bounds[i] : bounds[i + 1]], src[bounds[i] : bounds[i + 1]])
 
     best = float("inf")
     for _ in range(repeats):
@@ -75,7 +76,6 @@ def measure_copy_bandwidth(mib: int, threads: int, repeats: int = 5) -> float:
         for w in workers:
             w.join()
         best = min(best, time.perf_counter() - t0)
-    del src, dst
     return 2 * n * 4 / best / 1e9
 
 
@@ -84,8 +84,10 @@ def bandwidth_runs(mib: int, phase: str) -> list[dict]:
 
     usable = cpu_info()["usable_cpus"] or 1
     counts = sorted({1, usable})
-    return [{"phase": phase, "threads": t, "array_mib": mib, "gb_per_s": round(measure_copy_bandwidth(mib, t), 3)}
-            for t in counts]
+    return [
+        {"phase": phase, "threads": t, "array_mib": mib, "gb_per_s": round(measure_copy_bandwidth(mib, t), 3)}
+        for t in counts
+    ]
 
 
 # -------------------------------------------------------------- bytes per token
@@ -121,11 +123,13 @@ def bytes_per_token(folder: Path) -> tuple[int, int, dict]:
 
 
 # ------------------------------------------------------------------ the run
-def measure_model(name: str, dtype: str, new_tokens: int, repeats: int, threads: int, prompt) -> dict:
+def measure_model(
+    name: str, dtype: str, new_tokens: int, repeats: int, threads: int, prompt, folder: Path | None = None
+) -> dict:
     from swiftspec.engine import Engine
     from swiftspec.fetch import ensure_checkpoint
 
-    folder = ensure_checkpoint(name, dtype)
+    folder = ensure_checkpoint(name, dtype) if folder is None else folder
     weight_bytes, kv_per_ctx, _ = bytes_per_token(folder)
     engine = Engine(folder, None, dtype=dtype, max_context=2048, num_threads=threads)
     engine.generate(prompt, max_new_tokens=8, mode="target")  # warm-up: page in the weights
@@ -139,7 +143,9 @@ def measure_model(name: str, dtype: str, new_tokens: int, repeats: int, threads:
     mean_ctx = prompt_tokens + new_tokens / 2
     del engine
     return {
-        "model": name, "dtype": dtype, "checkpoint": str(folder),
+        "model": name,
+        "dtype": dtype,
+        "checkpoint": str(folder),
         "weight_bytes_per_token": weight_bytes,
         "kv_bytes_per_token": int(kv_per_ctx * mean_ctx),
         "prompt_tokens": prompt_tokens,
@@ -157,7 +163,8 @@ def markdown(doc: dict) -> str:
     bw = doc["bandwidth"]["best_gb_per_s"]
     lines = [
         f"Memory copy bandwidth (read + write), best of runs: **{bw:.1f} GB/s** "
-        "(" + ", ".join(f"{r['phase']} {r['threads']} thread(s): {r['gb_per_s']:.1f}" for r in doc["bandwidth"]["runs"])
+        "("
+        + ", ".join(f"{r['phase']} {r['threads']} thread(s): {r['gb_per_s']:.1f}" for r in doc["bandwidth"]["runs"])
         + ")",
         "",
         "| model | dtype | weight MB/token | TTFT median (s) | decode tok/s median (runs) | TPOT (ms) | "
@@ -169,19 +176,30 @@ def markdown(doc: dict) -> str:
         lines.append(
             f"| {r['model']} | {r['dtype']} | {r['weight_bytes_per_token'] / 1e6:.0f} | {r['median_ttft_s']:.2f} | "
             f"**{r['median_tokens_per_s']:.2f}** ({runs}) | {r['median_tpot_s'] * 1000:.0f} | "
-            f"{r['limit_tokens_per_s']:.2f} | {r['fraction_of_limit']:.0%} |")
+            f"{r['limit_tokens_per_s']:.2f} | {r['fraction_of_limit']:.0%} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated reference model names")
-    p.add_argument("--dtypes", default=",".join(DTYPES),
-                   help="comma-separated: bfloat16, float32, int4 (int4: converted from the GGUF with group size 128)")
+    p.add_argument(
+        "--dtypes",
+        default=",".join(DTYPES),
+        help="comma-separated: bfloat16, float32, int4 (int4: converted from the GGUF, group size 32)",
+    )
     p.add_argument("--new-tokens", default="64", help="new tokens per timed request (default 64)")
     p.add_argument("--repeats", default="3", help="timed requests per model and dtype (default 3)")
     p.add_argument("--threads", default="0", help="CPU threads (0: all cores)")
     p.add_argument("--bandwidth-mib", default="1024", help="size of each copy array, MiB (default 1024)")
+    p.add_argument(
+        "--checkpoints",
+        default=None,
+        metavar="LABEL=DIR,...",
+        help="measure these checkpoint folders instead of --models x --dtypes (e.g. two int4 conversions "
+        "of one model); LABEL names each in the table",
+    )
     p.add_argument("--out", help="output JSON (default benchmarks/<UTC date>-cpu-decode/cpu_decode.json)")
     args = p.parse_args()
 
@@ -211,8 +229,11 @@ def main() -> int:
     threads = integer("--threads", args.threads, 0)
     mib = integer("--bandwidth-mib", args.bandwidth_mib, 64)
     created = mach.now_utc()
-    out = Path(args.out) if args.out else (Path(__file__).resolve().parents[1] / "benchmarks"
-                                           / f"{created[:10]}-cpu-decode" / "cpu_decode.json")
+    out = (
+        Path(args.out)
+        if args.out
+        else (Path(__file__).resolve().parents[1] / "benchmarks" / f"{created[:10]}-cpu-decode" / "cpu_decode.json")
+    )
     if out.exists() and out.is_dir():
         raise InvalidRequestError(f"--out {out} is a folder; give a file name")
 
@@ -222,11 +243,19 @@ def main() -> int:
     print(f"[decode] measuring copy bandwidth ({mib} MiB arrays)", file=sys.stderr, flush=True)
     runs = bandwidth_runs(mib, "before")
     results = []
-    for name in models:
-        for dtype in dtypes:
-            print(f"[decode] {name} {dtype}", file=sys.stderr, flush=True)
-            results.append(measure_model(name, dtype, new_tokens, repeats, threads, prompt))
-            print(f"[decode]   {results[-1]['median_tokens_per_s']:.2f} tok/s", file=sys.stderr, flush=True)
+    jobs = [(name, dtype, None) for name in models for dtype in dtypes]
+    if args.checkpoints:
+        jobs = []
+        for item in args.checkpoints.split(","):
+            label, sep, folder = item.partition("=")
+            if not sep or not (Path(folder) / "manifest.json").is_file():
+                raise InvalidRequestError(f"--checkpoints: {item!r} is not LABEL=DIR of a checkpoint folder")
+            dtype = json.loads((Path(folder) / "manifest.json").read_text())["dtype"]
+            jobs.append((label, dtype, Path(folder)))
+    for name, dtype, folder in jobs:
+        print(f"[decode] {name} {dtype}", file=sys.stderr, flush=True)
+        results.append(measure_model(name, dtype, new_tokens, repeats, threads, prompt, folder))
+        print(f"[decode]   {results[-1]['median_tokens_per_s']:.2f} tok/s", file=sys.stderr, flush=True)
     runs += bandwidth_runs(mib, "after")
     best = max(r["gb_per_s"] for r in runs)
     for r in results:
@@ -234,13 +263,27 @@ def main() -> int:
         r["fraction_of_limit"] = r["median_tokens_per_s"] / r["limit_tokens_per_s"]
     machine["busy_processes_end"] = mach.busy_processes()
     doc = {
-        "kind": "swiftspec-cpu-decode", "created": created, "command": mach.command_line(),
-        "commit": mach.commit_info(), "machine": machine,
-        "settings": {"models": models, "dtypes": dtypes, "new_tokens": new_tokens, "repeats": repeats,
-                     "threads": threads, "mode": "target", "decoding": "greedy",
-                     "prompt": f"MT-Bench question {PROMPT_QUESTION_ID}, turn 1, chat template"},
-        "bandwidth": {"runs": runs, "best_gb_per_s": best,
-                      "method": "numpy float32 copy, bytes read + written, best of 5 per thread count"},
+        "kind": "swiftspec-cpu-decode",
+        "created": created,
+        "command": mach.command_line(),
+        "commit": mach.commit_info(),
+        "machine": machine,
+        "settings": {
+            "models": models,
+            "dtypes": dtypes,
+            "checkpoints": args.checkpoints,
+            "new_tokens": new_tokens,
+            "repeats": repeats,
+            "threads": threads,
+            "mode": "target",
+            "decoding": "greedy",
+            "prompt": f"MT-Bench question {PROMPT_QUESTION_ID}, turn 1, chat template",
+        },
+        "bandwidth": {
+            "runs": runs,
+            "best_gb_per_s": best,
+            "method": "numpy float32 copy, bytes read + written, best of 5 per thread count",
+        },
         "results": results,
         "load_average_end": mach.load_average(),
     }

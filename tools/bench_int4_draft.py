@@ -2,12 +2,12 @@
 """Acceptance length of an int4 draft against the bf16 draft, with the same bf16 target (CPU).
 
 With the reference pair (Qwen2.5-Coder 1.5B target in bf16; the 0.5B draft in bf16 and in int4,
-``--dtype int4``, group size 128, converted from the same GGUF), decodes the first ``--prompts``
-MT-Bench first turns and HumanEval problems greedily: target-only, then serial tree speculation
-(``--tree`` budget:max_depth:branching, default 16:8:2, the bench's tree16) with each draft.
-Records per prompt and draft the acceptance length (tokens committed per target verification),
-verification steps, decode tokens/s, and whether the output equals target-only (it must: the
-target decides every token, whatever the draft). The drafts alternate prompt by prompt, so
+``--dtype int4`` converted from the same GGUF: group size 32 since 2026-12-07, 128 before), decodes
+the first ``--prompts`` MT-Bench first turns and HumanEval problems greedily: target-only, then
+serial tree speculation (``--tree`` budget:max_depth:branching, default 16:8:2, the bench's tree16)
+with each draft. Records per prompt and draft the acceptance length (tokens committed per target
+verification), verification steps, decode tokens/s, and whether the output equals target-only (it
+must: the target decides every token, whatever the draft). The drafts alternate prompt by prompt, so
 machine load drifts hit both alike; the load average before and after is recorded.
 
     python tools/bench_int4_draft.py --prompts 4 --max-new-tokens 64 --out benchmarks/int4-draft
@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from check_lossless import DRAFT, TARGET, load_prompts  # noqa: E402
 from _cli import run  # noqa: E402
+from check_lossless import DRAFT, TARGET, load_prompts  # noqa: E402
 
 
 def main() -> int:
@@ -51,8 +51,10 @@ def main() -> int:
 
     load_before = os.getloadavg()
     tdir = ensure_checkpoint(TARGET, "bfloat16", progress=False)
-    drafts = {"bfloat16": ensure_checkpoint(DRAFT, "bfloat16", progress=False),
-              "int4": ensure_checkpoint(DRAFT, "int4", progress=False)}
+    drafts = {
+        "bfloat16": ensure_checkpoint(DRAFT, "bfloat16", progress=False),
+        "int4": ensure_checkpoint(DRAFT, "int4", progress=False),
+    }
     prompts = load_prompts(Tokenizer.from_checkpoint(tdir), args.prompts, args.prompts)
     opts = ModelOptions()
     opts.max_context = max(len(p[3]) for p in prompts) + args.max_new_tokens + 8
@@ -64,18 +66,36 @@ def main() -> int:
     for dataset, index, pid, ids in prompts:
         ref = engines["bfloat16"].generate(ids, max_new_tokens=args.max_new_tokens, mode="target")
         for name, engine in engines.items():
-            out = engine.generate(ids, max_new_tokens=args.max_new_tokens, mode="serial", tree_budget=budget,
-                                  max_depth=depth, branching=branching)
+            out = engine.generate(
+                ids,
+                max_new_tokens=args.max_new_tokens,
+                mode="serial",
+                tree_budget=budget,
+                max_depth=depth,
+                branching=branching,
+            )
             st = out["stats"]
-            rows.append({"dataset": dataset, "index": index, "id": pid, "draft": name,
-                         "new_tokens": st["new_tokens"], "acceptance_length": st["acceptance_length"],
-                         "verification_steps": st["verification_steps"],
-                         "decode_tokens_per_s": (st["new_tokens"] - 1) / max(st["decode_time"], 1e-9),
-                         "target_only_decode_tokens_per_s":
-                             (ref["stats"]["new_tokens"] - 1) / max(ref["stats"]["decode_time"], 1e-9),
-                         "identical": out["tokens"] == ref["tokens"]})
-            print(f"[int4-draft] {dataset} {index} {name}: acceptance {st['acceptance_length']:.2f}, "
-                  f"identical {rows[-1]['identical']}", file=sys.stderr, flush=True)
+            rows.append(
+                {
+                    "dataset": dataset,
+                    "index": index,
+                    "id": pid,
+                    "draft": name,
+                    "new_tokens": st["new_tokens"],
+                    "acceptance_length": st["acceptance_length"],
+                    "verification_steps": st["verification_steps"],
+                    "decode_tokens_per_s": (st["new_tokens"] - 1) / max(st["decode_time"], 1e-9),
+                    "target_only_decode_tokens_per_s": (ref["stats"]["new_tokens"] - 1)
+                    / max(ref["stats"]["decode_time"], 1e-9),
+                    "identical": out["tokens"] == ref["tokens"],
+                }
+            )
+            print(
+                f"[int4-draft] {dataset} {index} {name}: acceptance {st['acceptance_length']:.2f}, "
+                f"identical {rows[-1]['identical']}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     summary = {}
     for name in drafts:
@@ -90,18 +110,30 @@ def main() -> int:
                 "decode_tokens_per_s_mean": sum(r["decode_tokens_per_s"] for r in sel) / len(sel),
                 "identical": sum(r["identical"] for r in sel),
             }
-    doc = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(sys.argv),
-           "commit": commit_label(), "target": str(tdir), "drafts": {k: str(v) for k, v in drafts.items()},
-           "settings": {"prompts_per_dataset": args.prompts, "max_new_tokens": args.max_new_tokens,
-                        "tree": [budget, depth, branching]},
-           "load_average_before": load_before, "load_average_after": os.getloadavg(),
-           "summary": summary, "rows": rows}
+    doc = {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": " ".join(sys.argv),
+        "commit": commit_label(),
+        "target": str(tdir),
+        "drafts": {k: str(v) for k, v in drafts.items()},
+        "settings": {
+            "prompts_per_dataset": args.prompts,
+            "max_new_tokens": args.max_new_tokens,
+            "tree": [budget, depth, branching],
+        },
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "summary": summary,
+        "rows": rows,
+    }
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
     for key, s in summary.items():
-        print(f"{key}: acceptance {s['acceptance_length_mean']:.2f} (pooled {s['acceptance_length_pooled']:.2f}), "
-              f"decode {s['decode_tokens_per_s_mean']:.2f} tok/s, identical {s['identical']}/{s['prompts']}")
+        print(
+            f"{key}: acceptance {s['acceptance_length_mean']:.2f} (pooled {s['acceptance_length_pooled']:.2f}), "
+            f"decode {s['decode_tokens_per_s_mean']:.2f} tok/s, identical {s['identical']}/{s['prompts']}"
+        )
     print(out)
     return 0 if all(r["identical"] for r in rows) else 1
 

@@ -59,18 +59,39 @@ def main(argv=None) -> int:
     for n, (dataset, index, pid, ids) in enumerate(prompts):
         line = []
         for g in growths:
-            res = spec.generate_serial(target, draft, ids, max_new_tokens=args.max_new_tokens,
-                                       temperature=args.temperature, top_p=args.top_p, seed=args.seed + n,
-                                       tree_budget=args.tree_budget, max_depth=args.max_depth,
-                                       branching=args.branching, growth=g)
+            res = spec.generate_serial(
+                target,
+                draft,
+                ids,
+                max_new_tokens=args.max_new_tokens,
+                temperature=args.temperature,
+                top_p=args.top_p,
+                seed=args.seed + n,
+                tree_budget=args.tree_budget,
+                max_depth=args.max_depth,
+                branching=args.branching,
+                growth=g,
+            )
             st, rep = res["stats"], res["report"]
-            rows.append({"dataset": dataset, "index": index, "growth": g, "seed": args.seed + n,
-                         "new_tokens": st["new_tokens"], "verification_steps": st["verification_steps"],
-                         "acceptance_length": st["acceptance_length"], "draft_steps": st["draft_steps"],
-                         "verification": rep["verification"], "accepted_per_step": rep["accepted_per_step"]})
+            rows.append(
+                {
+                    "dataset": dataset,
+                    "index": index,
+                    "growth": g,
+                    "seed": args.seed + n,
+                    "new_tokens": st["new_tokens"],
+                    "verification_steps": st["verification_steps"],
+                    "acceptance_length": st["acceptance_length"],
+                    "draft_steps": st["draft_steps"],
+                    "verification": rep["verification"],
+                    "accepted_per_step": rep["accepted_per_step"],
+                }
+            )
             line.append(f"{g} {st['acceptance_length']:.2f}")
-        print(f"[{n + 1}/{len(prompts)}] {dataset}#{index}: " + ", ".join(line) + f" ({time.time() - t0:.0f}s)",
-              flush=True)
+        print(
+            f"[{n + 1}/{len(prompts)}] {dataset}#{index}: " + ", ".join(line) + f" ({time.time() - t0:.0f}s)",
+            flush=True,
+        )
 
     results = {}
     for dataset in ("mtbench", "humaneval", "all"):
@@ -86,21 +107,33 @@ def main(argv=None) -> int:
             }
     record = {
         "what": "acceptance length of sampled serial speculation, Sampled vs TopK growth",
-        "target": TARGET, "draft": DRAFT, "dtype": args.dtype, "backend": "cpu",
+        "target": TARGET,
+        "draft": DRAFT,
+        "dtype": args.dtype,
+        "backend": "cpu",
         "sampling": {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed},
         "tree": {"tree_budget": args.tree_budget, "max_depth": args.max_depth, "branching": args.branching},
-        "max_new_tokens": args.max_new_tokens, "prompts_per_dataset": args.prompts,
-        "git_commit": commit_label(REPO), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "max_new_tokens": args.max_new_tokens,
+        "prompts_per_dataset": args.prompts,
+        "git_commit": commit_label(REPO),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "wall_s": time.time() - t0, "results": results, "rows": rows,
+        "wall_s": time.time() - t0,
+        "results": results,
+        "rows": rows,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(record, indent=1))
     print(f"| data set | {' | '.join(growths)} |")
     for dataset, by in results.items():
-        print(f"| {dataset} | " + " | ".join(f"{by[g]['acceptance_length_pooled']:.2f} (mean {by[g]['acceptance_length_mean']:.2f})"
-                                            for g in growths) + " |")
+        print(
+            f"| {dataset} | "
+            + " | ".join(
+                f"{by[g]['acceptance_length_pooled']:.2f} (mean {by[g]['acceptance_length_mean']:.2f})" for g in growths
+            )
+            + " |"
+        )
     return 0
 
 

@@ -4,8 +4,8 @@
     python tools/bench_sampling.py                      # a real row of the 0.5B model, 152k vocabulary
     python tools/bench_sampling.py --repeats 50 --out /tmp/sampling.json
 
-A decode step of the 1.5B target takes ~1.8 ms on an H200 (benchmarks/README.md); whatever the
-host spends per token on the logits row comes on top. This tool times, on one real next-token
+A decode step of the 1.5B target takes milliseconds on an H200 (benchmarks/README.md); whatever
+the host spends per token on the logits row comes on top. This tool times, on one real next-token
 logits row of Qwen2.5-Coder-0.5B (MT-Bench question 81 through the chat template; vocabulary
 151936), for each (temperature, top_k, top_p):
 
@@ -49,8 +49,15 @@ from _cli import import_swiftspec, run  # noqa: E402
 
 import_swiftspec()
 
-SETTINGS = [(1.0, 0, 1.0), (0.7, 0, 0.8), (0.7, 0, 0.9), (0.7, 0, 0.95), (0.7, 16, 1.0), (0.7, 50, 0.9),
-            (1.0, 100, 0.95)]
+SETTINGS = [
+    (1.0, 0, 1.0),
+    (0.7, 0, 0.8),
+    (0.7, 0, 0.9),
+    (0.7, 0, 0.95),
+    (0.7, 16, 1.0),
+    (0.7, 50, 0.9),
+    (1.0, 100, 0.95),
+]
 HEAD_K = 64  # kSampleHeadK (sampling.h)
 
 
@@ -121,19 +128,22 @@ def fallback_rates(model, prompts, settings, tokens: int, seed: int = 1):
                 row = None
                 u = float(rng.random())
                 try:
-                    toks, read = spec.sample_from_head(ids[0].tolist(), vals[0].tolist(), float(lse[0]), vocab, t, p,
-                                                       [u])
+                    toks, read = spec.sample_from_head(
+                        ids[0].tolist(), vals[0].tolist(), float(lse[0]), vocab, t, p, [u]
+                    )
                 except InvalidRequestError as exc:  # the head does not decide: the row is read (read_logits_row)
                     if "the whole row is needed" not in str(exc):
                         raise
                     row = model.read_logits_row(0)
-                    toks, read = spec.sample_from_head(ids[0].tolist(), vals[0].tolist(), float(lse[0]), vocab, t,
-                                                       p, [u], row)
+                    toks, read = spec.sample_from_head(
+                        ids[0].tolist(), vals[0].tolist(), float(lse[0]), vocab, t, p, [u], row
+                    )
                 steps += 1
                 reads += int(read[0])
                 ids, vals, lse = model.forward_top_k([toks[0]], HEAD_K, log_normalizer=True, inv_temperature=inv_t)
-        out.append({"temperature": t, "top_p": p, "steps": steps, "row_reads": reads,
-                    "fallback_rate": round(reads / steps, 4)})
+        out.append(
+            {"temperature": t, "top_p": p, "steps": steps, "row_reads": reads, "fallback_rate": round(reads / steps, 4)}
+        )
     return out
 
 
@@ -141,8 +151,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=20, help="timed calls per setting (median reported)")
     ap.add_argument("--out", type=Path, default=None, help="JSON output file")
-    ap.add_argument("--decode-tokens", type=int, default=48,
-                    help="sampled steps per prompt and setting for the fallback rates (0: skip them)")
+    ap.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=48,
+        help="sampled steps per prompt and setting for the fallback rates (0: skip them)",
+    )
     ap.add_argument("--prompts", type=int, default=3, help="MT-Bench prompts for the fallback rates")
     args = ap.parse_args()
     if args.repeats < 1:
@@ -163,9 +177,11 @@ def main() -> int:
         full = median_ms(lambda: spec.sampling_distribution(row, t, k, p), args.repeats)
         top = hd = row_read = decides = None
         if k >= 1:
+
             def draw(t=t, k=k, p=p):
                 ids = spec.top_k_indices(row, k)
                 spec.sample_from_top_k(ids, [float(row[i]) for i in ids], t, k, p)
+
             top = median_ms(draw, args.repeats)
         else:
             ids, vals, lse = head(row, t)
@@ -178,24 +194,36 @@ def main() -> int:
                 hd = median_ms(lambda: spec.sample_from_head(ids, vals, lse, vocab, t, p, [u_head], row), args.repeats)
             u_row = next((u for u, r in zip(us, read) if r), None)
             if u_row is not None:
-                row_read = median_ms(lambda: spec.sample_from_head(ids, vals, lse, vocab, t, p, [u_row], row),
-                                     args.repeats)
-        results.append({"temperature": t, "top_k": k, "top_p": p, "full_row_ms": round(full, 3),
-                        "top_k_ms": None if top is None else round(top, 3),
-                        "head_ms": None if hd is None else round(hd, 4),
-                        "row_read_ms": None if row_read is None else round(row_read, 3),
-                        "head_decides": decides})
+                row_read = median_ms(
+                    lambda: spec.sample_from_head(ids, vals, lse, vocab, t, p, [u_row], row), args.repeats
+                )
+        results.append(
+            {
+                "temperature": t,
+                "top_k": k,
+                "top_p": p,
+                "full_row_ms": round(full, 3),
+                "top_k_ms": None if top is None else round(top, 3),
+                "head_ms": None if hd is None else round(hd, 4),
+                "row_read_ms": None if row_read is None else round(row_read, 3),
+                "head_decides": decides,
+            }
+        )
     fmt = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
-    print("| temperature | top_k | top_p | full row (ms) | top-k path (ms) | head path (ms) | head path reading the row (ms) "
-          "| head decides |")
+    print(
+        "| temperature | top_k | top_p | full row (ms) | top-k path (ms) | head path (ms) | head path reading the row (ms) "
+        "| head decides |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['temperature']} | {r['top_k']} | {r['top_p']} | {r['full_row_ms']:.2f} | {fmt(r['top_k_ms'], '.2f')} "
-              f"| {fmt(r['head_ms'], '.3f')} | {fmt(r['row_read_ms'], '.2f')} | {fmt(r['head_decides'], '.3f')} |")
+        print(
+            f"| {r['temperature']} | {r['top_k']} | {r['top_p']} | {r['full_row_ms']:.2f} | {fmt(r['top_k_ms'], '.2f')} "
+            f"| {fmt(r['head_ms'], '.3f')} | {fmt(r['row_read_ms'], '.2f')} | {fmt(r['head_decides'], '.3f')} |"
+        )
     fallback = []
     if args.decode_tokens > 0:
         settings = [(t, p) for t, k, p in SETTINGS if k == 0]
-        fallback = fallback_rates(model, prompts[:args.prompts], settings, args.decode_tokens)
+        fallback = fallback_rates(model, prompts[: args.prompts], settings, args.decode_tokens)
         print()
         print("| temperature | top_p | sampled steps | whole-row reads | fallback rate |")
         print("|---:|---:|---:|---:|---:|")
@@ -203,14 +231,26 @@ def main() -> int:
             print(f"| {f['temperature']} | {f['top_p']} | {f['steps']} | {f['row_reads']} | {f['fallback_rate']:.3f} |")
     if args.out:
         try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                    cwd=Path(__file__).resolve().parents[1]).stdout.strip() or None
+            commit = (
+                subprocess.run(
+                    ["git", "rev-parse", "--short", "HEAD"],
+                    capture_output=True,
+                    text=True,
+                    cwd=Path(__file__).resolve().parents[1],
+                ).stdout.strip()
+                or None
+            )
         except OSError:
             commit = None
-        doc = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(sys.argv),
-               "commit": commit, "machine": {"cpu": platform.processor() or platform.machine(),
-                                             "logical_cpus": os.cpu_count()},
-               "vocab": vocab, "results": results, "fallback": fallback}
+        doc = {
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": " ".join(sys.argv),
+            "commit": commit,
+            "machine": {"cpu": platform.processor() or platform.machine(), "logical_cpus": os.cpu_count()},
+            "vocab": vocab,
+            "results": results,
+            "fallback": fallback,
+        }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0

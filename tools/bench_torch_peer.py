@@ -16,9 +16,9 @@ go file, then times.
 Usage: bench_torch_peer.py [--shapes llama3-8b,qwen2.5-1.5b,qwen2.5-0.5b]
        [--context 512] [--steps 100] [--json out.json] [--ready-file F --go-file G]
 """
+
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -28,12 +28,42 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 SHAPES = {
-    "llama3-8b": dict(vocab=128256, hidden=4096, inter=14336, layers=32, heads=32, kv_heads=8,
-                      head_dim=128, bias=False, tie=False, theta=500000.0),
-    "qwen2.5-1.5b": dict(vocab=151936, hidden=1536, inter=8960, layers=28, heads=12, kv_heads=2,
-                         head_dim=128, bias=True, tie=True, theta=1000000.0),
-    "qwen2.5-0.5b": dict(vocab=151936, hidden=896, inter=4864, layers=24, heads=14, kv_heads=2,
-                         head_dim=64, bias=True, tie=True, theta=1000000.0),
+    "llama3-8b": dict(
+        vocab=128256,
+        hidden=4096,
+        inter=14336,
+        layers=32,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        bias=False,
+        tie=False,
+        theta=500000.0,
+    ),
+    "qwen2.5-1.5b": dict(
+        vocab=151936,
+        hidden=1536,
+        inter=8960,
+        layers=28,
+        heads=12,
+        kv_heads=2,
+        head_dim=128,
+        bias=True,
+        tie=True,
+        theta=1000000.0,
+    ),
+    "qwen2.5-0.5b": dict(
+        vocab=151936,
+        hidden=896,
+        inter=4864,
+        layers=24,
+        heads=14,
+        kv_heads=2,
+        head_dim=64,
+        bias=True,
+        tie=True,
+        theta=1000000.0,
+    ),
 }
 
 
@@ -182,8 +212,13 @@ def main():
 
     torch.backends.cuda.matmul.allow_tf32 = True
     step_fn = torch.compile(decode_one_token, mode="reduce-overhead", fullgraph=True)
-    results = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-               "context": args.context, "steps": args.steps, "shapes": {}}
+    results = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "context": args.context,
+        "steps": args.steps,
+        "shapes": {},
+    }
     models = {}
     with torch.no_grad():
         for name in args.shapes.split(","):
@@ -195,8 +230,10 @@ def main():
                 torch.compiler.cudagraph_mark_step_begin()
                 tok = step_fn(m, tok, pos).clone()
             torch.cuda.synchronize()
-            results["shapes"][name] = {"compile_and_warmup_s": round(time.time() - t0, 2),
-                                       "weight_bytes": weight_bytes(SHAPES[name])}
+            results["shapes"][name] = {
+                "compile_and_warmup_s": round(time.time() - t0, 2),
+                "weight_bytes": weight_bytes(SHAPES[name]),
+            }
             print(f"peer {name}: compiled and warmed in {time.time() - t0:.1f} s", flush=True)
             models[name] = m
 
@@ -212,8 +249,7 @@ def main():
 
         for name, m in models.items():
             tok = torch.tensor([[1234]], device="cuda", dtype=torch.int64)
-            poss = [torch.tensor([args.context + i], device="cuda", dtype=torch.int64)
-                    for i in range(args.steps)]
+            poss = [torch.tensor([args.context + i], device="cuda", dtype=torch.int64) for i in range(args.steps)]
             for i in range(5):
                 torch.compiler.cudagraph_mark_step_begin()
                 tok = step_fn(m, tok, poss[i]).clone()
@@ -231,8 +267,10 @@ def main():
             r = results["shapes"][name]
             r["ms_per_token"] = round(ms, 4)
             r["ms_per_token_reps"] = [round(x, 4) for x in reps]
-            print(f"peer {name}: {ms:.4f} ms/token (torch.compile reduce-overhead, batch 1, "
-                  f"context {args.context})", flush=True)
+            print(
+                f"peer {name}: {ms:.4f} ms/token (torch.compile reduce-overhead, batch 1, context {args.context})",
+                flush=True,
+            )
 
     if args.json:
         with open(args.json, "w") as f:

@@ -22,6 +22,8 @@ resumes where it stopped (--resume). Exit status 1 if any output differs.
   python tools/check_lossless.py --limit 4 --max-new-tokens 32 --out /tmp/quick
   python tools/check_lossless.py --mode async --dtype bfloat16 --placement auto          # issue 4
   python tools/check_lossless.py --mode async --target-tp 2 --placement auto             # TP-2 target
+  python tools/check_lossless.py --mtbench 0 --humaneval 0 --context-tokens 8192 --context-prompts 3 \
+      --mode serial,async --dtype bfloat16 --out /tmp/long8k                         # long contexts (issue 27)
   python tools/check_lossless.py --backend cuda --dtype bfloat16 --mode serial,async \
       --configs tree16:16:8:2                                                          # the GPU (issue 5)
 
@@ -75,7 +77,10 @@ def parse_configs(text: str) -> dict[str, tuple[int, int, int]]:
     return out
 
 
-def load_prompts(tok, n_mtbench: int, n_humaneval: int):
+def load_prompts(tok, n_mtbench: int, n_humaneval: int, context_tokens: int = 0, n_context: int = 0):
+    """(dataset, index, id, prompt token ids) of the first `n_mtbench` MT-Bench first turns, the
+    first `n_humaneval` HumanEval problems and, with `context_tokens`, `n_context` long-context
+    prompts of exactly that many tokens (swiftspec.bench.long_context, data set "ctxN")."""
     from swiftspec.datasets import load_humaneval, load_mtbench, prompt_messages
 
     out = []
@@ -83,6 +88,19 @@ def load_prompts(tok, n_mtbench: int, n_humaneval: int):
         out.append(("mtbench", i, str(rec.get("question_id")), tok.encode_chat(prompt_messages("mtbench", rec))))
     for i, rec in enumerate(load_humaneval(progress=False)[:n_humaneval]):
         out.append(("humaneval", i, rec["task_id"], tok.encode_chat(prompt_messages("humaneval", rec))))
+    if context_tokens and n_context:
+        from swiftspec.bench.long_context import ContextPrompts, workload_name
+
+        builder = ContextPrompts(tok, load_humaneval(progress=False))
+        for i in range(n_context):
+            out.append(
+                (
+                    workload_name(context_tokens),
+                    i,
+                    f"{workload_name(context_tokens)}/{i}",
+                    builder.prompt(context_tokens, i)[1],
+                )
+            )
     return out
 
 
@@ -120,17 +138,22 @@ def target_logit_gap(model, prompt_ids, reference, speculative, position: int) -
     import numpy as np
 
     model.truncate_committed(0)
-    logits = np.asarray(model.forward(list(prompt_ids) + list(reference[:position]), logits="last")[0],
-                        dtype=np.float64)
+    logits = np.asarray(
+        model.forward(list(prompt_ids) + list(reference[:position]), logits="last")[0], dtype=np.float64
+    )
     model.truncate_committed(0)
     top = np.argsort(-logits, kind="stable")[:2]
     ref_tok = reference[position] if position < len(reference) else None
     spec_tok = speculative[position] if position < len(speculative) else None
     return {
-        "top1": int(top[0]), "top2": int(top[1]), "top2_gap": float(logits[top[0]] - logits[top[1]]),
-        "reference_token": ref_tok, "speculative_token": spec_tok,
-        "reference_minus_speculative": (float(logits[ref_tok] - logits[spec_tok])
-                                        if ref_tok is not None and spec_tok is not None else None),
+        "top1": int(top[0]),
+        "top2": int(top[1]),
+        "top2_gap": float(logits[top[0]] - logits[top[1]]),
+        "reference_token": ref_tok,
+        "speculative_token": spec_tok,
+        "reference_minus_speculative": (
+            float(logits[ref_tok] - logits[spec_tok]) if ref_tok is not None and spec_tok is not None else None
+        ),
     }
 
 
@@ -181,8 +204,14 @@ def read_records(paths) -> dict:
 def run_settings(args) -> dict:
     """What a record's outputs depend on besides its prompt; --merge refuses records whose
     settings differ from its command line."""
-    return {"mode": args.mode, "configs": args.configs, "backend": args.backend, "dtype": args.dtype,
-            "target_tp": args.target_tp, "max_new_tokens": args.max_new_tokens}
+    return {
+        "mode": args.mode,
+        "configs": args.configs,
+        "backend": args.backend,
+        "dtype": args.dtype,
+        "target_tp": args.target_tp,
+        "max_new_tokens": args.max_new_tokens,
+    }
 
 
 def check_settings(records: list, args) -> None:
@@ -199,8 +228,10 @@ def check_settings(records: list, args) -> None:
             else:
                 same = got.get(key) == value
             if not same:
-                raise SystemExit(f"{rec['dataset']}#{rec['index']} was checked with {key}={got.get(key)!r}, "
-                                 f"this --merge says {value!r}: merge records of one run's settings")
+                raise SystemExit(
+                    f"{rec['dataset']}#{rec['index']} was checked with {key}={got.get(key)!r}, "
+                    f"this --merge says {value!r}: merge records of one run's settings"
+                )
 
 
 def check_one(engine, target_model, args, checks, configs, dataset, index, pid, ids, mk_engine=None) -> dict:
@@ -214,8 +245,9 @@ def check_one(engine, target_model, args, checks, configs, dataset, index, pid, 
             results[key] = mk_engine.generate(ids, max_new_tokens=args.max_new_tokens, mode="target")
             continue
         budget, depth, branching = configs[name]
-        results[key] = engine.generate(ids, max_new_tokens=args.max_new_tokens, mode=mode, tree_budget=budget,
-                                       max_depth=depth, branching=branching)
+        results[key] = engine.generate(
+            ids, max_new_tokens=args.max_new_tokens, mode=mode, tree_budget=budget, max_depth=depth, branching=branching
+        )
     ref_tokens, ref_finish, ref_how, decode_s = None, None, "decode", None
     if args.reference in ("prefill", "both"):
         first = next(iter(results.values()))
@@ -227,13 +259,24 @@ def check_one(engine, target_model, args, checks, configs, dataset, index, pid, 
         ref = engine.generate(ids, max_new_tokens=args.max_new_tokens, mode="target")
         decode_s = ref["stats"]["decode_time"]
         if ref_tokens is not None and ref_tokens != ref["tokens"]:
-            raise SystemExit(f"{dataset}#{index}: the teacher-forced reference differs from target-only "
-                             "decoding: the backend is not batch-invariant, use --reference decode")
+            raise SystemExit(
+                f"{dataset}#{index}: the teacher-forced reference differs from target-only "
+                "decoding: the backend is not batch-invariant, use --reference decode"
+            )
         ref_how = "prefill+decode (equal)" if ref_tokens is not None else "decode"
         ref_tokens, ref_finish = ref["tokens"], ref["stats"]["finish_reason"]
-    rec = {"dataset": dataset, "index": index, "id": pid, "settings": run_settings(args), "prompt_tokens": len(ids),
-           "reference_tokens": len(ref_tokens), "reference_finish": ref_finish, "reference_from": ref_how,
-           "target_only_decode_s": decode_s, "configs": {}}
+    rec = {
+        "dataset": dataset,
+        "index": index,
+        "id": pid,
+        "settings": run_settings(args),
+        "prompt_tokens": len(ids),
+        "reference_tokens": len(ref_tokens),
+        "reference_finish": ref_finish,
+        "reference_from": ref_how,
+        "target_only_decode_s": decode_s,
+        "configs": {},
+    }
     for mode, name, key in checks:
         res = results[key]
         a, b = res["tokens"], ref_tokens
@@ -242,9 +285,14 @@ def check_one(engine, target_model, args, checks, configs, dataset, index, pid, 
             diff = min(len(a), len(b))
         st = res["stats"]
         rec["configs"][key] = {
-            "equal": a == b, "first_difference": diff, "new_tokens": len(a),
-            "acceptance_length": st.get("acceptance_length", 1.0), "verification_steps": st.get("verification_steps"),
-            "draft_steps": st.get("draft_steps"), "decode_s": st["decode_time"], "target_s": st.get("target_time"),
+            "equal": a == b,
+            "first_difference": diff,
+            "new_tokens": len(a),
+            "acceptance_length": st.get("acceptance_length", 1.0),
+            "verification_steps": st.get("verification_steps"),
+            "draft_steps": st.get("draft_steps"),
+            "decode_s": st["decode_time"],
+            "target_s": st.get("target_time"),
             "draft_s": st.get("draft_time"),
             "divergence": None if diff is None else target_logit_gap(target_model, ids, b, a, diff),
         }
@@ -259,31 +307,58 @@ def write_report(out: Path, args, checks, configs, records: list, placement, wal
     for mode, name, key in checks:
         missing = [f"{r['dataset']}#{r['index']}" for r in records if key not in r["configs"]]
         if missing:
-            raise SystemExit(f"records of {', '.join(missing[:5])} have no result for {key!r}: were they made "
-                             f"with another --mode/--configs? (their keys: {sorted(records[0]['configs'])})")
+            raise SystemExit(
+                f"records of {', '.join(missing[:5])} have no result for {key!r}: were they made "
+                f"with another --mode/--configs? (their keys: {sorted(records[0]['configs'])})"
+            )
         rows = [r["configs"][key] for r in records]
         summary[key] = {
-            "mode": mode, "tree_budget": configs[name][0] if name else None,
-            "max_depth": configs[name][1] if name else None, "branching": configs[name][2] if name else None,
-            "equal": sum(r["equal"] for r in rows), "total": len(rows),
+            "mode": mode,
+            "tree_budget": configs[name][0] if name else None,
+            "max_depth": configs[name][1] if name else None,
+            "branching": configs[name][2] if name else None,
+            "equal": sum(r["equal"] for r in rows),
+            "total": len(rows),
             "mean_acceptance_length": sum(r["acceptance_length"] for r in rows) / max(len(rows), 1),
-            "differing": [f"{rec['dataset']}#{rec['index']}@{rec['configs'][key]['first_difference']}"
-                          for rec in records if not rec["configs"][key]["equal"]],
-            "divergences": [dict(dataset=rec["dataset"], index=rec["index"], id=rec["id"],
-                                 position=rec["configs"][key]["first_difference"],
-                                 **(rec["configs"][key].get("divergence") or {}))
-                            for rec in records if not rec["configs"][key]["equal"]],
+            "differing": [
+                f"{rec['dataset']}#{rec['index']}@{rec['configs'][key]['first_difference']}"
+                for rec in records
+                if not rec["configs"][key]["equal"]
+            ],
+            "divergences": [
+                dict(
+                    dataset=rec["dataset"],
+                    index=rec["index"],
+                    id=rec["id"],
+                    position=rec["configs"][key]["first_difference"],
+                    **(rec["configs"][key].get("divergence") or {}),
+                )
+                for rec in records
+                if not rec["configs"][key]["equal"]
+            ],
         }
     result = {
         "what": f"greedy {args.mode} speculative decoding vs target-only greedy decoding, token for token",
-        "mode": args.mode, "target_tp": args.target_tp, "reference": args.reference, "placement": placement,
-        "target": TARGET, "draft": DRAFT, "dtype": args.dtype, "backend": args.backend,
-        "max_new_tokens": args.max_new_tokens, "prompts": {"mtbench_first_turns": sum(r["dataset"] == "mtbench" for r in records),
-                                                           "humaneval": sum(r["dataset"] == "humaneval" for r in records)},
-        "git_commit": commit_label(REPO), "machine": machine_info(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "wall_s": wall_s,
+        "mode": args.mode,
+        "target_tp": args.target_tp,
+        "reference": args.reference,
+        "placement": placement,
+        "target": TARGET,
+        "draft": DRAFT,
+        "dtype": args.dtype,
+        "backend": args.backend,
+        "max_new_tokens": args.max_new_tokens,
+        "prompts": {
+            "mtbench_first_turns": sum(r["dataset"] == "mtbench" for r in records),
+            "humaneval": sum(r["dataset"] == "humaneval" for r in records),
+        },
+        "git_commit": commit_label(REPO),
+        "machine": machine_info(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "wall_s": wall_s,
         "merged_from": [str(p) for p in args.merge] if args.merge else None,
-        "summary": summary, "records": records,
+        "summary": summary,
+        "records": records,
     }
     with_ext(out, ".json").write_text(json.dumps(result, indent=1))
     lines = [
@@ -300,21 +375,31 @@ def write_report(out: Path, args, checks, configs, records: list, placement, wal
         "|---|---:|---:|---:|---:|---:|",
     ]
     for key, s in summary.items():
-        lines.append(f"| {key} | {s['tree_budget']} | {s['max_depth']} | {s['branching']} | "
-                     f"{s['equal']}/{s['total']} | {s['mean_acceptance_length']:.2f} |")
+        lines.append(
+            f"| {key} | {s['tree_budget']} | {s['max_depth']} | {s['branching']} | "
+            f"{s['equal']}/{s['total']} | {s['mean_acceptance_length']:.2f} |"
+        )
     bad = [d for s in summary.values() for d in s["differing"]]
     lines += ["", "Differing outputs (dataset#index@first differing token): " + (", ".join(bad) if bad else "none"), ""]
     divs = [(key, d) for key, s in summary.items() for d in s["divergences"]]
     if divs:
-        lines += ["Target logits at each divergence (target run over the prompt + the reference tokens before it):",
-                  "", "| config | prompt | position | reference token | speculative token | top-1 - top-2 logit | "
-                  "reference - speculative logit |", "|---|---|---:|---:|---:|---:|---:|"]
+        lines += [
+            "Target logits at each divergence (target run over the prompt + the reference tokens before it):",
+            "",
+            "| config | prompt | position | reference token | speculative token | top-1 - top-2 logit | "
+            "reference - speculative logit |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
         for key, d in divs:
+
             def fmt(v):
                 return "-" if v is None else f"{v:.4g}"
-            lines.append(f"| {key} | {d['dataset']}#{d['index']} | {d['position']} | {d.get('reference_token', '-')} | "
-                         f"{d.get('speculative_token', '-')} | {fmt(d.get('top2_gap'))} | "
-                         f"{fmt(d.get('reference_minus_speculative'))} |")
+
+            lines.append(
+                f"| {key} | {d['dataset']}#{d['index']} | {d['position']} | {d.get('reference_token', '-')} | "
+                f"{d.get('speculative_token', '-')} | {fmt(d.get('top2_gap'))} | "
+                f"{fmt(d.get('reference_minus_speculative'))} |"
+            )
         lines.append("")
     with_ext(out, ".md").write_text("\n".join(lines))
     print("\n".join(lines))
@@ -325,37 +410,75 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mtbench", type=int, default=80, help="MT-Bench first turns to check (default 80)")
     ap.add_argument("--humaneval", type=int, default=40, help="HumanEval problems to check (default 40)")
+    ap.add_argument(
+        "--context-tokens",
+        type=int,
+        default=0,
+        help="also check --context-prompts long-context prompts of exactly this many tokens (HumanEval "
+        "files and a review instruction, swiftspec.bench.long_context; 0: none)",
+    )
+    ap.add_argument("--context-prompts", type=int, default=3, help="long-context prompts with --context-tokens (3)")
     ap.add_argument("--limit", type=int, default=0, help="check only the first N prompts of the list (0: all)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"name:budget:depth:branching,... ({DEFAULT_CONFIGS})")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "int4"],
+        help="weights of both models (int4: converted from the GGUFs, group size 32; on cuda the layered step)",
+    )
     ap.add_argument("--threads", type=int, default=0, help="CPU threads per model (0: all cores)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "lossless_greedy"), help="output path without suffix")
     ap.add_argument("--resume", action="store_true", help="skip prompts already in <out>.jsonl")
-    ap.add_argument("--shard", default=None, metavar="K/N",
-                    help="check only every N-th prompt, from the K-th, of those not in the --skip-done files")
-    ap.add_argument("--skip-done", nargs="+", default=[], metavar="JSONL",
-                    help="progress files of earlier runs: their prompts are not checked (nor reported) here")
-    ap.add_argument("--merge", nargs="+", default=None, metavar="JSONL",
-                    help="write one report from these progress files (same --mode/--configs) and exit; "
-                         "loads no model")
-    ap.add_argument("--mode", default="serial",
-                    help="mode(s) to check: serial, async, megakernel (target-only with the CUDA decode "
-                         "megakernel), or a comma list (serial,async)")
+    ap.add_argument(
+        "--shard",
+        default=None,
+        metavar="K/N",
+        help="check only every N-th prompt, from the K-th, of those not in the --skip-done files",
+    )
+    ap.add_argument(
+        "--skip-done",
+        nargs="+",
+        default=[],
+        metavar="JSONL",
+        help="progress files of earlier runs: their prompts are not checked (nor reported) here",
+    )
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="JSONL",
+        help="write one report from these progress files (same --mode/--configs) and exit; loads no model",
+    )
+    ap.add_argument(
+        "--mode",
+        default="serial",
+        help="mode(s) to check: serial, async, auto (the per-round choice; the config's budget is its "
+        "largest tree), megakernel (target-only with the CUDA decode megakernel), or a comma list "
+        "(serial,async)",
+    )
     ap.add_argument("--backend", choices=["cpu", "cuda"], default="cpu", help="backend of both models (default cpu)")
     ap.add_argument("--target-tp", type=int, default=1, help="TP degree of the target group (default 1)")
     ap.add_argument("--placement", default=None, help="'auto' or JSON placement of the draft and target groups")
-    ap.add_argument("--reference", choices=["decode", "prefill", "both"], default="decode",
-                    help="how the target-only reference is made: decode (target-only greedy decoding), prefill "
-                         "(confirm the first speculative output with one teacher-forced target pass; exact on "
-                         "batch-invariant backends, falls back to decoding where it disagrees), both (prefill "
-                         "and decode, and fail unless they agree)")
+    ap.add_argument(
+        "--reference",
+        choices=["decode", "prefill", "both"],
+        default="decode",
+        help="how the target-only reference is made: decode (target-only greedy decoding), prefill "
+        "(confirm the first speculative output with one teacher-forced target pass; exact on "
+        "batch-invariant backends, falls back to decoding where it disagrees), both (prefill "
+        "and decode, and fail unless they agree)",
+    )
     args = ap.parse_args(argv)
     if args.reference != "decode" and args.backend != "cpu":
         ap.error("--reference prefill/both needs the batch-invariant CPU backend")
     modes = [m.strip() for m in args.mode.split(",") if m.strip()]
-    if not modes or any(m not in ("serial", "async", "megakernel") for m in modes) or len(set(modes)) != len(modes):
-        ap.error(f"--mode {args.mode!r}: give serial, async, megakernel, or a comma list of them")
+    if (
+        not modes
+        or any(m not in ("serial", "async", "auto", "megakernel") for m in modes)
+        or len(set(modes)) != len(modes)
+    ):
+        ap.error(f"--mode {args.mode!r}: give serial, async, auto, megakernel, or a comma list of them")
     if "megakernel" in modes and args.backend != "cuda":
         ap.error("--mode megakernel runs the CUDA decode megakernel: it needs --backend cuda")
     shard_k, shard_n = parse_shard(args.shard)
@@ -385,7 +508,7 @@ def main(argv=None) -> int:
     tdir = ensure_checkpoint(TARGET, args.dtype, progress=False)
     ddir = ensure_checkpoint(DRAFT, args.dtype, progress=False)
     tok = Tokenizer.from_checkpoint(tdir)
-    prompts = load_prompts(tok, args.mtbench, args.humaneval)
+    prompts = load_prompts(tok, args.mtbench, args.humaneval, args.context_tokens, args.context_prompts)
     if args.limit:
         prompts = prompts[: args.limit]
     prompts = select_prompts(prompts, skip, shard_k, shard_n)
@@ -401,9 +524,15 @@ def main(argv=None) -> int:
         from swiftspec.placement import load_models, normalize
 
         placement = normalize(args.placement or {"target": {"tp": args.target_tp}}, target_tp=args.target_tp)
-        target_model, draft_model = load_models(tdir, ddir, placement, backend=args.backend,
-                                                max_context=opts.max_context, max_tree=opts.max_tree,
-                                                num_threads=args.threads)
+        target_model, draft_model = load_models(
+            tdir,
+            ddir,
+            placement,
+            backend=args.backend,
+            max_context=opts.max_context,
+            max_tree=opts.max_tree,
+            num_threads=args.threads,
+        )
     else:
         placement = None
         target_model, draft_model = load_model(str(tdir), args.backend, opts), load_model(str(ddir), args.backend, opts)
@@ -432,8 +561,10 @@ def main(argv=None) -> int:
         records.append(rec)
         with progress_path.open("a") as f:
             f.write(json.dumps(rec) + "\n")
-        status = " ".join(f"{k}={'ok' if v['equal'] else 'DIFF@' + str(v['first_difference'])}"
-                          f"({v['acceptance_length']:.2f})" for k, v in rec["configs"].items())
+        status = " ".join(
+            f"{k}={'ok' if v['equal'] else 'DIFF@' + str(v['first_difference'])}({v['acceptance_length']:.2f})"
+            for k, v in rec["configs"].items()
+        )
         print(f"[{n + 1}/{len(prompts)}] {dataset}#{index}: {status}  ({time.time() - t_start:.0f}s)", flush=True)
 
     return 1 if write_report(out, args, checks, configs, records, placement, time.time() - t_start) else 0

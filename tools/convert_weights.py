@@ -8,9 +8,16 @@
 The folder format is docs/checkpoint_format.md. ``--dtype int4`` stores the linear projections
 (q/k/v/o, gate/up/down) as AWQ-style W4A16 groups: 4-bit values with one fp16 scale and one
 4-bit zero point per ``--group-size`` input features (the storage format of AWQ, Lin et al.,
-MLSys 2024), quantized by plain round-to-nearest (RTN), not AWQ's activation-aware scale search;
-the embedding, norms, biases and LM head stay bfloat16 (``swiftspec.convert.int4``). Its input
-may be a GGUF file, an HF folder, or a float swiftspec checkpoint folder (TP 1).
+MLSys 2024); the embedding, norms, biases and LM head stay bfloat16 (``swiftspec.convert.int4``).
+Its input may be a GGUF file, an HF folder, or a float swiftspec checkpoint folder (TP 1). From a
+GGUF file (``--int4-method gguf``, the default; group size 32) each group keeps the GGUF's own
+4-bit values (Q4_0, Q4_1, Q4_K) or is requantized from the GGUF's values by an error search,
+whichever is closer to the GGUF, and the manifest records the error per GGUF type
+(``swiftspec.convert.gguf_int4``); ``--int4-method rtn`` (group size 128) is plain round-to-nearest
+from the dequantized values, as float folders and HF folders are quantized (not AWQ's
+activation-aware scale search). An HF folder quantized with AutoAWQ (GEMM) or GPTQ (desc_act
+false) keeps its own 4-bit values, zero points and scales (re-packed, lossless;
+``swiftspec.convert.hf_quantized``).
 
 Exit status 2 with a one-line message on bad input (missing file, not a GGUF, unsupported
 architecture or tokenizer, non-empty --out, a group size that does not divide a projection's
@@ -29,22 +36,51 @@ import_swiftspec()
 
 def main() -> int:
     from swiftspec.convert import SUPPORTED_DTYPES, convert_gguf, convert_hf
+    from swiftspec.convert.gguf_int4 import DEFAULT_GGUF_GROUP_SIZE
+    from swiftspec.convert.gguf_to_checkpoint import INT4_METHODS
     from swiftspec.convert.int4 import DEFAULT_GROUP_SIZE, check_group_size
     from swiftspec.convert.writer import check_not_source, check_output_folder
     from swiftspec.errors import CheckpointError
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("input", type=Path, help="a .gguf file or a Hugging Face model folder (with --tp N or --dtype int4 "
-                                            "also a float swiftspec checkpoint folder)")
+    p.add_argument(
+        "input",
+        type=Path,
+        help="a .gguf file or a Hugging Face model folder (with --tp N or --dtype int4 "
+        "also a float swiftspec checkpoint folder)",
+    )
     p.add_argument("--out", type=Path, required=True, help="checkpoint folder to create (must be empty or new)")
-    p.add_argument("--dtype", choices=SUPPORTED_DTYPES, default="bfloat16",
-                   help="weight storage dtype (int4: 4-bit projections, the rest bfloat16)")
-    p.add_argument("--group-size", type=int, default=None, metavar="G",
-                   help=f"int4 only: input features per scale and zero point, a multiple of 8 dividing every "
-                        f"projection's input features (default {DEFAULT_GROUP_SIZE})")
-    p.add_argument("--tp", type=int, default=1, metavar="N",
-                   help="tensor-parallel degree: N > 1 writes one padded shard per rank (docs/checkpoint_format.md); "
-                        "the input may then also be a TP-1 checkpoint folder")
+    p.add_argument(
+        "--dtype",
+        choices=SUPPORTED_DTYPES,
+        default="bfloat16",
+        help="weight storage dtype (int4: 4-bit projections, the rest bfloat16)",
+    )
+    p.add_argument(
+        "--group-size",
+        type=int,
+        default=None,
+        metavar="G",
+        help=f"int4 only: input features per scale and zero point, a multiple of 8 dividing every "
+        f"projection's input features (default {DEFAULT_GGUF_GROUP_SIZE} from a GGUF file with "
+        f"--int4-method gguf, else {DEFAULT_GROUP_SIZE})",
+    )
+    p.add_argument(
+        "--int4-method",
+        choices=INT4_METHODS,
+        default=None,
+        help="int4 from a GGUF file only: gguf (default) keeps the GGUF's 4-bit values or requantizes "
+        "each group by an error search, whichever is closer to the GGUF; rtn quantizes the "
+        "dequantized values round-to-nearest (the route of HF and float folders)",
+    )
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="tensor-parallel degree: N > 1 writes one padded shard per rank (docs/checkpoint_format.md); "
+        "the input may then also be a TP-1 checkpoint folder",
+    )
     p.add_argument("--overwrite", action="store_true", help="allow writing into a non-empty --out folder")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args()
@@ -55,11 +91,25 @@ def main() -> int:
     if args.group_size is not None and not int4:
         raise CheckpointError(f"--group-size {args.group_size} applies to --dtype int4 only (got --dtype {args.dtype})")
     if int4 and args.tp > 1:
-        raise CheckpointError(f"--tp {args.tp} with --dtype int4: tensor-parallel int4 folders are not supported yet; "
-                              "convert with --tp 1 (the runtime shards an int4 folder at load time: placement tp)")
-    group_size = check_group_size(DEFAULT_GROUP_SIZE if args.group_size is None else args.group_size) if int4 else None
+        raise CheckpointError(
+            f"--tp {args.tp} with --dtype int4: tensor-parallel int4 folders are not supported yet; "
+            "convert with --tp 1 (the runtime shards an int4 folder at load time: placement tp)"
+        )
+    if args.int4_method is not None and not int4:
+        raise CheckpointError(
+            f"--int4-method {args.int4_method} applies to --dtype int4 only (got --dtype {args.dtype})"
+        )
     if not args.input.exists():
         raise CheckpointError(f"input {args.input} does not exist")
+    from_gguf = args.input.is_file()
+    if args.int4_method is not None and not from_gguf:
+        raise CheckpointError(
+            f"--int4-method {args.int4_method} applies to a GGUF file; {args.input} is a folder "
+            "(float and HF folders are quantized round-to-nearest, AWQ / GPTQ folders re-packed)"
+        )
+    method = args.int4_method or "gguf"
+    default_group = DEFAULT_GGUF_GROUP_SIZE if from_gguf and method == "gguf" else DEFAULT_GROUP_SIZE
+    group_size = check_group_size(default_group if args.group_size is None else args.group_size) if int4 else None
     check_not_source(args.input, args.out)
     check_output_folder(args.out, args.overwrite, "--overwrite")  # before any work (reading, hashing the input)
     kwargs = dict(dtype=args.dtype, progress=not args.quiet, overwrite=args.overwrite)
@@ -73,9 +123,11 @@ def main() -> int:
         from swiftspec.convert.tp_shard import convert_sharded
 
         out = convert_sharded(args.input, args.out, args.tp, **kwargs)
-    elif args.input.is_dir():
-        out = convert_hf(args.input, args.out, **kwargs)
+    elif args.input.is_dir():  # (an AWQ / GPTQ folder has its own group size: --group-size only if equal)
+        out = convert_hf(args.input, args.out, **{**kwargs, "group_size": args.group_size})
     else:
+        if int4:
+            kwargs["int4_method"] = method
         out = convert_gguf(args.input, args.out, **kwargs)
     print(out)
     return 0

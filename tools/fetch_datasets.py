@@ -23,7 +23,9 @@ def main() -> int:
     loaders = {"mtbench": load_mtbench, "humaneval": load_humaneval}
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("names", nargs="*", metavar="NAME", help=f"sets to fetch (default: all): {', '.join(DATASETS)}")
-    p.add_argument("--cache", type=Path, default=None, help="cache root (default: $SWIFTSPEC_CACHE or ~/.cache/swiftspec)")
+    p.add_argument(
+        "--cache", type=Path, default=None, help="cache root (default: $SWIFTSPEC_CACHE or ~/.cache/swiftspec)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args()
     unknown = [n for n in args.names if n not in DATASETS]

@@ -24,11 +24,14 @@ def main() -> int:
     from swiftspec.fetch import DEFAULT_PAIR, REFERENCE_MODELS, ensure_checkpoint, fetch_model
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("names", nargs="*", metavar="NAME",
-                   help=f"models to fetch (default: all): {', '.join(REFERENCE_MODELS)}")
+    p.add_argument(
+        "names", nargs="*", metavar="NAME", help=f"models to fetch (default: all): {', '.join(REFERENCE_MODELS)}"
+    )
     p.add_argument("--convert", action="store_true", help="also convert to a swiftspec checkpoint")
     p.add_argument("--dtype", choices=SUPPORTED_DTYPES, default="bfloat16", help="checkpoint dtype for --convert")
-    p.add_argument("--cache", type=Path, default=None, help="cache root (default: $SWIFTSPEC_CACHE or ~/.cache/swiftspec)")
+    p.add_argument(
+        "--cache", type=Path, default=None, help="cache root (default: $SWIFTSPEC_CACHE or ~/.cache/swiftspec)"
+    )
     p.add_argument("--list", action="store_true", help="list the reference models and exit")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args()

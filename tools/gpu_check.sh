@@ -17,8 +17,8 @@
 #   CHECK_ARGS (extra swiftspec-cuda-check flags, e.g. "--megakernel-only"),
 #   NCU_MEGAKERNEL (a shape: also an Nsight Compute profile of one megakernel step, as CSV),
 #   BUDGET_S (default 560: seconds the whole script may take; waits are cut to fit)
-# nlohmann-json headers: a carried .whl/nlohmann_json-*.whl, an installed
-# nlohmann_json Python package, or SWIFTSPEC_JSON_INCLUDE_DIR.
+# nlohmann-json and CUTLASS headers: carried .whl/nlohmann_json-*.whl and .whl/nvidia_cutlass-*.whl,
+# the installed Python packages, or SWIFTSPEC_JSON_INCLUDE_DIR / SWIFTSPEC_CUTLASS_DIR.
 set -uo pipefail
 OUT=${OUT:-/tmp/swiftspec-gpu}
 BUILD_DIR=${BUILD_DIR:-build/gpu}
@@ -55,17 +55,13 @@ if [ "${SKIP_PEER:-0}" != "1" ]; then
 fi
 
 # ---- 2. build -----------------------------------------------------------------
-JSON_INC=${SWIFTSPEC_JSON_INCLUDE_DIR:-}
-if [ -z "$JSON_INC" ] && ls .whl/nlohmann_json-*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/ss-site .whl/nlohmann_json-*.whl >> "$OUT/build.log" 2>&1
-  JSON_INC=/tmp/ss-site/nlohmann_json/include
-fi
-if [ -z "$JSON_INC" ]; then
-  JSON_INC=$(python3 -c 'import nlohmann_json, os; print(os.path.join(os.path.dirname(nlohmann_json.__file__), "include"))' 2>/dev/null || true)
-fi
+. "$(dirname "$0")/gpu_common.sh"
+gpu_headers /tmp/ss-site "$OUT/build.log"
+CUTLASS_ARG=()
+[ -n "$CUTLASS" ] && CUTLASS_ARG=(-DSWIFTSPEC_CUTLASS_DIR="$CUTLASS")  # else: cmake's own search (dependencies.cmake)
 build() {
   cmake -S . -B "$BUILD_DIR" -G Ninja -DSWIFTSPEC_CUDA=ON -DSWIFTSPEC_PYTHON=OFF \
-    -DSWIFTSPEC_JSON_INCLUDE_DIR="$JSON_INC" "$@" >> "$OUT/build.log" 2>&1 &&
+    -DSWIFTSPEC_JSON_INCLUDE_DIR="$JSON_INC" "${CUTLASS_ARG[@]}" "$@" >> "$OUT/build.log" 2>&1 &&
   timeout 300 cmake --build "$BUILD_DIR" --target swiftspec-cuda-check swiftspec-cuda-bench -j "$JOBS" >> "$OUT/build.log" 2>&1
 }
 log "configure + build ($BUILD_DIR, $JOBS jobs)"

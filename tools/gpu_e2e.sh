@@ -7,6 +7,10 @@
 #   .xfer/datasets/{mtbench/question.jsonl,humaneval/HumanEval.jsonl.gz}
 #   .whl/gguf-0.19.0-*.whl .whl/nlohmann_json-3.12.0-*.whl
 # Stages (env STAGES, comma list, run in this order; default prep,logits,bench,peers):
+#   xfer      copy the chunks this call carries (.xfer/*.d/chunk.*) into /tmp/ss-xfer, where they outlive
+#             the call while the machine stays warm (a call's carried files may not); prep joins from there
+#   llamacpp_bg  after the package build (build_bg), build llama.cpp with CUDA detached, from the packed
+#             source LLAMACPP_SRC (default .xfer/llama-src.tar.gz: `tools/llamacpp_bench.py --pack-source`)
 #   build_bg  start the package build (as in prep) detached from this call (setsid), from a snapshot
 #             of the sources in /tmp/ss-src (or of SRC_TAR, a carried git archive), and return at once: later calls that carry the model
 #             chunks overlap it; prep then waits for it
@@ -18,6 +22,10 @@
 #   green     swiftspec-cuda-green-bench: SM isolation, exactness and draft/target interference
 #             of green-context splits, random weights (GREEN_SPLITS, default 8,16,24,32,48,64)
 #   logits    tools/check_cuda_logits.py: CUDA vs CPU logits of both models
+#   logits_int4  issue 31: tools/check_cuda_logits.py --dtype int4, the int4 CUDA model against the
+#             int4 CPU model (both models converted from the joined GGUFs to int4 on first use, group
+#             size 32); then, with INT4_LOSSLESS=N, tools/check_lossless.py --dtype int4 --backend cuda
+#             (serial and async greedy against target-only) on N MT-Bench + N HumanEval prompts
 #   bench     `swiftspec bench --backend cuda` over HumanEval + MT-Bench (CONFIGS, NUM_PROMPTS,
 #             NEW_TOKENS); configs with :smN run the draft in a green context on N SMs (the target
 #             on the rest), :hp the target's stream at the highest priority; BENCH_TAG names the
@@ -43,6 +51,10 @@
 #             target TP 1 and async with target TP 2; waits for them unless LOSSLESS_BG=1
 #   cpu_lossless_wait  wait for detached cpu_lossless shards (LOSSLESS_WAIT_S, default 540), merge
 #             their records into one report per TP degree, copy to $OUT/lossless_cpu/
+#   long      issue 27: llama.cpp's llama-bench at depths (tools/llamacpp_bench.py), `swiftspec bench
+#             --context-tokens LONG_CONTEXTS` of LONG_CONFIGS with the llama.cpp peer (LONG_PROMPTS prompts,
+#             LONG_TOKENS new tokens), greedy losslessness at LONG_LOSSLESS (N:prompts,...), and a
+#             LONG_GEN_TOKENS-token generation's host time per token (tools/check_long_generation.py)
 #   cpu_acceptance  tools/bench_acceptance.py on this machine's cores (issue 3): acceptance length
 #             and CPU tokens/s of the chain and tree budgets 8/16/32/64 vs target-only, ACC_PROMPTS
 #             (5) prompts per dataset, ACC_TOKENS (64) new tokens; run it alone (timings)
@@ -90,6 +102,32 @@ if has build_bg; then
   (cd "$BG_SRC" && setsid nohup bash -c "build_cmd > $BG_LOG 2>&1; echo \$? > $BG_DONE" > /dev/null 2>&1 < /dev/null &)
   log "build started in the background from a snapshot in $BG_SRC (log $BG_LOG)"
 fi
+LLAMA_LOG=/tmp/ss-llamacpp-bg.log LLAMA_DONE=/tmp/ss-llamacpp-bg.done
+if has llamacpp_bg; then
+  # llama.cpp's CUDA build (minutes on 16 cores), detached, once the package build is done (its
+  # Python code drives it: swiftspec.bench.llamacpp_build, cached under SWIFTSPEC_CACHE).
+  SRC=${LLAMACPP_SRC:-.xfer/llama-src.tar.gz}; [ -f "$XFER/$(basename "$SRC")" ] && SRC="$XFER/$(basename "$SRC")"
+  mkdir -p /tmp/ss-llama-src && tar -xzf "$SRC" -C /tmp/ss-llama-src
+  export SWIFTSPEC_LLAMACPP_SDIST=$(find /tmp/ss-llama-src -maxdepth 1 -mindepth 1 -type d | head -1)
+  rm -f "$LLAMA_DONE"
+  ( setsid nohup bash -c "for _ in \$(seq 1 900); do [ -f $BG_DONE ] && break; sleep 1; done;
+      PYTHONPATH=/tmp/ss-site SWIFTSPEC_LLAMACPP_SDIST=$SWIFTSPEC_LLAMACPP_SDIST SWIFTSPEC_CACHE=$SWIFTSPEC_CACHE \
+      python3 -c 'from swiftspec.bench.llamacpp_build import ensure_llamacpp; print(ensure_llamacpp(\"cuda\"))' \
+      > $LLAMA_LOG 2>&1; echo \$? > $LLAMA_DONE" > /dev/null 2>&1 < /dev/null & )
+  log "llama.cpp CUDA build queued after the package build (log $LLAMA_LOG)"
+fi
+
+XFER=/tmp/ss-xfer
+if has xfer; then
+  for d in .xfer/*.d; do
+    [ -d "$d" ] || continue
+    mkdir -p "$XFER/$(basename "$d")" && cp "$d"/chunk.* "$XFER/$(basename "$d")/" 2>/dev/null
+  done
+  [ -d .xfer/datasets ] && mkdir -p "$XFER/datasets" && cp -r .xfer/datasets/* "$XFER/datasets/"
+  for f in .xfer/*.tar.gz; do [ -f "$f" ] && cp "$f" "$XFER/"; done
+  log "staged in $XFER: $(find "$XFER" -name 'chunk.*' | wc -l) chunks"
+fi
+chunks() { if [ -d "$XFER/$1" ]; then echo "$XFER/$1"; else echo ".xfer/$1"; fi; }
 
 if has prep && [ -f "$BG_LOG" ]; then  # a background build: wait for it, then skip the build below
   for _ in $(seq 1 600); do [ -f "$BG_DONE" ] && break; sleep 1; done
@@ -104,11 +142,12 @@ if has prep; then
     if [ ! -f "$dst" ]; then cat "$1"/chunk.* > "$dst.partial" && mv "$dst.partial" "$dst"; fi
     echo "$3  $dst" | sha256sum -c - || { log "sha256 mismatch for $2"; rm -f "$dst"; exit 1; }
   }
-  join .xfer/qwen2.5-coder-0.5b-instruct.gguf.d qwen2.5-coder-0.5b-instruct.gguf \
+  join "$(chunks qwen2.5-coder-0.5b-instruct.gguf.d)" qwen2.5-coder-0.5b-instruct.gguf \
     1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 &
-  join .xfer/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf.d qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
+  join "$(chunks qwen2.5-coder-1.5b-instruct-q4_k_m.gguf.d)" qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
     cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046 &
-  cp -r .xfer/datasets/* "$SWIFTSPEC_CACHE/datasets/"
+  if [ -d "$XFER/datasets" ]; then cp -r "$XFER"/datasets/* "$SWIFTSPEC_CACHE/datasets/"
+  else cp -r .xfer/datasets/* "$SWIFTSPEC_CACHE/datasets/"; fi
   # Build the package with the CUDA backend (no network there: no build isolation), while the
   # models join.
   if [ "${SKIP_BUILD:-0}" != "1" ]; then
@@ -153,6 +192,18 @@ if has logits; then
   log "logits checked"
 fi
 
+if has logits_int4; then
+  timeout "${LOGITS_INT4_TIMEOUT_S:-420}" python3 tools/check_cuda_logits.py --dtype int4 \
+    --json "$OUT/logits_int4.json" 2>&1 | tee "$OUT/logits_int4.log"
+  log "int4 logits checked: exit ${PIPESTATUS[0]} (0 pass, 1 fail, 124 timeout)"
+  if [ "${INT4_LOSSLESS:-0}" != "0" ]; then
+    timeout "${INT4_LOSSLESS_TIMEOUT_S:-300}" python3 tools/check_lossless.py --backend cuda --dtype int4 \
+      --mode serial,async --configs tree16:16:8:2 --max-new-tokens "${LOSSLESS_TOKENS:-128}" \
+      --mtbench "$INT4_LOSSLESS" --humaneval "$INT4_LOSSLESS" --out "$OUT/lossless_int4" > "$OUT/lossless_int4.log" 2>&1
+    log "int4 lossless: exit $? ($(grep -c '=ok(' "$OUT/lossless_int4.log") prompts identical)"
+  fi
+fi
+
 if has bench; then
   CONFIGS=${CONFIGS:-target,serial:tree16,async:tree16,async:tree16:hp,async:tree16:sm16,async:tree16:sm32,async:tree16:sm48}
   swiftspec bench --backend cuda --datasets humaneval,mtbench --num-prompts "$NUM" --max-new-tokens "$NEW" \
@@ -167,8 +218,8 @@ if has peers; then
   log "peers done"
 fi
 
-# The HF peers decode at ~30-90 ms/token (eager PyTorch, host-bound): 20 + 20 prompts x 256 tokens
-# take ~20 min on one GPU, more than one device call. peers_bg starts one detached `swiftspec bench`
+# The HF peers decode slowly (eager PyTorch, host-bound): 20 + 20 prompts x 256 tokens take
+# longer on one GPU than one device call. peers_bg starts one detached `swiftspec bench`
 # per data set (PEER_DATASETS), each on its own GPU (round robin over the visible GPUs) and its
 # own disjoint block of cores (taskset; cores / GPUs each, the one-GPU machine's 16 on an x2),
 # with the same settings as the bench stage; then waits up to PEER_WAIT_S (540) and copies what
@@ -266,6 +317,31 @@ if has cpu_lossless; then
 fi
 if has cpu_lossless_wait || { has cpu_lossless && [ "${LOSSLESS_BG:-0}" != 1 ]; }; then
   bash tools/lossless_cpu_jobs.sh wait; log "cpu lossless wait: exit $? (0 done and equal, 1 differs/failed, 2 running)"
+fi
+
+if has long; then
+  for _ in $(seq 1 600); do [ ! -f "$LLAMA_LOG" ] || [ -f "$LLAMA_DONE" ] && break; sleep 1; done
+  [ -f "$LLAMA_LOG" ] && cp "$LLAMA_LOG" "$OUT/llamacpp_build.log"
+  TGGUF=$SWIFTSPEC_CACHE/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+  timeout "${LONG_LLAMA_TIMEOUT_S:-300}" python3 tools/llamacpp_bench.py --backend cuda --model "$TGGUF" \
+    --out "$OUT/llamacpp_long" 2>&1 | tee "$OUT/llamacpp_long.log" | tail -12
+  log "llama-bench done"
+  timeout "${LONG_BENCH_TIMEOUT_S:-100000}" swiftspec bench --backend cuda --context-tokens "${LONG_CONTEXTS:-512,4096,16384,32000}" \
+    --num-prompts "${LONG_PROMPTS:-2}" --max-new-tokens "${LONG_TOKENS:-256}" \
+    --configs "${LONG_CONFIGS:-target,target:mk,serial:tree16,async:tree16:sm72:dmk}" --peers llamacpp \
+    --skip-unavailable --no-progress --out "$OUT/bench_long" 2>&1 | tee "$OUT/bench_long.log" | tail -40
+  log "long-context bench done"
+  for item in $(echo "${LONG_LOSSLESS:-16384:10,32000:5}" | tr ',' ' '); do
+    n=${item%%:*}; k=${item##*:}
+    timeout "${LONG_LOSSLESS_TIMEOUT_S:-100000}" python3 tools/check_lossless.py --backend cuda --dtype bfloat16 \
+      --mode serial,async --configs tree16:16:8:2 --max-new-tokens "${LONG_LOSSLESS_TOKENS:-128}" --mtbench 0 \
+      --humaneval 0 --context-tokens "$n" --context-prompts "$k" --out "$OUT/lossless_ctx$n" \
+      > "$OUT/lossless_ctx$n.log" 2>&1
+    log "lossless at $n tokens: exit $? ($(grep -c '=ok(' "$OUT/lossless_ctx$n.log") prompts identical)"
+  done
+  timeout "${LONG_GEN_TIMEOUT_S:-600}" python3 tools/check_long_generation.py --backend cuda \
+    --max-new-tokens "${LONG_GEN_TOKENS:-16384}" --json "$OUT/long_generation.json" 2>&1 | tee "$OUT/long_generation.log" | tail -6
+  log "long generation done"
 fi
 
 if has cpu_acceptance; then

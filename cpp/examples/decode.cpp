@@ -107,25 +107,41 @@ int main(int argc, char** argv) {
       if (end == v.c_str() || *end) usage_error(a + ": '" + v + "' is not a number");
       return d;
     };
-    if (a == "--checkpoint") checkpoint = value();
-    else if (a == "--draft") draft = value();
-    else if (a == "--tokens") prompt = parse_ids(value());
-    else if (a == "--max-new-tokens") cfg.max_new_tokens = static_cast<int>(parse_integer(a, value(), INT_MIN, INT_MAX));
-    else if (a == "--temperature") cfg.sampling.temperature = static_cast<float>(number(value()));
-    else if (a == "--top-k") cfg.sampling.top_k = static_cast<int>(parse_integer(a, value(), INT_MIN, INT_MAX));
-    else if (a == "--top-p") cfg.sampling.top_p = static_cast<float>(number(value()));
-    else if (a == "--seed") cfg.sampling.seed = parse_seed(value());
-    else if (a == "--threads") threads = static_cast<int>(parse_integer(a, value(), INT_MIN, INT_MAX));
-    else if (a == "--backend") backend = value();
-    else if (a == "--mode") mode = value();
-    else usage_error("unknown argument '" + a + "'");
+    if (a == "--checkpoint")
+      checkpoint = value();
+    else if (a == "--draft")
+      draft = value();
+    else if (a == "--tokens")
+      prompt = parse_ids(value());
+    else if (a == "--max-new-tokens")
+      cfg.max_new_tokens = static_cast<int>(parse_integer(a, value(), INT_MIN, INT_MAX));
+    else if (a == "--temperature")
+      cfg.sampling.temperature = static_cast<float>(number(value()));
+    else if (a == "--top-k")
+      cfg.sampling.top_k = static_cast<int>(parse_integer(a, value(), INT_MIN, INT_MAX));
+    else if (a == "--top-p")
+      cfg.sampling.top_p = static_cast<float>(number(value()));
+    else if (a == "--seed")
+      cfg.sampling.seed = parse_seed(value());
+    else if (a == "--threads")
+      threads = static_cast<int>(parse_integer(a, value(), INT_MIN, INT_MAX));
+    else if (a == "--backend")
+      backend = value();
+    else if (a == "--mode")
+      mode = value();
+    else
+      usage_error("unknown argument '" + a + "'");
   }
   if (checkpoint.empty()) usage_error("--checkpoint is required");
   if (prompt.empty()) usage_error("--tokens is required");
-  if (mode == "target") cfg.mode = swiftspec::DecodeMode::TargetOnly;
-  else if (mode == "serial") cfg.mode = swiftspec::DecodeMode::Serial;
-  else if (mode == "async") cfg.mode = swiftspec::DecodeMode::Async;
-  else usage_error("--mode must be target, serial or async");
+  if (mode == "target")
+    cfg.mode = swiftspec::DecodeMode::TargetOnly;
+  else if (mode == "serial")
+    cfg.mode = swiftspec::DecodeMode::Serial;
+  else if (mode == "async")
+    cfg.mode = swiftspec::DecodeMode::Async;
+  else
+    usage_error("--mode must be target, serial or async");
 
   try {
     swiftspec::ModelOptions opts;

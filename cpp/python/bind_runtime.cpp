@@ -2,6 +2,7 @@
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -15,8 +16,11 @@
 #include "swiftspec/checkpoint.h"
 #include "swiftspec/engine.h"
 #include "swiftspec/error.h"
+#include "swiftspec/memory_plan.h"
 #include "swiftspec/model.h"
+#include "swiftspec/rope.h"
 #include "python/model_busy.h"
+#include "python/engine_request.h"
 #include "python/request_hooks.h"
 #include "python/result_dicts.h"
 
@@ -46,13 +50,6 @@ LogitsMode parse_logits_mode(const std::string& s) {
   if (s == "all") return LogitsMode::All;
   if (s == "none") return LogitsMode::None;
   throw InvalidArgument("logits must be 'last', 'all' or 'none', got '" + s + "'");
-}
-
-DecodeMode parse_mode(const std::string& s) {
-  if (s == "target") return DecodeMode::TargetOnly;
-  if (s == "serial") return DecodeMode::Serial;
-  if (s == "async") return DecodeMode::Async;
-  throw InvalidArgument("mode must be 'target', 'serial' or 'async', got '" + s + "'");
 }
 
 template <typename T>
@@ -88,6 +85,26 @@ ForwardBatch python_batch(const Model& mdl, std::vector<int32_t> tokens, std::op
   return b;
 }
 
+/// None (plain RoPE), or the scaling as the runtime resolved it (HF key names; YaRN's
+/// attention_factor as derived when config.json leaves it out).
+nb::object rope_scaling_dict(const RopeScaling& s) {
+  if (s.type == RopeScalingType::None) return nb::none();
+  nb::dict d;
+  d["rope_type"] = s.type == RopeScalingType::Llama3 ? "llama3" : "yarn";
+  d["factor"] = s.factor;
+  d["original_max_position_embeddings"] = s.original_max_position_embeddings;
+  if (s.type == RopeScalingType::Llama3) {
+    d["low_freq_factor"] = s.low_freq_factor;
+    d["high_freq_factor"] = s.high_freq_factor;
+  } else {
+    d["beta_fast"] = s.beta_fast;
+    d["beta_slow"] = s.beta_slow;
+    d["attention_factor"] = rope_attention_factor(s);
+    d["truncate"] = s.truncate;
+  }
+  return d;
+}
+
 nb::dict config_dict(const ModelConfig& c) {
   nb::dict d;
   d["architecture"] = c.architecture;
@@ -101,7 +118,9 @@ nb::dict config_dict(const ModelConfig& c) {
   d["rms_norm_eps"] = c.rms_norm_eps;
   d["rope_theta"] = c.rope_theta;
   d["rope_style"] = c.rope_style == RopeStyle::NeoX ? "neox" : "interleaved";
+  d["rope_scaling"] = rope_scaling_dict(c.rope_scaling);
   d["max_position_embeddings"] = c.max_position_embeddings;
+  d["context_limit"] = c.context_limit();
   d["tie_word_embeddings"] = c.tie_word_embeddings;
   d["attention_bias"] = c.attention_bias;
   d["bos_token_id"] = c.bos_token_id;
@@ -160,8 +179,7 @@ void bind_runtime(nb::module_& m) {
                      return d;
                    })
       .def("has", &Checkpoint::has, "name"_a)
-      .def("tensor_shape", [](const Checkpoint& c, const std::string& name) { return c.tensor(name).shape; },
-           "name"_a);
+      .def("tensor_shape", [](const Checkpoint& c, const std::string& name) { return c.tensor(name).shape; }, "name"_a);
 
   nb::class_<Model>(m, "Model", "A decoder model with its committed + tree KV cache on one backend.")
       .def_prop_ro("config", [](const Model& mdl) { return config_dict(mdl.config()); })
@@ -174,9 +192,9 @@ void bind_runtime(nb::module_& m) {
           [](Model& mdl, std::vector<int32_t> tokens, std::optional<std::vector<int32_t>> positions,
              const std::string& logits, std::vector<int32_t> tree_slots, std::vector<int32_t> attend_offsets,
              std::vector<int32_t> attend_slots) {
-            const ForwardBatch b = python_batch(mdl, std::move(tokens), std::move(positions), logits,
-                                                std::move(tree_slots), std::move(attend_offsets),
-                                                std::move(attend_slots), "forward");
+            const ForwardBatch b =
+                python_batch(mdl, std::move(tokens), std::move(positions), logits, std::move(tree_slots),
+                             std::move(attend_offsets), std::move(attend_slots), "forward");
             std::vector<float> out;
             {
               ModelBusy busy({&mdl});
@@ -196,12 +214,11 @@ void bind_runtime(nb::module_& m) {
       .def(
           "forward_top_k",
           [](Model& mdl, std::vector<int32_t> tokens, int k, bool log_normalizer,
-             std::optional<std::vector<int32_t>> positions, const std::string& logits,
-             std::vector<int32_t> tree_slots, std::vector<int32_t> attend_offsets,
-             std::vector<int32_t> attend_slots, double inv_temperature) {
-            const ForwardBatch b = python_batch(mdl, std::move(tokens), std::move(positions), logits,
-                                                std::move(tree_slots), std::move(attend_offsets),
-                                                std::move(attend_slots), "forward_top_k");
+             std::optional<std::vector<int32_t>> positions, const std::string& logits, std::vector<int32_t> tree_slots,
+             std::vector<int32_t> attend_offsets, std::vector<int32_t> attend_slots, double inv_temperature) {
+            const ForwardBatch b =
+                python_batch(mdl, std::move(tokens), std::move(positions), logits, std::move(tree_slots),
+                             std::move(attend_offsets), std::move(attend_slots), "forward_top_k");
             TopKLogits top;
             {
               ModelBusy busy({&mdl});
@@ -280,17 +297,53 @@ void bind_runtime(nb::module_& m) {
           },
           "layer"_a, "slots"_a, "K and V of the given tree slots, fp32 [len(slots), kv_heads*head_dim] each.");
 
+  {
+    // The decode modes the runtime knows (generation.h kDecodeModes): the one list the CLI, the
+    // server and the bench offer.
+    std::vector<std::string> modes;
+    for (DecodeMode mode : kDecodeModes) modes.push_back(decode_mode_name(mode));
+    m.attr("DECODE_MODES") = nb::tuple(nb::cast(modes));
+  }
+
   m.def(
-      "cancelled_stats",
-      [](int prompt_tokens) {
-        GenerationStats st;
-        st.prompt_tokens = prompt_tokens;
-        st.finish_reason = "cancelled";
-        return stats_dict(st);
+      "check_sampling",
+      [](nb::handle temperature, nb::handle top_p, nb::handle top_k, nb::handle seed,
+         const std::map<std::string, std::string>& names, bool explain, uint64_t seeds, const std::string& seed_note,
+         std::optional<std::vector<std::string>> given) {
+        SamplingRequest r;
+        r.temperature = given_number(temperature);
+        r.top_p = given_number(top_p);
+        r.top_k = given_number(top_k);
+        r.seed = given_number(seed);
+        for (const auto& [key, name] : names) {
+          std::string* field = key == "temperature" ? &r.names.temperature
+                               : key == "top_p"     ? &r.names.top_p
+                               : key == "top_k"     ? &r.names.top_k
+                               : key == "seed"      ? &r.names.seed
+                                                    : nullptr;
+          if (!field)
+            throw InvalidArgument("check_sampling: names has the unknown key '" + key +
+                                  "' (keys: temperature, top_p, top_k, seed)");
+          *field = name;
+        }
+        r.explain = explain;
+        r.seeds = seeds;
+        r.seed_note = seed_note;
+        r.params();
+        if (given) r.refuse_unused_under_greedy(*given);
       },
-      "prompt_tokens"_a,
-      "The 'stats' dict (the keys every generate call returns) of a request cancelled before it ran:\n"
-      "no new tokens, no steps, zero times, finish_reason 'cancelled'.");
+      "temperature"_a = 0.0, "top_p"_a = 1.0, "top_k"_a = 0, "seed"_a = 0,
+      "names"_a = std::map<std::string, std::string>{}, "explain"_a = false, "seeds"_a = 1, "seed_note"_a = "",
+      "given"_a = nb::none(),
+      "The one check of the sampling parameters (SamplingRequest, sampling.h) for every caller: the\n"
+      "values as given (a float, an int, or anything else: named as not a number; Python converts numpy\n"
+      "numbers first). Raises InvalidRequestError naming the parameter as `names` spells it (default: its\n"
+      "keyword; e.g. {'top_p': '--top-p'}) and the value: temperature not a finite number >= 0, beyond\n"
+      "float32 or below its smallest normal number (but 0); top_p outside (0, 1]; top_k not an integer\n"
+      "in [0, 2**31 - 1]; seed not an integer >= 0 with seed + seeds - 1 within 64 bits (seed_note says\n"
+      "why, in that message). explain: messages state each domain and its off value (swiftspec bench).\n"
+      "given: the parameters the caller set explicitly ('top_p', 'top_k', 'seed'), refused under greedy\n"
+      "decoding (temperature 0), where they have no effect.");
 
   m.def(
       "parse_model_config",
@@ -303,6 +356,77 @@ void bind_runtime(nb::module_& m) {
       "CheckpointError '<origin>: ...' naming the field the runtime refuses (the converters check the\n"
       "config they are about to write with it).");
 
+  nb::class_<MemoryNeed>(m, "MemoryNeed",
+                         "What a model needs in memory on one device, in bytes (memory_plan.h): weights, KV cache\n"
+                         "per context token and for the tree slots, workspaces.")
+      .def_ro("weight_bytes", &MemoryNeed::weight_bytes)
+      .def_ro("kv_bytes_per_token", &MemoryNeed::kv_bytes_per_token)
+      .def_ro("kv_fixed_bytes", &MemoryNeed::kv_fixed_bytes)
+      .def_ro("workspace_bytes", &MemoryNeed::workspace_bytes)
+      .def_ro("workspace_bytes_per_token", &MemoryNeed::workspace_bytes_per_token)
+      .def("kv_bytes", &MemoryNeed::kv_bytes, "context"_a, "KV cache bytes for a context of `context` tokens.")
+      .def("bytes", &MemoryNeed::bytes, "context"_a,
+           "Every byte the model needs with a context of `context` tokens (weights, KV cache, workspaces).");
+
+  m.def(
+      "memory_need",
+      [](const std::string& dir, const std::string& backend, const ModelOptions& options) {
+        const ModelMemory mm = model_memory(*Checkpoint::open(dir), backend, options);
+        return mm.needs.at(0).second;
+      },
+      "checkpoint_dir"_a, "backend"_a = "cpu", "options"_a = ModelOptions(),
+      "What a model over checkpoint_dir needs on `backend` with `options` (its max_tree, threads...;\n"
+      "max_context is not read): a MemoryNeed, whose bytes(context) is what loading it with that\n"
+      "max_context plans for (model_memory, model.h).");
+  m.def(
+      "free_memory",
+      []() {
+        const FreeMemory f = cpu_free_memory();
+        nb::dict d;
+        d["bytes"] = f.bytes;
+        d["where"] = f.where;
+        d["known"] = f.known;
+        return d;
+      },
+      "The RAM free for models as the context plan measures it (cpu_free_memory, memory_plan.h):\n"
+      "{'bytes': MemAvailable in bytes, 'where': 'in RAM (MemAvailable)', 'known': bool}. The test hook\n"
+      "SWIFTSPEC_TEST_FREE_BYTES replaces the byte count.");
+
+  m.def(
+      "resolve_max_context",
+      [](const std::string& text, const std::string& origin, int max_context) {
+        const ModelConfig config = ModelConfig::from_json_text(text, origin);
+        ContextRequest r;  // the trained-length part of the rule: no device, so no memory bound
+        r.name = origin;
+        r.origin = origin;
+        r.requested = max_context;
+        r.trained = config.context_limit();
+        return plan_contexts({r}, {}).contexts[0];
+      },
+      "config_text"_a, "origin"_a, "max_context"_a = 0,
+      "The KV capacity in tokens that a model of this config.json text may get when it is loaded with\n"
+      "max_context (0: the model's default, its max_position_embeddings, longer with YaRN scaling:\n"
+      "ModelConfig::context_limit), by the rule every loader applies\n"
+      "(plan_contexts, memory_plan.h) without loading anything and without the memory bound (that needs the\n"
+      "weights: memory_need, load_model_pair): a default may still be capped at load when memory is short.\n"
+      "Raises InvalidRequestError naming both numbers for a max_context the model cannot take,\n"
+      "CheckpointError '<origin>: ...' for a config the runtime refuses.");
+
+  m.def(
+      "rope_tables",
+      [](const std::string& text, const std::string& origin) {
+        const ModelConfig c = ModelConfig::from_json_text(text, origin);
+        nb::dict d;
+        d["inv_freq"] = rope_inv_freq(c);
+        d["attention_scale"] = rope_attention_scale(c);
+        return d;
+      },
+      "text"_a, "origin"_a,
+      "The RoPE tables both backends rotate with (swiftspec/rope.h) for a config.json text:\n"
+      "{'inv_freq': list of head_dim/2 fp32 values (radians per position), 'attention_scale': the fp32\n"
+      "factor cos and sin are multiplied by (YaRN's attention factor; 1.0 otherwise)}. Raises\n"
+      "CheckpointError '<origin>: ...' as parse_model_config does.");
+
   m.def(
       "load_model",
       [](const std::string& dir, const std::string& backend, const ModelOptions& options) {
@@ -310,56 +434,75 @@ void bind_runtime(nb::module_& m) {
         return std::shared_ptr<Model>(load_model(Checkpoint::open(dir), backend, options));
       },
       "checkpoint_dir"_a, "backend"_a = "cpu", "options"_a = ModelOptions(),
-      "Loads a converted checkpoint folder on a backend ('cpu' or 'cuda'). Raises CheckpointError\n"
-      "naming the file/tensor/field, or InvalidRequestError for bad options.");
+      "Loads a converted checkpoint folder on a backend ('cpu' or 'cuda'). options.max_context 0: the\n"
+      "model's trained length (max_position_embeddings), capped to what the memory free holds. Raises\n"
+      "CheckpointError naming the file/tensor/field, or InvalidRequestError for bad options (an explicit\n"
+      "max_context beyond the trained length or the free memory: with the numbers, before allocating).");
 
-  nb::class_<Engine>(m, "Engine", "Decodes one request at a time with a target and an optional draft model.")
+  nb::class_<Engine>(m, "Engine",
+                     "Decodes one request at a time with a target and an optional draft model. A request from\n"
+                     "another thread waits for its turn (its cancel_check polled meanwhile); one from a callback of\n"
+                     "the running request is refused (it would wait for itself). See cpp/include/swiftspec/engine.h.")
       .def(nb::init<std::shared_ptr<Model>, std::shared_ptr<Model>>(), "target"_a, "draft"_a.none() = nb::none())
       .def(
+          "context_length",
+          [](const Engine& eng, const std::string& mode) { return eng.context_length(parse_decode_mode(mode)); },
+          "mode"_a = "target",
+          "The context of a request in `mode` ('auto', 'target', 'serial', 'async'), tokens: the target's\n"
+          "max_context, or the smaller of the target's and the draft's when the draft speculates. The\n"
+          "prompt plus max_new_tokens must fit in it (generate refuses it otherwise, naming both lengths).")
+      .def(
           "generate",
-          [](Engine& eng, const std::vector<int32_t>& prompt, int max_new_tokens, float temperature, int top_k,
-             float top_p, uint64_t seed, const std::vector<int32_t>& stop_token_ids, const std::string& mode,
+          [](Engine& eng, const std::vector<int32_t>& prompt, int max_new_tokens, double temperature, int top_k,
+             double top_p, uint64_t seed, const std::vector<int32_t>& stop_token_ids, const std::string& mode,
              int tree_budget, int max_depth, int branching, nb::object on_tokens, nb::object cancel_check,
-             int prefill_chunk) {
-            GenerationConfig cfg;
-            cfg.max_new_tokens = max_new_tokens;
-            cfg.sampling.temperature = temperature;
-            cfg.sampling.top_k = top_k;
-            cfg.sampling.top_p = top_p;
-            cfg.sampling.seed = seed;
-            cfg.stop_token_ids = stop_token_ids;
-            cfg.mode = parse_mode(mode);
-            cfg.tree_budget = tree_budget;
-            cfg.max_depth = max_depth;
-            cfg.branching = branching;
-            cfg.prefill_chunk = prefill_chunk;
-
-            // Python callbacks run under the GIL; their exceptions (KeyboardInterrupt
-            // included) cancel the request and are re-raised once the engine has returned.
-            RequestHooks hooks(std::move(on_tokens), std::move(cancel_check));
-            cfg.cancel_requested = hooks.cancel_requested();
-            const TokenCallback cb = hooks.token_callback();
-            GenerationResult res;
+             int prefill_chunk, nb::object async_options) {
+            GenerationConfig cfg =
+                request_config(max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids, parse_decode_mode(mode),
+                               tree_budget, max_depth, branching, prefill_chunk);
+            std::optional<AsyncOptions> options;
+            if (!async_options.is_none()) {
+              if (!nb::isinstance<nb::dict>(async_options))
+                throw InvalidArgument(std::string("async_options must be a dict, got ") +
+                                      Py_TYPE(async_options.ptr())->tp_name);
+              options = async_options_from(nb::borrow<nb::dict>(async_options));
+            }
+            return run_request(eng, prompt, cfg, std::move(on_tokens), std::move(cancel_check), options);
+          },
+          "prompt"_a, "max_new_tokens"_a = 128, "temperature"_a = 0.0, "top_k"_a = 0, "top_p"_a = 1.0, "seed"_a = 0,
+          "stop_token_ids"_a = std::vector<int32_t>{}, "mode"_a = "target", "tree_budget"_a = 16, "max_depth"_a = 8,
+          "branching"_a = 2, "on_tokens"_a = nb::none(), "cancel_check"_a = nb::none(), "prefill_chunk"_a = 0,
+          "async_options"_a = nb::none(),
+          "Decodes from prompt token ids. Returns {'tokens': [...], 'stats': {...}} (mode 'async': also\n"
+          "'report' and 'timeline', as generate_async; mode 'auto' with a draft: also 'report', with\n"
+          "budget_per_round (0: a target-only round), round_reasons and caught_up_tokens). on_tokens(list[int]) "
+          "receives final tokens as they\n"
+          "are committed; returning False cancels. The prompt is prefilled in passes of prefill_chunk tokens\n"
+          "(0: the model's; the result does not depend on it); before each pass and each decode step, Ctrl-C\n"
+          "(a pending SIGINT, on the main thread) raises KeyboardInterrupt and cancel_check() returning true\n"
+          "cancels (finish_reason 'cancelled'), also while the request waits for its turn behind another\n"
+          "thread's (then at once, without tokens). async_options (mode 'async' only): a dict of\n"
+          "generate_async's options (expand_width, growth_depth, min_send_nodes, cost_aware_send,\n"
+          "min_expand_prob, record_timeline); an unknown one is refused by name.")
+      .def(
+          "close",
+          [](Engine& eng) {
+            RequestHooks hooks{nb::none(), nb::none()};  // Ctrl-C while it waits for a running request
             {
-              ModelBusy busy({&eng.target(), eng.draft()});
               nb::gil_scoped_release release;
-              res = eng.generate(prompt, cfg, cb);
+              eng.close(hooks.cancel_requested());
             }
             hooks.rethrow();
-            nb::dict out;
-            out["tokens"] = res.tokens;
-            out["stats"] = stats_dict(res.stats);
-            return out;
           },
-          "prompt"_a, "max_new_tokens"_a = 128, "temperature"_a = 0.0f, "top_k"_a = 0, "top_p"_a = 1.0f,
-          "seed"_a = 0, "stop_token_ids"_a = std::vector<int32_t>{}, "mode"_a = "target", "tree_budget"_a = 16,
-          "max_depth"_a = 8, "branching"_a = 2, "on_tokens"_a = nb::none(), "cancel_check"_a = nb::none(),
-          "prefill_chunk"_a = 0,
-          "Decodes from prompt token ids. Returns {'tokens': [...], 'stats': {...}}. on_tokens(list[int])\n"
-          "receives final tokens as they are committed; returning False cancels. The prompt is prefilled\n"
-          "in passes of prefill_chunk tokens (0: the model's; the result does not depend on it); before\n"
-          "each pass and each decode step, Ctrl-C (a pending SIGINT, on the main thread) raises\n"
-          "KeyboardInterrupt and cancel_check() returning true cancels (finish_reason 'cancelled').");
+          "Waits for a running request to end, then releases the models; later calls raise\n"
+          "InvalidRequestError 'the engine is closed'. Refused from a callback of a request running on this\n"
+          "engine (it would wait for itself). Idempotent.")
+      .def_prop_ro("closed", &Engine::closed)
+      .def("check_open", &Engine::check_open,
+           "Raises InvalidRequestError once the engine is closed, or in a fork()ed child of the process that\n"
+           "made it (the models' worker threads did not survive the fork).")
+      .def("running_on_this_thread", &Engine::running_on_this_thread,
+           "Whether the calling thread runs a request of this engine (is inside one of its callbacks).");
 }
 
 }  // namespace swiftspec::python

@@ -2,6 +2,7 @@
 // the async engine's prototypes). Every numeric routine releases the GIL.
 #include "python/bind_speculative.h"
 #include "python/model_busy.h"
+#include "python/engine_request.h"
 #include "python/request_hooks.h"
 #include "python/result_dicts.h"
 
@@ -105,8 +106,7 @@ NodeDistribution table_rows(const Probs2D& table, const std::optional<std::vecto
                             const char* what) {
   const float* base = table.data();
   const int64_t nrows = static_cast<int64_t>(table.shape(0));
-  if (static_cast<int>(table.shape(1)) != vocab)
-    throw InvalidArgument(std::string(what) + " must have vocab columns");
+  if (static_cast<int>(table.shape(1)) != vocab) throw InvalidArgument(std::string(what) + " must have vocab columns");
   std::vector<int32_t> map = rows ? *rows : std::vector<int32_t>{};
   return [base, nrows, vocab, map, what](int node) -> const float* {
     const int64_t r = map.empty() ? node : (node < static_cast<int>(map.size()) ? map[node] : -1);
@@ -159,14 +159,42 @@ void bind_speculative(nb::module_& parent) {
       .def("path_to", &TokenTree::path_to, "node"_a)
       .def("path_tokens", &TokenTree::path_tokens, "node"_a)
       .def_prop_ro("max_depth", &TokenTree::max_depth)
-      .def_prop_ro("tokens", [](const TokenTree& t) { std::vector<int32_t> v; for (auto& n : t.nodes()) v.push_back(n.token); return v; })
-      .def_prop_ro("parents", [](const TokenTree& t) { std::vector<int32_t> v; for (auto& n : t.nodes()) v.push_back(n.parent); return v; })
-      .def_prop_ro("depths", [](const TokenTree& t) { std::vector<int32_t> v; for (auto& n : t.nodes()) v.push_back(n.depth); return v; })
-      .def_prop_ro("logprobs", [](const TokenTree& t) { std::vector<float> v; for (auto& n : t.nodes()) v.push_back(n.logprob); return v; })
-      .def_prop_ro("cum_logprobs", [](const TokenTree& t) { std::vector<double> v; for (auto& n : t.nodes()) v.push_back(n.cum_logprob); return v; })
-      .def("children", [](const TokenTree& t, int i) { return t.node(i).children; }, "node"_a)
-      .def("expanded", [](const TokenTree& t, int i) { return t.node(i).expanded; }, "node"_a)
-      .def("draws", [](const TokenTree& t, int i) { return t.node(i).draws; }, "node"_a)
+      .def_prop_ro("tokens",
+                   [](const TokenTree& t) {
+                     std::vector<int32_t> v;
+                     for (auto& n : t.nodes()) v.push_back(n.token);
+                     return v;
+                   })
+      .def_prop_ro("parents",
+                   [](const TokenTree& t) {
+                     std::vector<int32_t> v;
+                     for (auto& n : t.nodes()) v.push_back(n.parent);
+                     return v;
+                   })
+      .def_prop_ro("depths",
+                   [](const TokenTree& t) {
+                     std::vector<int32_t> v;
+                     for (auto& n : t.nodes()) v.push_back(n.depth);
+                     return v;
+                   })
+      .def_prop_ro("logprobs",
+                   [](const TokenTree& t) {
+                     std::vector<float> v;
+                     for (auto& n : t.nodes()) v.push_back(n.logprob);
+                     return v;
+                   })
+      .def_prop_ro("cum_logprobs",
+                   [](const TokenTree& t) {
+                     std::vector<double> v;
+                     for (auto& n : t.nodes()) v.push_back(n.cum_logprob);
+                     return v;
+                   })
+      .def(
+          "children", [](const TokenTree& t, int i) { return t.node(i).children; }, "node"_a)
+      .def(
+          "expanded", [](const TokenTree& t, int i) { return t.node(i).expanded; }, "node"_a)
+      .def(
+          "draws", [](const TokenTree& t, int i) { return t.node(i).draws; }, "node"_a)
       .def(
           "attention_mask",
           [](const TokenTree& t) {
@@ -249,8 +277,7 @@ void bind_speculative(nb::module_& parent) {
           return sample_from_top_k(top_ids.data() + e, top_logits.data() + e, k, params, rng);
         }));
       },
-      "tree"_a, "top_ids"_a, "top_logits"_a, "temperature"_a, "top_p"_a = 1.0f, "seed"_a = 0,
-      "target_rows"_a,
+      "tree"_a, "top_ids"_a, "top_logits"_a, "temperature"_a, "top_p"_a = 1.0f, "seed"_a = 0, "target_rows"_a,
       "What TreeVerifier does for a top-k sampled request on a tree without draws: target sampling at\n"
       "each visited node from its row's k best logits (top_ids int32 / top_logits fp32 [rows, k], as\n"
       "Model.forward_top_k returns; node u uses row target_rows[u]) with sample_from_top_k.");
@@ -370,7 +397,8 @@ void bind_speculative(nb::module_& parent) {
       [](std::vector<int32_t> ids, std::vector<float> top_logits, double log_normalizer, int vocab, int count,
          float temperature, int top_k, float top_p, std::optional<Vec1D> row) {
         if (ids.size() != top_logits.size() || ids.empty())
-          throw InvalidArgument("top_sampling_tokens_from_head: ids and top_logits must be non-empty and of one length");
+          throw InvalidArgument(
+              "top_sampling_tokens_from_head: ids and top_logits must be non-empty and of one length");
         const SamplingParams params = make_sampling(temperature, top_k, top_p, 0);
         TopKLogits top;
         top.k = static_cast<int>(ids.size());
@@ -424,16 +452,45 @@ void bind_speculative(nb::module_& parent) {
                           "another thread's call runs raises InvalidRequestError ('the TreeKvCache is in use').")
       .def(nb::init<Model&>(), "model"_a, nb::keep_alive<1, 2>())
       .def_prop_ro("capacity", &TreeKvCache::capacity)
-      .def_prop_ro("free_slots", [](const TreeKvCache& c) { BusyGuard g = busy(c); return c.free_slots(); })
-      .def_prop_ro("base_position", [](const TreeKvCache& c) { BusyGuard g = busy(c); return c.base_position(); })
-      .def_prop_ro("pending_tokens", [](const TreeKvCache& c) { BusyGuard g = busy(c); return c.pending_tokens(); })
+      .def_prop_ro("free_slots",
+                   [](const TreeKvCache& c) {
+                     BusyGuard g = busy(c);
+                     return c.free_slots();
+                   })
+      .def_prop_ro("base_position",
+                   [](const TreeKvCache& c) {
+                     BusyGuard g = busy(c);
+                     return c.base_position();
+                   })
+      .def_prop_ro("pending_tokens",
+                   [](const TreeKvCache& c) {
+                     BusyGuard g = busy(c);
+                     return c.pending_tokens();
+                   })
       .def_prop_ro("processed_count",
-                   [](const TreeKvCache& c) { BusyGuard g = busy(c); return c.processed_count(); })
+                   [](const TreeKvCache& c) {
+                     BusyGuard g = busy(c);
+                     return c.processed_count();
+                   })
       .def(
-          "processed", [](const TreeKvCache& c, int node) { BusyGuard g = busy(c); return c.processed(node); },
+          "processed",
+          [](const TreeKvCache& c, int node) {
+            BusyGuard g = busy(c);
+            return c.processed(node);
+          },
           "node"_a)
-      .def("slot", [](const TreeKvCache& c, int node) { BusyGuard g = busy(c); return c.slot(node); }, "node"_a)
-      .def("clear", [](TreeKvCache& c) { BusyGuard g = busy(c); c.clear(); })
+      .def(
+          "slot",
+          [](const TreeKvCache& c, int node) {
+            BusyGuard g = busy(c);
+            return c.slot(node);
+          },
+          "node"_a)
+      .def("clear",
+           [](TreeKvCache& c) {
+             BusyGuard g = busy(c);
+             c.clear();
+           })
       .def(
           "prefill",
           [](TreeKvCache& c, const std::vector<int32_t>& tokens, const std::string& logits, int chunk) {
@@ -498,7 +555,11 @@ void bind_speculative(nb::module_& parent) {
           },
           "tree"_a, "path"_a)
       .def(
-          "remap", [](TreeKvCache& c, const std::vector<int32_t>& map) { BusyGuard g = busy(c); c.remap(map); },
+          "remap",
+          [](TreeKvCache& c, const std::vector<int32_t>& map) {
+            BusyGuard g = busy(c);
+            c.remap(map);
+          },
           "old_to_new"_a);
 
   // ---------------------------------------------------------------- DraftTree
@@ -509,9 +570,8 @@ void bind_speculative(nb::module_& parent) {
                         "while another thread's call runs raises InvalidRequestError ('the DraftTree is in use').")
       .def(
           "__init__",
-          [](DraftTree* self, Model& draft, int tree_budget, int max_depth, int branching, float temperature,
-             int top_k, float top_p, uint64_t seed, const std::string& growth, int expand_width,
-             double min_expand_prob) {
+          [](DraftTree* self, Model& draft, int tree_budget, int max_depth, int branching, float temperature, int top_k,
+             float top_p, uint64_t seed, const std::string& growth, int expand_width, double min_expand_prob) {
             GenerationConfig c = make_config(1, temperature, top_k, top_p, seed, {}, tree_budget, max_depth, branching);
             c.validate();
             SpeculativeOptions o;
@@ -520,9 +580,9 @@ void bind_speculative(nb::module_& parent) {
             o.min_expand_prob = min_expand_prob;
             new (self) DraftTree(draft, c, o, seed);
           },
-          "draft"_a, "tree_budget"_a = 16, "max_depth"_a = 8, "branching"_a = 2, "temperature"_a = 0.0f,
-          "top_k"_a = 0, "top_p"_a = 1.0f, "seed"_a = 0, "growth"_a = "auto", "expand_width"_a = 0,
-          "min_expand_prob"_a = -1.0, nb::keep_alive<1, 2>())
+          "draft"_a, "tree_budget"_a = 16, "max_depth"_a = 8, "branching"_a = 2, "temperature"_a = 0.0f, "top_k"_a = 0,
+          "top_p"_a = 1.0f, "seed"_a = 0, "growth"_a = "auto", "expand_width"_a = 0, "min_expand_prob"_a = -1.0,
+          nb::keep_alive<1, 2>())
       .def(
           "start",
           [](DraftTree& d, const std::vector<int32_t>& prompt, int32_t first_token) {
@@ -537,11 +597,18 @@ void bind_speculative(nb::module_& parent) {
           },
           "prompt"_a, "first_token"_a, "Prefills the prompt and roots the tree at first_token.")
       .def(
-          "can_grow", [](const DraftTree& d, int depth) { BusyGuard g = busy(d); return d.can_grow(depth); },
+          "can_grow",
+          [](const DraftTree& d, int depth) {
+            BusyGuard g = busy(d);
+            return d.can_grow(depth);
+          },
           "depth_limit"_a)
       .def(
           "selectable_nodes",
-          [](const DraftTree& d, int depth) { BusyGuard g = busy(d); return d.selectable_nodes(depth); },
+          [](const DraftTree& d, int depth) {
+            BusyGuard g = busy(d);
+            return d.selectable_nodes(depth);
+          },
           "depth_limit"_a)
       .def(
           "grow_step",
@@ -586,17 +653,43 @@ void bind_speculative(nb::module_& parent) {
             return d.advance(accepted_tokens, bonus);
           },
           "accepted_tokens"_a, "bonus"_a)
-      .def_prop_ro("tree", [](const DraftTree& d) { BusyGuard g = busy(d); return TokenTree(d.tree()); },
-                   "A copy of the current tree.")
+      .def_prop_ro(
+          "tree",
+          [](const DraftTree& d) {
+            BusyGuard g = busy(d);
+            return TokenTree(d.tree());
+          },
+          "A copy of the current tree.")
       .def_prop_ro("cache", &DraftTree::cache, nb::rv_policy::reference_internal)
       .def_prop_ro("growth", [](const DraftTree& d) { return tree_growth_name(d.growth()); })
       .def_prop_ro("expand_width", &DraftTree::expand_width)
-      .def_prop_ro("steps", [](const DraftTree& d) { BusyGuard g = busy(d); return d.steps(); })
-      .def_prop_ro("time", [](const DraftTree& d) { BusyGuard g = busy(d); return d.time(); })
-      .def_prop_ro("drafted_nodes", [](const DraftTree& d) { BusyGuard g = busy(d); return d.drafted_nodes(); })
-      .def_prop_ro("batch_rows", [](const DraftTree& d) { BusyGuard g = busy(d); return d.batch_rows(); })
-      .def_prop_ro("whole_rows_read", [](const DraftTree& d) { BusyGuard g = busy(d); return d.whole_rows_read(); },
-                   "Drafted rows whose whole logits were read on the host (DraftTree::whole_rows_read).");
+      .def_prop_ro("steps",
+                   [](const DraftTree& d) {
+                     BusyGuard g = busy(d);
+                     return d.steps();
+                   })
+      .def_prop_ro("time",
+                   [](const DraftTree& d) {
+                     BusyGuard g = busy(d);
+                     return d.time();
+                   })
+      .def_prop_ro("drafted_nodes",
+                   [](const DraftTree& d) {
+                     BusyGuard g = busy(d);
+                     return d.drafted_nodes();
+                   })
+      .def_prop_ro("batch_rows",
+                   [](const DraftTree& d) {
+                     BusyGuard g = busy(d);
+                     return d.batch_rows();
+                   })
+      .def_prop_ro(
+          "whole_rows_read",
+          [](const DraftTree& d) {
+            BusyGuard g = busy(d);
+            return d.whole_rows_read();
+          },
+          "Drafted rows whose whole logits were read on the host (DraftTree::whole_rows_read).");
 
   // ------------------------------------------------------------- TreeVerifier
   nb::class_<PyTreeVerifier>(m, "TreeVerifier",
@@ -646,23 +739,33 @@ void bind_speculative(nb::module_& parent) {
           },
           "tree"_a, "drafter"_a = nb::none(), "to_draft"_a = nb::none(),
           "Verifies and commits; draft distributions come from drafter via to_draft (Sampled growth).")
-      .def_prop_ro("steps", [](const PyTreeVerifier& v) { BusyGuard g = busy(v, false); return v.verifier.steps(); })
-      .def_prop_ro("time", [](const PyTreeVerifier& v) { BusyGuard g = busy(v, false); return v.verifier.time(); })
+      .def_prop_ro("steps",
+                   [](const PyTreeVerifier& v) {
+                     BusyGuard g = busy(v, false);
+                     return v.verifier.steps();
+                   })
+      .def_prop_ro("time",
+                   [](const PyTreeVerifier& v) {
+                     BusyGuard g = busy(v, false);
+                     return v.verifier.time();
+                   })
       .def_prop_ro(
           "whole_rows_read",
-          [](const PyTreeVerifier& v) { BusyGuard g = busy(v, false); return v.verifier.whole_rows_read(); },
+          [](const PyTreeVerifier& v) {
+            BusyGuard g = busy(v, false);
+            return v.verifier.whole_rows_read();
+          },
           "Verified rows whose whole logits came to the host (TreeVerifier::whole_rows_read).");
 
   // ------------------------------------------------------ serial generation
   m.def(
       "generate_serial",
-      [](Model& target, Model& draft, const std::vector<int32_t>& prompt, int max_new_tokens, float temperature,
-         int top_k, float top_p, uint64_t seed, const std::vector<int32_t>& stop_token_ids, int tree_budget,
+      [](Model& target, Model& draft, const std::vector<int32_t>& prompt, int max_new_tokens, double temperature,
+         int top_k, double top_p, uint64_t seed, const std::vector<int32_t>& stop_token_ids, int tree_budget,
          int max_depth, int branching, const std::string& growth, int expand_width, double min_expand_prob,
          const std::string& verifier_bias, nb::object on_tokens, nb::object cancel_check, int prefill_chunk) {
-        GenerationConfig cfg = make_config(max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids,
-                                           tree_budget, max_depth, branching);
-        cfg.prefill_chunk = prefill_chunk;
+        GenerationConfig cfg = request_config(max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids,
+                                              DecodeMode::Serial, tree_budget, max_depth, branching, prefill_chunk);
         SpeculativeOptions opt;
         opt.growth = parse_growth(growth);
         opt.expand_width = expand_width;
@@ -685,11 +788,10 @@ void bind_speculative(nb::module_& parent) {
         out["report"] = report_dict(rep);
         return out;
       },
-      "target"_a, "draft"_a, "prompt"_a, "max_new_tokens"_a = 128, "temperature"_a = 0.0f, "top_k"_a = 0,
-      "top_p"_a = 1.0f, "seed"_a = 0, "stop_token_ids"_a = std::vector<int32_t>{}, "tree_budget"_a = 16,
-      "max_depth"_a = 8, "branching"_a = 2, "growth"_a = "auto", "expand_width"_a = 0,
-      "min_expand_prob"_a = -1.0, "verifier_bias"_a = "none",
-      "on_tokens"_a = nb::none(), "cancel_check"_a = nb::none(), "prefill_chunk"_a = 0,
+      "target"_a, "draft"_a, "prompt"_a, "max_new_tokens"_a = 128, "temperature"_a = 0.0, "top_k"_a = 0,
+      "top_p"_a = 1.0, "seed"_a = 0, "stop_token_ids"_a = std::vector<int32_t>{}, "tree_budget"_a = 16,
+      "max_depth"_a = 8, "branching"_a = 2, "growth"_a = "auto", "expand_width"_a = 0, "min_expand_prob"_a = -1.0,
+      "verifier_bias"_a = "none", "on_tokens"_a = nb::none(), "cancel_check"_a = nb::none(), "prefill_chunk"_a = 0,
       "Serial tree generation (speculative.h) with explicit options. Returns {'tokens', 'stats',\n"
       "'report'}; report has the growth rule, the verification scheme(s) used, per-step acceptance.\n"
       "on_tokens, cancel_check, prefill_chunk: as Engine.generate.");

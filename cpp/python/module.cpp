@@ -8,6 +8,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "python/bind_inputs.h"
 #include "python/bind_runtime.h"
 #if __has_include("python/bind_speculative.h")
 #include "python/bind_speculative.h"
@@ -21,8 +22,21 @@
 namespace nb = nanobind;
 
 NB_MODULE(swiftspec_core, m) {
-  m.doc() = "swiftspec C++ runtime: checkpoints, models (CPU/CUDA backends), engine";
+  // The text `help(swiftspec_core)` and `swiftspec_core.__doc__` show: what this module is, how it
+  // is reached, and where its user-level API is (most users want swiftspec.Engine, not this).
+  m.doc() =
+      "swiftspec_core: the C++ runtime of swiftspec, as a compiled (nanobind) extension module.\n"
+      "\n"
+      "It loads checkpoints (load_model, parse_model_config, resolve_max_context) into models on the\n"
+      "CPU or CUDA backend (Model, ModelOptions, Checkpoint) and decodes with them (Engine: target-only,\n"
+      "serial and asynchronous speculative decoding); the submodule `spec` holds the speculative core\n"
+      "(token trees, tree KV bookkeeping, verification). Numeric work runs with the GIL released.\n"
+      "\n"
+      "`import swiftspec_core` and `from swiftspec import swiftspec_core` give this same module. The\n"
+      "Python API over it (tokenization, chat templates, model fetching and conversion) is\n"
+      "swiftspec.Engine; errors are raised as swiftspec.CheckpointError / InvalidRequestError.";
   swiftspec::python::bind_runtime(m);
+  swiftspec::python::bind_inputs(m);
 #ifdef SWIFTSPEC_BIND_SPECULATIVE
   swiftspec::python::bind_speculative(m);
 #endif

@@ -1,5 +1,6 @@
 #include "python/result_dicts.h"
 
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -17,6 +18,7 @@ nb::dict stats_dict(const GenerationStats& s) {
   d["decode_time"] = s.decode_time;
   d["target_time"] = s.target_time;
   d["draft_time"] = s.draft_time;
+  d["wall_time"] = s.wall_time;
   d["finish_reason"] = s.finish_reason;
   d["acceptance_length"] = s.acceptance_length();
   return d;
@@ -36,6 +38,11 @@ nb::dict report_dict(const SpeculationReport& r) {
   d["accepted_per_step"] = r.accepted_per_step;
   d["verified_per_step"] = r.verified_per_step;
   d["draft_batch_rows"] = r.draft_batch_rows;
+  if (!r.budget_per_round.empty()) {  // the auto mode
+    d["budget_per_round"] = r.budget_per_round;
+    d["round_reasons"] = r.round_reasons;
+    d["caught_up_tokens"] = r.caught_up_tokens;
+  }
   return d;
 }
 

@@ -60,8 +60,8 @@ SWIFTSPEC_TEST(async_greedy_equals_target_only) {
     for (auto [budget, depth, branching] : {std::tuple{6, 6, 1}, std::tuple{16, 6, 2}, std::tuple{32, 8, 3}}) {
       AsyncReport rep;
       GenerationConfig cfg = greedy(n, DecodeMode::Async, budget, depth, branching);
-      GenerationResult r = generate_speculative_async(*pair().target, *pair().draft, prompts()[p], cfg, nullptr,
-                                                      AsyncOptions{}, &rep);
+      GenerationResult r =
+          generate_speculative_async(*pair().target, *pair().draft, prompts()[p], cfg, nullptr, AsyncOptions{}, &rep);
       CHECK(r.tokens == ref);
       CHECK_EQ(r.stats.finish_reason, std::string("length"));
       CHECK_EQ(r.stats.new_tokens, n);
@@ -105,13 +105,13 @@ SWIFTSPEC_TEST(async_cancel_at_every_token) {
   for (int stop_at = 1; stop_at <= 24; stop_at += 5) {
     int seen = 0, calls_after_cancel = 0;
     bool cancelled = false;
-    GenerationResult r = pair().engine->generate(prompts()[0], greedy(24, DecodeMode::Async),
-                                                 [&](const std::vector<int32_t>& toks) {
-                                                   if (cancelled) ++calls_after_cancel;
-                                                   seen += static_cast<int>(toks.size());
-                                                   cancelled = seen >= stop_at;
-                                                   return !cancelled;
-                                                 });
+    GenerationResult r =
+        pair().engine->generate(prompts()[0], greedy(24, DecodeMode::Async), [&](const std::vector<int32_t>& toks) {
+          if (cancelled) ++calls_after_cancel;
+          seen += static_cast<int>(toks.size());
+          cancelled = seen >= stop_at;
+          return !cancelled;
+        });
     CHECK_EQ(calls_after_cancel, 0);
     CHECK_EQ(static_cast<int>(r.tokens.size()), seen);
     CHECK(r.tokens == std::vector<int32_t>(ref.begin(), ref.begin() + seen));

@@ -17,7 +17,7 @@
 #include "swiftspec/tensor_parallel.h"
 #include "swiftspec/timeline.h"
 #include "swiftspec/worker_group.h"
-#include "src/async_send_policy.h"
+#include "src/async/send_policy.h"
 #include "test_framework.h"
 
 namespace swiftspec::test {
@@ -52,8 +52,12 @@ SWIFTSPEC_TEST(async_channel_order_close_and_threads) {
   // Two producers, one consumer: every message arrives once, per-producer order kept.
   Channel<std::pair<int, int>> c2;
   const int n = 20000;
-  std::thread a([&] { for (int i = 0; i < n; ++i) c2.send({0, i}); });
-  std::thread b([&] { for (int i = 0; i < n; ++i) c2.send({1, i}); });
+  std::thread a([&] {
+    for (int i = 0; i < n; ++i) c2.send({0, i});
+  });
+  std::thread b([&] {
+    for (int i = 0; i < n; ++i) c2.send({1, i});
+  });
   int next[2] = {0, 0};
   for (int k = 0; k < 2 * n; ++k) {
     auto m = c2.receive();
@@ -131,7 +135,8 @@ SWIFTSPEC_TEST(async_worker_group_errors_abort_and_recover) {
   CHECK_THROWS(g.run([&](int r) {
     std::vector<float> b(4 + r);
     g.comm(r).all_reduce_sum(b.data(), b.size());
-  }), InvalidArgument);
+  }),
+               InvalidArgument);
   g.run([&](int r) { g.comm(r).barrier(); });
 }
 
@@ -347,10 +352,12 @@ SWIFTSPEC_TEST(async_placement_sm_partition) {
   CHECK(Placement::from_json(p.to_json()).to_json() == p.to_json());
   CHECK(p.to_json().find("\"sm_partition\":[16,0]") != std::string::npos);
   CHECK(placement_fails_with(R"({"draft": {"sm_partition": [0, 24]}, "target": {"sm_partition": [16, 0]}})",
-                   "overlap on GPU 0"));
+                             "overlap on GPU 0"));
   CHECK(placement_fails_with(R"({"draft": {"sm_partition": [-8, 16]}})", "placement.draft.sm_partition must be"));
-  CHECK(placement_fails_with(R"({"target": {"sm_partition": [8]}})", "placement.target.sm_partition must be [first SM"));
-  CHECK(placement_fails_with(R"({"target": {"sm_partition": "all"}})", "placement.target.sm_partition has the wrong type"));
+  CHECK(
+      placement_fails_with(R"({"target": {"sm_partition": [8]}})", "placement.target.sm_partition must be [first SM"));
+  CHECK(placement_fails_with(R"({"target": {"sm_partition": "all"}})",
+                             "placement.target.sm_partition has the wrong type"));
   // Different GPUs, or a group on the whole GPU: no overlap.
   Placement::from_json(R"({"draft": {"devices": [0], "sm_partition": [0, 16]},
                            "target": {"devices": [1], "sm_partition": [8, 0]}})");
@@ -369,7 +376,8 @@ SWIFTSPEC_TEST(async_placement_sm_partition) {
   CHECK(!mk.target.megakernel);
   CHECK(Placement::from_json(mk.to_json()).draft.megakernel);
   CHECK(mk.to_json().find("\"megakernel\":true") != std::string::npos);
-  CHECK(placement_fails_with(R"({"draft": {"megakernel": "yes"}})", "placement.draft.megakernel must be true or false"));
+  CHECK(
+      placement_fails_with(R"({"draft": {"megakernel": "yes"}})", "placement.draft.megakernel must be true or false"));
   CHECK(placement_fails_with(R"({"target": {"megakernel": 1}})", "placement.target.megakernel must be true or false"));
 
   // Resolution against a device (what the CUDA backend does with the driver's split).
@@ -390,8 +398,9 @@ SWIFTSPEC_TEST(async_placement_sm_partition) {
     }
     return false;
   };
-  CHECK(resolve_fails(0, 20, "placement.draft.sm_partition [0, 20] (SMs 0..19): green-context partitions of this "
-                             "GPU start and end at SM 0, 8, 16"));
+  CHECK(resolve_fails(0, 20,
+                      "placement.draft.sm_partition [0, 20] (SMs 0..19): green-context partitions of this "
+                      "GPU start and end at SM 0, 8, 16"));
   CHECK(resolve_fails(128, 8, "is outside the 132 SMs of this GPU"));
   CHECK(resolve_fails(132, 0, "is outside the 132 SMs"));
   CHECK(resolve_fails(0, 0, "is the whole GPU"));

@@ -39,7 +39,11 @@ void check_eq(const A& a, const B& b, const char* ea, const char* eb, const char
   if (!(a == b)) {
     std::ostringstream os;
     os << file << ":" << line << ": CHECK_EQ(" << ea << ", " << eb << ") failed";
-    if constexpr (requires(std::ostream& o) { o << a; o << b; }) os << ": " << a << " vs " << b;
+    if constexpr (requires(std::ostream& o) {
+                    o << a;
+                    o << b;
+                  })
+      os << ": " << a << " vs " << b;
     throw Failure(os.str());
   }
 }
@@ -48,29 +52,29 @@ void check_eq(const A& a, const B& b, const char* ea, const char* eb, const char
 
 #define SWIFTSPEC_TEST_CAT2(a, b) a##b
 #define SWIFTSPEC_TEST_CAT(a, b) SWIFTSPEC_TEST_CAT2(a, b)
-#define SWIFTSPEC_TEST(name)                                                                        \
-  static void name();                                                                               \
-  static ::swiftspec::test::Register SWIFTSPEC_TEST_CAT(register_, name)(#name, name);              \
+#define SWIFTSPEC_TEST(name)                                                           \
+  static void name();                                                                  \
+  static ::swiftspec::test::Register SWIFTSPEC_TEST_CAT(register_, name)(#name, name); \
   static void name()
 
-#define CHECK(cond)                                                                                  \
-  do {                                                                                               \
-    if (!(cond))                                                                                     \
-      throw ::swiftspec::test::Failure(std::string(__FILE__) + ":" + std::to_string(__LINE__) +       \
-                                       ": CHECK(" #cond ") failed");                                \
+#define CHECK(cond)                                                                             \
+  do {                                                                                          \
+    if (!(cond))                                                                                \
+      throw ::swiftspec::test::Failure(std::string(__FILE__) + ":" + std::to_string(__LINE__) + \
+                                       ": CHECK(" #cond ") failed");                            \
   } while (0)
 
 #define CHECK_EQ(a, b) ::swiftspec::test::check_eq((a), (b), #a, #b, __FILE__, __LINE__)
 
-#define CHECK_THROWS(expr, type)                                                                     \
-  do {                                                                                               \
-    bool thrown_ = false;                                                                            \
-    try {                                                                                            \
-      expr;                                                                                          \
-    } catch (const type&) {                                                                          \
-      thrown_ = true;                                                                                \
-    }                                                                                                \
-    if (!thrown_)                                                                                    \
-      throw ::swiftspec::test::Failure(std::string(__FILE__) + ":" + std::to_string(__LINE__) +       \
-                                       ": " #expr " did not throw " #type);                          \
+#define CHECK_THROWS(expr, type)                                                                \
+  do {                                                                                          \
+    bool thrown_ = false;                                                                       \
+    try {                                                                                       \
+      expr;                                                                                     \
+    } catch (const type&) {                                                                     \
+      thrown_ = true;                                                                           \
+    }                                                                                           \
+    if (!thrown_)                                                                               \
+      throw ::swiftspec::test::Failure(std::string(__FILE__) + ":" + std::to_string(__LINE__) + \
+                                       ": " #expr " did not throw " #type);                     \
   } while (0)

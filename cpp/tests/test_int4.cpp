@@ -107,7 +107,8 @@ SWIFTSPEC_TEST(int4_dequantize_matches_the_formula) {
 }
 
 SWIFTSPEC_TEST(int4_linear_is_bit_identical_to_f32_over_dequantized_weights) {
-  for (auto [n, k, g] : {std::tuple{13, 256, 128}, std::tuple{11, 96, 32}, std::tuple{21, 72, 24}, std::tuple{9, 40, 8}}) {
+  for (auto [n, k, g] :
+       {std::tuple{13, 256, 128}, std::tuple{11, 96, 32}, std::tuple{21, 72, 24}, std::tuple{9, 40, 8}}) {
     const Int4Data d = random_int4(n, k, g, 99u + n);
     std::vector<float> dense(size_t(n) * k);
     cpu::dequantize_int4_rows(d.view(), 0, n, dense.data());

@@ -18,8 +18,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> filters;
   bool list = false;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--list") == 0) list = true;
-    else filters.emplace_back(argv[i]);
+    if (std::strcmp(argv[i], "--list") == 0)
+      list = true;
+    else
+      filters.emplace_back(argv[i]);
   }
   int run = 0, failed = 0;
   for (const auto& t : registry()) {

@@ -18,9 +18,12 @@ namespace swiftspec::test {
 
 inline std::string cache_checkpoint(const std::string& name) {
   std::string root;
-  if (const char* c = std::getenv("SWIFTSPEC_CACHE")) root = c;
-  else if (const char* x = std::getenv("XDG_CACHE_HOME")) root = std::string(x) + "/swiftspec";
-  else root = std::string(std::getenv("HOME") ? std::getenv("HOME") : "") + "/.cache/swiftspec";
+  if (const char* c = std::getenv("SWIFTSPEC_CACHE"))
+    root = c;
+  else if (const char* x = std::getenv("XDG_CACHE_HOME"))
+    root = std::string(x) + "/swiftspec";
+  else
+    root = std::string(std::getenv("HOME") ? std::getenv("HOME") : "") + "/.cache/swiftspec";
   return root + "/checkpoints/" + name;
 }
 
@@ -60,12 +63,12 @@ inline std::shared_ptr<Model> load_cpu(const std::string& dir, int threads = 1, 
 ///   1: "Explain what a hash map is in two sentences."
 inline const std::vector<std::vector<int32_t>>& prompts() {
   static const std::vector<std::vector<int32_t>> p = {
-      {151644, 8948, 198, 2610, 525, 1207, 16948, 11, 3465, 553, 54364, 14817, 13, 1446, 525, 264, 10950, 17847, 13,
-       151645, 198, 151644, 872, 198, 7985, 264, 13027, 729, 429, 12341, 3425, 264, 1372, 374, 10250, 13, 151645,
-       198, 151644, 77091, 198},
-      {151644, 8948, 198, 2610, 525, 1207, 16948, 11, 3465, 553, 54364, 14817, 13, 1446, 525, 264, 10950, 17847, 13,
-       151645, 198, 151644, 872, 198, 840, 20772, 1128, 264, 5175, 2415, 374, 304, 1378, 22870, 13, 151645, 198,
-       151644, 77091, 198},
+      {151644, 8948,  198,   2610,  525,  1207,   16948, 11,     3465,   553, 54364,  14817, 13,    1446,
+       525,    264,   10950, 17847, 13,   151645, 198,   151644, 872,    198, 7985,   264,   13027, 729,
+       429,    12341, 3425,  264,   1372, 374,    10250, 13,     151645, 198, 151644, 77091, 198},
+      {151644, 8948, 198,   2610,  525,  1207,   16948, 11,     3465, 553,    54364, 14817, 13,   1446,
+       525,    264,  10950, 17847, 13,   151645, 198,   151644, 872,  198,    840,   20772, 1128, 264,
+       5175,   2415, 374,   304,   1378, 22870,  13,    151645, 198,  151644, 77091, 198},
   };
   return p;
 }
@@ -73,10 +76,10 @@ inline const std::vector<std::vector<int32_t>>& prompts() {
 /// A real chat prompt for SmolLM2 (its tokenizer and chat template):
 /// "Write a Python function that checks whether a number is prime."
 inline const std::vector<int32_t>& small_prompt() {
-  static const std::vector<int32_t> p = {1,    9690, 198,  2683, 359,  253,  5356, 5646,  11173, 3365, 3511,
-                                         308,  34519, 28,  7018, 411,  407,  19712, 8182, 2,     198,  1,
-                                         4093, 198,  19161, 253, 5905, 1517, 338,  11139, 1991,  253,  1230,
-                                         314,  9552, 30,   2,    198,  1,    520,  9531,  198};
+  static const std::vector<int32_t> p = {1,    9690,  198,   2683, 359,  253,  5356,  5646,  11173, 3365, 3511,
+                                         308,  34519, 28,    7018, 411,  407,  19712, 8182,  2,     198,  1,
+                                         4093, 198,   19161, 253,  5905, 1517, 338,   11139, 1991,  253,  1230,
+                                         314,  9552,  30,    2,    198,  1,    520,   9531,  198};
   return p;
 }
 

@@ -45,8 +45,8 @@ void check_stratified(const std::vector<float>& row, const SamplingParams& p, in
   int reads = 0;
   for (int i = 0; i < n; ++i) {
     bool read = false;
-    const int t = sample_from_head(h.ids.data(), h.vals.data(), k, h.lse, vocab, p, (i + 0.5) / n,
-                                   [&](std::vector<float>& r) { r = row; }, &read);
+    const int t = sample_from_head(
+        h.ids.data(), h.vals.data(), k, h.lse, vocab, p, (i + 0.5) / n, [&](std::vector<float>& r) { r = row; }, &read);
     ++count[t];
     reads += read ? 1 : 0;
   }
@@ -183,8 +183,9 @@ SWIFTSPEC_TEST(sample_from_head_refuses_repeated_ids_and_non_finite_rows) {
   CHECK_EQ(message(twice, row, 0.5, h.lse), "sample_from_head: ids[5] repeats ids[2] = " + std::to_string(h.ids[2]) +
                                                 " (a row's best entries name each token once)");
   const std::vector<float> low(100, -INFINITY);
-  CHECK_EQ(message(h.ids, low, 0.5, NAN),
-           std::string("sample_from_head: the largest logit of the row is -inf (the model produced non-finite logits)"));
+  CHECK_EQ(
+      message(h.ids, low, 0.5, NAN),
+      std::string("sample_from_head: the largest logit of the row is -inf (the model produced non-finite logits)"));
   std::vector<float> high = row;
   high[h.ids[0]] = INFINITY;
   CHECK_EQ(message(h.ids, high, 0.5, NAN),

@@ -16,6 +16,11 @@
 namespace swiftspec {
 namespace {
 
+// Bitwise equality (memcmp of an empty vector's null data() is undefined: UBSan reports it).
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
 std::vector<float> synthetic_row(int vocab, float scale, uint64_t seed, float quantum = 0.0f) {
   std::mt19937_64 g(seed);
   std::normal_distribution<float> nd(0.f, scale);
@@ -54,23 +59,22 @@ void check_row(const std::vector<float>& row, const SamplingParams& p, int count
   std::vector<int32_t> want_ids, got_ids;
   std::vector<float> want_q, got_q;
   top_sampling_tokens(row.data(), vocab, p, count, want_ids, want_q);
-  const bool decided = top_sampling_tokens_from_head(top.ids.data(), top.logits.data(), k, top.log_normalizer[0],
-                                                     vocab, p, count, got_ids, got_q);
+  const bool decided = top_sampling_tokens_from_head(top.ids.data(), top.logits.data(), k, top.log_normalizer[0], vocab,
+                                                     p, count, got_ids, got_q);
   const std::string what = "T " + std::to_string(p.temperature) + " top_k " + std::to_string(p.top_k) + " top_p " +
                            std::to_string(p.top_p) + " count " + std::to_string(count);
   if (decided) {
-    if (got_ids != want_ids || got_q.size() != want_q.size() ||
-        std::memcmp(got_q.data(), want_q.data(), sizeof(float) * want_q.size()) != 0)
+    if (got_ids != want_ids || !same_bits(got_q, want_q))
       throw test::Failure(what + ": head " + describe(got_ids, got_q) + "!= whole row " + describe(want_ids, want_q));
   } else if (!got_ids.empty() || !got_q.empty()) {
     throw test::Failure(what + ": an undecided head left " + std::to_string(got_ids.size()) + " tokens");
   }
   bool read = false;
-  top_sampling_tokens_from_head(top, 0, vocab, p, count, [&](std::vector<float>& r) { r = row; }, got_ids, got_q,
-                                &read);
+  top_sampling_tokens_from_head(
+      top, 0, vocab, p, count, [&](std::vector<float>& r) { r = row; }, got_ids, got_q, &read);
   CHECK(read == !decided);
   CHECK(got_ids == want_ids);
-  CHECK(got_q.size() == want_q.size() && std::memcmp(got_q.data(), want_q.data(), sizeof(float) * want_q.size()) == 0);
+  CHECK(same_bits(got_q, want_q));
   ++tally.rows;
   tally.decided += decided ? 1 : 0;
 }
@@ -91,7 +95,8 @@ SWIFTSPEC_TEST(top_sampling_tokens_from_head_equal_the_whole_rows) {
             for (float top_p : {1.0f, 0.8f, 0.95f, 0.3f})
               for (int count : {0, 1, 2, 4, 70}) {
                 check_row(row, params(t, top_k, top_p), count, all);
-                if (scale == 4.0f && quantum == 0.0f && top_k < 64 && count < 64) check_row(row, params(t, top_k, top_p), count, peaked);
+                if (scale == 4.0f && quantum == 0.0f && top_k < 64 && count < 64)
+                  check_row(row, params(t, top_k, top_p), count, peaked);
               }
       }
     }
@@ -177,7 +182,8 @@ SWIFTSPEC_TEST(top_sampling_tokens_from_head_refuses_what_it_cannot_decide_from)
              top_sampling_tokens_from_head(top.ids.data(), top.logits.data(), 8, top.log_normalizer[0], vocab,
                                            params(0.0f, 0, 0.8f), 2, ids, q);
            }),
-           std::string("top_sampling_tokens_from_head: temperature must be > 0 (greedy growth takes the head's ids), got 0"));
+           std::string(
+               "top_sampling_tokens_from_head: temperature must be > 0 (greedy growth takes the head's ids), got 0"));
   CHECK_EQ(message([&] {
              top_sampling_tokens_from_head(top.ids.data(), top.logits.data(), 8, top.log_normalizer[0], vocab, p, -1,
                                            ids, q);
@@ -194,8 +200,8 @@ SWIFTSPEC_TEST(top_sampling_tokens_from_head_refuses_what_it_cannot_decide_from)
   std::vector<float> flat(vocab, 0.0f);
   select_top_k_logits(flat.data(), 1, vocab, 8, true, top, 1.0 / p.temperature);
   CHECK_EQ(message([&] {
-             top_sampling_tokens_from_head(top, 0, vocab, p, 2, [](std::vector<float>& r) { r.assign(5, 0.0f); }, ids,
-                                           q);
+             top_sampling_tokens_from_head(
+                 top, 0, vocab, p, 2, [](std::vector<float>& r) { r.assign(5, 0.0f); }, ids, q);
            }),
            std::string("top_sampling_tokens_from_head: the logits row has 5 entries for a vocabulary of 100"));
 }

@@ -210,14 +210,15 @@ std::vector<P2pRow> bench_p2p(const std::vector<int>& devs, const std::vector<cu
         uint32_t* myf = flags[r].as<uint32_t>();
         g[r] = capture_graph(pst[r], [&](cudaStream_t) {
           pingpong_kernel<<<1, 256, 0, pst[r]>>>(msg[r].as<uint4>(), inbox[o].as<uint4>(), flags[o].as<uint32_t>(), myf,
-                                                  myf + 1, bytes / 16, r, kTrips);
+                                                 myf + 1, bytes / 16, r, kTrips);
           SS_CUDA_CHECK(cudaGetLastError());
         });
       });
       row.peer_us = time_graphs(pair, pst, g, 2 * kTrips, iters);
       destroy_graphs(pair, g);
     }
-    std::printf("  p2p %6zu B one-way: nccl send/recv %7.2f us  peer memory %7.2f us\n", bytes, row.nccl_us, row.peer_us);
+    std::printf("  p2p %6zu B one-way: nccl send/recv %7.2f us  peer memory %7.2f us\n", bytes, row.nccl_us,
+                row.peer_us);
     std::fflush(stdout);
     rows.push_back(row);
   }
@@ -232,10 +233,14 @@ int main(int argc, char** argv) {
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--json" && i + 1 < argc) json_path = argv[++i];
-    else if (a == "--gpus" && i + 1 < argc) want = std::atoi(argv[++i]);
-    else if (a == "--iters" && i + 1 < argc) iters = std::atoi(argv[++i]);
-    else if (a == "--quick") quick = true;
+    if (a == "--json" && i + 1 < argc)
+      json_path = argv[++i];
+    else if (a == "--gpus" && i + 1 < argc)
+      want = std::atoi(argv[++i]);
+    else if (a == "--iters" && i + 1 < argc)
+      iters = std::atoi(argv[++i]);
+    else if (a == "--quick")
+      quick = true;
     else {
       std::fprintf(stderr,
                    "usage: swiftspec-cuda-allreduce-bench [--gpus N] [--json PATH] [--iters N] [--quick] "
@@ -264,7 +269,8 @@ int main(int argc, char** argv) {
 #endif
     SS_CUDA_CHECK(cudaGetDeviceCount(&gpus));
     if (want > 0) {
-      if (want > gpus) throw InvalidArgument("--gpus " + std::to_string(want) + ": only " + std::to_string(gpus) + " GPUs");
+      if (want > gpus)
+        throw InvalidArgument("--gpus " + std::to_string(want) + ": only " + std::to_string(gpus) + " GPUs");
       gpus = want;
     }
     cudaDeviceProp prop;
@@ -357,9 +363,10 @@ int main(int argc, char** argv) {
               destroy_graphs(devs, g);
             }
           }
-          std::printf("  tp%d all-reduce %7zu B: nccl %8.2f us  peer %8.2f us  (peer at %d/%d/%d CTAs: %.2f %.2f %.2f)\n",
-                      tp, bytes, row.nccl_us, row.peer_us, kSweepCtas[0], kSweepCtas[1], kSweepCtas[2],
-                      row.peer_sweep_us[0], row.peer_sweep_us[1], row.peer_sweep_us[2]);
+          std::printf(
+              "  tp%d all-reduce %7zu B: nccl %8.2f us  peer %8.2f us  (peer at %d/%d/%d CTAs: %.2f %.2f %.2f)\n", tp,
+              bytes, row.nccl_us, row.peer_us, kSweepCtas[0], kSweepCtas[1], kSweepCtas[2], row.peer_sweep_us[0],
+              row.peer_sweep_us[1], row.peer_sweep_us[2]);
           std::fflush(stdout);
           ar_rows.push_back(row);
         }
@@ -399,8 +406,8 @@ int main(int argc, char** argv) {
           h16[r].allocate(size_t(kMaxStepTokens) * N * 2);
           ssq[r].allocate(size_t(kMaxStepTokens) * (N / 16) * 4);
           SS_CUDA_CHECK(cudaMemset(h32[r].get(), 0, h32[r].bytes()));
-          launch_fill_random_bf16(w[r].as<__nv_bfloat16>(), wbytes / 2 * copies, 1.0f / std::sqrt(float(s.Ktot)),
-                                  7 + r, st[r]);
+          launch_fill_random_bf16(w[r].as<__nv_bfloat16>(), wbytes / 2 * copies, 1.0f / std::sqrt(float(s.Ktot)), 7 + r,
+                                  st[r]);
           launch_fill_random_bf16(x[r].as<__nv_bfloat16>(), size_t(kMaxStepTokens) * K, 1.0f, 8 + r, st[r]);
           SS_CUDA_CHECK(cudaStreamSynchronize(st[r]));
         }
@@ -455,8 +462,8 @@ int main(int argc, char** argv) {
                 for (int i = 0; i < copies; ++i) {
                   if (variant == 4) {
                     launch_gemm<EpiPeerStore>(c, wm[i], xm, a, es, false, st[r]);
-                    launch_peer_allreduce_residual(es.ch, nullptr, M, N, h32[r].as<float>(),
-                                                   h16[r].as<__nv_bfloat16>(), ssq[r].as<float>(), false, st[r]);
+                    launch_peer_allreduce_residual(es.ch, nullptr, M, N, h32[r].as<float>(), h16[r].as<__nv_bfloat16>(),
+                                                   ssq[r].as<float>(), false, st[r]);
                     continue;
                   }
                   if (variant == 3) {
@@ -481,7 +488,8 @@ int main(int argc, char** argv) {
                             : row.two_kernel_us) = us;
           }
           std::printf(
-              "  tp%d %-13s M=%2d: gemm %7.2f  +nccl %7.2f  +peer %7.2f  fused %7.2f  2-kernel %7.2f us  (limit %6.2f; %s)\n",
+              "  tp%d %-13s M=%2d: gemm %7.2f  +nccl %7.2f  +peer %7.2f  fused %7.2f  2-kernel %7.2f us  (limit %6.2f; "
+              "%s)\n",
               tp, s.name, M, row.gemm_us, row.gemm_nccl_us, row.gemm_peer_us, row.fused_us, row.two_kernel_us,
               row.limit_us, row.plan.c_str());
           std::fflush(stdout);
@@ -513,8 +521,8 @@ int main(int argc, char** argv) {
                 r.peer_us > 0 && r.nccl_us > 0 ? r.nccl_us / r.peer_us : 0.0);
   std::printf("\n%-4s %-13s %3s %9s %9s %9s %9s %9s\n", "tp", "shape", "M", "gemm", "+nccl", "+peer", "fused", "limit");
   for (const GemmRow& r : gemm_rows)
-    std::printf("%-4d %-13s %3d %9.2f %9.2f %9.2f %9.2f %9.2f\n", r.tp, r.shape.c_str(), r.M, r.gemm_us,
-                r.gemm_nccl_us, r.gemm_peer_us, r.fused_us, r.limit_us);
+    std::printf("%-4d %-13s %3d %9.2f %9.2f %9.2f %9.2f %9.2f\n", r.tp, r.shape.c_str(), r.M, r.gemm_us, r.gemm_nccl_us,
+                r.gemm_peer_us, r.fused_us, r.limit_us);
   if (!json_path.empty()) {
     std::string j = "{\n  \"device\": \"" + device_name + "\",\n  \"gpus\": " + std::to_string(gpus) +
                     ",\n  \"nccl_version\": " + std::to_string(nccl_version) + ",\n  \"nvls_enable\": \"" +
@@ -524,26 +532,27 @@ int main(int argc, char** argv) {
                     ",\n  \"allreduce\": [";
     for (size_t i = 0; i < ar_rows.size(); ++i) {
       const ArRow& r = ar_rows[i];
-      j += std::string(i ? "," : "") + "\n    {\"tp\": " + std::to_string(r.tp) + ", \"bytes\": " +
-           std::to_string(r.bytes) + ", \"nccl_us\": " + num(r.nccl_us) + ", \"peer_us\": " + num(r.peer_us) +
-           ", \"peer_us_by_ctas\": {\"" + std::to_string(kSweepCtas[0]) + "\": " + num(r.peer_sweep_us[0]) + ", \"" +
-           std::to_string(kSweepCtas[1]) + "\": " + num(r.peer_sweep_us[1]) + ", \"" + std::to_string(kSweepCtas[2]) +
+      j += std::string(i ? "," : "") + "\n    {\"tp\": " + std::to_string(r.tp) +
+           ", \"bytes\": " + std::to_string(r.bytes) + ", \"nccl_us\": " + num(r.nccl_us) +
+           ", \"peer_us\": " + num(r.peer_us) + ", \"peer_us_by_ctas\": {\"" + std::to_string(kSweepCtas[0]) +
+           "\": " + num(r.peer_sweep_us[0]) + ", \"" + std::to_string(kSweepCtas[1]) +
+           "\": " + num(r.peer_sweep_us[1]) + ", \"" + std::to_string(kSweepCtas[2]) +
            "\": " + num(r.peer_sweep_us[2]) + "}}";
     }
     j += "\n  ],\n  \"row_parallel_gemm\": [";
     for (size_t i = 0; i < gemm_rows.size(); ++i) {
       const GemmRow& r = gemm_rows[i];
       j += std::string(i ? "," : "") + "\n    {\"tp\": " + std::to_string(r.tp) + ", \"shape\": \"" + r.shape +
-           "\", \"N\": " + std::to_string(r.N) + ", \"K_total\": " + std::to_string(r.K) + ", \"M\": " +
-           std::to_string(r.M) + ", \"gemm_us\": " + num(r.gemm_us) + ", \"gemm_nccl_us\": " + num(r.gemm_nccl_us) +
-           ", \"gemm_peer_us\": " + num(r.gemm_peer_us) + ", \"fused_us\": " + num(r.fused_us) +
-           ", \"two_kernel_residual_us\": " + num(r.two_kernel_us) +
+           "\", \"N\": " + std::to_string(r.N) + ", \"K_total\": " + std::to_string(r.K) +
+           ", \"M\": " + std::to_string(r.M) + ", \"gemm_us\": " + num(r.gemm_us) +
+           ", \"gemm_nccl_us\": " + num(r.gemm_nccl_us) + ", \"gemm_peer_us\": " + num(r.gemm_peer_us) +
+           ", \"fused_us\": " + num(r.fused_us) + ", \"two_kernel_residual_us\": " + num(r.two_kernel_us) +
            ", \"weight_limit_us\": " + num(r.limit_us) + ", \"plan\": \"" + r.plan + "\"}";
     }
     j += "\n  ],\n  \"p2p_one_way\": [";
     for (size_t i = 0; i < p2p_rows.size(); ++i)
-      j += std::string(i ? "," : "") + "\n    {\"bytes\": " + std::to_string(p2p_rows[i].bytes) + ", \"nccl_us\": " +
-           num(p2p_rows[i].nccl_us) + ", \"peer_us\": " + num(p2p_rows[i].peer_us) + "}";
+      j += std::string(i ? "," : "") + "\n    {\"bytes\": " + std::to_string(p2p_rows[i].bytes) +
+           ", \"nccl_us\": " + num(p2p_rows[i].nccl_us) + ", \"peer_us\": " + num(p2p_rows[i].peer_us) + "}";
     j += "\n  ],\n  \"notes\": [";
     for (size_t i = 0; i < notes.size(); ++i) {
       std::string n = notes[i];

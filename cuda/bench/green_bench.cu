@@ -49,9 +49,17 @@ ModelConfig qwen_shape(bool target) {
   c.tie_word_embeddings = true;
   c.num_kv_heads = 2;
   if (target) {  // Qwen2.5-1.5B
-    c.hidden_size = 1536; c.intermediate_size = 8960; c.num_layers = 28; c.num_heads = 12; c.head_dim = 128;
-  } else {       // Qwen2.5-0.5B
-    c.hidden_size = 896; c.intermediate_size = 4864; c.num_layers = 24; c.num_heads = 14; c.head_dim = 64;
+    c.hidden_size = 1536;
+    c.intermediate_size = 8960;
+    c.num_layers = 28;
+    c.num_heads = 12;
+    c.head_dim = 128;
+  } else {  // Qwen2.5-0.5B
+    c.hidden_size = 896;
+    c.intermediate_size = 4864;
+    c.num_layers = 24;
+    c.num_heads = 14;
+    c.head_dim = 64;
   }
   return c;
 }
@@ -104,8 +112,8 @@ struct Pair {
 };
 
 struct Timing {
-  double t_decode = 0, t_tree = 0, d_decode = 0;            // alone
-  double t_decode_busy = 0, t_tree_busy = 0, d_busy = 0;    // with the draft decoding concurrently
+  double t_decode = 0, t_tree = 0, d_decode = 0;          // alone
+  double t_decode_busy = 0, t_tree_busy = 0, d_busy = 0;  // with the draft decoding concurrently
 };
 
 /// Target timings while a second thread keeps the draft busy; the draft's
@@ -156,8 +164,10 @@ int main(int argc, char** argv) {
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--json" && i + 1 < argc) json_path = argv[++i];
-    else if (a == "--quick") quick = true;
+    if (a == "--json" && i + 1 < argc)
+      json_path = argv[++i];
+    else if (a == "--quick")
+      quick = true;
     else if (a == "--splits" && i + 1 < argc) {
       splits.clear();
       std::stringstream ss(argv[++i]);
@@ -177,14 +187,14 @@ int main(int argc, char** argv) {
     const SmSplitInfo& info = sm_split_info(0);
     std::printf("device: %s, %d SMs; green-context split: minSmPartitionSize %d, smCoscheduledAlignment %d\n",
                 prop.name, prop.multiProcessorCount, info.min_partition, info.coscheduled_alignment);
-    std::printf("groups (SMs each, split order%s): %s\nboundaries: %s\n",
-                info.has_remainder ? ", remainder last" : "", ints(info.group_sms).c_str(),
-                ints(info.boundaries).c_str());
+    std::printf("groups (SMs each, split order%s): %s\nboundaries: %s\n", info.has_remainder ? ", remainder last" : "",
+                ints(info.group_sms).c_str(), ints(info.boundaries).c_str());
     std::fflush(stdout);
     json += "  \"device\": \"" + std::string(prop.name) + "\",\n  \"device_sms\": " + num(info.device_sms) +
-            ",\n  \"min_partition\": " + num(info.min_partition) + ",\n  \"coscheduled_alignment\": " +
-            num(info.coscheduled_alignment) + ",\n  \"group_sms\": " + ints(info.group_sms) +
-            ",\n  \"boundaries\": " + ints(info.boundaries) + ",\n  \"iters\": " + num(iters) + ",\n  \"runs\": [";
+            ",\n  \"min_partition\": " + num(info.min_partition) +
+            ",\n  \"coscheduled_alignment\": " + num(info.coscheduled_alignment) +
+            ",\n  \"group_sms\": " + ints(info.group_sms) + ",\n  \"boundaries\": " + ints(info.boundaries) +
+            ",\n  \"iters\": " + num(iters) + ",\n  \"runs\": [";
 
     // Whole-GPU pair: references for exactness, and the plain-streams interference run.
     Pair full;
@@ -195,24 +205,28 @@ int main(int argc, char** argv) {
     time_pair(full, iters, tf);
     const int probe_ctas = 8 * prop.multiProcessorCount;
     const auto full_ids = full.target->debug_probe_sm_ids(probe_ctas);
-    std::printf("plain streams: target reaches %zu SMs; target decode %.4f ms (%.4f with draft busy), tree16 %.4f "
-                "(%.4f), draft decode %.4f (%.4f busy)\n",
-                full_ids.size(), tf.t_decode, tf.t_decode_busy, tf.t_tree, tf.t_tree_busy, tf.d_decode, tf.d_busy);
+    std::printf(
+        "plain streams: target reaches %zu SMs; target decode %.4f ms (%.4f with draft busy), tree16 %.4f "
+        "(%.4f), draft decode %.4f (%.4f busy)\n",
+        full_ids.size(), tf.t_decode, tf.t_decode_busy, tf.t_tree, tf.t_tree_busy, tf.d_decode, tf.d_busy);
     std::printf("target GEMM plans, whole GPU:\n%s", full.target->debug_gemm_plans().c_str());
     std::fflush(stdout);
     auto run_json = [](const std::string& name, int dsm, int tsm, const Timing& t, size_t d_ids, size_t t_ids,
                        bool disjoint, int exact) {
       return "\n    {\"name\": \"" + name + "\", \"draft_sms\": " + num(dsm) + ", \"target_sms\": " + num(tsm) +
-             ", \"draft_sm_ids\": " + num(static_cast<double>(d_ids)) + ", \"target_sm_ids\": " +
-             num(static_cast<double>(t_ids)) + ", \"disjoint\": " + (disjoint ? "true" : "false") +
-             ", \"bitwise_equal_logits\": " + (exact < 0 ? "null" : exact ? "true" : "false") +
+             ", \"draft_sm_ids\": " + num(static_cast<double>(d_ids)) +
+             ", \"target_sm_ids\": " + num(static_cast<double>(t_ids)) +
+             ", \"disjoint\": " + (disjoint ? "true" : "false") + ", \"bitwise_equal_logits\": " +
+             (exact < 0 ? "null"
+              : exact   ? "true"
+                        : "false") +
              ", \"target_decode_ms\": " + num(t.t_decode) + ", \"target_tree16_ms\": " + num(t.t_tree) +
              ", \"draft_decode_ms\": " + num(t.d_decode) + ", \"target_decode_busy_ms\": " + num(t.t_decode_busy) +
              ", \"target_tree16_busy_ms\": " + num(t.t_tree_busy) + ", \"draft_decode_busy_ms\": " + num(t.d_busy) +
              "}";
     };
-    json += run_json("plain", prop.multiProcessorCount, prop.multiProcessorCount, tf, full_ids.size(),
-                     full_ids.size(), false, -1);
+    json += run_json("plain", prop.multiProcessorCount, prop.multiProcessorCount, tf, full_ids.size(), full_ids.size(),
+                     false, -1);
     // Plain streams, the target's at the highest priority: the block scheduler starts its
     // pending CTAs first (no SM partition, no preemption).
     Timing tp;
@@ -224,9 +238,10 @@ int main(int argc, char** argv) {
       prio.target = make(true, 0, 0, greatest);
       prio.prepare();
       time_pair(prio, iters, tp);
-      std::printf("plain streams, target stream priority %d: target decode %.4f ms (%.4f with draft busy), tree16 "
-                  "%.4f (%.4f), draft decode %.4f (%.4f busy)\n",
-                  greatest, tp.t_decode, tp.t_decode_busy, tp.t_tree, tp.t_tree_busy, tp.d_decode, tp.d_busy);
+      std::printf(
+          "plain streams, target stream priority %d: target decode %.4f ms (%.4f with draft busy), tree16 "
+          "%.4f (%.4f), draft decode %.4f (%.4f busy)\n",
+          greatest, tp.t_decode, tp.t_decode_busy, tp.t_tree, tp.t_tree_busy, tp.d_decode, tp.d_busy);
       std::fflush(stdout);
       json += "," + run_json("plain_target_priority", prop.multiProcessorCount, prop.multiProcessorCount, tp,
                              full_ids.size(), full_ids.size(), false, -1);
@@ -259,13 +274,16 @@ int main(int argc, char** argv) {
         r.disjoint = both.empty();
         r.exact = same_logits(*p.draft, *full.draft) && same_logits(*p.target, *full.target);
         time_pair(p, iters, r.t);
-        std::printf("split draft [0, %d) (%d SMs, reaches %zu) / target [%d, end) (%d SMs, reaches %zu): "
-                    "disjoint %s, logits bitwise equal %s; target decode %.4f ms (%.4f busy), tree16 %.4f (%.4f), "
-                    "draft decode %.4f (%.4f busy)\n",
-                    n, r.dsm, r.d_ids, n, r.tsm, r.t_ids, r.disjoint ? "yes" : "NO", r.exact ? "yes" : "NO",
-                    r.t.t_decode, r.t.t_decode_busy, r.t.t_tree, r.t.t_tree_busy, r.t.d_decode, r.t.d_busy);
-        if (n == splits.front()) std::printf("target GEMM plans on %d SMs:\n%s", r.tsm, p.target->debug_gemm_plans().c_str());
-        if (n == splits.front()) std::printf("draft GEMM plans on %d SMs:\n%s", r.dsm, p.draft->debug_gemm_plans().c_str());
+        std::printf(
+            "split draft [0, %d) (%d SMs, reaches %zu) / target [%d, end) (%d SMs, reaches %zu): "
+            "disjoint %s, logits bitwise equal %s; target decode %.4f ms (%.4f busy), tree16 %.4f (%.4f), "
+            "draft decode %.4f (%.4f busy)\n",
+            n, r.dsm, r.d_ids, n, r.tsm, r.t_ids, r.disjoint ? "yes" : "NO", r.exact ? "yes" : "NO", r.t.t_decode,
+            r.t.t_decode_busy, r.t.t_tree, r.t.t_tree_busy, r.t.d_decode, r.t.d_busy);
+        if (n == splits.front())
+          std::printf("target GEMM plans on %d SMs:\n%s", r.tsm, p.target->debug_gemm_plans().c_str());
+        if (n == splits.front())
+          std::printf("draft GEMM plans on %d SMs:\n%s", r.dsm, p.draft->debug_gemm_plans().c_str());
         std::fflush(stdout);
         if (!r.disjoint || !r.exact) status = 1;
         json += "," + run_json("green_" + std::to_string(n), r.dsm, r.tsm, r.t, r.d_ids, r.t_ids, r.disjoint, r.exact);
@@ -298,8 +316,8 @@ int main(int argc, char** argv) {
                 tp.t_tree_busy, tp.d_decode, tp.d_busy, "-", 100.0 * (tp.t_tree_busy / tp.t_tree - 1));
     for (const Row& r : rows)
       std::printf("green%-3d %5d %5d %8s %10.4f %10.4f %10.4f %10.4f %10.4f %10.4f %6s %5.1f%%\n", r.n, r.dsm, r.tsm,
-                  r.disjoint ? "yes" : "NO", r.t.t_decode, r.t.t_decode_busy, r.t.t_tree, r.t.t_tree_busy,
-                  r.t.d_decode, r.t.d_busy, r.exact ? "yes" : "NO", 100.0 * (r.t.t_tree_busy / r.t.t_tree - 1));
+                  r.disjoint ? "yes" : "NO", r.t.t_decode, r.t.t_decode_busy, r.t.t_tree, r.t.t_tree_busy, r.t.d_decode,
+                  r.t.d_busy, r.exact ? "yes" : "NO", 100.0 * (r.t.t_tree_busy / r.t.t_tree - 1));
     std::printf("(ms per step; +d: while the draft decodes concurrently; slow%%: tree16 with draft vs alone)\n");
   } catch (const std::exception& e) {
     std::printf("green bench aborted: %s\n", e.what());

@@ -80,12 +80,18 @@ int main(int argc, char** argv) {
   int want = 0, iters = 100, ctx = 512;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--json" && i + 1 < argc) json_path = argv[++i];
-    else if (a == "--gpus" && i + 1 < argc) want = std::atoi(argv[++i]);
-    else if (a == "--iters" && i + 1 < argc) iters = std::atoi(argv[++i]);
-    else if (a == "--ctx" && i + 1 < argc) ctx = std::atoi(argv[++i]);
-    else if (a == "--shapes" && i + 1 < argc) shapes_arg = argv[++i];
-    else if (a == "--quick") iters = 30;
+    if (a == "--json" && i + 1 < argc)
+      json_path = argv[++i];
+    else if (a == "--gpus" && i + 1 < argc)
+      want = std::atoi(argv[++i]);
+    else if (a == "--iters" && i + 1 < argc)
+      iters = std::atoi(argv[++i]);
+    else if (a == "--ctx" && i + 1 < argc)
+      ctx = std::atoi(argv[++i]);
+    else if (a == "--shapes" && i + 1 < argc)
+      shapes_arg = argv[++i];
+    else if (a == "--quick")
+      iters = 30;
     else {
       std::fprintf(stderr,
                    "usage: swiftspec-cuda-tp-bench [--gpus N] [--json PATH] [--iters N] [--ctx N] [--shapes A,B] "
@@ -114,14 +120,16 @@ int main(int argc, char** argv) {
 #endif
     SS_CUDA_CHECK(cudaGetDeviceCount(&gpus));
     if (want > 0) {
-      if (want > gpus) throw InvalidArgument("--gpus " + std::to_string(want) + ": only " + std::to_string(gpus) + " GPUs");
+      if (want > gpus)
+        throw InvalidArgument("--gpus " + std::to_string(want) + ": only " + std::to_string(gpus) + " GPUs");
       gpus = want;
     }
     cudaDeviceProp prop;
     SS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     device_name = prop.name;
     bw = copy_bandwidth_tbs(0);
-    std::printf("devices: %d x %s; copy bandwidth GPU 0: %.3f TB/s; ctx %d; iters %d\n", gpus, prop.name, bw, ctx, iters);
+    std::printf("devices: %d x %s; copy bandwidth GPU 0: %.3f TB/s; ctx %d; iters %d\n", gpus, prop.name, bw, ctx,
+                iters);
     std::vector<int> tps;
     for (int t : {1, 2, 4, 8})
       if (t <= gpus) tps.push_back(t);
@@ -177,10 +185,10 @@ int main(int argc, char** argv) {
               co.device = r;
               if (mode == "peer-fused") co.row_parallel = make_peer_row_parallel(*peers, r, prop.multiProcessorCount);
               if (mode == "peer-2kernel")
-                co.row_parallel =
-                    make_peer_row_parallel(*peers, r, prop.multiProcessorCount, PeerRowMode::TwoKernel);
+                co.row_parallel = make_peer_row_parallel(*peers, r, prop.multiProcessorCount, PeerRowMode::TwoKernel);
 #if defined(SWIFTSPEC_HAVE_NCCL)
-              if (mode == "nccl") co.row_parallel = make_nccl_row_parallel(*comms[r], cfg.hidden_size, prop.multiProcessorCount);
+              if (mode == "nccl")
+                co.row_parallel = make_nccl_row_parallel(*comms[r], cfg.hidden_size, prop.multiProcessorCount);
 #endif
               models[r] = make_cuda_model_random(cfg, opt, co, 42 + r);
               models[r]->debug_fill_committed_random(ctx, 43 + r);
@@ -193,9 +201,10 @@ int main(int argc, char** argv) {
             row.rank_min_ms = *std::min_element(ms.begin(), ms.end());
             row.weight_gb = models[0]->weight_bytes_per_step() / 1e9;
             row.limit_ms = models[0]->weight_bytes_per_step() / (bw * 1e12) * 1e3;
-            std::printf("%-11s tp%d %-10s step %8.4f ms (ranks %.4f..%.4f)  weights/rank %6.2f GB  limit %7.4f ms  %.0f%%\n",
-                        shape.c_str(), tp, mode.c_str(), row.ms, row.rank_min_ms, row.ms, row.weight_gb, row.limit_ms,
-                        100.0 * row.limit_ms / row.ms);
+            std::printf(
+                "%-11s tp%d %-10s step %8.4f ms (ranks %.4f..%.4f)  weights/rank %6.2f GB  limit %7.4f ms  %.0f%%\n",
+                shape.c_str(), tp, mode.c_str(), row.ms, row.rank_min_ms, row.ms, row.weight_gb, row.limit_ms,
+                100.0 * row.limit_ms / row.ms);
             std::fflush(stdout);
             rows.push_back(row);
             run_ranks(devs, [&](int r) { models[r].reset(); });
@@ -218,16 +227,17 @@ int main(int argc, char** argv) {
     std::printf("%-11s %-3d %-10s %10.4f %10.4f %7.0f%% %s\n", r.shape.c_str(), r.tp, r.mode.c_str(), r.ms, r.limit_ms,
                 r.ms > 0 ? 100.0 * r.limit_ms / r.ms : 0.0, r.note.c_str());
   if (!json_path.empty()) {
-    std::string j = "{\n  \"device\": \"" + device_name + "\",\n  \"gpus\": " + std::to_string(gpus) +
-                    ",\n  \"copy_bandwidth_tbs\": " + num(bw) + ",\n  \"context\": " + std::to_string(ctx) +
-                    ",\n  \"iters\": " + std::to_string(iters) +
-                    ",\n  \"units\": \"ms per decode step, batch 1 (median of graph replays, slowest rank)\",\n  \"rows\": [";
+    std::string j =
+        "{\n  \"device\": \"" + device_name + "\",\n  \"gpus\": " + std::to_string(gpus) +
+        ",\n  \"copy_bandwidth_tbs\": " + num(bw) + ",\n  \"context\": " + std::to_string(ctx) +
+        ",\n  \"iters\": " + std::to_string(iters) +
+        ",\n  \"units\": \"ms per decode step, batch 1 (median of graph replays, slowest rank)\",\n  \"rows\": [";
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       j += std::string(i ? "," : "") + "\n    {\"shape\": \"" + r.shape + "\", \"tp\": " + std::to_string(r.tp) +
-           ", \"mode\": \"" + r.mode + "\", \"step_ms\": " + num(r.ms) + ", \"fastest_rank_ms\": " + num(r.rank_min_ms) +
-           ", \"weight_gb_per_rank\": " + num(r.weight_gb) + ", \"limit_ms\": " + num(r.limit_ms) + ", \"note\": \"" +
-           r.note + "\"}";
+           ", \"mode\": \"" + r.mode + "\", \"step_ms\": " + num(r.ms) +
+           ", \"fastest_rank_ms\": " + num(r.rank_min_ms) + ", \"weight_gb_per_rank\": " + num(r.weight_gb) +
+           ", \"limit_ms\": " + num(r.limit_ms) + ", \"note\": \"" + r.note + "\"}";
     }
     j += "\n  ],\n  \"error\": \"" + error + "\"\n}\n";
     FILE* f = std::fopen(json_path.c_str(), "w");

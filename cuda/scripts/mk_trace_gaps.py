@@ -22,6 +22,7 @@ Usage: mk_trace_gaps.py TRACE.csv[.gz] [...]
 Errors: exits with status 1 and a message naming the file for a missing file
 or a CSV without the columns above; 2 (argparse) without a file.
 """
+
 import argparse
 import csv
 import gzip
@@ -71,8 +72,8 @@ def report(path: str) -> None:
             print(f"  {op:10s} no CTA with rows in both ops")
             continue
         print(
-            f"  {op:10s} end -> arrive {quantile(busy, .5):5.2f} / {quantile(busy, .9):5.2f} / {max(busy):5.2f}"
-            f"   arrive -> start {quantile(waiting, .5):5.2f} / {quantile(waiting, .9):5.2f} / {max(waiting):5.2f}"
+            f"  {op:10s} end -> arrive {quantile(busy, 0.5):5.2f} / {quantile(busy, 0.9):5.2f} / {max(busy):5.2f}"
+            f"   arrive -> start {quantile(waiting, 0.5):5.2f} / {quantile(waiting, 0.9):5.2f} / {max(waiting):5.2f}"
             f"   (n={len(busy)})"
         )
 

@@ -9,6 +9,7 @@ per shape / TP degree / mode against the physical limit.
 
 Usage: python3 cuda/scripts/multigpu_summary.py DIR
 """
+
 import json
 import os
 import sys
@@ -38,10 +39,14 @@ def main(d):
         print()
     b = load(os.path.join(d, "bench.json"))
     if b:
-        print(f"device {b.get('device')} x{b.get('gpus')}, NCCL {b.get('nccl_version')}, "
-              f"NCCL_NVLS_ENABLE={b.get('nvls_enable')!r}, copy bandwidth {b.get('copy_bandwidth_tbs'):.3f} TB/s")
+        print(
+            f"device {b.get('device')} x{b.get('gpus')}, NCCL {b.get('nccl_version')}, "
+            f"NCCL_NVLS_ENABLE={b.get('nvls_enable')!r}, copy bandwidth {b.get('copy_bandwidth_tbs'):.3f} TB/s"
+        )
         print()
-        print("| TP | bytes | ncclAllReduce (µs) | peer all-reduce (µs) | NCCL / peer | peer at 4 / 16 / 64 CTAs (µs) |")
+        print(
+            "| TP | bytes | ncclAllReduce (µs) | peer all-reduce (µs) | NCCL / peer | peer at 4 / 16 / 64 CTAs (µs) |"
+        )
         print("|---|---|---|---|---|---|")
         for r in b.get("allreduce", []):
             sp = r["nccl_us"] / r["peer_us"] if r["nccl_us"] > 0 and r["peer_us"] > 0 else None
@@ -49,14 +54,18 @@ def main(d):
             sws = " / ".join(fmt(sw.get(k)) for k in ("4", "16", "64"))
             print(f"| {r['tp']} | {r['bytes']} | {fmt(r['nccl_us'])} | {fmt(r['peer_us'])} | {fmt(sp)} | {sws} |")
         print()
-        print("| TP | shape | M | GEMM alone | GEMM + ncclAllReduce | GEMM + peer AR | fused GEMM+AR | "
-              "GEMM→sym + AR/residual | weight limit | plan |")
+        print(
+            "| TP | shape | M | GEMM alone | GEMM + ncclAllReduce | GEMM + peer AR | fused GEMM+AR | "
+            "GEMM→sym + AR/residual | weight limit | plan |"
+        )
         print("|---|---|---|---|---|---|---|---|---|---|")
         for r in b.get("row_parallel_gemm", []):
-            print(f"| {r['tp']} | {r['shape']} N={r['N']} K={r['K_total']}/{r['tp']} | {r['M']} | {fmt(r['gemm_us'])} | "
-                  f"{fmt(r['gemm_nccl_us'])} | {fmt(r['gemm_peer_us'])} | {fmt(r['fused_us'])} | "
-                  f"{fmt(r.get('two_kernel_residual_us'))} | "
-                  f"{fmt(r['weight_limit_us'])} | {r.get('plan', '')} |")
+            print(
+                f"| {r['tp']} | {r['shape']} N={r['N']} K={r['K_total']}/{r['tp']} | {r['M']} | {fmt(r['gemm_us'])} | "
+                f"{fmt(r['gemm_nccl_us'])} | {fmt(r['gemm_peer_us'])} | {fmt(r['fused_us'])} | "
+                f"{fmt(r.get('two_kernel_residual_us'))} | "
+                f"{fmt(r['weight_limit_us'])} | {r.get('plan', '')} |"
+            )
         if b.get("p2p_one_way"):
             print("| message bytes | ncclSend/ncclRecv one-way (µs) | peer-memory one-way (µs) |")
             print("|---|---|---|")
@@ -70,14 +79,18 @@ def main(d):
         print()
     t = load(os.path.join(d, "tp_bench.json"))
     if t:
-        print(f"decode step, batch 1, context {t.get('context')}, copy bandwidth {t.get('copy_bandwidth_tbs'):.3f} TB/s")
+        print(
+            f"decode step, batch 1, context {t.get('context')}, copy bandwidth {t.get('copy_bandwidth_tbs'):.3f} TB/s"
+        )
         print()
         print("| shape | TP | mode | step (ms) | limit (ms) | of limit | weights / rank (GB) | note |")
         print("|---|---|---|---|---|---|---|---|")
         for r in t.get("rows", []):
             ofl = f"{100 * r['limit_ms'] / r['step_ms']:.0f}%" if r["step_ms"] > 0 else "-"
-            print(f"| {r['shape']} | {r['tp']} | {r['mode']} | {fmt(r['step_ms'], 3)} | {fmt(r['limit_ms'], 3)} | {ofl} | "
-                  f"{fmt(r['weight_gb_per_rank'])} | {r.get('note', '')} |")
+            print(
+                f"| {r['shape']} | {r['tp']} | {r['mode']} | {fmt(r['step_ms'], 3)} | {fmt(r['limit_ms'], 3)} | {ofl} | "
+                f"{fmt(r['weight_gb_per_rank'])} | {r.get('note', '')} |"
+            )
         if t.get("error"):
             print(f"error: {t['error']}")
 

@@ -9,6 +9,7 @@ embedding kernel (the first kernel of every step). Prints, for the first step
 summed over layers, and the step total.
 Usage: ncu_steps.py NCU.csv
 """
+
 import csv
 import re
 import sys
@@ -27,7 +28,7 @@ def kind(name: str) -> str:
 def main() -> None:
     rows = []
     with open(sys.argv[1], newline="") as f:
-        lines = [l for l in f if l.startswith('"')]
+        lines = [line for line in f if line.startswith('"')]
     for r in csv.DictReader(lines):
         if r.get("Metric Name") != "gpu__time_duration.sum":
             continue

@@ -39,7 +39,9 @@ class DeviceBuffer {
     bytes_ = 0;
   }
   template <class T = void>
-  T* as() const { return static_cast<T*>(ptr_); }
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
   void* get() const { return ptr_; }
   size_t bytes() const { return bytes_; }
   explicit operator bool() const { return ptr_ != nullptr; }
@@ -79,7 +81,9 @@ class PinnedBuffer {
     bytes_ = 0;
   }
   template <class T = void>
-  T* as() const { return static_cast<T*>(ptr_); }
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
   size_t bytes() const { return bytes_; }
 
  private:

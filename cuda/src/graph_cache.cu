@@ -24,14 +24,12 @@ cudaGraphExec_t capture_graph(cudaStream_t stream, const std::function<void(cuda
   return exec;
 }
 
-void GraphCache::ensure(int key, cudaStream_t stream,
-                        const std::function<void(cudaStream_t)>& record) {
+void GraphCache::ensure(int key, cudaStream_t stream, const std::function<void(cudaStream_t)>& record) {
   if (graphs_.count(key)) return;
   graphs_[key] = capture_graph(stream, record);
 }
 
-void GraphCache::launch(int key, cudaStream_t stream,
-                        const std::function<void(cudaStream_t)>& record) {
+void GraphCache::launch(int key, cudaStream_t stream, const std::function<void(cudaStream_t)>& record) {
   ensure(key, stream, record);
   SS_CUDA_CHECK(cudaGraphLaunch(graphs_.at(key), stream));
 }

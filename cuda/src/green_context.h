@@ -33,12 +33,12 @@ namespace swiftspec::cuda {
 /// How the driver splits one device's SMs (computed once per device).
 struct SmSplitInfo {
   int device = 0;
-  int device_sms = 0;              ///< SMs of the device (cuDeviceGetDevResource)
-  int min_partition = 0;           ///< minSmPartitionSize reported by the driver
-  int coscheduled_alignment = 0;   ///< smCoscheduledAlignment reported by the driver
-  std::vector<int> group_sms;      ///< SMs of each split group, in split order (remainder last, if any)
-  bool has_remainder = false;      ///< the last entry of group_sms is the split's remainder
-  std::vector<int> boundaries;     ///< logical SM indices where partitions may start or end (0 .. device_sms)
+  int device_sms = 0;             ///< SMs of the device (cuDeviceGetDevResource)
+  int min_partition = 0;          ///< minSmPartitionSize reported by the driver
+  int coscheduled_alignment = 0;  ///< smCoscheduledAlignment reported by the driver
+  std::vector<int> group_sms;     ///< SMs of each split group, in split order (remainder last, if any)
+  bool has_remainder = false;     ///< the last entry of group_sms is the split's remainder
+  std::vector<int> boundaries;    ///< logical SM indices where partitions may start or end (0 .. device_sms)
 };
 
 /// The split of `device` (cached; thread-safe). Throws CudaError when the

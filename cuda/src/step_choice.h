@@ -19,9 +19,8 @@ inline const char* step_kernel_name(int k) {
   return names[k];
 }
 
-/// One step's settings: kinds launched without PDL, the plan variant per GEMM
-/// kind (0: the planner's) and for the attention (0: its default CTA layout,
-/// 1: the other; CudaModel's attn_shared_prefix).
+/// One step's settings: kinds launched without PDL and the plan variant per GEMM
+/// kind (0: the planner's; the attention has a single plan).
 struct StepChoice {
   unsigned pdl_off = 0;
   int plan[kStepKernels] = {};
@@ -54,7 +53,8 @@ inline StepChoice step_choice_of(const StepSetting& s) {
   StepChoice c;
   for (int k = 0; k < kStepKernels && k < static_cast<int>(s.size()); ++k)
     if (s[k]) c.pdl_off |= 1u << k;
-  for (int k = 0; k < kStepKernels && kStepKernels + k < static_cast<int>(s.size()); ++k) c.plan[k] = s[kStepKernels + k];
+  for (int k = 0; k < kStepKernels && kStepKernels + k < static_cast<int>(s.size()); ++k)
+    c.plan[k] = s[kStepKernels + k];
   return c;
 }
 

@@ -15,12 +15,12 @@ constexpr int kMaxStepTokens = 64;
 constexpr int kMaxAttendSlots = kMaxStepTokens * kMaxStepTokens;
 
 struct StepDesc {
-  int n;          ///< tokens in this step, 1..kMaxStepTokens
-  int is_tree;    ///< 1: tree mode (K/V into tree slots, attend lists); 0: append mode
-  int committed;  ///< committed_len() before this step
-  int last_row;   ///< n - 1 (row of the last token, for LogitsMode::Last)
-  int tokens[kMaxStepTokens];      ///< token ids
-  int positions[kMaxStepTokens];   ///< RoPE positions
+  int n;                          ///< tokens in this step, 1..kMaxStepTokens
+  int is_tree;                    ///< 1: tree mode (K/V into tree slots, attend lists); 0: append mode
+  int committed;                  ///< committed_len() before this step
+  int last_row;                   ///< n - 1 (row of the last token, for LogitsMode::Last)
+  int tokens[kMaxStepTokens];     ///< token ids
+  int positions[kMaxStepTokens];  ///< RoPE positions
   /// KV cache index each token writes: append mode committed+i; tree mode
   /// max_context + tree_slot.
   int kv_index[kMaxStepTokens];

@@ -74,7 +74,8 @@ void verify_candidates(cudaStream_t stream, const std::vector<TunerKnob>& knobs,
     SS_CUDA_CHECK(cudaGraphLaunch(c->exec, stream));
     SS_CUDA_CHECK(cudaStreamSynchronize(stream));
     std::vector<uint8_t> got = outputs();
-    if (&c == &list.front()) want = std::move(got);
+    if (&c == &list.front())
+      want = std::move(got);
     else if (got != want)
       throw Error("step tuner: the setting " + step_setting_name(knobs, c->setting) +
                   " changed the step's outputs (it must change only the timing)");
@@ -100,8 +101,7 @@ std::string StepTuning::summary() const {
   return s + " -> " + (measured.empty() ? std::string("default") : chosen_name);
 }
 
-StepTuning tune_step(cudaStream_t stream, const std::vector<TunerKnob>& knobs,
-                     const std::vector<StepSetting>& extra,
+StepTuning tune_step(cudaStream_t stream, const std::vector<TunerKnob>& knobs, const std::vector<StepSetting>& extra,
                      const std::function<cudaGraphExec_t(const StepSetting&)>& capture, cudaGraphExec_t* chosen,
                      int rounds, double min_gain, const std::function<std::vector<uint8_t>()>& outputs) {
   for (const TunerKnob& k : knobs)
@@ -132,8 +132,8 @@ StepTuning tune_step(cudaStream_t stream, const std::vector<TunerKnob>& knobs,
     if (c->median_ms < bar && c->median_ms < best->median_ms) best = c;
     const auto moved = std::count_if(c->setting.begin(), c->setting.end(), [](int o) { return o != 0; });
     if (moved != 1 || c == first[0]) continue;
-    const size_t k = std::find_if(c->setting.begin(), c->setting.end(), [](int o) { return o != 0; }) -
-                     c->setting.begin();
+    const size_t k =
+        std::find_if(c->setting.begin(), c->setting.end(), [](int o) { return o != 0; }) - c->setting.begin();
     if (c->median_ms < knob_best[k]) {
       knob_best[k] = c->median_ms;
       combined[k] = c->setting[k];

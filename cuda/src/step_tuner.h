@@ -5,12 +5,12 @@
 // which is fastest depends on the shape and on the kernels around it in the
 // graph, where an isolated benchmark does not see it:
 //  * programmatic dependent launch (PDL) edges: on the H200 the Llama-3-8B
-//    single-token step was slower with PDL on every edge than with none (runs
-//    16-17: 4.77-4.83 vs 4.91-5.18 ms), while its tree steps and the small
-//    models' steps were faster with it;
+//    single-token step was slower with PDL on every edge than with none,
+//    while its tree steps and the small models' steps were faster with it;
 //  * a GEMM's row-block size (warpgroups) and pipeline depth: the planner's
 //    cost model picks them per matrix in isolation; in the 8B 32-node tree
-//    step a deeper gate/up pipeline than the planner's saved ~0.1 ms (run 18).
+//    step a deeper gate/up pipeline than the planner's was faster
+//    (benchmarks/README.md, "a step tuner per token bucket").
 // So the engine picks, per token bucket, the setting that replays fastest on
 // the machine at hand, as a GEMM library picks a tactic: once per bucket, when
 // the model is made (CudaModelOptions::autotune).
@@ -27,8 +27,8 @@ namespace swiftspec::cuda {
 
 /// One tunable setting of a step; option 0 is the default.
 struct TunerKnob {
-  std::string name;                 ///< e.g. "pdl.attn", "plan.gate_up"
-  std::vector<std::string> options; ///< option names, [0] the default (>= 1 entry)
+  std::string name;                  ///< e.g. "pdl.attn", "plan.gate_up"
+  std::vector<std::string> options;  ///< option names, [0] the default (>= 1 entry)
 };
 
 /// One option index per knob (same order as the knobs).
@@ -37,7 +37,7 @@ using StepSetting = std::vector<int>;
 /// Outcome of tune_step().
 struct StepTuning {
   StepSetting chosen;
-  std::string chosen_name;  ///< step_setting_name() of `chosen`
+  std::string chosen_name;                               ///< step_setting_name() of `chosen`
   std::vector<std::pair<std::string, double>> measured;  ///< (setting name, median ms) per candidate
   /// "default 4.9120, pdl.attn=off 4.7810, ... -> pdl.attn=off".
   std::string summary() const;
@@ -68,10 +68,8 @@ std::string step_setting_name(const std::vector<TunerKnob>& knobs, const StepSet
 /// after a stream synchronization) must equal the default setting's byte for
 /// byte; otherwise Error naming the setting is thrown (a setting that changed
 /// the arithmetic is a bug).
-StepTuning tune_step(cudaStream_t stream, const std::vector<TunerKnob>& knobs,
-                     const std::vector<StepSetting>& extra,
+StepTuning tune_step(cudaStream_t stream, const std::vector<TunerKnob>& knobs, const std::vector<StepSetting>& extra,
                      const std::function<cudaGraphExec_t(const StepSetting&)>& capture, cudaGraphExec_t* chosen,
-                     int rounds = 5, double min_gain = 0.01,
-                     const std::function<std::vector<uint8_t>()>& outputs = {});
+                     int rounds = 5, double min_gain = 0.01, const std::function<std::vector<uint8_t>()>& outputs = {});
 
 }  // namespace swiftspec::cuda

@@ -12,7 +12,6 @@ namespace swiftspec::cuda {
 /// dimension `ld` elements (ld*2 % 16 == 0, base 16-byte aligned), box
 /// {64, box_rows} (box_rows <= 256). Out-of-range box parts read as zero.
 /// Throws CudaError / InvalidArgument.
-CUtensorMap make_tma_map_bf16(const void* base, uint64_t rows, uint64_t cols, uint64_t ld,
-                              uint32_t box_rows);
+CUtensorMap make_tma_map_bf16(const void* base, uint64_t rows, uint64_t cols, uint64_t ld, uint32_t box_rows);
 
 }  // namespace swiftspec::cuda

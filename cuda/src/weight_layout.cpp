@@ -1,7 +1,5 @@
 #include "weight_layout.h"
 
-#include <cmath>
-
 namespace swiftspec::cuda {
 
 std::vector<int> qkv_row_permutation(int num_heads, int num_kv_heads, int head_dim, RopeStyle style) {
@@ -30,39 +28,6 @@ std::vector<int> gate_up_row_permutation(int intermediate) {
     }
   }
   return perm;
-}
-
-std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
-  const int half = cfg.head_dim / 2;
-  std::vector<float> f(half);
-  const float base = static_cast<float>(cfg.rope_theta);
-  for (int i = 0; i < half; ++i) {
-    const float e = static_cast<float>(2 * i) / static_cast<float>(cfg.head_dim);
-    f[i] = 1.0f / std::pow(base, e);
-  }
-  if (cfg.rope_scaling.enabled) {
-    const double factor = cfg.rope_scaling.factor;
-    const double lo = cfg.rope_scaling.low_freq_factor;
-    const double hi = cfg.rope_scaling.high_freq_factor;
-    const double orig = cfg.rope_scaling.original_max_position_embeddings;
-    const double low_wavelen = orig / lo;
-    const double high_wavelen = orig / hi;
-    for (int i = 0; i < half; ++i) {
-      const double freq = f[i];
-      const double wavelen = 2.0 * M_PI / freq;
-      double out;
-      if (wavelen < high_wavelen) {
-        out = freq;
-      } else if (wavelen > low_wavelen) {
-        out = freq / factor;
-      } else {
-        const double smooth = (orig / wavelen - lo) / (hi - lo);
-        out = (1.0 - smooth) * freq / factor + smooth * freq;
-      }
-      f[i] = static_cast<float>(out);
-    }
-  }
-  return f;
 }
 
 }  // namespace swiftspec::cuda

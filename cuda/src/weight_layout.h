@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "swiftspec/config.h"
+#include "swiftspec/rope.h"
 
 namespace swiftspec::cuda {
 
@@ -18,8 +19,7 @@ namespace swiftspec::cuda {
 std::vector<int> qkv_row_permutation(int num_heads, int num_kv_heads, int head_dim, RopeStyle style);
 /// dst row -> src row of the concatenated [gate; up] projection (intermediate % 8 == 0).
 std::vector<int> gate_up_row_permutation(int intermediate);
-/// RoPE inverse frequencies [head_dim/2] in fp32 as HF computes them
-/// (1 / theta^(2i/d) in float), with Llama-3 frequency scaling when enabled.
-std::vector<float> rope_inv_freq(const ModelConfig& cfg);
+// RoPE tables: swiftspec::rope_inv_freq() and rope_attention_scale() (swiftspec/rope.h), the
+// same fp32 tables as the CPU backend's.
 
 }  // namespace swiftspec::cuda

@@ -7,7 +7,7 @@
 //     every M (batch invariance).
 //  2. Whole tiny models (Llama-style with llama3 RoPE scaling and a vocab that
 //     is not a multiple of 16; Qwen2-style with q/k/v bias, tied embeddings and
-//     interleaved RoPE; a 7:1 GQA group) against an fp32 CPU reference:
+//     interleaved RoPE; a 7:1 GQA group; YaRN RoPE scaling) against an fp32 CPU reference:
 //     prefill > 64 tokens (logits of every row), decode, tree verification of
 //     12 / 20 / 64 nodes; and the exactness contract of model.h: tree logits
 //     and K/V bit-identical to decoding the same path alone, batch-of-64 rows
@@ -17,8 +17,12 @@
 //     logits, and the top-k kernel alone on rows with ties, +-0, -inf and NaN.
 //  3. The decode megakernel: single-token steps vs the fp32 reference and vs
 //     the layered path (tiny models, 30..200 steps; the benchmark shapes).
-// Usage: swiftspec-cuda-check [--json PATH] [--megakernel-only]. Exit status 1 if
-// any check fails.
+//  4. The int4-weight skinny GEMM (check_int4.cu): against an fp64 product of the same
+//     int4 values at the model shapes, batch invariance bitwise; then tiny models with int4
+//     projections against the fp32 reference (check_int4_model.cu); run last (never run on a
+//     GPU when written: a fault there cannot take the checks above down).
+// Usage: swiftspec-cuda-check [--json PATH] [--megakernel-only | --long-only | --int4-only].
+// Exit status 1 if any check fails.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -35,6 +39,10 @@
 #include "kernels/epilogues.h"
 #include "kernels/gemm_skinny.h"
 #include "kernels/kernels.h"
+#include "check_harness.h"
+#include "check_int4.h"
+#include "check_int4_model.h"
+#include "check_long_context.h"
 #include "reference_model.h"
 #include "model_shapes.h"
 #include "swiftspec_cuda/cuda_model.h"
@@ -42,77 +50,9 @@
 
 using namespace swiftspec;
 using namespace swiftspec::cuda;
+using namespace swiftspec::cuda_check;
 
 namespace {
-
-struct Result {
-  std::string name;
-  double err;
-  double limit;
-  bool pass;
-  std::string detail;
-};
-std::vector<Result> g_results;
-
-void record(const std::string& name, double err, double limit, bool pass, const std::string& detail = "") {
-  g_results.push_back({name, err, limit, pass, detail});
-  std::printf("CHECK %-58s err=%.3e limit=%.1e %s %s\n", name.c_str(), err, limit, pass ? "PASS" : "FAIL",
-              detail.c_str());
-  std::fflush(stdout);
-}
-
-uint16_t f2bf(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint32_t r = 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>((u + r) >> 16);
-}
-float bf2f(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-struct Rng {
-  std::mt19937_64 g;
-  explicit Rng(uint64_t seed) : g(seed) {}
-  /// Uniform in +-[0.05, 1] * scale: never zero.
-  float sym(float scale) {
-    std::uniform_real_distribution<float> u(0.05f, 1.0f);
-    const float m = u(g) * scale;
-    return (g() & 1) ? m : -m;
-  }
-  int below(int n) { return static_cast<int>(g() % static_cast<uint64_t>(n)); }
-  double unit() { return std::uniform_real_distribution<double>(0, 1)(g); }
-};
-
-template <class F>
-void parallel_for(int n, F f) {
-  const int nt = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> th;
-  for (int t = 0; t < nt; ++t)
-    th.emplace_back([&, t] {
-      for (int i = t; i < n; i += nt) f(i);
-    });
-  for (auto& x : th) x.join();
-}
-
-double rel_err(const std::vector<float>& out, const std::vector<float>& ref, size_t* nonfinite) {
-  double num = 0, den = 0;
-  size_t bad = 0;
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (!std::isfinite(out[i])) {
-      ++bad;
-      continue;
-    }
-    const double d = static_cast<double>(out[i]) - ref[i];
-    num += d * d;
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  if (nonfinite) *nonfinite = bad;
-  return std::sqrt(num / std::max(den, 1e-300));
-}
 
 int bucket_nt(int m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
 
@@ -131,7 +71,8 @@ void check_gemm(int N, int K, const std::vector<int>& Ms, Rng& rng, int num_sms,
   parallel_for(N, [&](int n) {
     for (int m = 0; m < maxM; ++m) {
       double s = 0;
-      for (int k = 0; k < K; ++k) s += static_cast<double>(bf2f(w[static_cast<size_t>(n) * K + k])) * bf2f(x[static_cast<size_t>(m) * K + k]);
+      for (int k = 0; k < K; ++k)
+        s += static_cast<double>(bf2f(w[static_cast<size_t>(n) * K + k])) * bf2f(x[static_cast<size_t>(m) * K + k]);
       ref[static_cast<size_t>(m) * N + n] = static_cast<float>(s);
     }
   });
@@ -169,8 +110,9 @@ void check_gemm(int N, int K, const std::vector<int>& Ms, Rng& rng, int num_sms,
     char name[128], det[200];
     const char* eng = c.engine == GemmEngine::Mma ? "mma" : (c.split_n ? "wgmma-n8" : "wgmma");
     std::snprintf(name, sizeof name, "gemm[%s] N=%d K=%d M=%d", eng, N, K, M);
-    std::snprintf(det, sizeof det, "(S=%d BR=%d stages=%d xres=%d palias=%d grid=%dx%d nonfinite=%zu rows>=M written=%zu)",
-                  c.S, c.BR, c.stages, c.xres, c.palias, c.grid_x, c.S, bad, touched);
+    std::snprintf(det, sizeof det,
+                  "(S=%d BR=%d stages=%d xres=%d palias=%d grid=%dx%d nonfinite=%zu rows>=M written=%zu)", c.S, c.BR,
+                  c.stages, c.xres, c.palias, c.grid_x, c.S, bad, touched);
     record(name, err, 1e-2, err < 1e-2 && bad == 0 && touched == 0, det);
     std::vector<float> row0(out.begin(), out.begin() + N);
     if (row0_m1.empty()) {
@@ -211,7 +153,8 @@ void check_gemm_rms(int N, int K, const std::vector<int>& Ms, Rng& rng, int num_
   parallel_for(N, [&](int n) {
     for (int m = 0; m < maxM; ++m) {
       double s = 0;
-      for (int k = 0; k < K; ++k) s += static_cast<double>(bf2f(w[static_cast<size_t>(n) * K + k])) * bf2f(x[static_cast<size_t>(m) * K + k]);
+      for (int k = 0; k < K; ++k)
+        s += static_cast<double>(bf2f(w[static_cast<size_t>(n) * K + k])) * bf2f(x[static_cast<size_t>(m) * K + k]);
       ref[static_cast<size_t>(m) * N + n] = static_cast<float>(s * rinv[m]);
     }
   });
@@ -256,94 +199,6 @@ void check_gemm_rms(int N, int K, const std::vector<int>& Ms, Rng& rng, int num_
 // ---------------------------------------------------------------------------
 // 2. Tiny models
 // ---------------------------------------------------------------------------
-struct TinyWeights {
-  std::map<std::string, std::vector<uint16_t>> bf;
-  std::map<std::string, std::vector<int64_t>> shape;
-  std::map<std::string, std::vector<float>> f;
-  void add(const std::string& name, std::vector<int64_t> shp, Rng& rng, float scale, float offset = 0.f) {
-    size_t n = 1;
-    for (auto d : shp) n *= static_cast<size_t>(d);
-    std::vector<uint16_t> b(n);
-    std::vector<float> fl(n);
-    for (size_t i = 0; i < n; ++i) {
-      b[i] = f2bf(offset + rng.sym(scale));
-      fl[i] = bf2f(b[i]);
-    }
-    bf[name] = std::move(b);
-    f[name] = std::move(fl);
-    shape[name] = std::move(shp);
-  }
-};
-
-TinyWeights make_weights(const ModelConfig& c, Rng& rng) {
-  TinyWeights w;
-  const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
-  const int64_t nq = c.num_heads * hd, nkv = c.num_kv_heads * hd;
-  w.add("model.embed_tokens.weight", {c.vocab_size, H}, rng, 1.0f);
-  for (int l = 0; l < c.num_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    w.add(p + "input_layernorm.weight", {H}, rng, 0.5f, 1.0f);
-    w.add(p + "post_attention_layernorm.weight", {H}, rng, 0.5f, 1.0f);
-    const float hs = 1.0f / std::sqrt(static_cast<float>(H));
-    w.add(p + "self_attn.q_proj.weight", {nq, H}, rng, 2.0f * hs);
-    w.add(p + "self_attn.k_proj.weight", {nkv, H}, rng, 2.0f * hs);
-    w.add(p + "self_attn.v_proj.weight", {nkv, H}, rng, hs);
-    if (c.attention_bias) {
-      w.add(p + "self_attn.q_proj.bias", {nq}, rng, 0.3f);
-      w.add(p + "self_attn.k_proj.bias", {nkv}, rng, 0.3f);
-      w.add(p + "self_attn.v_proj.bias", {nkv}, rng, 0.3f);
-    }
-    w.add(p + "self_attn.o_proj.weight", {H, nq}, rng, 1.0f / std::sqrt(static_cast<float>(nq)));
-    w.add(p + "mlp.gate_proj.weight", {I, H}, rng, hs);
-    w.add(p + "mlp.up_proj.weight", {I, H}, rng, hs);
-    w.add(p + "mlp.down_proj.weight", {H, I}, rng, 1.0f / std::sqrt(static_cast<float>(I)));
-  }
-  w.add("model.norm.weight", {H}, rng, 0.5f, 1.0f);
-  if (!c.tie_word_embeddings) w.add("lm_head.weight", {c.vocab_size, H}, rng, 1.0f / std::sqrt(static_cast<float>(H)));
-  return w;
-}
-
-struct Tree {
-  std::vector<int> parent, depth, token, slot;
-  ForwardBatch batch;
-};
-
-Tree make_tree(int n, int committed, int vocab, int max_tree, Rng& rng) {
-  Tree t;
-  std::vector<int> perm(max_tree);
-  for (int i = 0; i < max_tree; ++i) perm[i] = i;
-  std::shuffle(perm.begin(), perm.end(), rng.g);
-  for (int i = 0; i < n; ++i) {
-    const int p = (i == 0 || rng.unit() < 0.25) ? -1 : rng.below(i);
-    t.parent.push_back(p);
-    t.depth.push_back(p < 0 ? 0 : t.depth[p] + 1);
-    t.token.push_back(rng.below(vocab));
-    t.slot.push_back(perm[i]);
-  }
-  ForwardBatch& b = t.batch;
-  b.attend_offsets.push_back(0);
-  for (int i = 0; i < n; ++i) {
-    b.tokens.push_back(t.token[i]);
-    b.positions.push_back(committed + t.depth[i]);
-    b.tree_slots.push_back(t.slot[i]);
-    std::vector<int> chain;
-    for (int j = i; j >= 0; j = t.parent[j]) chain.push_back(t.slot[j]);
-    std::reverse(chain.begin(), chain.end());
-    b.attend_slots.insert(b.attend_slots.end(), chain.begin(), chain.end());
-    b.attend_offsets.push_back(static_cast<int>(b.attend_slots.size()));
-  }
-  b.logits = LogitsMode::All;
-  return t;
-}
-
-ForwardBatch append_batch(const std::vector<int>& toks, int start, LogitsMode mode) {
-  ForwardBatch b;
-  b.tokens = toks;
-  for (size_t i = 0; i < toks.size(); ++i) b.positions.push_back(start + static_cast<int>(i));
-  b.logits = mode;
-  return b;
-}
-
 int argmax_of(const float* v, int n) {
   int best = 0;
   for (int i = 1; i < n; ++i)
@@ -384,16 +239,16 @@ void check_logits_top_k(Rng& rng, cudaStream_t st) {
   std::normal_distribution<float> nd(0.f, 3.f);
   for (auto& x : h) x = nd(rng.g);
   auto row = [&](int r) { return h.data() + static_cast<size_t>(r) * V; };
-  for (int id : {5, 100, 77777, V - 1}) row(1)[id] = 40.f;          // 4-way tie at the maximum
+  for (int id : {5, 100, 77777, V - 1}) row(1)[id] = 40.f;  // 4-way tie at the maximum
   for (int id : {6, 101}) row(1)[id] = 39.f;
-  std::fill(row(2), row(2) + V, 1.25f);                            // every id ties
+  std::fill(row(2), row(2) + V, 1.25f);  // every id ties
   std::fill(row(3), row(3) + V, -1.f);
   row(3)[10] = -0.0f;
-  row(3)[7] = 0.0f;                                                // -0 == +0: ids 7 then 10
+  row(3)[7] = 0.0f;  // -0 == +0: ids 7 then 10
   row(3)[9] = -0.0f;
-  for (int i = 0; i < V; i += 3) row(4)[i] = -INFINITY;            // -inf entries
-  row(5)[1234] = NAN;                                              // flagged
-  for (int i = 0; i < 1000; ++i) row(6)[rng.below(V)] = 100.f;     // ties spread over segments
+  for (int i = 0; i < V; i += 3) row(4)[i] = -INFINITY;         // -inf entries
+  row(5)[1234] = NAN;                                           // flagged
+  for (int i = 0; i < 1000; ++i) row(6)[rng.below(V)] = 100.f;  // ties spread over segments
   DeviceBuffer d_logits, d_keys, d_ms, d_nan, d_out;
   d_logits.allocate(sizeof(float) * h.size());
   d_keys.allocate(sizeof(unsigned long long) * kMaxStepTokens * kTopKSegments * kTopKMax);
@@ -467,23 +322,6 @@ void check_logits_top_k(Rng& rng, cudaStream_t st) {
     const double bound = static_cast<double>(V) * std::ldexp(1.0, -53) * 2.0;
     record(name, lse_err, bound, bad == 0 && lse_err < bound, det);
   }
-}
-
-/// A CUDA model of the tiny weights `tw` (checkpoint names, bf16).
-std::unique_ptr<CudaModel> tiny_model(const ModelConfig& cfg, TinyWeights& tw, const ModelOptions& opt,
-                                      const CudaModelOptions& copt) {
-  WeightLookup lookup = [&tw](const std::string& name, const std::vector<int64_t>& shp) {
-    auto it = tw.bf.find(name);
-    if (it == tw.bf.end()) throw CheckpointError("test checkpoint: missing " + name);
-    if (!shp.empty() && shp != tw.shape[name]) throw CheckpointError("test checkpoint: shape of " + name);
-    HostWeight h;
-    h.dtype = DType::BF16;
-    h.shape = tw.shape[name];
-    h.data = it->second.data();
-    return h;
-  };
-  WeightExists exists = [&tw](const std::string& name) { return tw.bf.count(name) > 0; };
-  return make_cuda_model_from_host(cfg, lookup, exists, opt, copt);
 }
 
 /// `append`: tokens appended after the first trees (c2), in steps of 64; a long one (> 16 * 64
@@ -878,7 +716,8 @@ void check_megakernel(const std::string& tag, const ModelConfig& cfg, uint64_t s
     worst_lay = std::max(worst_lay, rel_err(a, b, &nb));
     if (argmax_of(a.data(), V) != argmax_of(r.data(), V)) ++argmax_diff;
   }
-  std::snprintf(name, sizeof name, "megakernel[%s] %d decode steps (pos 70..%d) vs fp32 reference", tag.c_str(), steps, C - 1);
+  std::snprintf(name, sizeof name, "megakernel[%s] %d decode steps (pos 70..%d) vs fp32 reference", tag.c_str(), steps,
+                C - 1);
   std::snprintf(det, sizeof det, "(worst step; nonfinite=%zu; argmax differs at %d steps)", bad, argmax_diff);
   record(name, worst_ref, 1e-2, worst_ref < 1e-2 && bad == 0, det);
   std::snprintf(name, sizeof name, "megakernel[%s] %d decode steps vs the layered path", tag.c_str(), steps);
@@ -983,15 +822,20 @@ void check_megakernel_shape(const std::string& shape, int head_keys = -1, int he
   char inflight[96] = "";
   if (max_inflight >= 0) std::snprintf(inflight, sizeof inflight, ", %d chunks in flight", max_inflight);
   if (release_hold >= 0)
-    std::snprintf(inflight + std::strlen(inflight), sizeof inflight - std::strlen(inflight), ", hold %d%s", release_hold,
+    std::snprintf(inflight + std::strlen(inflight), sizeof inflight - std::strlen(inflight), ", hold %d%s",
+                  release_hold,
                   hold_until_input == 1   ? " to input"
                   : hold_until_input == 2 ? " to attention"
                   : hold_until_input == 0 ? " to release"
                                           : "");
-  if (attn_short == 0) std::snprintf(inflight + std::strlen(inflight), sizeof inflight - std::strlen(inflight), ", batched attention");
-  if (attn_prewait == 0) std::snprintf(inflight + std::strlen(inflight), sizeof inflight - std::strlen(inflight), ", K/V after the wait");
+  if (attn_short == 0)
+    std::snprintf(inflight + std::strlen(inflight), sizeof inflight - std::strlen(inflight), ", batched attention");
+  if (attn_prewait == 0)
+    std::snprintf(inflight + std::strlen(inflight), sizeof inflight - std::strlen(inflight), ", K/V after the wait");
   std::snprintf(name, sizeof name, "megakernel[%s shape%s%s%s] decode at 512 vs the layered path", shape.c_str(),
-                head_keys == 0 ? ", split units" : head_keys > 0 ? ", whole heads" : "",
+                head_keys == 0  ? ", split units"
+                : head_keys > 0 ? ", whole heads"
+                                : "",
                 head_parts == 1 ? ", one CTA per head" : "", inflight);
   std::snprintf(det, sizeof det, "(argmax %d vs %d, nonfinite=%zu)", am, bm, nb);
   record(name, e, 1e-2, e < 1e-2 && nb == 0, det);
@@ -1025,7 +869,8 @@ void check_megakernel_first_tokens(const std::string& tag, const ModelConfig& cf
     bad += nb;
   }
   char name[200], det[120];
-  std::snprintf(name, sizeof name, "megakernel[%s] first %d tokens one at a time vs fp32 reference", tag.c_str(), steps);
+  std::snprintf(name, sizeof name, "megakernel[%s] first %d tokens one at a time vs fp32 reference", tag.c_str(),
+                steps);
   std::snprintf(det, sizeof det, "(worst step; nonfinite=%zu)", bad);
   record(name, worst, 1e-2, worst < 1e-2 && bad == 0, det);
 }
@@ -1086,7 +931,7 @@ RingWordsAudit audit_ring_words(const std::vector<unsigned long long>& t, int L,
       }
       const double span = s3[1] >= s3[0] ? static_cast<double>(s3[1] - s3[0]) : 0.0;
       if (w[0] * npc > 1.25 * span + 1000.0) ++a.bad_ring;  // + a global-timer tick
-      if (w[3] > w[2]) ++a.bad_ring;  // idle is a part of unconsumed
+      if (w[3] > w[2]) ++a.bad_ring;                        // idle is a part of unconsumed
       a.partly_idle_ops += w[3] > 0 && w[3] < w[2] ? 1 : 0;
       inflight_ns += static_cast<double>(w[1]) * npc;
       consumer_ns += static_cast<double>(w[0]) * npc;
@@ -1156,8 +1001,8 @@ void check_megakernel_trace(const std::string& tag, const ModelConfig& cfg, uint
   }
   const RingWordsAudit ring = audit_ring_words(t, L, G);
   char name[200], det[360];
-  std::snprintf(name, sizeof name, "megakernel[%s] trace: same bits, op and attention-phase stamps in order, ring waits",
-                tag.c_str());
+  std::snprintf(name, sizeof name,
+                "megakernel[%s] trace: same bits, op and attention-phase stamps in order, ring waits", tag.c_str());
   std::snprintf(det, sizeof det, "(bitwise %s; %zu words; %d head units; bad op stamps %d, bad phase rows %d; %s)",
                 same ? "equal" : "DIFFERENT", t.size(), units, bad_ops, bad_phases, ring.summary().c_str());
   const int bad = bad_ops + bad_phases + ring.bad_clock + ring.bad_ring;
@@ -1218,8 +1063,10 @@ void check_megakernel_same_bits(const std::string& what, const ModelConfig& cfg,
   for (int v = 0; v < 2; ++v) {
     CudaModelOptions mko;
     mko.megakernel = true;
-    if (v == 0) base(mko);
-    else variant(mko);
+    if (v == 0)
+      base(mko);
+    else
+      variant(mko);
     auto m = make_cuda_model_random(cfg, opt, mko, 42);
     m->debug_fill_committed_random(fill_keys, 43);
     if (v == 1) {
@@ -1273,7 +1120,8 @@ void check_megakernel_slot_tuning(const ModelConfig& cfg) {
   auto tuned = tiny_model(cfg, tw, opt, tuned_opt);
   auto plain = tiny_model(cfg, tw, opt, plain_opt);
   const std::string log = tuned->debug_step_tuning();
-  const bool logged = log.find("megakernel: default ") != std::string::npos && log.find("mk.slot_bytes=") != std::string::npos;
+  const bool logged =
+      log.find("megakernel: default ") != std::string::npos && log.find("mk.slot_bytes=") != std::string::npos;
   std::printf("megakernel slot tuning: %s", log.c_str());
   std::vector<int> prompt(40);
   for (auto& tok : prompt) tok = rng.below(cfg.vocab_size);
@@ -1327,8 +1175,8 @@ void check_megakernel_plan_errors(const ModelConfig& cfg) {
     o.megakernel_merge_in_o = 1;
     o.megakernel_head_parts = 8;
   });
-  refused("slot_bytes must be", [](CudaModelOptions& o) { o.megakernel_slot_bytes = 1000; });   // not % 128
-  refused("slot_bytes must be", [](CudaModelOptions& o) { o.megakernel_slot_bytes = 1024; });   // < one row
+  refused("slot_bytes must be", [](CudaModelOptions& o) { o.megakernel_slot_bytes = 1000; });  // not % 128
+  refused("slot_bytes must be", [](CudaModelOptions& o) { o.megakernel_slot_bytes = 1024; });  // < one row
   refused("head_parts must be", [](CudaModelOptions& o) { o.megakernel_head_parts = 3; });
   refused("head_keys must be", [](CudaModelOptions& o) { o.megakernel_head_keys = -5; });
   record("megakernel: knobs out of range -> InvalidArgument naming the knob (15 cases)", bad, 0, bad == 0, "");
@@ -1397,8 +1245,10 @@ void diagnose_model(const std::string& tag, const ModelConfig& cfg, const CudaMo
     char name[200];
     auto cmp = [&](const char* what, const std::vector<float>& refv) {
       if (refv.empty()) return;
-      if (std::string(what) != "logits") m->debug_read_activations(what, 1, g);
-      else g = lg;
+      if (std::string(what) != "logits")
+        m->debug_read_activations(what, 1, g);
+      else
+        g = lg;
       size_t bad = 0;
       const double e = rel_err(g, refv, &bad);
       std::snprintf(name, sizeof name, "diag[%s] pos %d %s", tag.c_str(), pos, what);
@@ -1408,8 +1258,9 @@ void diagnose_model(const std::string& tag, const ModelConfig& cfg, const CudaMo
         size_t worst = 0;
         for (size_t i = 0; i < g.size(); ++i)
           if (std::fabs(g[i] - refv[i]) > std::fabs(g[worst] - refv[worst])) worst = i;
-        std::snprintf(det, sizeof det, "gpu[0..3] %.4g %.4g %.4g %.4g ref %.4g %.4g %.4g %.4g worst@%zu gpu %.4g ref %.4g",
-                      g[0], g[1], g[2], g[3], refv[0], refv[1], refv[2], refv[3], worst, g[worst], refv[worst]);
+        std::snprintf(det, sizeof det,
+                      "gpu[0..3] %.4g %.4g %.4g %.4g ref %.4g %.4g %.4g %.4g worst@%zu gpu %.4g ref %.4g", g[0], g[1],
+                      g[2], g[3], refv[0], refv[1], refv[2], refv[3], worst, g[worst], refv[worst]);
       }
       record(name, e, 1e-2, e < 1e-2 && bad == 0, det);
     };
@@ -1446,7 +1297,8 @@ void diagnose_model(const std::string& tag, const ModelConfig& cfg, const CudaMo
           const auto& b = fresh.f["model.layers.0.self_attn.q_proj.weight"];
           for (size_t i = 0; i < a.size(); ++i) tw_fresh += a[i] != b[i];
         }
-        std::snprintf(name, sizeof name, "diag[%s] pos %d %s: device!=host %zu device!=fresh %zu host!=fresh %zu", tag.c_str(), pos, wname, d_tw, d_fresh, tw_fresh);
+        std::snprintf(name, sizeof name, "diag[%s] pos %d %s: device!=host %zu device!=fresh %zu host!=fresh %zu",
+                      tag.c_str(), pos, wname, d_tw, d_fresh, tw_fresh);
         record(name, static_cast<double>(d_tw + tw_fresh), 0, d_tw + tw_fresh == 0);
       }
     }
@@ -1463,7 +1315,7 @@ void diagnose_model(const std::string& tag, const ModelConfig& cfg, const CudaMo
         for (int k = 0; k < H; ++k)
           if (bf2f(f2bf(src[static_cast<size_t>(n) * H + k] * gam[k])) != lmw[static_cast<size_t>(n) * H + k]) ++wdiff;
       std::snprintf(name, sizeof name, "diag[%s] LM weights on device == bf16(W*g)", tag.c_str());
-      char det[120];
+      char det[200];
       std::snprintf(det, sizeof det, "(%zu of %d differ)", wdiff, V * H);
       record(name, wdiff, 0, wdiff == 0, det);
       double ss = 0, ssg = 0;
@@ -1473,40 +1325,28 @@ void diagnose_model(const std::string& tag, const ModelConfig& cfg, const CudaMo
       std::vector<float> emu(V);
       for (int n = 0; n < V; ++n) {
         double acc = 0;
-        for (int k = 0; k < H; ++k) acc += static_cast<double>(lmw[static_cast<size_t>(n) * H + k]) * bf2f(f2bf(h32[k]));
+        for (int k = 0; k < H; ++k)
+          acc += static_cast<double>(lmw[static_cast<size_t>(n) * H + k]) * bf2f(f2bf(h32[k]));
         emu[n] = static_cast<float>(acc * rinv);
       }
       size_t bad = 0;
       const double e = rel_err(lg, emu, &bad);
       std::snprintf(name, sizeof name, "diag[%s] GPU logits == host emulation from device data", tag.c_str());
-      std::snprintf(det, sizeof det, "(ssq sum %.4g vs host %.4g; gpu[0..2] %.4g %.4g %.4g emu %.4g %.4g %.4g ref %.4g %.4g %.4g)",
-                    ssg, ss, lg[0], lg[1], lg[2], emu[0], emu[1], emu[2], rl[0], rl[1], rl[2]);
+      std::snprintf(det, sizeof det,
+                    "(ssq sum %.4g vs host %.4g; gpu[0..2] %.4g %.4g %.4g emu %.4g %.4g %.4g ref %.4g %.4g %.4g)", ssg,
+                    ss, lg[0], lg[1], lg[2], emu[0], emu[1], emu[2], rl[0], rl[1], rl[2]);
       record(name, e, 1e-2, e < 1e-2, det);
     }
   }
 }
 
-ModelConfig tiny_config(const std::string& arch, int H, int I, int heads, int kv, int hd, int V, bool bias,
-                        bool tie, RopeStyle rs, bool llama3) {
-  ModelConfig c;
-  c.architecture = arch;
-  c.vocab_size = V;
-  c.hidden_size = H;
-  c.intermediate_size = I;
-  c.num_layers = 2;
-  c.num_heads = heads;
-  c.num_kv_heads = kv;
-  c.head_dim = hd;
-  c.rms_norm_eps = 1e-5f;
-  c.rope_theta = llama3 ? 500000.0 : 1000000.0;
-  c.rope_style = rs;
-  c.rope_scaling.enabled = llama3;
-  c.rope_scaling.factor = 8.0;
-  c.rope_scaling.low_freq_factor = 1.0;
-  c.rope_scaling.high_freq_factor = 4.0;
+/// YaRN as Qwen2.5 uses it past 32K (factor 4), here past 64 positions: the ramp covers pairs 0-5
+/// of 32, the rest is interpolated, and cos/sin carry the attention factor 0.1 ln 4 + 1.
+ModelConfig yarn_config() {
+  ModelConfig c = tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false);
+  c.rope_scaling.type = RopeScalingType::Yarn;
+  c.rope_scaling.factor = 4.0;
   c.rope_scaling.original_max_position_embeddings = 64;
-  c.tie_word_embeddings = tie;
-  c.attention_bias = bias;
   return c;
 }
 
@@ -1528,11 +1368,13 @@ void write_json(const std::string& path) {
 
 int main(int argc, char** argv) {
   std::string json;
-  bool diag_only = false, megakernel_only = false;
+  bool diag_only = false, megakernel_only = false, long_only = false, int4_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--json" && i + 1 < argc) json = argv[++i];
     if (std::string(argv[i]) == "--diag-only") diag_only = true;
     if (std::string(argv[i]) == "--megakernel-only") megakernel_only = true;
+    if (std::string(argv[i]) == "--long-only") long_only = true;
+    if (std::string(argv[i]) == "--int4-only") int4_only = true;
   }
   if (diag_only) {
     try {
@@ -1552,166 +1394,186 @@ int main(int argc, char** argv) {
     SS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     Rng rng(20261129);
     const int sms = prop.multiProcessorCount;
-    if (!megakernel_only) {
-    check_gemm(512, 256, {1, 8, 64}, rng, sms, st);
-    check_gemm(1008, 256, {1, 40}, rng, sms, st);
-    check_gemm(256, 512, {1, 64}, rng, sms, st);
-    check_gemm_rms(512, 256, {1, 9, 64}, rng, sms, st);
-    check_gemm_rms(2048, 1536, {1, 64}, rng, sms, st);
-    check_gemm_rms(4096, 4096, {1, 64}, rng, sms, st);
-    {
-      ModelConfig c1 = tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true);
-      ModelConfig c0 = c1;
-      c0.num_layers = 0;
-      c1.num_layers = 1;
-      CudaModelOptions dflt, nopdl, nograph;
-      nopdl.use_pdl = false;
-      nograph.use_graphs = false;
-      nograph.use_pdl = false;
-      diagnose_model("llama L=0", c0, dflt, 11);
-      diagnose_model("llama L=1", c1, dflt, 12);
-      diagnose_model("llama L=1 no-pdl", c1, nopdl, 12);
-      diagnose_model("llama L=1 no-graph", c1, nograph, 12);
-      ModelConfig q1 = tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false);
-      q1.num_layers = 1;
-      diagnose_model("qwen2 L=1", q1, dflt, 13);
+    if (int4_only) {
+      check_int4();
+      check_int4_model();
     }
-    check_step_tuning(tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 14);
-    check_gemm(2048, 1536, {1, 5, 8, 9, 16, 17, 32, 33, 64}, rng, prop.multiProcessorCount, st);
-    check_gemm(4096, 4096, {1, 64}, rng, prop.multiProcessorCount, st);
-    check_gemm(1152, 896, {1, 13, 64}, rng, prop.multiProcessorCount, st);
-    check_gemm(896, 4864, {1, 40}, rng, prop.multiProcessorCount, st);
-    check_gemm(32000, 1024, {1, 8}, rng, prop.multiProcessorCount, st);
-    // wgmma engine: activations streamed (slice too large to stay resident at
-    // M = 64), forced streaming / 2 warpgroups / shallow pipeline; and the
-    // mma.sync engine kept working (SWIFTSPEC_GEMM_ENGINE=mma selects it).
-    check_gemm(1024, 14336, {1, 17, 64}, rng, prop.multiProcessorCount, st);
-    {
-      GemmPlanHint h;
-      h.engine = 1;
-      h.xres = 0;
-      h.wg = 2;
-      h.stages = 2;
-      check_gemm(2048, 1536, {1, 9, 33, 64}, rng, prop.multiProcessorCount, st, h);
-      h.xres = 1;
-      h.wg = 1;
-      h.stages = 5;
-      check_gemm_rms(1152, 896, {1, 64}, rng, prop.multiProcessorCount, st, h);
-      GemmPlanHint hp;  // partials after the stages (the default aliases them in one-round launches)
-      hp.engine = 1;
-      hp.palias = 0;
-      check_gemm(4096, 4096, {1, 64}, rng, prop.multiProcessorCount, st, hp);
-      check_gemm_rms(2048, 1536, {1, 64}, rng, prop.multiProcessorCount, st, hp);
-      GemmPlanHint hs;  // n8 instructions only
-      hs.engine = 1;
-      hs.split_n = 1;
-      check_gemm(2048, 1536, {1, 9, 33, 64}, rng, prop.multiProcessorCount, st, hs);
-      GemmPlanHint hm;
-      hm.engine = 0;
-      check_gemm(2048, 1536, {1, 5, 16, 33, 64}, rng, prop.multiProcessorCount, st, hm);
-      check_gemm(896, 4864, {1, 40}, rng, prop.multiProcessorCount, st, hm);
-      check_gemm_rms(2048, 1536, {1, 64}, rng, prop.multiProcessorCount, st, hm);
-    }
-    check_logits_top_k(rng, st);
-    check_model("llama-like", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 1, 1060);
-    check_model("qwen2-like", tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false), 2);
-    check_model("gqa7", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 3);
-    }
-    const ModelConfig qwen2_like = tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false);
-    const ModelConfig gqa7 = tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false);
-    // Head units up to head_keys keys, split units and a merge beyond: the
-    // first two cross from one to the other mid-sequence.
-    check_megakernel("llama-like hk150", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 4, 200, 150);
-    check_megakernel("qwen2-like hk100", qwen2_like, 5, 60, 100);
-    // head_dim 128: more than 256 keys take head_attention's loads two batches
-    check_megakernel("qwen2-like long hk1024 P1", qwen2_like, 8, 260, 1024, 1);
-    check_megakernel("gqa7", gqa7, 6, 60);
-    check_megakernel("gqa7 split", gqa7, 6, 60, 0);
-    check_megakernel("gqa7 P8", gqa7, 6, 60, -1, 8);
-    check_megakernel("gqa7 P2", gqa7, 6, 60, -1, 2);
-    // The producer's cap on chunks in flight (MegaPlan::max_inflight): one
-    // chunk of one row (4 KB slots: many chunks per op), and two of the default size.
-    check_megakernel("gqa7 inflight1 slot4K", gqa7, 6, 40, -1, 0, 1, 4096);
-    check_megakernel("qwen2-like inflight2", qwen2_like, 5, 40, -1, 0, 2);
-    check_megakernel("gqa7 hold1 slot4K", gqa7, 6, 40, -1, 0, -1, 4096, 1);
-    check_megakernel("qwen2-like hold16", qwen2_like, 5, 40, -1, 0, -1, 0, 16);
-    check_megakernel("gqa7 hold2 to input slot4K", gqa7, 6, 40, -1, 0, -1, 4096, 2, 1);
-    check_megakernel("gqa7 split hold16 to input", gqa7, 6, 40, 0, 0, -1, 0, 16, 1);
-    check_megakernel("gqa7 hold2 to attention", gqa7, 6, 40, -1, 0, -1, 0, 2, 2);
-    check_megakernel("gqa7 split hold2 to attention", gqa7, 6, 40, 0, 0, -1, 0, 2, 2);
-    // every K/V load of the head parts after the wait for QKV (the default issues the committed ones before it)
-    check_megakernel("gqa7 no prewait", gqa7, 6, 40, -1, 0, -1, 0, -1, -1, 0);
-    check_megakernel("qwen2-like long hk1024 P1 no prewait", qwen2_like, 8, 260, 1024, 1, -1, 0, -1, -1, 0);
-    check_megakernel_plan_errors(gqa7);
-    check_megakernel_slot_tuning(gqa7);
-    {
-      ModelConfig g16 = tiny_config("llama", 512, 1024, 16, 1, 64, 1000, false, false, RopeStyle::NeoX, false);
-      g16.num_layers = 3;
-      check_megakernel("gqa16 L=3", g16, 7, 30);
-      check_megakernel("gqa16 L=3 split", g16, 7, 30, 0);
-    }
-    for (const char* sh : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"}) check_megakernel_shape(sh);
-    // The defaults at 512 keys are whole heads in 4 parts; the split units and
-    // one CTA per head as well.
-    check_megakernel_shape("qwen2.5-0.5b", 0);
-    check_megakernel_shape("llama3-8b", 0);
-    check_megakernel_shape("qwen2.5-1.5b", 1024, 1);
-    check_megakernel_shape("qwen2.5-0.5b", -1, 0, 2);
-    check_megakernel_shape("qwen2.5-0.5b", -1, 0, -1, 2);
-    // every refill past an op held, ops longer than the ring (run 22: this deadlocked once)
-    check_megakernel_shape("qwen2.5-1.5b", -1, 0, -1, 16);
-    check_megakernel_shape("qwen2.5-1.5b", -1, 0, -1, 16, 1);
-    check_megakernel_shape("llama3-8b", -1, 0, -1, 2, 1);
-    check_megakernel_shape("qwen2.5-0.5b", -1, 0, -1, 0);        // no hold
-    check_megakernel_shape("qwen2.5-1.5b", -1, 0, -1, 2, 0);     // hold until the release
-    check_megakernel_shape("llama3-8b", -1, 0, -1, -1, -1, 0);   // attention parts batched
-    check_megakernel_shape("qwen2.5-1.5b", -1, 0, -1, -1, -1, 1);  // short attention parts at head_dim 128
-    check_megakernel_shape("qwen2.5-0.5b", -1, 0, -1, 2, 2);
-    check_megakernel_shape("qwen2.5-0.5b", -1, 0, -1, -1, -1, -1, 0);  // K/V loads after the wait
-    check_megakernel_shape("llama3-8b", -1, 0, -1, -1, -1, -1, 0);
-    check_megakernel_two_plans();
-    // Last, so that a fault in a setting written since the last GPU run (run
-    // 23: merge_in_o, the L2 prefetch, the first-token and 16-SM paths)
-    // cannot take the checks above down with it.
-    // the parts of a head merged by the O projection's input load (merge_in_o)
-    check_megakernel("gqa7 merge in O", gqa7, 6, 40, -1, 0, -1, 0, -1, -1, -1, 1);
-    check_megakernel("gqa7 P2 merge in O", gqa7, 6, 40, -1, 2, -1, 0, -1, -1, -1, 1);
-    check_megakernel("llama-like hk150 merge in O", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 4, 200, 150, 0, -1, 0, -1, -1, -1, 1);
-    check_merge_in_o_bits("gqa7", gqa7, 100, 12);
-    // 1..6 keys: fewer parts than planned; with and without merge_in_o
-    check_megakernel_first_tokens("gqa7", gqa7, 10, 6);
-    check_megakernel_first_tokens("gqa7 merge in O", gqa7, 10, 6, 1);
-    {
-      // 32 query heads in a 16-SM green context: one part per head, two heads
-      // per CTA (the attention's wait is done by each CTA's first unit only)
-      ModelConfig g32 = tiny_config("llama", 2048, 1024, 32, 2, 64, 1000, false, false, RopeStyle::NeoX, false);
-      g32.num_layers = 2;
-      check_megakernel("gqa32 L=2 in 16 SMs", g32, 9, 20, -1, 0, -1, 0, -1, -1, -1, -1, 16);
-    }
-    check_merge_in_o_bits("qwen2-like", qwen2_like, 100, 12);
-    check_megakernel_trace("gqa7", gqa7, 13);
-    check_megakernel_ring_waits("qwen2.5-0.5b", 512);
-    check_megakernel_ring_waits("qwen2.5-1.5b", 512);
-    for (const char* sh : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"})
-      check_merge_in_o_bits(std::string(sh) + " shape", shape_config(sh), 512, 3);
-    // the L2 prefetch of the gate/up tail: a hint, so a smoke test (it runs,
-    // the bits stay); 1 MiB is past every row of the tiny model
-    const auto no_prefetch = [](CudaModelOptions& o) { o.megakernel_l2_prefetch_bytes = 0; };
-    check_megakernel_same_bits("gqa7 l2 prefetch 1 MiB (smoke)", gqa7, 100, 6, no_prefetch,
-                               [](CudaModelOptions& o) { o.megakernel_l2_prefetch_bytes = 1 << 20; },
-                               {"l2_prefetch_bytes=1048576"});
-    // (at the 0.5B the ring holds every gate/up row of a CTA: nothing to prefetch)
-    for (const char* sh : {"qwen2.5-1.5b", "llama3-8b"})
-      check_megakernel_same_bits(std::string(sh) + " shape, l2 prefetch 128 KB (smoke)", shape_config(sh), 512, 3,
-                                 no_prefetch, [](CudaModelOptions& o) { o.megakernel_l2_prefetch_bytes = 128 << 10; },
-                                 {"l2_prefetch_bytes=131072"});
-    // each ring slot size the tuner may pick, fixed, against fixed 32 KB slots
-    for (int sb : {35840, 40960, 53760})
-      check_megakernel_same_bits("qwen2.5-0.5b shape, " + std::to_string(sb) + " B slots vs 32 KB",
-                                 shape_config("qwen2.5-0.5b"), 512, 3,
-                                 [](CudaModelOptions& o) { o.megakernel_slot_bytes = 32768; },
-                                 [sb](CudaModelOptions& o) { o.megakernel_slot_bytes = sb; },
-                                 {"x" + std::to_string(sb) + " "});
+    if (long_only) check_long_context();
+    if (!long_only && !int4_only) {
+      if (!megakernel_only) {
+        check_gemm(512, 256, {1, 8, 64}, rng, sms, st);
+        check_gemm(1008, 256, {1, 40}, rng, sms, st);
+        check_gemm(256, 512, {1, 64}, rng, sms, st);
+        check_gemm_rms(512, 256, {1, 9, 64}, rng, sms, st);
+        check_gemm_rms(2048, 1536, {1, 64}, rng, sms, st);
+        check_gemm_rms(4096, 4096, {1, 64}, rng, sms, st);
+        {
+          ModelConfig c1 = tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true);
+          ModelConfig c0 = c1;
+          c0.num_layers = 0;
+          c1.num_layers = 1;
+          CudaModelOptions dflt, nopdl, nograph;
+          nopdl.use_pdl = false;
+          nograph.use_graphs = false;
+          nograph.use_pdl = false;
+          diagnose_model("llama L=0", c0, dflt, 11);
+          diagnose_model("llama L=1", c1, dflt, 12);
+          diagnose_model("llama L=1 no-pdl", c1, nopdl, 12);
+          diagnose_model("llama L=1 no-graph", c1, nograph, 12);
+          ModelConfig q1 = tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false);
+          q1.num_layers = 1;
+          diagnose_model("qwen2 L=1", q1, dflt, 13);
+        }
+        check_step_tuning(tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 14);
+        check_gemm(2048, 1536, {1, 5, 8, 9, 16, 17, 32, 33, 64}, rng, prop.multiProcessorCount, st);
+        check_gemm(4096, 4096, {1, 64}, rng, prop.multiProcessorCount, st);
+        check_gemm(1152, 896, {1, 13, 64}, rng, prop.multiProcessorCount, st);
+        check_gemm(896, 4864, {1, 40}, rng, prop.multiProcessorCount, st);
+        check_gemm(32000, 1024, {1, 8}, rng, prop.multiProcessorCount, st);
+        // wgmma engine: activations streamed (slice too large to stay resident at
+        // M = 64), forced streaming / 2 warpgroups / shallow pipeline; and the
+        // mma.sync engine kept working (SWIFTSPEC_GEMM_ENGINE=mma selects it).
+        check_gemm(1024, 14336, {1, 17, 64}, rng, prop.multiProcessorCount, st);
+        {
+          GemmPlanHint h;
+          h.engine = 1;
+          h.xres = 0;
+          h.wg = 2;
+          h.stages = 2;
+          check_gemm(2048, 1536, {1, 9, 33, 64}, rng, prop.multiProcessorCount, st, h);
+          h.xres = 1;
+          h.wg = 1;
+          h.stages = 5;
+          check_gemm_rms(1152, 896, {1, 64}, rng, prop.multiProcessorCount, st, h);
+          GemmPlanHint hp;  // partials after the stages (the default aliases them in one-round launches)
+          hp.engine = 1;
+          hp.palias = 0;
+          check_gemm(4096, 4096, {1, 64}, rng, prop.multiProcessorCount, st, hp);
+          check_gemm_rms(2048, 1536, {1, 64}, rng, prop.multiProcessorCount, st, hp);
+          GemmPlanHint hs;  // n8 instructions only
+          hs.engine = 1;
+          hs.split_n = 1;
+          check_gemm(2048, 1536, {1, 9, 33, 64}, rng, prop.multiProcessorCount, st, hs);
+          GemmPlanHint hm;
+          hm.engine = 0;
+          check_gemm(2048, 1536, {1, 5, 16, 33, 64}, rng, prop.multiProcessorCount, st, hm);
+          check_gemm(896, 4864, {1, 40}, rng, prop.multiProcessorCount, st, hm);
+          check_gemm_rms(2048, 1536, {1, 64}, rng, prop.multiProcessorCount, st, hm);
+        }
+        check_logits_top_k(rng, st);
+        check_model("llama-like", tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true),
+                    1, 1060);
+        check_model("qwen2-like",
+                    tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false), 2);
+        check_model("gqa7", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 3);
+        check_model("qwen2-yarn", yarn_config(), 7, 1060);
+        check_long_context();
+      }
+      const ModelConfig qwen2_like =
+          tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false);
+      const ModelConfig gqa7 = tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false);
+      // Head units up to head_keys keys, split units and a merge beyond: the
+      // first two cross from one to the other mid-sequence.
+      check_megakernel("llama-like hk150",
+                       tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 4, 200,
+                       150);
+      check_megakernel("qwen2-like hk100", qwen2_like, 5, 60, 100);
+      // head_dim 128: more than 256 keys take head_attention's loads two batches
+      check_megakernel("qwen2-like long hk1024 P1", qwen2_like, 8, 260, 1024, 1);
+      check_megakernel("gqa7", gqa7, 6, 60);
+      check_megakernel("qwen2-yarn", yarn_config(), 7, 60);
+      check_megakernel("gqa7 split", gqa7, 6, 60, 0);
+      check_megakernel("gqa7 P8", gqa7, 6, 60, -1, 8);
+      check_megakernel("gqa7 P2", gqa7, 6, 60, -1, 2);
+      // The producer's cap on chunks in flight (MegaPlan::max_inflight): one
+      // chunk of one row (4 KB slots: many chunks per op), and two of the default size.
+      check_megakernel("gqa7 inflight1 slot4K", gqa7, 6, 40, -1, 0, 1, 4096);
+      check_megakernel("qwen2-like inflight2", qwen2_like, 5, 40, -1, 0, 2);
+      check_megakernel("gqa7 hold1 slot4K", gqa7, 6, 40, -1, 0, -1, 4096, 1);
+      check_megakernel("qwen2-like hold16", qwen2_like, 5, 40, -1, 0, -1, 0, 16);
+      check_megakernel("gqa7 hold2 to input slot4K", gqa7, 6, 40, -1, 0, -1, 4096, 2, 1);
+      check_megakernel("gqa7 split hold16 to input", gqa7, 6, 40, 0, 0, -1, 0, 16, 1);
+      check_megakernel("gqa7 hold2 to attention", gqa7, 6, 40, -1, 0, -1, 0, 2, 2);
+      check_megakernel("gqa7 split hold2 to attention", gqa7, 6, 40, 0, 0, -1, 0, 2, 2);
+      // every K/V load of the head parts after the wait for QKV (the default issues the committed ones before it)
+      check_megakernel("gqa7 no prewait", gqa7, 6, 40, -1, 0, -1, 0, -1, -1, 0);
+      check_megakernel("qwen2-like long hk1024 P1 no prewait", qwen2_like, 8, 260, 1024, 1, -1, 0, -1, -1, 0);
+      check_megakernel_plan_errors(gqa7);
+      check_megakernel_slot_tuning(gqa7);
+      {
+        ModelConfig g16 = tiny_config("llama", 512, 1024, 16, 1, 64, 1000, false, false, RopeStyle::NeoX, false);
+        g16.num_layers = 3;
+        check_megakernel("gqa16 L=3", g16, 7, 30);
+        check_megakernel("gqa16 L=3 split", g16, 7, 30, 0);
+      }
+      for (const char* sh : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"}) check_megakernel_shape(sh);
+      // The defaults at 512 keys are whole heads in 4 parts; the split units and
+      // one CTA per head as well.
+      check_megakernel_shape("qwen2.5-0.5b", 0);
+      check_megakernel_shape("llama3-8b", 0);
+      check_megakernel_shape("qwen2.5-1.5b", 1024, 1);
+      check_megakernel_shape("qwen2.5-0.5b", -1, 0, 2);
+      check_megakernel_shape("qwen2.5-0.5b", -1, 0, -1, 2);
+      // every refill past an op held, ops longer than the ring (this configuration once deadlocked)
+      check_megakernel_shape("qwen2.5-1.5b", -1, 0, -1, 16);
+      check_megakernel_shape("qwen2.5-1.5b", -1, 0, -1, 16, 1);
+      check_megakernel_shape("llama3-8b", -1, 0, -1, 2, 1);
+      check_megakernel_shape("qwen2.5-0.5b", -1, 0, -1, 0);          // no hold
+      check_megakernel_shape("qwen2.5-1.5b", -1, 0, -1, 2, 0);       // hold until the release
+      check_megakernel_shape("llama3-8b", -1, 0, -1, -1, -1, 0);     // attention parts batched
+      check_megakernel_shape("qwen2.5-1.5b", -1, 0, -1, -1, -1, 1);  // short attention parts at head_dim 128
+      check_megakernel_shape("qwen2.5-0.5b", -1, 0, -1, 2, 2);
+      check_megakernel_shape("qwen2.5-0.5b", -1, 0, -1, -1, -1, -1, 0);  // K/V loads after the wait
+      check_megakernel_shape("llama3-8b", -1, 0, -1, -1, -1, -1, 0);
+      check_megakernel_two_plans();
+      // Last, so that a fault in a setting written since the last GPU run (run
+      // 23: merge_in_o, the L2 prefetch, the first-token and 16-SM paths)
+      // cannot take the checks above down with it.
+      // the parts of a head merged by the O projection's input load (merge_in_o)
+      check_megakernel("gqa7 merge in O", gqa7, 6, 40, -1, 0, -1, 0, -1, -1, -1, 1);
+      check_megakernel("gqa7 P2 merge in O", gqa7, 6, 40, -1, 2, -1, 0, -1, -1, -1, 1);
+      check_megakernel("llama-like hk150 merge in O",
+                       tiny_config("llama", 256, 512, 4, 2, 64, 1000, false, false, RopeStyle::NeoX, true), 4, 200, 150,
+                       0, -1, 0, -1, -1, -1, 1);
+      check_merge_in_o_bits("gqa7", gqa7, 100, 12);
+      // 1..6 keys: fewer parts than planned; with and without merge_in_o
+      check_megakernel_first_tokens("gqa7", gqa7, 10, 6);
+      check_megakernel_first_tokens("gqa7 merge in O", gqa7, 10, 6, 1);
+      {
+        // 32 query heads in a 16-SM green context: one part per head, two heads
+        // per CTA (the attention's wait is done by each CTA's first unit only)
+        ModelConfig g32 = tiny_config("llama", 2048, 1024, 32, 2, 64, 1000, false, false, RopeStyle::NeoX, false);
+        g32.num_layers = 2;
+        check_megakernel("gqa32 L=2 in 16 SMs", g32, 9, 20, -1, 0, -1, 0, -1, -1, -1, -1, 16);
+      }
+      check_merge_in_o_bits("qwen2-like", qwen2_like, 100, 12);
+      check_megakernel_trace("gqa7", gqa7, 13);
+      check_megakernel_ring_waits("qwen2.5-0.5b", 512);
+      check_megakernel_ring_waits("qwen2.5-1.5b", 512);
+      for (const char* sh : {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama3-8b"})
+        check_merge_in_o_bits(std::string(sh) + " shape", shape_config(sh), 512, 3);
+      // the L2 prefetch of the gate/up tail: a hint, so a smoke test (it runs,
+      // the bits stay); 1 MiB is past every row of the tiny model
+      const auto no_prefetch = [](CudaModelOptions& o) { o.megakernel_l2_prefetch_bytes = 0; };
+      check_megakernel_same_bits("gqa7 l2 prefetch 1 MiB (smoke)", gqa7, 100, 6, no_prefetch,
+                                 [](CudaModelOptions& o) { o.megakernel_l2_prefetch_bytes = 1 << 20; },
+                                 {"l2_prefetch_bytes=1048576"});
+      // (at the 0.5B the ring holds every gate/up row of a CTA: nothing to prefetch)
+      for (const char* sh : {"qwen2.5-1.5b", "llama3-8b"})
+        check_megakernel_same_bits(std::string(sh) + " shape, l2 prefetch 128 KB (smoke)", shape_config(sh), 512, 3,
+                                   no_prefetch, [](CudaModelOptions& o) { o.megakernel_l2_prefetch_bytes = 128 << 10; },
+                                   {"l2_prefetch_bytes=131072"});
+      // each ring slot size the tuner may pick, fixed, against fixed 32 KB slots
+      for (int sb : {35840, 40960, 53760})
+        check_megakernel_same_bits(
+            "qwen2.5-0.5b shape, " + std::to_string(sb) + " B slots vs 32 KB", shape_config("qwen2.5-0.5b"), 512, 3,
+            [](CudaModelOptions& o) { o.megakernel_slot_bytes = 32768; },
+            [sb](CudaModelOptions& o) { o.megakernel_slot_bytes = sb; }, {"x" + std::to_string(sb) + " "});
+      if (!megakernel_only) {
+        check_int4();
+        check_int4_model();
+      }
+    }  // !long_only && !int4_only
     cudaStreamDestroy(st);
   } catch (const std::exception& e) {
     std::printf("CHECK %-58s err=nan limit=0 FAIL exception: %s\n", "(aborted)", e.what());

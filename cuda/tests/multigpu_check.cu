@@ -261,8 +261,10 @@ void check_nccl(const std::vector<int>& devs, Rng& rng) {
     cudaStream_t st = static_cast<cudaStream_t>(comms[r]->stream());
     upload(s.get(), std::vector<float>(in[r].begin(), in[r].begin() + cg), st);
     comms[r]->gather(s.as<float>(), d.as<float>(), cg, root);
-    if (r == root) gathered = download<float>(d.get(), cg * n, st);
-    else SS_CUDA_CHECK(cudaStreamSynchronize(st));
+    if (r == root)
+      gathered = download<float>(d.get(), cg * n, st);
+    else
+      SS_CUDA_CHECK(cudaStreamSynchronize(st));
   });
   size_t wrong = 0;
   for (int r = 0; r < n; ++r)
@@ -294,8 +296,8 @@ void check_nccl(const std::vector<int>& devs, Rng& rng) {
     again[r] = download<float>(b.get(), cnt, st);
   });
   const double ea = rel_err(again[0], ref, &bad);
-  record(tag + "abort -> CommAborted on every rank; reset -> all-reduce", ea, 1e-6,
-         nthrew == n && ea < 1e-6 && !bad, std::to_string(nthrew) + "/" + std::to_string(n) + " threw");
+  record(tag + "abort -> CommAborted on every rank; reset -> all-reduce", ea, 1e-6, nthrew == n && ea < 1e-6 && !bad,
+         std::to_string(nthrew) + "/" + std::to_string(n) + " threw");
 }
 #endif
 
@@ -377,10 +379,11 @@ struct RankGemm {
 
 /// `peers` null: the fused and peer variants are skipped (no peer access);
 /// `comms` null or empty: the NCCL variant is skipped.
-void check_row_parallel(const std::vector<int>& devs, const char* name, int N, int Ktot,
-                        const std::vector<int>& Ms, Rng& rng, PeerGroup* peers
+void check_row_parallel(const std::vector<int>& devs, const char* name, int N, int Ktot, const std::vector<int>& Ms,
+                        Rng& rng, PeerGroup* peers
 #if defined(SWIFTSPEC_HAVE_NCCL)
-                        , std::vector<std::unique_ptr<CudaCommunicator>>* comms
+                        ,
+                        std::vector<std::unique_ptr<CudaCommunicator>>* comms
 #endif
 ) {
   constexpr int R = kMaxStepTokens;
@@ -435,8 +438,8 @@ void check_row_parallel(const std::vector<int>& devs, const char* name, int N, i
     upload(rk[r].w.get(), w[r], streams.s[r]);
     upload(rk[r].x.get(), x[r], streams.s[r]);
   }
-  const std::string base = std::string("row-parallel ") + name + " N=" + std::to_string(N) + " K=" +
-                           std::to_string(Ktot) + "/" + std::to_string(n) + " ";
+  const std::string base = std::string("row-parallel ") + name + " N=" + std::to_string(N) +
+                           " K=" + std::to_string(Ktot) + "/" + std::to_string(n) + " ";
   std::vector<float> row0_m1(N);
   bool have_row0 = false;
   for (int M : Ms) {
@@ -472,7 +475,8 @@ void check_row_parallel(const std::vector<int>& devs, const char* name, int N, i
         e.ldo = N;
         SS_CUDA_CHECK(cudaMemsetAsync(rk[r].out32.get(), 0xFF, sizeof(float) * R * N, st));
         launch_gemm_allreduce(plans[r], wm, xm, a, e, false, st);
-        cudaGraphExec_t g = capture_graph(st, [&](cudaStream_t) { launch_gemm_allreduce(plans[r], wm, xm, a, e, false, st); });
+        cudaGraphExec_t g =
+            capture_graph(st, [&](cudaStream_t) { launch_gemm_allreduce(plans[r], wm, xm, a, e, false, st); });
         SS_CUDA_CHECK(cudaMemsetAsync(rk[r].out32.get(), 0xFF, sizeof(float) * R * N, st));
         SS_CUDA_CHECK(cudaGraphLaunch(g, st));
         raw[r] = download<uint32_t>(rk[r].out32.get(), static_cast<size_t>(R) * N, st);
@@ -524,7 +528,9 @@ void check_row_parallel(const std::vector<int>& devs, const char* name, int N, i
       std::vector<double> href(static_cast<size_t>(M) * N), sref(static_cast<size_t>(M) * (N / 16), 0.0);
       for (size_t i = 0; i < href.size(); ++i) href[i] = h0[i] + Y[i];
       for (int m = 0; m < M; ++m)
-        for (int j = 0; j < N; ++j) sref[static_cast<size_t>(m) * (N / 16) + j / 16] += href[static_cast<size_t>(m) * N + j] * href[static_cast<size_t>(m) * N + j];
+        for (int j = 0; j < N; ++j)
+          sref[static_cast<size_t>(m) * (N / 16) + j / 16] +=
+              href[static_cast<size_t>(m) * N + j] * href[static_cast<size_t>(m) * N + j];
       size_t bh = 0, b16 = 0, bs = 0;
       mism = 0;
       const double eh = rel_err(hh[0], href, &bh);
@@ -628,8 +634,10 @@ int main(int argc, char** argv) {
   int want = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--json" && i + 1 < argc) json = argv[++i];
-    else if (a == "--gpus" && i + 1 < argc) want = std::atoi(argv[++i]);
+    if (a == "--json" && i + 1 < argc)
+      json = argv[++i];
+    else if (a == "--gpus" && i + 1 < argc)
+      want = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "usage: swiftspec-cuda-multigpu-check [--gpus N] [--json PATH] (unknown argument '%s')\n",
                    a.c_str());
@@ -643,7 +651,8 @@ int main(int argc, char** argv) {
 #endif
     SS_CUDA_CHECK(cudaGetDeviceCount(&gpus));
     if (want > 0) {
-      if (want > gpus) throw InvalidArgument("--gpus " + std::to_string(want) + ": only " + std::to_string(gpus) + " GPUs");
+      if (want > gpus)
+        throw InvalidArgument("--gpus " + std::to_string(want) + ": only " + std::to_string(gpus) + " GPUs");
       gpus = want;
     }
     cudaDeviceProp prop;
@@ -669,9 +678,8 @@ int main(int argc, char** argv) {
       guarded("peer all-reduce" + t, [&] { check_peer_allreduce(devs, counts, rng); });
       guarded("row-parallel" + t, [&] {
         std::unique_ptr<PeerGroup> peers;
-        guarded("row-parallel peer group" + t, [&] {
-          peers = std::make_unique<PeerGroup>(devs, static_cast<size_t>(kMaxStepTokens) * 4096, 2);
-        });
+        guarded("row-parallel peer group" + t,
+                [&] { peers = std::make_unique<PeerGroup>(devs, static_cast<size_t>(kMaxStepTokens) * 4096, 2); });
 #if defined(SWIFTSPEC_HAVE_NCCL)
         std::vector<std::unique_ptr<CudaCommunicator>> comms;
         guarded("row-parallel nccl group" + t, [&] { comms = make_nccl_group(devs); });

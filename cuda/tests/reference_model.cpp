@@ -1,5 +1,6 @@
 #include "reference_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -27,24 +28,45 @@ std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>
 
 }  // namespace
 
-RefModel::RefModel(const ModelConfig& cfg, const std::map<std::string, std::vector<float>>& w)
-    : cfg_(cfg), w_(w) {
+RefModel::RefModel(const ModelConfig& cfg, const std::map<std::string, std::vector<float>>& w) : cfg_(cfg), w_(w) {
+  // RoPE in double, written from the sources (not from swiftspec/rope.h, which the model under
+  // test uses): Llama 3.1 scaling (Meta's apply_scaling) and YaRN (Peng et al. 2023, sections
+  // 3.2 and 3.4, with HF transformers' defaults: ramp ends floored / ceiled).
   const int half = cfg.head_dim / 2;
+  const auto& s = cfg.rope_scaling;
+  const double orig = s.original_max_position_embeddings;
+  double ramp_lo = 0, ramp_hi = 1;
+  if (s.type == RopeScalingType::Yarn) {
+    const auto dim_turning = [&](double turns) {  // the dimension whose pair turns `turns` times
+      return cfg.head_dim * std::log(orig / (2 * M_PI * turns)) / (2 * std::log(cfg.rope_theta));
+    };
+    ramp_lo = dim_turning(s.beta_fast);
+    ramp_hi = dim_turning(s.beta_slow);
+    if (s.truncate) ramp_lo = std::floor(ramp_lo), ramp_hi = std::ceil(ramp_hi);
+    ramp_lo = std::max(ramp_lo, 0.0);
+    ramp_hi = std::min(ramp_hi, cfg.head_dim - 1.0);
+    if (ramp_hi == ramp_lo) ramp_hi += 0.001;
+    const auto m = [&](double k) { return s.factor <= 1 ? 1.0 : 0.1 * k * std::log(s.factor) + 1.0; };
+    rope_scale_ = s.attention_factor                         ? *s.attention_factor
+                  : (s.mscale != 0 && s.mscale_all_dim != 0) ? m(s.mscale) / m(s.mscale_all_dim)
+                                                             : m(1.0);
+  }
   inv_freq_.resize(half);
   for (int i = 0; i < half; ++i) {
     double f = 1.0 / std::pow(cfg.rope_theta, 2.0 * i / cfg.head_dim);
-    if (cfg.rope_scaling.enabled) {
-      const auto& s = cfg.rope_scaling;
-      const double low_wl = s.original_max_position_embeddings / s.low_freq_factor;
-      const double high_wl = s.original_max_position_embeddings / s.high_freq_factor;
+    if (s.type == RopeScalingType::Llama3) {
+      const double low_wl = orig / s.low_freq_factor;
+      const double high_wl = orig / s.high_freq_factor;
       const double wl = 2 * M_PI / f;
       if (wl > low_wl) {
         f = f / s.factor;
       } else if (wl >= high_wl) {
-        const double sm = (s.original_max_position_embeddings / wl - s.low_freq_factor) /
-                          (s.high_freq_factor - s.low_freq_factor);
+        const double sm = (orig / wl - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
         f = (1 - sm) * f / s.factor + sm * f;
       }
+    } else if (s.type == RopeScalingType::Yarn) {
+      const double interpolated = std::clamp((i - ramp_lo) / (ramp_hi - ramp_lo), 0.0, 1.0);
+      f = interpolated * f / s.factor + (1 - interpolated) * f;
     }
     inv_freq_[i] = f;
   }
@@ -71,7 +93,7 @@ std::vector<float> RefModel::step(RefState& st, int token, int position, RefTrac
   auto rope = [&](float* v) {
     for (int i = 0; i < hd / 2; ++i) {
       const double a = position * inv_freq_[i];
-      const double c = std::cos(a), s = std::sin(a);
+      const double c = rope_scale_ * std::cos(a), s = rope_scale_ * std::sin(a);
       const int lo = cfg_.rope_style == RopeStyle::NeoX ? i : 2 * i;
       const int hi = cfg_.rope_style == RopeStyle::NeoX ? i + hd / 2 : 2 * i + 1;
       const double x0 = v[lo], x1 = v[hi];

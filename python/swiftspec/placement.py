@@ -50,8 +50,9 @@ def normalize(placement, *, target_tp: int | None = None, draft_tp: int | None =
         try:
             text = json.dumps(placement)
         except (TypeError, ValueError) as exc:  # a set, an object, a NaN ...
-            raise InvalidRequestError(f"placement must hold JSON values (numbers, strings, lists, objects): {exc}") \
-                from None
+            raise InvalidRequestError(
+                f"placement must hold JSON values (numbers, strings, lists, objects): {exc}"
+            ) from None
     elif isinstance(placement, (str, os.PathLike)):
         s = str(placement)
         if s.lstrip().startswith("{"):
@@ -74,27 +75,48 @@ def normalize(placement, *, target_tp: int | None = None, draft_tp: int | None =
     return out
 
 
-#: Group fields that only the cuda backend understands (the runtime rejects them on the cpu).
-CUDA_ONLY_FIELDS = ("devices", "sm_partition", "stream_priority", "gemm_engine", "megakernel")
-
-
 def cuda_only_fields(placement: dict) -> list[str]:
     """The CUDA-only settings a normalized placement asks for, as ``placement.<group>.<field>``
-    (empty when none): what a cpu-backend run has to refuse."""
-    return [f"placement.{group}.{field}" for group in ("draft", "target")
-            for field in CUDA_ONLY_FIELDS if field in placement.get(group, {})]
+    (empty when none): what a cpu-backend run has to refuse. The runtime's list
+    (``GroupPlacement::cuda_only_fields``, ``cpp/include/swiftspec/placement.h``)."""
+    from swiftspec import swiftspec_core as core
+
+    return core.placement_cuda_only_fields(json.dumps(placement))
+
+
+def int4_problems(placement: dict | None, backend: str) -> list[str]:
+    """What a normalized placement (None: the default) asks for that int4 checkpoints cannot run
+    with on ``backend``, as ``placement.<group>.<field>: <why>`` (empty when nothing): on cuda the
+    decode megakernel and tp > 1 (issue 31). The runtime's rule (``int4_backend_problem``,
+    ``cpp/include/swiftspec/model.h``), which its loaders apply too; asked first so that nothing is
+    converted to int4 for a run the backend would refuse."""
+    from swiftspec import swiftspec_core as core
+
+    return core.placement_int4_problems(json.dumps(placement or {}), backend)
 
 
 def is_default_group(group: dict) -> bool:
-    """True when a normalized group places nothing (TP 1, no cores, no threads, no CUDA field)."""
-    return (group.get("tp", 1) == 1 and not group.get("cores") and not group.get("threads_per_rank")
-            and not any(field in group for field in CUDA_ONLY_FIELDS))
+    """True when a normalized group places nothing (TP 1, no cores, no threads, no CUDA field;
+    ``GroupPlacement::places_nothing``)."""
+    from swiftspec import swiftspec_core as core
+
+    return core.placement_group_places_nothing(json.dumps(group))
 
 
-def load_models(target_dir, draft_dir, placement: dict, *, backend: str = "cpu", max_context: int = 0,
-                max_tree: int = 256, num_threads: int = 0):
+def load_models(
+    target_dir,
+    draft_dir,
+    placement: dict,
+    *,
+    backend: str = "cpu",
+    max_context: int = 0,
+    max_tree: int = 256,
+    num_threads: int = 0,
+):
     """Loads the target (and draft, unless ``draft_dir`` is None) where ``placement`` says.
-    ``max_context`` 0: each model's default (4096, or its max_position_embeddings when smaller).
+    ``max_context`` 0: each model's default (its max_position_embeddings), capped when the memory
+    free does not hold both models at that length; their contexts are planned together
+    (``swiftspec_core.load_model_pair``).
 
     Returns ``(target, draft)`` as ``swiftspec_core.Model`` objects (draft may be None).
     """
@@ -104,8 +126,7 @@ def load_models(target_dir, draft_dir, placement: dict, *, backend: str = "cpu",
     options.max_context = int(max_context)
     options.max_tree = int(max_tree)
     options.num_threads = int(num_threads)
-    target = core.load_group_model(str(target_dir), json.dumps(placement["target"]), options, backend, "target")
-    draft = None
-    if draft_dir is not None:
-        draft = core.load_group_model(str(draft_dir), json.dumps(placement["draft"]), options, backend, "draft")
+    target, draft, _note = core.load_model_pair(
+        str(target_dir), str(draft_dir) if draft_dir is not None else None, json.dumps(placement), options, backend
+    )
     return target, draft

@@ -13,12 +13,14 @@ writes them.
 from __future__ import annotations
 
 import json
+import os
 import re
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from ._json_file import check_limits, limit, read_json, read_text
 from .errors import CheckpointError, InvalidRequestError
 
 _NAMED_SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -35,13 +37,11 @@ def _token_text(value: Any) -> str | None:
 
 def _read_json(path: Path, required: bool) -> dict:
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = read_json(path, "JSON file")  # the runtime's limits: a FIFO, 1,000-deep nesting ...
     except FileNotFoundError:
         if required:
             raise CheckpointError(f"{path} does not exist") from None
         return {}
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} cannot be read as JSON: {exc}") from None
     if not isinstance(value, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
     return value
@@ -56,11 +56,13 @@ def _eos_ids(value: Any, path: Path, vocab_size: int) -> list[int]:
     ids = value if isinstance(value, list) else [value]
     for e in ids:
         if not isinstance(e, int) or isinstance(e, bool):
-            raise CheckpointError(f"{path}: eos_token_id must be an integer or a list of integers, got "
-                                  f"{json.dumps(value)}")
+            raise CheckpointError(
+                f"{path}: eos_token_id must be an integer or a list of integers, got {json.dumps(value)}"
+            )
         if not 0 <= e < vocab_size:
-            raise CheckpointError(f"{path}: eos_token_id {e} is outside the vocabulary [0, {vocab_size}) "
-                                  "(vocab_size of config.json)")
+            raise CheckpointError(
+                f"{path}: eos_token_id {e} is outside the vocabulary [0, {vocab_size}) (vocab_size of config.json)"
+            )
     return list(ids)
 
 
@@ -80,8 +82,7 @@ def _compile_template(template: str):
     def strftime_now(fmt):
         return datetime.now().strftime(fmt)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
@@ -123,9 +124,7 @@ def _check_messages(messages: Any) -> list[dict]:
         if "content" not in m:
             raise InvalidRequestError(f"messages[{i}] has no 'content'; a message needs a string 'content'")
         if not isinstance(m.get("content"), str):
-            raise InvalidRequestError(
-                f"messages[{i}] needs a string 'content', got {type(m.get('content')).__name__}"
-            )
+            raise InvalidRequestError(f"messages[{i}] needs a string 'content', got {type(m.get('content')).__name__}")
         m = {k: v for k, v in m.items() if v is not None}
         reasoning = next((m[k] for k in _REASONING_FIELDS if k in m), None)
         if reasoning is not None:
@@ -143,13 +142,20 @@ class Tokenizer:
     renders the padding ids as nothing, as HF does, since a model can emit them.
     """
 
-    def __init__(self, backend, config: dict, eos_token_ids: Sequence[int], source: str = "<memory>",
-                 model_vocab_size: int | None = None):
+    def __init__(
+        self,
+        backend,
+        config: dict,
+        eos_token_ids: Sequence[int],
+        source: str = "<memory>",
+        model_vocab_size: int | None = None,
+    ):
         self._tk = backend
         self.config = dict(config)
         self.source = source
-        self.chat_template: str | None = config.get("chat_template") if isinstance(
-            config.get("chat_template"), str) else None
+        self.chat_template: str | None = (
+            config.get("chat_template") if isinstance(config.get("chat_template"), str) else None
+        )
         self.special_tokens = {k: t for k in _NAMED_SPECIAL if (t := _token_text(config.get(k))) is not None}
         ids = list(eos_token_ids)
         eos_text = self.special_tokens.get("eos_token")
@@ -173,10 +179,13 @@ class Tokenizer:
 
         folder = Path(folder)
         path = folder / "tokenizer.json"
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise CheckpointError(f"{path} does not exist")
+        # Read under the runtime's limits (size, depth, regular file), then parsed from the text:
+        # from_file would block on a FIFO swapped in after the check above.
+        text = check_limits(read_text(path, "tokenizer file", limit("max_tokenizer_json_bytes")), path)
         try:
-            backend = _Backend.from_file(str(path))
+            backend = _Backend.from_str(text)
         except Exception as exc:
             raise CheckpointError(f"{path} is not a valid tokenizers file: {exc}") from None
         config = _read_json(folder / "tokenizer_config.json", required=False)
@@ -185,13 +194,18 @@ class Tokenizer:
         if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab <= 0:  # (the model loader names it)
             vocab = backend.get_vocab_size(with_added_tokens=True)
         eos: list[int] = _eos_ids(model_config.get("eos_token_id"), folder / "config.json", vocab)
-        eos += _eos_ids(_read_json(folder / "generation_config.json", required=False).get("eos_token_id"),
-                        folder / "generation_config.json", vocab)
+        eos += _eos_ids(
+            _read_json(folder / "generation_config.json", required=False).get("eos_token_id"),
+            folder / "generation_config.json",
+            vocab,
+        )
         tokenizer = cls(backend, config, eos, source=str(folder), model_vocab_size=vocab)
         bad = [e for e in tokenizer.eos_token_ids if e >= vocab]  # only tokenizer_config's eos_token is left
         if bad:
-            raise CheckpointError(f"{folder / 'tokenizer_config.json'}: eos_token {tokenizer.special_tokens['eos_token']!r} is "
-                                  f"token {bad[0]}, outside the vocabulary [0, {vocab}) (vocab_size of config.json)")
+            raise CheckpointError(
+                f"{folder / 'tokenizer_config.json'}: eos_token {tokenizer.special_tokens['eos_token']!r} is "
+                f"token {bad[0]}, outside the vocabulary [0, {vocab}) (vocab_size of config.json)"
+            )
         return tokenizer
 
     # ----------------------------------------------------------------- ids <-> text
@@ -224,8 +238,8 @@ class Tokenizer:
         if not isinstance(text, str):
             raise InvalidRequestError(f"text to encode must be a str, got {type(text).__name__}")
         # encode_batch, not encode: the tokenizers library's encode holds the GIL for the whole
-        # text (a 4 MB prompt: ~2.5 s in which no other Python thread runs, e.g. the server's
-        # event loop); encode_batch releases it and gives the same ids.
+        # text (a prompt of megabytes: seconds in which no other Python thread runs, e.g. the
+        # server's event loop); encode_batch releases it and gives the same ids.
         return self._tk.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def _check_ids(self, ids: Any, limit: int | None = None) -> list[int]:
@@ -253,8 +267,13 @@ class Tokenizer:
 
     # ------------------------------------------------------------------- chat
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None, **template_kwargs: Any) -> str:
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+        **template_kwargs: Any,
+    ) -> str:
         """Render ``messages`` (``[{"role": str, "content": str}, ...]``) with the chat template.
 
         Same string as HF's ``apply_chat_template(messages, tokenize=False,
@@ -273,16 +292,19 @@ class Tokenizer:
         roles = _template_roles(self.chat_template)
         for i, m in enumerate(chat):
             if m["role"] not in roles:
-                raise InvalidRequestError(f"messages[{i}] has the role {m['role']!r}, which the chat template of "
-                                          f"{self.source} does not take (roles: {', '.join(roles)})")
+                raise InvalidRequestError(
+                    f"messages[{i}] has the role {m['role']!r}, which the chat template of "
+                    f"{self.source} does not take (roles: {', '.join(roles)})"
+                )
         try:
             template = _compile_template(self.chat_template)
         except jinja2.TemplateSyntaxError as exc:
             raise CheckpointError(f"chat_template of {self.source} does not compile: {exc}") from None
         variables = {**self.special_tokens, **template_kwargs}
         try:
-            return template.render(messages=chat, tools=tools, documents=None,
-                                   add_generation_prompt=add_generation_prompt, **variables)
+            return template.render(
+                messages=chat, tools=tools, documents=None, add_generation_prompt=add_generation_prompt, **variables
+            )
         except jinja2.TemplateError as exc:
             raise InvalidRequestError(f"the chat template rejected the messages: {exc}") from None
 
@@ -303,10 +325,12 @@ class StreamDecoder:
     incomplete UTF-8 sequence (a multi-byte character split over tokens). :meth:`flush` returns
     whatever is left at the end (an incomplete sequence then appears as U+FFFD, as in
     :meth:`Tokenizer.decode`). The concatenation of everything returned equals
-    ``tokenizer.decode(all_ids)``.
+    ``tokenizer.decode(all_ids)``; at any time, :attr:`text` + :attr:`pending` equals it.
 
     Works by decoding a short window: the ids since the last emitted boundary, with the tokens
-    before it as context (so decoders that strip a leading space see the same context).
+    before it as context (so decoders that strip a leading space see the same context). Each
+    push decodes only that window, so the work per token does not grow with the output's length
+    (a window grows only while its text keeps ending in U+FFFD, e.g. a run of invalid bytes).
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False):
@@ -314,23 +338,37 @@ class StreamDecoder:
         self._skip = skip_special_tokens
         self._ids: list[int] = []
         self._prefix = 0  # start of the context window
-        self._read = 0    # end of the text already emitted
-        self.text = ""    #: all text emitted so far
+        self._read = 0  # end of the text already emitted
+        self._pieces: list[str] = []  # everything emitted, joined on demand (not per push: O(n) each)
+        #: decoded text of the held-back ids (past :attr:`text`; "" or ending in U+FFFD): not final
+        self.pending = ""
+
+    @property
+    def text(self) -> str:
+        """All text emitted so far (str)."""
+        if len(self._pieces) > 1:
+            self._pieces[:] = ["".join(self._pieces)]
+        return self._pieces[0] if self._pieces else ""
 
     def _delta(self, final: bool) -> str:
-        done = self._tok.decode(self._ids[self._prefix:self._read], self._skip)
-        full = self._tok.decode(self._ids[self._prefix:], self._skip)
+        done = self._tok.decode(self._ids[self._prefix : self._read], self._skip)
+        full = self._tok.decode(self._ids[self._prefix :], self._skip)
         if not final and (len(full) <= len(done) or full.endswith("\ufffd")):
+            self.pending = full[len(done) :]
             return ""
-        delta = full[len(done):]
+        delta = full[len(done) :]
         self._prefix, self._read = self._read, len(self._ids)
-        self.text += delta
+        self.pending = ""
+        if delta:
+            self._pieces.append(delta)
         return delta
 
     def push(self, ids: int | Sequence[int]) -> str:
-        """Add one id or a sequence of ids; return the newly completed text (maybe "")."""
+        """Add one id or a sequence of ids; return the newly completed text (maybe "").
+        Raises :class:`InvalidRequestError` for non-int ids or ids outside the model's vocabulary."""
+        new: list = []
         try:
-            new = list(ids)
+            new = list(ids)  # type: ignore[arg-type]  # (an int raises TypeError: handled below)
         except TypeError:  # a single id (int or numpy integer)
             new = [ids]
         self._ids.extend(self._tok._check_ids(new, self._tok.model_vocab_size))

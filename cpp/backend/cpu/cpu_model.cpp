@@ -4,11 +4,13 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <thread>
 
 #include "backend/cpu/int4_weights.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/rope.h"
 #include "backend/cpu/thread_pool.h"
+#include "backend/cpu/zero_pages.h"
 #include "swiftspec/error.h"
 
 namespace swiftspec {
@@ -61,10 +63,12 @@ class CpuModel final : public Model {
     kv_dim_ = static_cast<int>(kvd);
     const size_t per_layer_committed = size_t(options_.max_context) * kv_dim_;
     const size_t per_layer_tree = size_t(options_.max_tree) * kv_dim_;
-    k_committed_.assign(per_layer_committed * config_.num_layers, 0.0f);
-    v_committed_.assign(per_layer_committed * config_.num_layers, 0.0f);
-    k_tree_.assign(per_layer_tree * config_.num_layers, 0.0f);
-    v_tree_.assign(per_layer_tree * config_.num_layers, 0.0f);
+    // Zero pages that cost memory only once written (zero_pages.h): loading does not touch the
+    // cache, whose size follows max_context.
+    k_committed_ = cpu::ZeroPages(per_layer_committed * config_.num_layers);
+    v_committed_ = cpu::ZeroPages(per_layer_committed * config_.num_layers);
+    k_tree_ = cpu::ZeroPages(per_layer_tree * config_.num_layers);
+    v_tree_ = cpu::ZeroPages(per_layer_tree * config_.num_layers);
   }
 
   const ModelConfig& config() const override { return config_; }
@@ -118,8 +122,8 @@ class CpuModel final : public Model {
   }
   void check_layer(int layer) const {
     if (layer < 0 || layer >= config_.num_layers)
-      throw InvalidArgument("layer " + std::to_string(layer) + " outside [0, " +
-                            std::to_string(config_.num_layers) + ")");
+      throw InvalidArgument("layer " + std::to_string(layer) + " outside [0, " + std::to_string(config_.num_layers) +
+                            ")");
   }
   void check_slot(int slot, const char* what) const {
     if (slot < 0 || slot >= options_.max_tree)
@@ -149,7 +153,7 @@ class CpuModel final : public Model {
   std::vector<Layer> layers_;
   int kv_dim_ = 0;
   int committed_ = 0;
-  std::vector<float> k_committed_, v_committed_, k_tree_, v_tree_;
+  cpu::ZeroPages k_committed_, v_committed_, k_tree_, v_tree_;  ///< [layers][slots][kv_heads * head_dim] fp32
 };
 
 void CpuModel::validate(const ForwardBatch& b) const {
@@ -198,8 +202,7 @@ void CpuModel::attention(int layer, const ForwardBatch& b, int committed_before,
       for (int j = 0; j < n_committed; ++j)
         cpu::axpy(scores[j] * inv, vc + (size_t(j) * config_.num_kv_heads + g) * hd, o, hd);
       for (int j = 0; j < n_tree; ++j)
-        cpu::axpy(scores[n_committed + j] * inv, vt + (size_t(tree_slots[j]) * config_.num_kv_heads + g) * hd,
-                  o, hd);
+        cpu::axpy(scores[n_committed + j] * inv, vt + (size_t(tree_slots[j]) * config_.num_kv_heads + g) * hd, o, hd);
     }
   });
 }
@@ -212,8 +215,7 @@ void CpuModel::run_forward(const ForwardBatch& b, std::vector<float>& logits) {
   const int qd = nh * hd;
 
   std::vector<float> x(size_t(n) * H), h(size_t(n) * H), q(size_t(n) * qd), k(size_t(n) * kv_dim_),
-      v(size_t(n) * kv_dim_), attn(size_t(n) * qd), proj(size_t(n) * H), gate(size_t(n) * I),
-      up(size_t(n) * I);
+      v(size_t(n) * kv_dim_), attn(size_t(n) * qd), proj(size_t(n) * H), gate(size_t(n) * I), up(size_t(n) * I);
 
   for (int i = 0; i < n; ++i) {
     const size_t row_bytes = size_t(H) * dtype_size(embed_.dtype);
@@ -282,6 +284,28 @@ void CpuModel::commit_tree_slots(const std::vector<int32_t>& tree_slots) {
 }
 
 }  // namespace
+
+MemoryNeed cpu_memory_need(const ModelConfig& c, const ModelOptions& o, uint64_t weight_bytes, int kv_heads_stored) {
+  const uint64_t f = sizeof(float);
+  const uint64_t kv_heads = kv_heads_stored > 0 ? kv_heads_stored : c.num_kv_heads;
+  const uint64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, L = c.num_layers;
+  const uint64_t qd = uint64_t(c.num_heads) * c.head_dim, kvd = uint64_t(c.num_kv_heads) * c.head_dim;
+  const uint64_t kv_row = 2 * L * kv_heads * c.head_dim * f;  // K and V of one slot, every layer
+  const unsigned hw = std::thread::hardware_concurrency();
+  const uint64_t threads = o.num_threads > 0 ? o.num_threads : (hw > 0 ? hw : 1);
+  // The largest pass: a prefill chunk or a whole tree of max_tree nodes.
+  const uint64_t rows = std::max<uint64_t>(kCpuPrefillChunkTokens, std::max(o.max_tree, 0));
+  MemoryNeed n;
+  n.weight_bytes = weight_bytes;
+  n.kv_bytes_per_token = kv_row;
+  n.kv_fixed_bytes = kv_row * std::max(o.max_tree, 0);
+  // run_forward's activations (x, h, q, k, v, attn, proj, gate, up), its logits and the copy
+  // forward_top_k keeps of them, [rows, vocab] each; the norms and biases converted to fp32.
+  n.workspace_bytes = rows * (3 * H + 2 * qd + 2 * kvd + 2 * I) * f + 2 * rows * V * f + L * (2 * H + qd + 2 * kvd) * f;
+  // attention(): each worker thread's scores over the keys a row attends.
+  n.workspace_bytes_per_token = threads * f;
+  return n;
+}
 
 std::unique_ptr<Model> make_cpu_model(std::shared_ptr<const Checkpoint> checkpoint, const ModelOptions& options) {
   return std::make_unique<CpuModel>(std::move(checkpoint), options);

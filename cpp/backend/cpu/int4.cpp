@@ -96,10 +96,10 @@ void dequantize_int4_rows_block_order(const WeightMatrix& w, int n0, int n1, flo
       const int z = w.zeros[size_t(n) * groups + gi];
 #if defined(__AVX512F__)
       // The 16 values (q - z) * s as a table, one lookup per nibble: the same products.
-      const __m512 table =
-          _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(
-                            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(z))),
-                        _mm512_set1_ps(s));
+      const __m512 table = _mm512_mul_ps(
+          _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                              _mm512_set1_epi32(z))),
+          _mm512_set1_ps(s));
       for (int b = gi * g; b < (gi + 1) * g; b += 32) {
         const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + b / 2)));
         _mm512_storeu_ps(o + b, _mm512_permutexvar_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(15)), table));

@@ -16,7 +16,8 @@ std::string shape_str(const std::vector<int64_t>& s) {
 const TensorView& expect(const Checkpoint& c, const std::string& name, const std::vector<int64_t>& shape,
                          const std::string& why) {
   if (!c.has(name))
-    throw CheckpointError(c.dir() + ": missing tensor '" + name + "' (an int4 checkpoint stores every projection as "
+    throw CheckpointError(c.dir() + ": missing tensor '" + name +
+                          "' (an int4 checkpoint stores every projection as "
                           ".qweight, .scales and .zeros)");
   const TensorView& t = c.tensor(name);
   if (t.shape != shape)
@@ -36,12 +37,15 @@ WeightMatrix load_int4_matrix(const Checkpoint& c, const std::string& prefix, in
     throw CheckpointError(manifest + ": quantization.group_size " + std::to_string(g) + " does not divide the " +
                           std::to_string(k) + " input features of '" + prefix + "'");
   if (c.has(prefix + ".weight"))
-    throw CheckpointError(c.file_of(prefix + ".weight") + ": tensor '" + prefix + ".weight' is present next to the "
-                          "int4 '" + prefix + ".qweight'; a projection is stored one way only");
+    throw CheckpointError(c.file_of(prefix + ".weight") + ": tensor '" + prefix +
+                          ".weight' is present next to the "
+                          "int4 '" +
+                          prefix + ".qweight'; a projection is stored one way only");
   const std::string gs = "group_size " + std::to_string(g) + " from manifest.json, K = " + std::to_string(k) +
                          " and N = " + std::to_string(n) + " from config.json";
-  const TensorView& q = expect(c, prefix + ".qweight", {n, k / 2}, "two 4-bit values per byte, K = " +
-                               std::to_string(k) + " and N = " + std::to_string(n) + " from config.json");
+  const TensorView& q = expect(
+      c, prefix + ".qweight", {n, k / 2},
+      "two 4-bit values per byte, K = " + std::to_string(k) + " and N = " + std::to_string(n) + " from config.json");
   const TensorView& s = expect(c, prefix + ".scales", {n, k / g}, gs);
   const TensorView& z = expect(c, prefix + ".zeros", {n, k / g}, gs);
 

@@ -54,14 +54,27 @@ struct V16 {
   float f[16];
 };
 inline V16 zero() { return {}; }
-inline V16 load(const float* p) { V16 r; std::memcpy(r.f, p, sizeof r.f); return r; }
-inline V16 load(const uint16_t* p) {
+inline V16 load(const float* p) {
   V16 r;
-  for (int i = 0; i < 16; ++i) { uint32_t u = static_cast<uint32_t>(p[i]) << 16; std::memcpy(&r.f[i], &u, 4); }
+  std::memcpy(r.f, p, sizeof r.f);
   return r;
 }
-inline V16 fma(V16 a, V16 b, V16 c) { for (int i = 0; i < 16; ++i) c.f[i] = std::fma(a.f[i], b.f[i], c.f[i]); return c; }
-inline V16 add(V16 a, V16 b) { for (int i = 0; i < 16; ++i) a.f[i] += b.f[i]; return a; }
+inline V16 load(const uint16_t* p) {
+  V16 r;
+  for (int i = 0; i < 16; ++i) {
+    uint32_t u = static_cast<uint32_t>(p[i]) << 16;
+    std::memcpy(&r.f[i], &u, 4);
+  }
+  return r;
+}
+inline V16 fma(V16 a, V16 b, V16 c) {
+  for (int i = 0; i < 16; ++i) c.f[i] = std::fma(a.f[i], b.f[i], c.f[i]);
+  return c;
+}
+inline V16 add(V16 a, V16 b) {
+  for (int i = 0; i < 16; ++i) a.f[i] += b.f[i];
+  return a;
+}
 inline float hsum(V16 a) {
   float s = 0;
   for (int i = 0; i < 16; ++i) s += a.f[i];
@@ -84,7 +97,11 @@ template <int R, typename W>
 inline void dot_rows(const float* const* x, const W* w, int k, float* out) {
   V16 acc0[R], acc1[R];
   float tail[R];
-  for (int r = 0; r < R; ++r) { acc0[r] = zero(); acc1[r] = zero(); tail[r] = 0.0f; }
+  for (int r = 0; r < R; ++r) {
+    acc0[r] = zero();
+    acc1[r] = zero();
+    tail[r] = 0.0f;
+  }
   int i = 0;
   for (; i + 32 <= k; i += 32) {
     V16 w0 = load(w + i), w1 = load(w + i + 16);
@@ -113,8 +130,7 @@ template <typename Dot>
 void tile_rows(const float* x, int rows, int k, const float* bias, float* y, int n_total, int nb, int ne, Dot dot) {
   int m = 0;
   for (; m + 4 <= rows; m += 4) {
-    const float* xr[4] = {x + (size_t)m * k, x + (size_t)(m + 1) * k, x + (size_t)(m + 2) * k,
-                          x + (size_t)(m + 3) * k};
+    const float* xr[4] = {x + (size_t)m * k, x + (size_t)(m + 1) * k, x + (size_t)(m + 2) * k, x + (size_t)(m + 3) * k};
     for (int n = nb; n < ne; ++n) {
       float out[4];
       dot(std::integral_constant<int, 4>{}, xr, n, out);
@@ -144,8 +160,8 @@ void linear_block(const float* x, int rows, RowOf row_of, int k, const float* bi
 constexpr int kColBlock = 8;  // weight rows kept hot while row tiles stream past
 
 template <typename W>
-void linear_columns(const float* x, int rows, const W* w, int k, const float* bias, float* y, int n_total,
-                    int n_begin, int n_end) {
+void linear_columns(const float* x, int rows, const W* w, int k, const float* bias, float* y, int n_total, int n_begin,
+                    int n_end) {
   for (int nb = n_begin; nb < n_end; nb += kColBlock) {
     const int ne = std::min(nb + kColBlock, n_end);
     linear_block<W>(x, rows, [&](int n) { return w + (size_t)n * k; }, k, bias, y, n_total, nb, ne);
@@ -169,7 +185,10 @@ inline void dot_rows_int4(const float* const* x, const WeightMatrix& w, int n, f
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i low4 = _mm512_set1_epi32(15);
   V16 acc0[R], acc1[R];
-  for (int r = 0; r < R; ++r) { acc0[r] = zero(); acc1[r] = zero(); }
+  for (int r = 0; r < R; ++r) {
+    acc0[r] = zero();
+    acc1[r] = zero();
+  }
   for (int gi = 0; gi < groups; ++gi) {
     const __m512 table = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(iota, _mm512_set1_epi32(zr[gi]))),
                                        _mm512_set1_ps(fp16_to_float_fast(sc[gi])));
@@ -214,8 +233,7 @@ void linear_columns_int4(const float* x, int rows, const WeightMatrix& w, const 
     else
       dequantize_int4_rows(w, nb, ne, block.data());
     const float* rows_fp32 = block.data();
-    linear_block<float>(x, rows, [&](int n) { return rows_fp32 + (size_t)(n - nb) * w.k; }, w.k, bias, y, w.n, nb,
-                        ne);
+    linear_block<float>(x, rows, [&](int n) { return rows_fp32 + (size_t)(n - nb) * w.k; }, w.k, bias, y, w.n, nb, ne);
   }
 }
 

@@ -20,9 +20,9 @@ namespace swiftspec::cpu {
 /// (each 0..15), and element (n, k) is (q - zeros[n, k/G]) * scales[n, k/G] in fp32.
 struct WeightMatrix {
   const void* data = nullptr;
-  DType dtype = DType::F32;  ///< F32 or BF16; U8 for int4
-  int n = 0;  ///< output features
-  int k = 0;  ///< input features
+  DType dtype = DType::F32;          ///< F32 or BF16; U8 for int4
+  int n = 0;                         ///< output features
+  int k = 0;                         ///< input features
   const uint16_t* scales = nullptr;  ///< int4 only: fp16 bit patterns [n, k/group_size]
   const uint8_t* zeros = nullptr;    ///< int4 only: zero points [n, k/group_size]
   int group_size = 0;                ///< int4 only: K elements per scale; 0 for F32/BF16
@@ -36,8 +36,7 @@ struct WeightMatrix {
 /// when its group size is a multiple of 32, in natural order otherwise: the result is
 /// bit-identical to `linear` over the dequantized F32 matrix with X and W in that K order,
 /// whatever the number of rows, so int4 keeps the batch invariance of the F32/BF16 paths.
-void linear(const float* x, int rows, const WeightMatrix& w, const float* bias, float* y,
-            ThreadPool& pool);
+void linear(const float* x, int rows, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool);
 
 /// out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * weight, fp32 [rows, dim].
 void rms_norm(const float* x, const float* weight, int rows, int dim, float eps, float* out);

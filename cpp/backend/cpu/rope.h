@@ -6,9 +6,9 @@
 
 namespace swiftspec::cpu {
 
-/// Per-pair inverse frequencies of one head, computed in fp32 the way HF
-/// transformers does (inv_freq_j = 1 / theta^(2j / head_dim)), with Llama-3
-/// frequency scaling applied when the config enables it.
+/// Rotates query and key heads by their position with the model's RoPE tables (swiftspec/rope.h:
+/// fp32 inverse frequencies as HF transformers computes them, with llama3 or YaRN scaling when the
+/// config sets it, and YaRN's attention factor multiplying cos and sin).
 class Rope {
  public:
   explicit Rope(const ModelConfig& config);
@@ -19,7 +19,8 @@ class Rope {
  private:
   int head_dim_;
   RopeStyle style_;
-  std::vector<float> inv_freq_;  // [head_dim / 2]
+  std::vector<float> inv_freq_;  // [head_dim / 2] radians per position
+  float scale_;                  // cos/sin multiplier (1 unless YaRN)
 };
 
 }  // namespace swiftspec::cpu

@@ -11,6 +11,7 @@
 #include "backend/cpu/rope.h"
 #include "backend/cpu/thread_pool.h"
 #include "backend/cpu/tp_weights.h"
+#include "backend/cpu/zero_pages.h"
 #include "swiftspec/error.h"
 #include "swiftspec/worker_group.h"
 
@@ -24,7 +25,7 @@ struct RankState {
   cpu::TpRankShard w;
   std::unique_ptr<cpu::ThreadPool> pool;
   // [layers][slots][kv_heads_per_rank * head_dim]
-  std::vector<float> k_committed, v_committed, k_tree, v_tree;
+  cpu::ZeroPages k_committed, v_committed, k_tree, v_tree;  // zero pages, resident once written
   std::vector<float> x, h, q, k, v, attn, proj, gate, up, logits;
 };
 
@@ -43,10 +44,10 @@ class TpCpuModel final : public Model {
                                                   tp.rank_cores.empty() ? std::vector<int>{} : tp.rank_cores[r]);
       const size_t committed = size_t(config_.num_layers) * options_.max_context * kv_local_;
       const size_t tree = size_t(config_.num_layers) * options_.max_tree * kv_local_;
-      R->k_committed.assign(committed, 0.0f);
-      R->v_committed.assign(committed, 0.0f);
-      R->k_tree.assign(tree, 0.0f);
-      R->v_tree.assign(tree, 0.0f);
+      R->k_committed = cpu::ZeroPages(committed);
+      R->v_committed = cpu::ZeroPages(committed);
+      R->k_tree = cpu::ZeroPages(tree);
+      R->v_tree = cpu::ZeroPages(tree);
       ranks_.push_back(std::move(R));
     }
     group_ = std::make_unique<WorkerGroup>(plan_.tp, tp.rank_cores, std::vector<std::unique_ptr<Communicator>>{},
@@ -103,16 +104,16 @@ class TpCpuModel final : public Model {
   }
 
  private:
-  float* committed_row(std::vector<float>& buf, int layer, int pos) const {
+  float* committed_row(cpu::ZeroPages& buf, int layer, int pos) const {
     return buf.data() + (size_t(layer) * options_.max_context + pos) * kv_local_;
   }
-  float* tree_row(std::vector<float>& buf, int layer, int slot) const {
+  float* tree_row(cpu::ZeroPages& buf, int layer, int slot) const {
     return buf.data() + (size_t(layer) * options_.max_tree + slot) * kv_local_;
   }
-  const float* committed_row(const std::vector<float>& buf, int layer, int pos) const {
+  const float* committed_row(const cpu::ZeroPages& buf, int layer, int pos) const {
     return buf.data() + (size_t(layer) * options_.max_context + pos) * kv_local_;
   }
-  const float* tree_row(const std::vector<float>& buf, int layer, int slot) const {
+  const float* tree_row(const cpu::ZeroPages& buf, int layer, int slot) const {
     return buf.data() + (size_t(layer) * options_.max_tree + slot) * kv_local_;
   }
 
@@ -149,7 +150,8 @@ class TpCpuModel final : public Model {
   }
   void check_slot(int slot, const char* what) const {
     if (slot < 0 || slot >= options_.max_tree)
-      throw InvalidArgument(std::string(what) + " " + str(slot) + " outside the tree KV [0, " + str(options_.max_tree) + ")");
+      throw InvalidArgument(std::string(what) + " " + str(slot) + " outside the tree KV [0, " + str(options_.max_tree) +
+                            ")");
   }
   void validate(const ForwardBatch& b) const;
   void rank_forward(int r, const ForwardBatch& b, int committed_before, std::vector<float>& logits);
@@ -162,7 +164,7 @@ class TpCpuModel final : public Model {
   int kv_local_ = 0;
   int committed_ = 0;
   std::vector<std::unique_ptr<RankState>> ranks_;
-  std::vector<float> gathered_;  // rank 0: [tp, rows, vocab_per_rank]
+  std::vector<float> gathered_;         // rank 0: [tp, rows, vocab_per_rank]
   std::unique_ptr<WorkerGroup> group_;  // last: its threads stop before the ranks' state goes
 };
 
@@ -258,8 +260,10 @@ void TpCpuModel::rank_forward(int r, const ForwardBatch& b, int committed_before
     for (int i = 0; i < n; ++i) {
       rope_.apply(R.q.data() + size_t(i) * qd, nh, b.positions[i]);
       rope_.apply(R.k.data() + size_t(i) * kv_local_, nkv, b.positions[i]);
-      float* kdst = b.is_tree() ? tree_row(R.k_tree, l, b.tree_slots[i]) : committed_row(R.k_committed, l, committed_before + i);
-      float* vdst = b.is_tree() ? tree_row(R.v_tree, l, b.tree_slots[i]) : committed_row(R.v_committed, l, committed_before + i);
+      float* kdst =
+          b.is_tree() ? tree_row(R.k_tree, l, b.tree_slots[i]) : committed_row(R.k_committed, l, committed_before + i);
+      float* vdst =
+          b.is_tree() ? tree_row(R.v_tree, l, b.tree_slots[i]) : committed_row(R.v_committed, l, committed_before + i);
       std::copy_n(R.k.data() + size_t(i) * kv_local_, kv_local_, kdst);
       std::copy_n(R.v.data() + size_t(i) * kv_local_, kv_local_, vdst);
     }
@@ -302,8 +306,8 @@ void TpCpuModel::rank_forward(int r, const ForwardBatch& b, int committed_before
   }
 }
 
+// (max_context is checked by resolve_max_context.)
 void check_options(const ModelOptions& o, const TpCpuOptions& tp, int degree) {
-  if (o.max_context < 1) throw InvalidArgument("max_context must be >= 1, got " + str(o.max_context));
   if (o.max_tree < 1) throw InvalidArgument("max_tree must be >= 1, got " + str(o.max_tree));
   if (degree < 1) throw InvalidArgument("tp (TP degree) must be >= 1, got " + str(degree));
   if (tp.threads_per_rank < 1) throw InvalidArgument("threads_per_rank must be >= 1, got " + str(tp.threads_per_rank));
@@ -313,15 +317,27 @@ void check_options(const ModelOptions& o, const TpCpuOptions& tp, int degree) {
 
 }  // namespace
 
+ModelMemory tp_cpu_model_memory(const std::string& dir, const ModelConfig& config, const TpPlan& plan,
+                                const ModelOptions& options, bool sharded_at_load) {
+  ModelMemory m;
+  m.name = model_name_of(dir);
+  m.origin = dir + "/config.json";
+  m.trained = config.context_limit();
+  const uint64_t files = checkpoint_weight_bytes(dir);
+  m.needs.push_back(
+      {"cpu", cpu_memory_need(config, options, sharded_at_load ? 2 * files : files, plan.tp * plan.kv_heads_per_rank)});
+  return m;
+}
+
 std::unique_ptr<Model> make_tp_cpu_model(std::shared_ptr<const Checkpoint> checkpoint, const ModelOptions& requested,
                                          const TpCpuOptions& tp) {
   if (!checkpoint) throw InvalidArgument("make_tp_cpu_model: checkpoint is null");
-  const ModelOptions options =
-      resolve_max_context(requested, checkpoint->config(), checkpoint->dir() + "/config.json");
-  check_options(options, tp, tp.tp);
+  check_options(requested, tp, tp.tp);
   // int4: FFN bounds on whole quantization groups, so down_proj's slices keep their groups.
   const int ffn_group = checkpoint->quantization().int4() ? checkpoint->quantization().group_size : 1;
   const TpPlan plan = TpPlan::make(checkpoint->config(), tp.tp, tp.ffn_align, ffn_group);
+  const ModelOptions options = resolve_max_context(
+      requested, tp_cpu_model_memory(checkpoint->dir(), checkpoint->config(), plan, requested, true));
   std::vector<cpu::TpRankShard> shards;
   for (int r = 0; r < tp.tp; ++r) shards.push_back(cpu::shard_checkpoint(checkpoint, plan, r));
   return std::make_unique<TpCpuModel>(checkpoint->config(), plan, std::move(shards), options, tp);
@@ -330,13 +346,14 @@ std::unique_ptr<Model> make_tp_cpu_model(std::shared_ptr<const Checkpoint> check
 std::unique_ptr<Model> make_tp_cpu_model_from_shards(const std::string& dir, const ModelOptions& requested,
                                                      const TpCpuOptions& tp_in) {
   auto ckpt = cpu::ShardedCheckpoint::open(dir);
-  const ModelOptions options = resolve_max_context(requested, ckpt->config(), dir + "/config.json");
   TpCpuOptions tp = tp_in;
   if (tp.tp == 0) tp.tp = ckpt->plan().tp;
   if (tp.tp != ckpt->plan().tp)
     throw InvalidArgument(dir + " is sharded for TP degree " + str(ckpt->plan().tp) + ", not " + str(tp.tp) +
                           " (convert it again with --tp " + str(tp.tp) + ", or use the TP-1 folder)");
-  check_options(options, tp, tp.tp);
+  check_options(requested, tp, tp.tp);
+  const ModelOptions options =
+      resolve_max_context(requested, tp_cpu_model_memory(dir, ckpt->config(), ckpt->plan(), requested, false));
   std::vector<cpu::TpRankShard> shards;
   for (int r = 0; r < tp.tp; ++r) shards.push_back(cpu::ShardedCheckpoint::load_rank(ckpt, r));
   return std::make_unique<TpCpuModel>(ckpt->config(), ckpt->plan(), std::move(shards), options, tp);

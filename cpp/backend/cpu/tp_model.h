@@ -36,6 +36,13 @@ struct TpCpuOptions {
   int ffn_align = 8;                         ///< FFN padding multiple (load-time sharding)
 };
 
+/// What a TP CPU model over the folder `dir` (its `config`, sharded by `plan`) needs in RAM
+/// (cpu_memory_need): the KV heads of every rank (tp * kv_heads_per_rank, replicas included),
+/// and the folder's weight files, counted twice when `sharded_at_load` (the ranks' copies
+/// besides the mapped TP-1 files; a pre-sharded folder is mapped in place).
+ModelMemory tp_cpu_model_memory(const std::string& dir, const ModelConfig& config, const TpPlan& plan,
+                                const ModelOptions& options, bool sharded_at_load);
+
 /// A TP model sharded at load time from a TP-1 checkpoint (float32, bfloat16
 /// or int4; an int4 one's FFN is split on whole quantization groups). `options` sizes
 /// the KV cache (max_context, max_tree); its num_threads / cpu_affinity are

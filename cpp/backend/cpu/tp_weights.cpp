@@ -11,8 +11,9 @@
 
 #include "backend/cpu/int4_weights.h"
 #include "swiftspec/error.h"
-#include "src/json_error.h"
-#include "src/json_int.h"
+#include "src/runtime/json_error.h"
+#include "src/runtime/json_int.h"
+#include "src/runtime/json_read.h"
 
 namespace swiftspec::cpu {
 namespace {
@@ -189,17 +190,7 @@ std::vector<float> head_bias(const TensorView& t, const std::vector<int>& heads,
   return out;
 }
 
-json read_json(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw CheckpointError(path + ": missing");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  try {
-    return json::parse(ss.str());
-  } catch (const json::parse_error& e) {
-    throw CheckpointError(path + ": malformed JSON: " + json_error_text(e));
-  }
-}
+json read_json(const std::string& path) { return read_json_file(path, kMaxSmallJsonBytes, "manifest"); }
 
 std::string rank_file(int r, int n) { return "model-tp" + str(r) + "-of-" + str(n) + ".safetensors"; }
 constexpr const char* kSharedFile = "model-tp-shared.safetensors";
@@ -209,7 +200,8 @@ constexpr const char* kSharedFile = "model-tp-shared.safetensors";
 TpRankShard shard_checkpoint(std::shared_ptr<const Checkpoint> ckpt, const TpPlan& plan, int r) {
   const ModelConfig& c = ckpt->config();
   plan.validate(c, ckpt->dir());
-  if (r < 0 || r >= plan.tp) throw InvalidArgument("shard_checkpoint: rank " + str(r) + " outside [0, " + str(plan.tp) + ")");
+  if (r < 0 || r >= plan.tp)
+    throw InvalidArgument("shard_checkpoint: rank " + str(r) + " outside [0, " + str(plan.tp) + ")");
   check_dtype(ckpt->dtype(), ckpt->dir());  // an int4 checkpoint's float tensors (embedding, norms, biases): BF16
   const DType dt = ckpt->dtype();
   const int H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size, V = c.vocab_size;
@@ -237,7 +229,8 @@ TpRankShard shard_checkpoint(std::shared_ptr<const Checkpoint> ckpt, const TpPla
     return b.rows(ckpt->tensor(prefix + ".weight", {n, k}), blocks, k);
   };
   auto cols = [&](const std::string& prefix, int n, int k, const std::vector<std::pair<int, int>>& blocks) {
-    if (int4) return b.cols_int4(load_int4_matrix(*ckpt, prefix, n, k), blocks, plan.tp, ckpt->dir() + ": '" + prefix + "'");
+    if (int4)
+      return b.cols_int4(load_int4_matrix(*ckpt, prefix, n, k), blocks, plan.tp, ckpt->dir() + ": '" + prefix + "'");
     return b.cols(ckpt->tensor(prefix + ".weight", {n, k}), n, k, blocks);
   };
   s.layers.resize(c.num_layers);
@@ -278,7 +271,7 @@ std::shared_ptr<ShardedCheckpoint> ShardedCheckpoint::open(const std::string& di
   const std::string mpath = (fs::path(dir) / "manifest.json").string();
   const json m = read_json(mpath);
   auto fail = [&](const std::string& what) { throw CheckpointError(mpath + ": " + what); };
-  if (!m.is_object() || m.value("format", "") != "swiftspec-checkpoint")
+  if (!m.is_object() || optional_string(m, "format", mpath) != "swiftspec-checkpoint")
     fail("field 'format' must be \"swiftspec-checkpoint\"");
   int version = 0, n = 0;  // read_int32, not get<int>(): 2^32 + 2 was read as 2
   if (!m.contains("format_version") || read_int32(m["format_version"], version) != JsonInt::Ok || version != 2)
@@ -287,10 +280,13 @@ std::shared_ptr<ShardedCheckpoint> ShardedCheckpoint::open(const std::string& di
     fail("field 'tp_degree' must be an integer >= 2 in a tensor-parallel folder");
   auto ckpt = std::shared_ptr<ShardedCheckpoint>(new ShardedCheckpoint());
   ckpt->dir_ = dir;
-  const std::string dtype = m.value("dtype", "");
-  if (dtype == "float32") ckpt->dtype_ = DType::F32;
-  else if (dtype == "bfloat16") ckpt->dtype_ = DType::BF16;
-  else fail("field 'dtype' must be \"float32\" or \"bfloat16\", got \"" + dtype + "\"");
+  const std::string dtype = optional_string(m, "dtype", mpath);
+  if (dtype == "float32")
+    ckpt->dtype_ = DType::F32;
+  else if (dtype == "bfloat16")
+    ckpt->dtype_ = DType::BF16;
+  else
+    fail("field 'dtype' must be \"float32\" or \"bfloat16\", got " + json_brief(dtype));
   if (!m.contains("tensor_parallel") || !m["tensor_parallel"].is_object()) fail("missing object 'tensor_parallel'");
   ckpt->config_ = ModelConfig::from_json_file((fs::path(dir) / "config.json").string());
   ckpt->plan_ = TpPlan::from_json(m["tensor_parallel"].dump(), mpath);
@@ -306,7 +302,20 @@ std::shared_ptr<ShardedCheckpoint> ShardedCheckpoint::open(const std::string& di
     fail(std::string("field 'files' must list ") + kSharedFile + " then model-tp{r}-of-" + str(n) +
          ".safetensors for r = 0.." + str(n - 1));
   ckpt->shared_ = std::make_unique<SafetensorsFile>((fs::path(dir) / kSharedFile).string());
-  for (int r = 0; r < n; ++r) ckpt->ranks_.push_back(std::make_unique<SafetensorsFile>((fs::path(dir) / rank_file(r, n)).string()));
+  for (int r = 0; r < n; ++r)
+    ckpt->ranks_.push_back(std::make_unique<SafetensorsFile>((fs::path(dir) / rank_file(r, n)).string()));
+  // The config's sizes against the tensors before load_rank allocates by them (num_hidden_layers
+  // 2,000,000 made 2,000,000 layer slots first), as check_sizes_against_tensors does for TP-1 folders.
+  const ModelConfig& c = ckpt->config_;
+  const int64_t H = c.hidden_size;
+  ckpt->tensor(*ckpt->shared_, "model.embed_tokens.weight", {c.vocab_size, H});
+  ckpt->tensor(*ckpt->ranks_[0], "model.layers.0.self_attn.q_proj.weight",
+               {int64_t{ckpt->plan_.q_heads_per_rank} * c.head_dim, H});
+  const std::string last = "model.layers." + str(c.num_layers - 1) + ".input_layernorm.weight";
+  if (!ckpt->shared_->tensors().count(last))
+    throw CheckpointError(ckpt->shared_->path() + ": missing tensor '" + last +
+                          "' (config.json says num_hidden_layers = " + str(c.num_layers) + ")");
+  ckpt->tensor(*ckpt->shared_, last, {H});
   return ckpt;
 }
 
@@ -341,7 +350,9 @@ TpRankShard ShardedCheckpoint::load_rank(std::shared_ptr<const ShardedCheckpoint
   auto mat = [&](const SafetensorsFile& f, const std::string& name, int64_t n, int64_t k) {
     return WeightMatrix{ckpt->tensor(f, name, {n, k}).data, dt, static_cast<int>(n), static_cast<int>(k)};
   };
-  auto vec = [&](const SafetensorsFile& f, const std::string& name, int64_t n) { return to_vec(ckpt->tensor(f, name, {n})); };
+  auto vec = [&](const SafetensorsFile& f, const std::string& name, int64_t n) {
+    return to_vec(ckpt->tensor(f, name, {n}));
+  };
   TpRankShard s;
   s.rank = r;
   s.keep_alive.push_back(ckpt);

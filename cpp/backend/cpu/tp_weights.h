@@ -30,15 +30,15 @@ namespace swiftspec::cpu {
 
 struct TpLayerShard {
   WeightMatrix q, k, v, o, gate, up, down;
-  std::vector<float> q_bias, k_bias, v_bias;  ///< fp32, padded; empty without attention bias
+  std::vector<float> q_bias, k_bias, v_bias;           ///< fp32, padded; empty without attention bias
   std::vector<float> input_norm, post_attention_norm;  ///< fp32 [hidden], replicated
 };
 
 struct TpRankShard {
   int rank = 0;
-  WeightMatrix embed;              ///< [vocab, hidden], replicated
-  WeightMatrix lm_head;            ///< [vocab_bounds[r+1] - vocab_bounds[r], hidden]
-  std::vector<float> final_norm;   ///< fp32 [hidden]
+  WeightMatrix embed;             ///< [vocab, hidden], replicated
+  WeightMatrix lm_head;           ///< [vocab_bounds[r+1] - vocab_bounds[r], hidden]
+  std::vector<float> final_norm;  ///< fp32 [hidden]
   std::vector<TpLayerShard> layers;
   std::vector<std::vector<uint8_t>> owned;              ///< copies the views above point into
   std::vector<std::shared_ptr<const void>> keep_alive;  ///< mapped files the views point into

@@ -74,7 +74,7 @@ struct AsyncOptions {
   /// Before handing an idle target a subtree, let the draft take one more
   /// step while that raises the expected token rate (expected accepted
   /// tokens under the draft's probabilities / fitted verification time);
-  /// see cpp/src/async_send_policy.h. False: send as soon as
+  /// see cpp/src/async/send_policy.h. False: send as soon as
   /// min_send_nodes are ready.
   bool cost_aware_send = true;
   /// Records the per-round timeline into AsyncReport::timeline.

@@ -91,8 +91,7 @@ class Checkpoint {
   bool has(const std::string& name) const;
   /// The tensor `name`; throws CheckpointError if it is missing, or if its
   /// shape differs from `expected_shape` (when given), naming both shapes.
-  const TensorView& tensor(const std::string& name,
-                           const std::vector<int64_t>& expected_shape = {}) const;
+  const TensorView& tensor(const std::string& name, const std::vector<int64_t>& expected_shape = {}) const;
   /// Path of the safetensors file holding tensor `name` (the folder if it is missing),
   /// for error messages.
   std::string file_of(const std::string& name) const;
@@ -108,5 +107,13 @@ class Checkpoint {
   std::map<std::string, const TensorView*> index_;
   std::map<std::string, const SafetensorsFile*> file_index_;
 };
+
+/// Checks the sizes of `ckpt`'s config.json against its tensors (the embedding [vocab_size,
+/// hidden_size], layer 0's query, key and gate projections, the last layer's input norm), so that
+/// a config whose head_dim or num_hidden_layers the weights do not have is refused before a model
+/// allocates anything by them (a 2 GB RoPE table for head_dim 2^30, 924 MB of layers for
+/// num_hidden_layers 2,000,000). CheckpointError "<dir>: ... tensor '<name>' ..." naming the
+/// tensor and the config field. Checkpoint::open calls it.
+void check_sizes_against_tensors(const Checkpoint& ckpt);
 
 }  // namespace swiftspec

@@ -15,12 +15,24 @@ enum class DecodeMode {
   TargetOnly,  ///< plain autoregressive decoding with the target model
   Serial,      ///< speculative, serial tree generation (SpecExec-style): draft, then verify
   Async,       ///< speculative, parallel tree generation (SwiftSpec §4.1): draft and target concurrently
+  /// per round, target-only decoding or a serial tree of the budget the measurements favour
+  /// (speculation_policy.h); target-only without a draft model
+  Auto,
 };
+
+/// Every decode mode, in the order the API lists them.
+inline constexpr DecodeMode kDecodeModes[] = {DecodeMode::Auto, DecodeMode::TargetOnly, DecodeMode::Serial,
+                                              DecodeMode::Async};
+
+/// "target", "serial", "async" or "auto": the mode as the Python API names it.
+const char* decode_mode_name(DecodeMode mode);
+/// The mode of a name decode_mode_name gives; throws InvalidArgument naming `name` and the modes.
+DecodeMode parse_decode_mode(const std::string& name);
 
 /// Parameters of one generation request.
 struct GenerationConfig {
-  int max_new_tokens = 128;          ///< > 0
-  SamplingParams sampling;           ///< greedy when temperature == 0
+  int max_new_tokens = 128;             ///< > 0
+  SamplingParams sampling;              ///< greedy when temperature == 0
   std::vector<int32_t> stop_token_ids;  ///< generation ends after emitting one of these (EOS)
   DecodeMode mode = DecodeMode::TargetOnly;
   // Token-tree shape (speculative modes).
@@ -46,6 +58,15 @@ struct GenerationConfig {
   void validate() const;
 };
 
+/// The one rule for a request's length: its prompt plus max_new_tokens must fit the context
+/// (`context` tokens of KV cache: Engine::context_length). Throws InvalidArgument naming both
+/// lengths: "the prompt of 40000 tokens is longer than the context of 32768 tokens
+/// (max_context) ...", "... fills the context ...", or "the prompt of 30000 tokens plus
+/// max_new_tokens 4096 exceeds the context of 32768 tokens (max_context): ...". `whose`, when
+/// not empty, says which model's context it is ("the target's", "the draft's").
+void check_request_fits_context(int64_t prompt_tokens, int64_t max_new_tokens, int context,
+                                const std::string& whose = "");
+
 /// Timing and speculation statistics of one request. Times in seconds.
 struct GenerationStats {
   int prompt_tokens = 0;
@@ -56,7 +77,10 @@ struct GenerationStats {
   double decode_time = 0;      ///< from the first new token to the last
   double target_time = 0;      ///< wall time inside target forward passes (decode phase)
   double draft_time = 0;       ///< wall time inside draft forward passes (decode phase)
-  std::string finish_reason;   ///< "length", "stop" (stop token), "cancelled"
+  /// Engine::generate: the request's wall time, from its turn to its end (waiting for the turn
+  /// excluded; cancelled while waiting: the wait); 0 from the decoding functions themselves.
+  double wall_time = 0;
+  std::string finish_reason;  ///< "length", "stop" (stop token), "cancelled"
 
   /// Mean tokens committed per target verification (>= 1 for speculation, 1 for target-only).
   double acceptance_length() const {

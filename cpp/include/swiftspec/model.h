@@ -21,10 +21,12 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "swiftspec/checkpoint.h"
 #include "swiftspec/config.h"
+#include "swiftspec/memory_plan.h"
 #include "swiftspec/top_k_logits.h"
 
 namespace swiftspec {
@@ -71,13 +73,9 @@ struct ForwardBatch {
   /// tree slot i at position start_position + its depth, and attends its
   /// ancestors' slots root first, then its own. Throws InvalidArgument when
   /// the sizes differ or a parent does not come before its child.
-  static ForwardBatch tree(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
-                           int start_position, LogitsMode mode = LogitsMode::All);
+  static ForwardBatch tree(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents, int start_position,
+                           LogitsMode mode = LogitsMode::All);
 };
-
-/// The KV capacity a model gets when ModelOptions::max_context is 0 (unless its
-/// max_position_embeddings is smaller).
-constexpr int kDefaultMaxContext = 4096;
 
 /// Model::read_logits_row can return every row of a forward_top_k pass of at most this many
 /// rows, on every backend: the default keeps all of a pass's rows, the CUDA backend keeps the last
@@ -89,13 +87,15 @@ constexpr int kReadableLogitsRows = 64;
 /// Options a backend needs to instantiate a model.
 struct ModelOptions {
   /// Committed KV capacity (tokens), at most the model's max_position_embeddings (the
-  /// positions it was trained for; resolve_max_context). 0 (default): kDefaultMaxContext,
-  /// or max_position_embeddings when smaller. A loaded model reports the resolved value.
+  /// positions it was trained for). 0 (default): max_position_embeddings (kFallbackMaxContext
+  /// when config.json gives none), capped to what the memory free on the model's device holds
+  /// (plan_contexts, memory_plan.h). An explicit value that does not fit is refused before
+  /// loading. A loaded model reports the resolved value.
   int max_context = 0;
-  int max_tree = 256;       ///< tree KV capacity (nodes)
-  int num_threads = 0;      ///< CPU backend worker threads (0: all cores)
+  int max_tree = 256;             ///< tree KV capacity (nodes)
+  int num_threads = 0;            ///< CPU backend worker threads (0: all cores)
   std::vector<int> cpu_affinity;  ///< CPU backend: cores to pin its threads to (empty: none)
-  int device = 0;           ///< CUDA backend: device ordinal
+  int device = 0;                 ///< CUDA backend: device ordinal
   /// CUDA backend: the model's SM partition on its GPU, [sm_first, sm_first + sm_count),
   /// run through a CUDA green context (SwiftSpec ASPLOS'26: draft and target disaggregated on
   /// one GPU). sm_count 0: up to the last SM; [0, 0]: the whole GPU, no green context.
@@ -241,17 +241,54 @@ struct PrefillControl {
 bool prefill(Model& model, const std::vector<int32_t>& tokens, LogitsMode mode, std::vector<float>& logits,
              const PrefillControl& control = {});
 
-/// `options` with max_context resolved for a model of `config`: 0 becomes
-/// min(kDefaultMaxContext, config.max_position_embeddings); a value above
-/// max_position_embeddings (when config.json gives one) or below 0 throws
-/// InvalidArgument naming both numbers and `origin` (the config file). Every
-/// loader below calls it before allocating the KV cache.
-ModelOptions resolve_max_context(const ModelOptions& options, const ModelConfig& config, const std::string& origin);
+/// A model about to load, as the context plan sees it: what it needs on each device it uses.
+struct ModelMemory {
+  std::string name;    ///< how messages name it (its checkpoint folder's name)
+  std::string origin;  ///< its config.json (named when max_context exceeds max_position_embeddings)
+  int trained = 0;     ///< ModelConfig::context_limit() (max_position_embeddings; longer with YaRN; 0: not given)
+  /// (device, need there): device "cpu" (the machine's RAM) or "cuda:<ordinal>".
+  std::vector<std::pair<std::string, MemoryNeed>> needs;
+};
+
+/// Bytes of the weight files (*.safetensors) in the checkpoint folder `dir`; 0 for none.
+uint64_t checkpoint_weight_bytes(const std::string& dir);
+
+/// What a model over `checkpoint` needs on `backend` ("cpu": cpu_memory_need, in RAM; "cuda":
+/// cuda_memory_need, on GPU options.device) with `options` (max_tree, threads, megakernel...;
+/// max_context is not read). Throws InvalidArgument for an unknown or unavailable backend.
+ModelMemory model_memory(const Checkpoint& checkpoint, const std::string& backend, const ModelOptions& options);
+
+/// The contexts of models that load together (an engine's target and draft): measures the
+/// memory free on each device they use (cpu_free_memory, cuda_free_memory; once per device)
+/// and applies plan_contexts (memory_plan.h) with `requested[i]` the max_context asked of
+/// models[i] (0: its default). Throws InvalidArgument as plan_contexts does.
+ContextPlan plan_model_contexts(const std::vector<ModelMemory>& models, const std::vector<int>& requested);
+
+/// `options` with max_context resolved for one model (plan_model_contexts of it alone): 0
+/// becomes its default, bounded by free memory; an explicit value is checked (trained length,
+/// memory). `note`, when given, receives the plan's note (empty unless memory capped the
+/// default). Every loader below calls it before allocating the KV cache.
+ModelOptions resolve_max_context(const ModelOptions& options, const ModelMemory& memory, std::string* note = nullptr);
+
+/// Why a model with int4 weights (an int4 checkpoint, WeightQuantization::int4) cannot load
+/// on `backend` with the decode megakernel `megakernel` (ModelOptions::megakernel) and `tp`
+/// tensor-parallel ranks (issue 31), or "" when it can. The cpu backend takes every
+/// combination. The cuda backend runs int4 projections on its layered step of one GPU: the
+/// decode megakernel streams bf16 weight rows, and the tensor-parallel ranks' row-parallel
+/// GEMMs read bf16 weights, so both are refused. The message starts with the field, for the
+/// caller to prefix with where it was set: "megakernel: int4 weights run on ..." or
+/// "tp 2: int4 weights run on ...". Loaders refuse a non-empty answer with InvalidArgument
+/// before anything is allocated (load_model as "ModelOptions.<message>", load_model_pair
+/// and load_group_model as "placement.<group>.<message>", make_cuda_model); Python asks it
+/// before converting a model to int4 (swiftspec_core.int4_backend_problem).
+std::string int4_backend_problem(const std::string& backend, bool megakernel, int tp);
 
 /// Creates a model on the named backend ("cpu"; "cuda" when built with CUDA).
-/// Throws InvalidArgument for an unknown or unavailable backend, or for a
-/// max_context the model cannot take (resolve_max_context).
-std::unique_ptr<Model> load_model(std::shared_ptr<const Checkpoint> checkpoint,
-                                  const std::string& backend, const ModelOptions& options);
+/// Throws InvalidArgument for an unknown or unavailable backend, for an int4 checkpoint
+/// with options the backend cannot run it with (int4_backend_problem), or for a
+/// max_context the model cannot take (resolve_max_context: beyond its trained length, or
+/// more than the memory free holds), before anything large is allocated.
+std::unique_ptr<Model> load_model(std::shared_ptr<const Checkpoint> checkpoint, const std::string& backend,
+                                  const ModelOptions& options);
 
 }  // namespace swiftspec

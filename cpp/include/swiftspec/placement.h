@@ -55,16 +55,27 @@ struct GroupPlacement {
   int tp = 1;
   std::vector<std::vector<int>> cores;  ///< [tp] core lists after normalisation (or empty)
   int threads_per_rank = 0;
-  std::vector<int> devices;             ///< CUDA: [tp] GPU indices (or empty)
-  int sm_first = 0, sm_count = 0;       ///< CUDA: SM partition (0 SMs: the whole GPU)
-  int stream_priority = 0;              ///< CUDA: stream priority (lower is higher)
-  std::string gemm_engine;              ///< CUDA: "", "wgmma" or "mma" (ModelOptions::gemm_engine)
-  bool megakernel = false;              ///< CUDA: decode megakernel (ModelOptions::megakernel)
+  std::vector<int> devices;        ///< CUDA: [tp] GPU indices (or empty)
+  int sm_first = 0, sm_count = 0;  ///< CUDA: SM partition (0 SMs: the whole GPU)
+  int stream_priority = 0;         ///< CUDA: stream priority (lower is higher)
+  std::string gemm_engine;         ///< CUDA: "", "wgmma" or "mma" (ModelOptions::gemm_engine)
+  bool megakernel = false;         ///< CUDA: decode megakernel (ModelOptions::megakernel)
 
   /// Threads of each rank's CPU thread pool for a model whose unpinned
   /// default is `default_threads` (ModelOptions::num_threads semantics).
   int resolved_threads(int default_threads) const;
+
+  /// The fields set here that only the cuda backend understands, in the order of kCudaOnlyFields:
+  /// what loading the group on the cpu backend refuses (load_group_model), and what the CLI
+  /// refuses before loading (swiftspec_core.placement_cuda_only_fields).
+  std::vector<std::string> cuda_only_fields() const;
+  /// Whether the group places nothing: TP 1, no cores, no threads_per_rank, no CUDA-only field.
+  bool places_nothing() const;
 };
+
+/// The group fields only the cuda backend understands.
+inline constexpr const char* kCudaOnlyFields[] = {"devices", "sm_partition", "stream_priority", "gemm_engine",
+                                                  "megakernel"};
 
 struct Placement {
   GroupPlacement draft, target;
@@ -99,5 +110,31 @@ struct Placement {
 std::unique_ptr<Model> load_group_model(const std::string& checkpoint_dir, const GroupPlacement& group,
                                         const ModelOptions& base, const std::string& backend = "cpu",
                                         const std::string& where = "placement");
+
+/// What the model of group `group` over `checkpoint_dir` needs on each device it uses when
+/// load_group_model loads it with `base` (ModelMemory, model.h): in RAM on the cpu backend
+/// (tensor-parallel ranks counted together), on each rank's GPU on the cuda backend.
+/// max_context is not read. Throws InvalidArgument / CheckpointError as loading would.
+ModelMemory group_model_memory(const std::string& checkpoint_dir, const GroupPlacement& group, const ModelOptions& base,
+                               const std::string& backend = "cpu");
+
+/// An engine's models, loaded by load_model_pair.
+struct LoadedModels {
+  std::unique_ptr<Model> target;
+  std::unique_ptr<Model> draft;  ///< null without a draft
+  /// One line when memory capped the default context (plan_contexts' note): what context the
+  /// models got and why; empty otherwise. The CLI prints it on stderr.
+  std::string context_note;
+};
+
+/// Loads an engine's target (and draft, unless `draft_dir` is empty) where `placement` says,
+/// with their contexts planned together before either allocates: both models' weights, KV
+/// caches and workspaces must fit in the memory free on the devices they share (the RAM on the
+/// cpu backend, a GPU both use on the cuda backend); plan_model_contexts with base.max_context
+/// asked of both (0: each model's default, capped together when memory is short). Then each
+/// loads through load_group_model with its planned max_context. Throws what plan_contexts and
+/// load_group_model throw; a refusal of the plan comes before anything is allocated.
+LoadedModels load_model_pair(const std::string& target_dir, const std::string& draft_dir, const Placement& placement,
+                             const ModelOptions& base, const std::string& backend = "cpu");
 
 }  // namespace swiftspec

@@ -2,7 +2,9 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "swiftspec/top_k_logits.h"
@@ -16,9 +18,69 @@ struct SamplingParams {
   uint64_t seed = 0;         ///< random seed of the request
 
   bool greedy() const { return temperature == 0.0f; }
-  /// Throws InvalidArgument naming the field and value (negative or NaN
-  /// temperature, top_k < 0, top_p outside (0, 1]).
+  /// Throws InvalidArgument naming the field and value: SamplingRequest::params's rule, but for
+  /// the bounds of a request's values (a denormal temperature is valid here: the best token alone).
   void validate() const;
+};
+
+/// A sampling parameter as a caller gives it, before it becomes a SamplingParams field: the Python
+/// binding makes one of each Python value (after Python converted numpy numbers to int or float).
+struct GivenNumber {
+  enum class Kind {
+    Real,     ///< a number with a fraction (a float)
+    Integer,  ///< a whole number, of any size
+    Other,    ///< not a number (a string, a bool, None, ...)
+  };
+  Kind kind = Kind::Real;
+  double value = 0;               ///< Real, Integer: the value (an Integer's rounded to a double)
+  std::optional<uint64_t> exact;  ///< Integer in [0, 2**64): the value exactly
+  std::string shown;              ///< the value as messages show it, as the caller writes it ("0.5", "'hot'")
+
+  /// A float, shown as the shortest text that reads back as it (show_number).
+  static GivenNumber real(double value);
+  static GivenNumber real(double value, std::string shown);
+  static GivenNumber integer(int64_t value);
+  static GivenNumber integer(uint64_t value);
+};
+
+/// How messages name the sampling parameters: the Python keywords, unless a caller names them as
+/// its user wrote them ("--top-p" on a command line, "swiftspec.top_k" in the HTTP API).
+struct SamplingNames {
+  std::string temperature = "temperature", top_p = "top_p", top_k = "top_k", seed = "seed";
+};
+
+/// The sampling parameters of a request as its caller gave them, and the one check of their
+/// ranges for every caller (Engine::generate's binding, swiftspec.Engine.generate, swiftspec
+/// generate, swiftspec bench, swiftspec serve through swiftspec_core.check_sampling).
+struct SamplingRequest {
+  GivenNumber temperature = GivenNumber::real(0.0), top_p = GivenNumber::real(1.0);
+  GivenNumber top_k = GivenNumber::integer(int64_t{0}), seed = GivenNumber::integer(int64_t{0});
+  SamplingNames names;
+  /// Messages state each parameter's whole domain and its "off" value ("top_p must be a number in
+  /// (0, 1] (1: off), got 0.0"), as swiftspec bench words them; false: the type first, then the
+  /// range ("top_p must be in (0, 1], got 1.5").
+  bool explain = false;
+  /// The request samples with seeds seed .. seed + seeds - 1 (swiftspec bench: one per prompt),
+  /// each of which must fit in 64 bits (>= 1).
+  uint64_t seeds = 1;
+  std::string seed_note;  ///< why, in the seed's range message ("request i of a data set samples with seed + i")
+
+  /// The parameters as the runtime samples with them: temperature a number >= 0, finite, at most
+  /// float32's largest and not below its smallest normal number (but 0: the runtime samples in
+  /// float32, where a smaller one is 0 or a denormal whose logits / T overflow); top_p a number
+  /// in (0, 1] (below float32's smallest normal number it becomes that number: the same nucleus,
+  /// the most likely token alone); top_k an integer in [0, 2**31 - 1]; seed an integer >= 0
+  /// with seed + seeds - 1 within 64 bits. What a value means at temperature 0 (nothing) is
+  /// refuse_unused_under_greedy's. Throws InvalidArgument, one line naming the parameter (as
+  /// `names` spells it) and the value given.
+  SamplingParams params() const;
+
+  /// Refuses top_p / top_k / seed set under greedy decoding (temperature 0), where they have no
+  /// effect: `given` names the ones the caller set ("top_p", "top_k", "seed"; others ignored).
+  /// Throws InvalidArgument naming each: "top_p=0.9 has no effect under greedy decoding
+  /// (temperature 0); give temperature > 0 to sample, or drop it" ("--top-p 0.9 ..." for names
+  /// that are flags). Nothing when the temperature is not 0 or none was given.
+  void refuse_unused_under_greedy(const std::vector<std::string>& given) const;
 };
 
 /// Index of the largest logit; ties go to the smallest index. Throws Error
@@ -29,8 +91,7 @@ int argmax(const float* logits, int vocab);
 /// The distribution sampling draws from: softmax(logits / T) restricted to
 /// top-k then top-p and renormalised. fp32 [vocab] into `probs`. For greedy
 /// params, a one-hot vector on argmax.
-void sampling_distribution(const float* logits, int vocab, const SamplingParams& params,
-                           std::vector<float>& probs);
+void sampling_distribution(const float* logits, int vocab, const SamplingParams& params, std::vector<float>& probs);
 
 /// A seeded random source with a platform-independent uniform draw.
 class Rng {
@@ -51,8 +112,7 @@ class Rng {
 int categorical_at(const float* p, int n, double u);
 
 /// Draws one token from logits under `params` (argmax when greedy).
-int sample_token(const float* logits, int vocab, const SamplingParams& params, Rng& rng,
-                 std::vector<float>& scratch);
+int sample_token(const float* logits, int vocab, const SamplingParams& params, Rng& rng, std::vector<float>& scratch);
 
 /// Draws one token under non-greedy `params` with top_k >= 1 from a row's k = min(top_k, vocab)
 /// best logits alone (`ids`, `top_logits` [k]: largest first, ties to the smaller id, as
@@ -66,9 +126,9 @@ int sample_from_top_k(const int32_t* ids, const float* top_logits, int k, const 
 
 /// The k that sampled decoding without top-k reads of each row (Model::forward_top_k, then
 /// sample_from_head): the most the CUDA backend selects on the GPU (kTopKMax). On sampled
-/// trajectories of the 0.5B model (3 MT-Bench prompts x 40 steps, tools/bench_sampling.py) the
-/// whole row was read at 0 / 0 / 1 of 120 steps for T = 0.7 with top_p 0.8 / 0.9 / 0.95, and at
-/// 6 of 120 (5%) for T = 1 alone.
+/// trajectories of the 0.5B model (MT-Bench prompts, tools/bench_sampling.py) the whole row was
+/// read on almost no steps at T = 0.7 with top_p, and on a few percent at T = 1 alone
+/// (benchmarks/README.md, "how often real trajectories read the row").
 constexpr int kSampleHeadK = 64;
 
 /// Fills `row` with the whole fp32 [vocab] logits row (sample_from_head's fallback; e.g.
@@ -150,9 +210,9 @@ void top_sampling_tokens(const float* logits, int vocab, const SamplingParams& p
 /// Throws InvalidArgument for k outside [1, vocab], greedy params, count < 0, an id outside
 /// [0, vocab), a repeated id, NaN or increasing top_logits, a log_normalizer below
 /// top_logits[0] / T (not the row's at this temperature).
-bool top_sampling_tokens_from_head(const int32_t* ids, const float* top_logits, int k, double log_normalizer,
-                                   int vocab, const SamplingParams& params, int count,
-                                   std::vector<int32_t>& tokens, std::vector<float>& probs);
+bool top_sampling_tokens_from_head(const int32_t* ids, const float* top_logits, int k, double log_normalizer, int vocab,
+                                   const SamplingParams& params, int count, std::vector<int32_t>& tokens,
+                                   std::vector<float>& probs);
 
 /// top_sampling_tokens of row `row` of `top` (Model::forward_top_k's output with the log-normalizer
 /// at top.inv_temperature == 1 / params.temperature: InvalidArgument otherwise, or when it holds no
@@ -160,8 +220,8 @@ bool top_sampling_tokens_from_head(const int32_t* ids, const float* top_logits, 
 /// through `read_row` (`*read_whole_row` tells which). Always bit-identical to top_sampling_tokens
 /// of the whole row. Throws what the two functions above throw (InvalidArgument for a row of
 /// another size than vocab).
-void top_sampling_tokens_from_head(const TopKLogits& top, int row, int vocab, const SamplingParams& params,
-                                   int count, const LogitsRowReader& read_row, std::vector<int32_t>& tokens,
+void top_sampling_tokens_from_head(const TopKLogits& top, int row, int vocab, const SamplingParams& params, int count,
+                                   const LogitsRowReader& read_row, std::vector<int32_t>& tokens,
                                    std::vector<float>& probs, bool* read_whole_row = nullptr);
 
 }  // namespace swiftspec

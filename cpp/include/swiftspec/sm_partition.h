@@ -54,8 +54,7 @@ inline SmRange resolve_sm_partition(int first, int count, int device_sms, const 
   shown += ", ";
   shown += std::to_string(count);
   shown += "]";
-  if (!has_sm_partition(first, count))
-    throw InvalidArgument(field + " [0, 0] is the whole GPU, not a partition");
+  if (!has_sm_partition(first, count)) throw InvalidArgument(field + " [0, 0] is the whole GPU, not a partition");
   const int end = count == 0 ? device_sms : first + count;
   if (first >= device_sms || end > device_sms)
     throw InvalidArgument(field + " " + shown + " is outside the " + std::to_string(device_sms) +
@@ -69,8 +68,7 @@ inline SmRange resolve_sm_partition(int first, int count, int device_sms, const 
     if (!on(first) || !on(end)) {
       std::string list;
       for (size_t i = 0; i < boundaries.size(); ++i) list += (i ? ", " : "") + std::to_string(boundaries[i]);
-      throw InvalidArgument(field + " " + shown + " (SMs " + std::to_string(first) + ".." +
-                            std::to_string(end - 1) +
+      throw InvalidArgument(field + " " + shown + " (SMs " + std::to_string(first) + ".." + std::to_string(end - 1) +
                             "): green-context partitions of this GPU start and end at SM " + list);
     }
   }

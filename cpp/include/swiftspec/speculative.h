@@ -40,9 +40,9 @@
 //             SpecInfer's recursive rejection sampling (Miao et al. 2024, §4;
 //             verification.h).
 // Default (Growth::Auto): TopK for every request. Under sampling (T 0.7, top-p
-// 0.8, tree budget 16) the real Qwen2.5-Coder 1.5B / 0.5B pair accepted 5.00
-// tokens per verification with TopK growth (target sampling) against 4.33 with
-// Sampled growth (recursive rejection sampling), 10 MT-Bench + HumanEval prompts
+// 0.8, tree budget 16) the real Qwen2.5-Coder 1.5B / 0.5B pair accepted more
+// tokens per verification with TopK growth (target sampling) than with
+// Sampled growth (recursive rejection sampling), MT-Bench + HumanEval prompts
 // on the CPU (docs/sampling_speculation.md, "Measured"); and TopK reads only
 // each drafted row's head where Sampled keeps whole [vocab] rows on the host.
 // Sampled growth stops exactly at the budget (the last expansion draws only as
@@ -50,6 +50,7 @@
 // draws stay an unbiased sample.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -106,15 +107,19 @@ struct SpeculationReport {
   std::string growth;        ///< "top_k" or "sampled"
   std::string verification;  ///< "greedy", "target_sampling", "rejection_sampling" or a mix joined by '+'
   int expand_width = 0;
-  double min_expand_prob = 0.0;      ///< the expansion threshold in effect
-  int rejection_sampling_nodes = 0;  ///< verifier decisions by recursive rejection sampling
-  int target_sampling_nodes = 0;     ///< verifier decisions by target sampling
-  int verified_nodes = 0;            ///< non-root tree nodes sent to the target, all steps
-  int drafted_nodes = 0;             ///< nodes the draft processed (forward passes rows), pending tokens excluded
-  int reused_nodes = 0;              ///< nodes kept by re-rooting (already drafted, not recomputed)
+  double min_expand_prob = 0.0;        ///< the expansion threshold in effect
+  int rejection_sampling_nodes = 0;    ///< verifier decisions by recursive rejection sampling
+  int target_sampling_nodes = 0;       ///< verifier decisions by target sampling
+  int verified_nodes = 0;              ///< non-root tree nodes sent to the target, all steps
+  int drafted_nodes = 0;               ///< nodes the draft processed (forward passes rows), pending tokens excluded
+  int reused_nodes = 0;                ///< nodes kept by re-rooting (already drafted, not recomputed)
   std::vector<int> accepted_per_step;  ///< accepted speculative tokens per verification (bonus excluded)
   std::vector<int> verified_per_step;  ///< non-root nodes verified per verification
   std::vector<int> draft_batch_rows;   ///< rows of each draft forward pass (pending tokens included)
+  // The auto mode (generate_speculative_auto) only:
+  std::vector<int> budget_per_round;         ///< each round's tree budget; 0: a target-only round
+  std::map<std::string, int> round_reasons;  ///< rounds per SpeculationPolicy reason ("best", "probe", ...)
+  int caught_up_tokens = 0;                  ///< tokens the draft prefilled after rounds it sat out
 };
 
 /// The draft side: the draft model's token tree and tree KV bookkeeping.
@@ -132,6 +137,14 @@ class DraftTree {
   /// root. Returns false when cancelled (then call start() again before
   /// anything else).
   bool start(const std::vector<int32_t>& prompt, int32_t first_token, const PrefillControl& control = {});
+
+  /// Brings the draft up to date after rounds it sat out (the auto mode's target-only rounds):
+  /// appends its pending tokens, the current root and `tokens` (the final tokens after the root,
+  /// oldest first) to the committed region in prefill passes (in chunks, polling
+  /// control.cancelled), and makes `new_root` the root of a new tree (the old tree's nodes are
+  /// dropped). Counts the passes' time in time(). Returns false when cancelled (then call start()
+  /// before anything else).
+  bool catch_up(const std::vector<int32_t>& tokens, int32_t new_root, const PrefillControl& control = {});
 
   /// True when another expansion can add nodes: an unexpanded node of depth
   /// < depth_limit and cumulative probability >= min_expand_prob exists and
@@ -275,6 +288,20 @@ GenerationResult generate_speculative_serial(Model& target, Model& draft, const 
 GenerationResult generate_speculative_serial(Model& target, Model& draft, const std::vector<int32_t>& prompt,
                                              const GenerationConfig& config, const TokenCallback& on_tokens,
                                              const SpeculativeOptions& options, SpeculationReport* report);
+
+/// The auto mode (DecodeMode::Auto; speculation_policy.h): before every round a
+/// SpeculationPolicy chooses target-only decoding (a verification of the root alone: one target
+/// pass of one row) or a serial round (as generate_speculative_serial) with a tree budget of its
+/// arms, from the pass times and acceptance measured so far in the request. Both models prefill
+/// the prompt before the first token; the draft catches up after target-only rounds
+/// (DraftTree::catch_up). Greedy
+/// output is target-only's token for token; sampled output keeps the target's distribution.
+/// Same contract, statistics and errors as generate_speculative_serial (config.tree_budget is the
+/// largest budget); `report`, when given, also receives budget_per_round, round_reasons and
+/// caught_up_tokens.
+GenerationResult generate_speculative_auto(Model& target, Model& draft, const std::vector<int32_t>& prompt,
+                                           const GenerationConfig& config, const TokenCallback& on_tokens,
+                                           const SpeculativeOptions& options = {}, SpeculationReport* report = nullptr);
 
 /// Name of a growth rule ("top_k", "sampled").
 std::string tree_growth_name(TreeGrowth growth);

@@ -19,21 +19,21 @@ namespace swiftspec {
 
 /// Event names used by the asynchronous engine (tracks "draft", "target", "host").
 namespace timeline_event {
-inline constexpr const char* kPrefill = "prefill";          ///< draft/target: prompt processing
-inline constexpr const char* kVerify = "verify";            ///< target: one tree verification (forward + commit)
+inline constexpr const char* kPrefill = "prefill";           ///< draft/target: prompt processing
+inline constexpr const char* kVerify = "verify";             ///< target: one tree verification (forward + commit)
 inline constexpr const char* kWaitSubtree = "wait_subtree";  ///< target idle: waiting for the next subtree
-inline constexpr const char* kGrow = "grow";                ///< draft: one draft forward pass (tree expansion)
-inline constexpr const char* kSend = "select_send";         ///< draft: best subtree selected and sent
-inline constexpr const char* kReroot = "reroot";            ///< draft: commit the accepted path, re-root the tree
-inline constexpr const char* kWaitResult = "wait_result";   ///< draft idle: waiting for a verification result
-inline constexpr const char* kEmit = "emit";                ///< host: streaming callback with new tokens
+inline constexpr const char* kGrow = "grow";                 ///< draft: one draft forward pass (tree expansion)
+inline constexpr const char* kSend = "select_send";          ///< draft: best subtree selected and sent
+inline constexpr const char* kReroot = "reroot";             ///< draft: commit the accepted path, re-root the tree
+inline constexpr const char* kWaitResult = "wait_result";    ///< draft idle: waiting for a verification result
+inline constexpr const char* kEmit = "emit";                 ///< host: streaming callback with new tokens
 }  // namespace timeline_event
 
 struct TimelineEvent {
-  std::string name;     ///< one of timeline_event (or any label)
-  double begin = 0;     ///< seconds since Timeline::start()
-  double end = 0;       ///< seconds since Timeline::start(), >= begin
-  int round = -1;       ///< verification round the event belongs to (-1: none)
+  std::string name;  ///< one of timeline_event (or any label)
+  double begin = 0;  ///< seconds since Timeline::start()
+  double end = 0;    ///< seconds since Timeline::start(), >= begin
+  int round = -1;    ///< verification round the event belongs to (-1: none)
   /// Integer annotations (e.g. {"nodes", 16}, {"accepted", 3}).
   std::vector<std::pair<std::string, long long>> args;
 };
@@ -54,14 +54,14 @@ struct TimelineTrack {
 
 /// What the timeline says about the critical path (seconds).
 struct TimelineSummary {
-  double span = 0;              ///< first event begin .. last event end
-  double decode_span = 0;       ///< first verification begin .. last verification end
-  double target_verify = 0;     ///< target busy verifying
-  double target_wait = 0;       ///< target idle waiting for a subtree, after its first verification
-  double draft_grow = 0;        ///< draft busy in forward passes (decode phase)
-  double draft_other = 0;       ///< draft busy selecting / re-rooting
-  double draft_wait = 0;        ///< draft idle waiting for a result (nothing left to grow)
-  int rounds = 0;               ///< verifications
+  double span = 0;           ///< first event begin .. last event end
+  double decode_span = 0;    ///< first verification begin .. last verification end
+  double target_verify = 0;  ///< target busy verifying
+  double target_wait = 0;    ///< target idle waiting for a subtree, after its first verification
+  double draft_grow = 0;     ///< draft busy in forward passes (decode phase)
+  double draft_other = 0;    ///< draft busy selecting / re-rooting
+  double draft_wait = 0;     ///< draft idle waiting for a result (nothing left to grow)
+  int rounds = 0;            ///< verifications
   /// Share of the decode span the target spent verifying (1.0: the draft is
   /// entirely off the critical path).
   double target_utilization() const { return decode_span > 0 ? target_verify / decode_span : 0.0; }

@@ -34,11 +34,11 @@ namespace swiftspec {
 
 /// One node of a token tree.
 struct TreeNode {
-  int32_t token = 0;          ///< token id
-  int32_t parent = -1;        ///< index of the parent; -1 for the root
-  int32_t depth = 0;          ///< 0 for the root, parent's depth + 1 otherwise
-  float logprob = 0.0f;       ///< draft log-prob of `token` given root..parent (0 for the root)
-  double cum_logprob = 0.0;   ///< sum of logprob along root..this node (0 for the root)
+  int32_t token = 0;              ///< token id
+  int32_t parent = -1;            ///< index of the parent; -1 for the root
+  int32_t depth = 0;              ///< 0 for the root, parent's depth + 1 otherwise
+  float logprob = 0.0f;           ///< draft log-prob of `token` given root..parent (0 for the root)
+  double cum_logprob = 0.0;       ///< sum of logprob along root..this node (0 for the root)
   std::vector<int32_t> children;  ///< child indices, in insertion order
   /// The draft has proposed this node's children (its distribution was read).
   bool expanded = false;

@@ -14,9 +14,9 @@ namespace swiftspec {
 
 /// The top-k of `rows` logits rows.
 struct TopKLogits {
-  int k = 0;                           ///< entries per row (k >= 1 once filled)
-  std::vector<int32_t> ids;            ///< [rows, k] token ids, largest logit first; ties: smaller id first
-  std::vector<float> logits;           ///< [rows, k] their logits (the values Model::forward returns)
+  int k = 0;                  ///< entries per row (k >= 1 once filled)
+  std::vector<int32_t> ids;   ///< [rows, k] token ids, largest logit first; ties: smaller id first
+  std::vector<float> logits;  ///< [rows, k] their logits (the values Model::forward returns)
   /// [rows] ln sum_v exp(logit_v * inv_temperature), or empty when not asked for
   std::vector<double> log_normalizer;
   /// The inverse temperature 1 / T the log-normalizer is at (1: the logits' own softmax). With it,
@@ -47,7 +47,7 @@ void check_top_k(int k, int vocab, const char* who);
 /// values and, when `with_log_normalizer`, log_normalizer(row, vocab, inv_temperature).
 /// Throws InvalidArgument for k outside [1, vocab] or a bad inv_temperature, Error when a row
 /// holds NaN (the message of swiftspec::argmax: a silently wrong token otherwise).
-void select_top_k_logits(const float* logits, int rows, int vocab, int k, bool with_log_normalizer,
-                         TopKLogits& out, double inv_temperature = 1.0);
+void select_top_k_logits(const float* logits, int rows, int vocab, int k, bool with_log_normalizer, TopKLogits& out,
+                         double inv_temperature = 1.0);
 
 }  // namespace swiftspec

@@ -68,11 +68,11 @@ class WorkerGroup {
   std::mutex mu_;
   std::condition_variable start_cv_, done_cv_;
   const std::function<void(int)>* task_ = nullptr;  // guarded by mu_
-  uint64_t generation_ = 0;                          // guarded by mu_
-  int running_ = 0;                                  // guarded by mu_
-  bool stop_ = false;                                // guarded by mu_
-  uint64_t forks_ = 0;  // forks_so_far() when the rank threads started (fork_count.h)
-  std::vector<std::exception_ptr> errors_;           // per rank; written by the rank, read after done
+  uint64_t generation_ = 0;                         // guarded by mu_
+  int running_ = 0;                                 // guarded by mu_
+  bool stop_ = false;                               // guarded by mu_
+  uint64_t forks_ = 0;                              // forks_so_far() when the rank threads started (fork_count.h)
+  std::vector<std::exception_ptr> errors_;          // per rank; written by the rank, read after done
 };
 
 /// Pins the calling thread to `cores` (all of them; best effort, ignored where

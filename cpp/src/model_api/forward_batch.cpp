@@ -11,8 +11,7 @@
 
 namespace swiftspec {
 
-ForwardBatch ForwardBatch::append(const std::vector<int32_t>& tokens, int start_position,
-                                  LogitsMode mode) {
+ForwardBatch ForwardBatch::append(const std::vector<int32_t>& tokens, int start_position, LogitsMode mode) {
   ForwardBatch b;
   b.tokens = tokens;
   b.positions.resize(tokens.size());

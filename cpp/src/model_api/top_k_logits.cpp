@@ -19,7 +19,8 @@ std::vector<int32_t> top_k_indices(const float* values, int n, int k) {
   auto better = [values](int32_t a, int32_t b) { return values[a] > values[b] || (values[a] == values[b] && a < b); };
   if (k > 256) {
     // A large k (top-k sampling with top_k near the vocabulary): inserting into the sorted list
-    // moves O(k) entries per token, 0.7 s for a 152k row at k = vocab; a partial sort is O(n log k).
+    // moves O(k) entries per token, far too slow for a 152k row at k = vocab; a partial sort is
+    // O(n log k).
     std::vector<int32_t> all;
     all.reserve(n);
     for (int32_t i = 0; i < n; ++i)
@@ -62,8 +63,8 @@ void check_top_k(int k, int vocab, const char* who) {
                           std::to_string(k));
 }
 
-void select_top_k_logits(const float* logits, int rows, int vocab, int k, bool with_log_normalizer,
-                         TopKLogits& out, double inv_temperature) {
+void select_top_k_logits(const float* logits, int rows, int vocab, int k, bool with_log_normalizer, TopKLogits& out,
+                         double inv_temperature) {
   check_top_k(k, vocab, "top-k logits");
   check_inv_temperature(inv_temperature, "top-k logits");
   out.k = k;
@@ -73,8 +74,7 @@ void select_top_k_logits(const float* logits, int rows, int vocab, int k, bool w
   out.log_normalizer.clear();
   for (int r = 0; r < rows; ++r) {
     const float* row = logits + static_cast<size_t>(r) * vocab;
-    if (std::any_of(row, row + vocab, [](float v) { return std::isnan(v); }))
-      throw Error(kNanLogitsMessage);
+    if (std::any_of(row, row + vocab, [](float v) { return std::isnan(v); })) throw Error(kNanLogitsMessage);
     for (int32_t t : top_k_indices(row, vocab, k)) {
       out.ids.push_back(t);
       out.logits.push_back(row[t]);
@@ -94,8 +94,8 @@ void Model::forward_top_k(const ForwardBatch& batch, int k, bool with_log_normal
   check_top_k(k, vocab, "forward_top_k");  // before the pass: a bad k must not advance the KV cache
   check_inv_temperature(inv_temperature, "forward_top_k");
   forward(batch, kept_logits_);  // forgets the previous pass's rows first
-  select_top_k_logits(kept_logits_.data(), static_cast<int>(kept_logits_.size() / vocab), vocab, k,
-                      with_log_normalizer, out, inv_temperature);
+  select_top_k_logits(kept_logits_.data(), static_cast<int>(kept_logits_.size() / vocab), vocab, k, with_log_normalizer,
+                      out, inv_temperature);
   // (as the CUDA backend, which writes no logits for a lone arg-max)
   if (k == 1 && !with_log_normalizer) {
     note_no_logits_kept();
@@ -110,15 +110,16 @@ void Model::read_logits_row(int row, std::vector<float>& out) {
     case KeptState::NeverRan:
       throw InvalidArgument("read_logits_row: no forward_top_k has run on this model yet");
     case KeptState::Forgotten:
-      throw InvalidArgument("read_logits_row: a later pass of this model replaced the logits of its last forward_top_k");
+      throw InvalidArgument(
+          "read_logits_row: a later pass of this model replaced the logits of its last forward_top_k");
     case KeptState::NoneKept:
       throw InvalidArgument("read_logits_row: the last forward_top_k (k = 1 without log-normalizer) kept no logits");
     case KeptState::Kept:
       break;
   }
   if (row < 0 || row >= kept_rows_)
-    throw InvalidArgument("read_logits_row: row " + std::to_string(row) + " is outside [0, rows=" +
-                          std::to_string(kept_rows_) + ") of the last forward_top_k");
+    throw InvalidArgument("read_logits_row: row " + std::to_string(row) +
+                          " is outside [0, rows=" + std::to_string(kept_rows_) + ") of the last forward_top_k");
   const size_t vocab = static_cast<size_t>(config().vocab_size);
   const float* src = kept_logits_.data() + static_cast<size_t>(row) * vocab;
   out.assign(src, src + vocab);

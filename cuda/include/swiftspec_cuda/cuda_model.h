@@ -4,18 +4,20 @@
 //
 // What runs per forward step (one CUDA graph per token-count bucket, §5.3):
 //   embed -> L x [ RMSNorm+QKV GEMM (+bias, RoPE, K/V written into the cache)
-//                  -> tree attention (split over the KV length, combined in-kernel)
+//                  -> attention over committed + tree KV (split over the KV length in
+//                     fixed tiles / splits / supers, folded in-kernel: kernels/attention.h)
 //                  -> O GEMM (+residual)
 //                  -> RMSNorm+gate/up GEMM (+SwiGLU) -> down GEMM (+residual) ]
 //   -> final RMSNorm + LM head (+logits, +argmax on the GPU)
-// Details, measured numbers and design notes: docs/cuda_notes.md.
+// Design, build and how to measure: docs/cuda_backend.md; measured numbers: benchmarks/README.md.
 //
 // Exactness (model.h): every row of a batch is computed with the same
 // arithmetic as a batch of one (the GEMM reduction over K is split into a
 // fixed set of slices per weight matrix, summed in a fixed order, whatever the
-// batch size), and attention sums keys in logical order (committed prefix,
-// then ancestors by depth) in fixed 64-key chunks whether a key lives in the
-// committed or the tree region.
+// batch size), and attention reduces keys in logical order (committed prefix,
+// then ancestors by depth) in a fixed tree of 64-key tiles, 256-key splits and
+// 2048-key supers (a function of the token's key count only), whether a key
+// lives in the committed or the tree region.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -43,37 +45,49 @@ class CudaError : public Error {
 };
 
 /// One host-resident weight tensor handed to the CUDA backend. Row-major,
-/// contiguous; `data` need not be aligned. dtype F32, BF16 or F16.
+/// contiguous; `data` need not be aligned. dtype F32, BF16 or F16; or, for a linear
+/// projection of a model with CudaModelOptions::int4_group_size > 0, int4
+/// (docs/checkpoint_format.md, "int4 weights"): dtype U8, `shape` the projection's
+/// [N, K], `data` the packed values U8 [N][K/2] (byte j of a row: element 2j in the low
+/// nibble, 2j + 1 in the high one), `scales` fp16 bits [N][K/group_size], `zeros` U8
+/// [N][K/group_size] (0..15), element (n, k) = (q - z) * s.
 struct HostWeight {
   DType dtype = DType::BF16;
   std::vector<int64_t> shape;
   const void* data = nullptr;
+  const uint16_t* scales = nullptr;  ///< int4 only
+  const uint8_t* zeros = nullptr;    ///< int4 only
+  int group_size = 0;                ///< int4 only: K elements per scale / zero point; 0: a float tensor
+  bool is_int4() const { return group_size > 0; }
 };
 
 /// Looks up a weight by its checkpoint name (docs/checkpoint_format.md) and
 /// checks its shape. Must throw CheckpointError when the tensor is missing or
 /// its shape differs from `expected_shape`.
-using WeightLookup =
-    std::function<HostWeight(const std::string& name, const std::vector<int64_t>& expected_shape)>;
+using WeightLookup = std::function<HostWeight(const std::string& name, const std::vector<int64_t>& expected_shape)>;
 /// Says whether a tensor of that name exists (optional tensors: biases, lm_head).
 using WeightExists = std::function<bool(const std::string& name)>;
 
+/// CudaModelOptions::megakernel_max_keys's default.
+constexpr int kMegakernelDefaultMaxKeys = 8192;
+
 /// Extra options of the CUDA backend (defaults are the fast path).
 struct CudaModelOptions {
-  int device = 0;               ///< CUDA device ordinal
-  bool use_graphs = true;       ///< replay each step as a CUDA graph (false: plain launches)
-  bool use_pdl = true;          ///< programmatic dependent launch between kernels of a step
+  int device = 0;          ///< CUDA device ordinal
+  bool use_graphs = true;  ///< replay each step as a CUDA graph (false: plain launches)
+  bool use_pdl = true;     ///< programmatic dependent launch between kernels of a step
   /// With use_pdl and graphs: for each token bucket, time the
   /// step's graph under candidate launch settings that change no arithmetic
   /// (each kernel kind's PDL edge off, every edge off, each GEMM's other
   /// row-block sizes and pipeline depths, then the combination of those that
   /// paid) and keep the fastest (cuda/src/step_tuner.h). Done when the model
   /// is made, on a synthetic step per bucket (~6 replays per candidate, ~20
-  /// candidates: an estimate from run 18's step times, not measured, ~1 s per
-  /// bucket at the 8B shape, ~0.4 s at the 1.5B). Off for tensor-parallel ranks
-  /// (their all-reduces must pair up). SWIFTSPEC_STEP_TUNE=0 turns it off (A/B);
-  /// another value than 0, 1 or empty makes the constructor throw InvalidArgument. A candidate that fails (a capture refused, memory)
-  /// leaves its bucket untuned (debug_step_tuning says why).
+  /// candidates; the load time this adds: benchmarks/README.md, the step tuner
+  /// sections). Off for tensor-parallel ranks (their all-reduces must pair
+  /// up). SWIFTSPEC_STEP_TUNE=0 turns it off (A/B); another value than 0, 1 or
+  /// empty makes the constructor throw InvalidArgument. A candidate that fails
+  /// (a capture refused, memory) leaves its bucket untuned (debug_step_tuning
+  /// says why).
   bool autotune = true;
   /// Checks: the tuner also replays every candidate once more and requires
   /// the step's outputs (arg-max keys and residual rows) to be bitwise those of
@@ -146,12 +160,32 @@ struct CudaModelOptions {
   /// by timing when the model is made (autotune: 32 KB, 35840, 40960 or 53760 B;
   /// the same bits whichever wins), else the plan's 32 KB; or a fixed size.
   int megakernel_slot_bytes = 0;
+  /// The decode megakernel runs single-token steps over at most this many keys; longer ones
+  /// take the layered step, whose attention splits the keys over every SM (the megakernel's
+  /// attention is sized for short contexts). -1: kMegakernelDefaultMaxKeys; 0: no limit.
+  int megakernel_max_keys = -1;
+  /// Appends of 64+ tokens without every row's logits (prompts) run through the prefill path:
+  /// CUTLASS GEMMs over up to kPrefillMaxTokens tokens at once and a causal flash-attention
+  /// kernel (cuda/src/prefill/); the K/V it writes equal the decode steps' up to bf16
+  /// rounding. false: through the decode step per 64 tokens (bit-identical to decoding them;
+  /// checks and A/B). Tensor-parallel ranks always take the decode steps.
+  bool large_prefill = true;
   /// Benchmark: the megakernel stamps each op's start and end per CTA (read
   /// with CudaModel::debug_megakernel_trace). Costs a few stores per op.
   bool megakernel_trace = false;
-  /// Benchmark: every attention CTA stamps its phases (read with
-  /// CudaModel::debug_attention_trace). Costs a few stores per CTA.
-  bool attention_trace = false;
+  /// int4 projections (W4A16, issue 31): K elements per scale / zero point of every linear
+  /// projection (q/k/v, o, gate/up, down), a multiple of 32 dividing each projection's K
+  /// (which must be a multiple of 64); 0 (default): bf16 projections. The lookup then hands
+  /// each projection as an int4 HostWeight of this group size; the embedding, norms, biases
+  /// and LM head stay bf16. The projections are re-laid for the int4 skinny GEMM at load
+  /// (kernels/gemm_int4.h), and the RMSNorm weights, which cannot be folded into int4
+  /// weights, scale the GEMMs' bf16 activations instead (h16 = bf16(h32 * g)): the step
+  /// keeps its exactness contract but rounds differently from a bf16 model of the same
+  /// values. Runs on the layered step only: the constructor throws InvalidArgument (naming
+  /// the option) with megakernel, large_prefill or row_parallel, and for shapes the int4
+  /// GEMM cannot run. make_cuda_model sets it (and large_prefill = false) from an int4
+  /// checkpoint.
+  int int4_group_size = 0;
   /// Tensor parallelism (issue 7): with a hook, this model is one rank of a
   /// tensor-parallel group; its ModelConfig is the rank's shard shape (heads,
   /// KV heads, intermediate size and vocabulary divided by the TP degree) and
@@ -198,24 +232,15 @@ class CudaModel : public Model {
 
   /// Test hook: copies a device weight matrix as fp32, in its device layout
   /// (rows permuted, RMSNorm weight folded; see weight_layout.h): "embed", "lm"
-  /// (vocab rows padded to 16), or per layer "qkv", "o", "gate_up", "down".
+  /// (vocab rows padded to 16), or per layer "qkv", "o", "gate_up", "down" (bf16
+  /// projections only: InvalidArgument for those of an int4 model).
   virtual void debug_read_weight(const std::string& which, int layer, std::vector<float>& out) = 0;
 
   /// Benchmark hook: the global-timer stamps (ns) of the last megakernel step,
   /// [(6 * num_layers + 1) * ctas * 3]: start, end, arrival, then [num_layers][ctas][6] the
-  /// attention's phases (decode_megakernel.h, MegaParams::trace, kMegaAttnStamps), and the number of CTAs. Throws InvalidArgument unless the model was made
-  /// with megakernel_trace.
+  /// attention's phases (decode_megakernel.h, MegaParams::trace, kMegaAttnStamps), and the number of CTAs. Throws
+  /// InvalidArgument unless the model was made with megakernel_trace.
   virtual int debug_megakernel_trace(std::vector<unsigned long long>& stamps) = 0;
-
-  /// Benchmark hook: the global-timer stamps (ns) of the attention CTAs of the
-  /// layered steps since the last call (a CTA keeps its last step's; the call
-  /// clears them), [num_layers][kv_heads][64 blocks][16 splits][8] (kernels.h,
-  /// AttnParams::trace: entry, after the grid dependency, chunk start, keys
-  /// listed, scores done, partial written, arrival, end; 0 where a CTA did not
-  /// get there; shared-prefix CTAs at block index token blocks + group).
-  /// Returns kv_heads. Throws InvalidArgument unless the model was made with
-  /// attention_trace.
-  virtual int debug_attention_trace(std::vector<unsigned long long>& stamps) = 0;
 
   /// Bytes of weights one decode step reads (all layers, final norm, LM head;
   /// the embedding counts one row).
@@ -225,7 +250,8 @@ class CudaModel : public Model {
   /// (CudaModelOptions::sm_first / sm_count), else the whole GPU.
   virtual int num_sms() const = 0;
   /// Diagnostics: the persistent GEMM launch plans made so far, one line per
-  /// (matrix, token bucket): "qkv nt=1 S=2 BR=64 grid=66x2 ctas=132".
+  /// (matrix, token bucket): "qkv nt=1 S=2 BR=64 grid=66x2 ctas=132" ("qkv nt=1 int4 S=2
+  /// BR=128 ..." for the int4 GEMM's planner choice).
   virtual std::string debug_gemm_plans() const = 0;
   /// Diagnostics: one line per token bucket tuned so far (autotune): the
   /// median ms of each candidate setting and the choice, "nt=1: default
@@ -244,31 +270,32 @@ int gemm_engine_code(const std::string& name);
 
 /// Builds the CUDA model from a checkpoint (bf16 or f32 weights; converted
 /// to bf16 on the GPU) on ModelOptions::device, in the SM partition
-/// ModelOptions::sm_first / sm_count (see CudaModelOptions). Throws
-/// CheckpointError for missing or mis-shaped tensors, InvalidArgument for
-/// unsupported configurations (head_dim not 64 or 128, sizes not multiples of
-/// 16) or a bad SM partition, CudaError for device failures.
-std::unique_ptr<Model> make_cuda_model(std::shared_ptr<const Checkpoint> checkpoint,
-                                       const ModelOptions& options);
+/// ModelOptions::sm_first / sm_count (see CudaModelOptions). An int4 checkpoint
+/// (format version 3) loads with CudaModelOptions::int4_group_size = its group size
+/// and large_prefill off (prompts take the layered step); every projection's qweight /
+/// scales / zeros is validated by the CPU backend's rules (cpu::load_int4_matrix: shapes,
+/// the group size dividing K, zero points <= 15, finite scales) before anything is
+/// allocated on the GPU. Throws CheckpointError for missing or mis-shaped tensors (naming
+/// the tensor and its file), InvalidArgument for unsupported configurations (head_dim not
+/// 64 or 128, sizes not multiples of 16, int4 with the megakernel: int4_backend_problem in
+/// swiftspec/model.h, or int4 shapes the int4 GEMM cannot run) or a bad SM partition,
+/// CudaError for device failures.
+std::unique_ptr<Model> make_cuda_model(std::shared_ptr<const Checkpoint> checkpoint, const ModelOptions& options);
 
-/// Same, returning the CUDA model type, with CUDA-specific options.
-std::unique_ptr<CudaModel> make_cuda_model_ex(std::shared_ptr<const Checkpoint> checkpoint,
-                                              const ModelOptions& options,
+/// Same, returning the CUDA model type, with CUDA-specific options (for an int4 checkpoint
+/// int4_group_size and large_prefill come from the checkpoint, whatever `cuda_options` say).
+std::unique_ptr<CudaModel> make_cuda_model_ex(std::shared_ptr<const Checkpoint> checkpoint, const ModelOptions& options,
                                               const CudaModelOptions& cuda_options);
 
 /// Builds the CUDA model from host tensors given by `lookup` / `exists`
 /// (checkpoint names and layouts). Used by tests and by make_cuda_model().
-std::unique_ptr<CudaModel> make_cuda_model_from_host(const ModelConfig& config,
-                                                     const WeightLookup& lookup,
-                                                     const WeightExists& exists,
-                                                     const ModelOptions& options,
+std::unique_ptr<CudaModel> make_cuda_model_from_host(const ModelConfig& config, const WeightLookup& lookup,
+                                                     const WeightExists& exists, const ModelOptions& options,
                                                      const CudaModelOptions& cuda_options);
 
 /// Builds a model of `config`'s shape with random weights generated on the
 /// GPU (no files): for latency benchmarks. Values are small, finite, nonzero.
-std::unique_ptr<CudaModel> make_cuda_model_random(const ModelConfig& config,
-                                                  const ModelOptions& options,
-                                                  const CudaModelOptions& cuda_options,
-                                                  uint64_t seed);
+std::unique_ptr<CudaModel> make_cuda_model_random(const ModelConfig& config, const ModelOptions& options,
+                                                  const CudaModelOptions& cuda_options, uint64_t seed);
 
 }  // namespace swiftspec

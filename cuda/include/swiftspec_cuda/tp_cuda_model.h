@@ -9,10 +9,9 @@
 // The split follows TpPlan (tensor_parallel.h): query heads, KV heads and FFN
 // rows by rank. The embedding, the RMSNorm weights and the LM head are
 // replicated, so every rank computes the same full-vocabulary logits and no
-// gather is needed (rank 0's are returned; the other ranks skip the LM head). The CUDA attention maps query head j of a rank to its KV head
-// j / (q_heads / kv_heads), so the plan must need neither padding heads nor
-// replicated KV heads (e.g. 12 query / 2 KV heads at TP 2); other degrees are
-// rejected naming the counts.
+// gather is needed (rank 0's are returned; the other ranks skip the LM head). The CUDA attention maps query head j of a
+// rank to its KV head j / (q_heads / kv_heads), so the plan must need neither padding heads nor replicated KV heads
+// (e.g. 12 query / 2 KV heads at TP 2); other degrees are rejected naming the counts.
 //
 // Each forward() runs all ranks at once (rank 0 on the calling thread, the
 // others on parked threads of a WorkerGroup): the GPU all-reduce of one rank
@@ -53,7 +52,8 @@ struct TpCudaOptions {
 /// the GEMM engine (gemm_engine: the row-parallel GEMMs of the hook keep the
 /// default engine); its device is replaced by each rank's, and an SM
 /// partition or a stream priority is rejected (InvalidArgument).
-/// Throws InvalidArgument for fewer than 2 devices, an unsupported plan or a
+/// Throws InvalidArgument for fewer than 2 devices, an int4 checkpoint (int4 weights run on
+/// one GPU: int4_backend_problem, swiftspec/model.h), an unsupported plan or a
 /// repeated GPU with another all-reduce than PeerTwoKernel, CheckpointError
 /// for a bad checkpoint, CudaError / NcclError for device failures (no peer
 /// access between two GPUs).

@@ -27,9 +27,9 @@ namespace swiftspec::cuda {
 
 namespace {
 
-constexpr int kWarps = 8;                    ///< consumer warps
-constexpr int kConsumers = kWarps * 32;      ///< consumer threads
-constexpr int kThreads = kConsumers + 32;    ///< + the producer warp
+constexpr int kWarps = 8;                  ///< consumer warps
+constexpr int kConsumers = kWarps * 32;    ///< consumer threads
+constexpr int kThreads = kConsumers + 32;  ///< + the producer warp
 /// Counters per layer, in step order (also the trace's op slots; the LM head
 /// is slot kCtrPerLayer * num_layers).
 enum Counter { kCtrQKV = 0, kCtrAttn = 1, kCtrMerge = 2, kCtrO = 3, kCtrGateUp = 4, kCtrDown = 5, kCtrPerLayer = 6 };
@@ -37,22 +37,23 @@ static_assert(kCtrPerLayer == 6, "decode_megakernel.h's trace layout counts 6 op
 /// Weight streams per layer (the attention has none).
 enum StreamKind { kStreamQKV = 0, kStreamO = 1, kStreamGateUp = 2, kStreamDown = 3, kStreamsPerLayer = 4 };
 /// Keys per attention unit (kv head, split): 8 warps x 4 keys in flight
-/// (64 or more keys per unit measured slower, run 14).
+/// (64 or more keys per unit measured slower; benchmarks/README.md, "the
+/// decode megakernel reworked").
 constexpr int kKeysPerSplit = 32;
 /// Splits whose partial states one thread loads at once in a merge.
 constexpr int kMergeBatch = 16;
 /// Default MegaPlan::head_keys per part at head_dim 64 (half at 128): query
 /// heads run in head_attention units instead of split units and a merge up
-/// to this many keys per part (its K and V rows: 144 KB). Run 20 (bench,
-/// random weights, one part): 0.5B 0.674 vs 0.736 ms at 256 keys, 0.752 vs
-/// 0.766 at 512. One SM reads those rows at only ~16 GB/s, so one part per
-/// head was no faster at head_dim 128 (1.5B 1.356 vs 1.352 ms at 256 keys, 8B
-/// 4.207 vs 4.182): there the default is 0 unless a head has several parts.
+/// to this many keys per part (its K and V rows: 144 KB): with one part per
+/// head, faster at the 0.5B shape at 256 and 512 keys. One SM reads those
+/// rows slowly, so one part per head was no faster at head_dim 128 (1.5B,
+/// 8B): there the default is 0 unless a head has several parts
+/// (benchmarks/README.md, "attention by query heads in 4 CTAs each").
 constexpr int kHeadKeysDefault64 = 576;
 /// CTAs per query head in head_attention (MegaPlan::head_parts) at most, and
 /// the plan's default: 4 parts measured faster than 8 at the 0.5B / 1.5B
-/// shapes (run 20: 0.759 / 1.351 vs 0.771 / 1.371 ms), and than 1 (0.788 /
-/// 1.401) or the split units (0.766 / 1.391).
+/// shapes, and than 1 or the split units (benchmarks/README.md, "attention by
+/// query heads in 4 CTAs each").
 constexpr int kMaxHeadParts = 8;
 /// MegaPlan::merge_in_o merges at most this many parts per head (more spill).
 constexpr int kMaxMergeParts = 4;
@@ -60,26 +61,27 @@ constexpr int kDefaultHeadParts = 4;
 /// MegaPlan::max_inflight by default (0: the whole ring).
 constexpr int kDefaultMaxInflight = 0;
 /// MegaPlan::release_hold and hold_until_input by default: the slots of each
-/// op's last two chunks refilled once the next op has its input. Run 22
-/// (H200, 512 keys, one call, benchmarks/README.md): 0.5B 0.663 / 0.662 /
-/// 0.724 ms (hold 2 until the input / until the release / off), 1.5B 1.207 /
-/// 1.241 / 1.315, 8B 4.128 / 4.162 / 4.205; hold 3 or 16 slower (the bytes
-/// come too late).
+/// op's last two chunks refilled once the next op has its input: faster than
+/// no hold at every shape, and than holding them until the release at the
+/// 1.5B / 8B (equal at the 0.5B); holding 3 or 16 was slower (the bytes come
+/// too late). benchmarks/README.md, "ring refills held back at the handoffs".
 constexpr int kDefaultReleaseHold = 2;
 constexpr int kDefaultHoldUntilInput = 1;
-/// MegaPlan::attn_short by default at head_dim 64 (0 at 128). Run 22 (512
-/// keys, 4 parts per head): 0.5B 0.599 vs 0.658 ms (attention 6.5 vs 8.2 µs
-/// per layer); at head_dim 128 no faster: 1.5B 1.241 vs 1.208, 8B 4.085 vs 4.074.
+/// MegaPlan::attn_short by default at head_dim 64 (0 at 128): with 4 parts
+/// per head, faster at the 0.5B (its attention shorter per layer); at head_dim
+/// 128 no faster (1.5B, 8B). benchmarks/README.md, "short attention parts in
+/// one round trip".
 constexpr int kDefaultAttnShort = 1;
 /// MegaPlan::attn_prewait by default (a short head part's committed K/V loads
-/// issued before its wait for the QKV op). Run 23 (512 keys): the 0.5B's
-/// traced step 578.8-582.9 vs 589.8-592.1 µs, attention 6.0-6.2 vs 6.7-6.9 µs
-/// per layer; head_dim 128 unchanged (batched parts load after the wait).
+/// issued before its wait for the QKV op): the 0.5B's traced step and its
+/// attention per layer faster; head_dim 128 unchanged (batched parts load
+/// after the wait). benchmarks/README.md, "committed K/V loads issued before
+/// its wait".
 constexpr int kDefaultAttnPrewait = 1;
-/// MegaPlan::merge_in_o by default: off until measured (run 23 wrote it
-/// without a GPU; the next session's A/B decides).
+/// MegaPlan::merge_in_o by default: off until measured (written without a
+/// GPU; an A/B on one decides).
 constexpr int kDefaultMergeInO = 0;
-/// MegaPlan::l2_prefetch_bytes by default: off until measured (run 23 wrote it
+/// MegaPlan::l2_prefetch_bytes by default: off until measured (written
 /// without a GPU). Largest value accepted: 4 MiB per CTA.
 constexpr int kDefaultL2PrefetchBytes = 0;
 constexpr int kMaxL2PrefetchBytes = 4 << 20;
@@ -107,14 +109,15 @@ constexpr int kAlignSlack = 128;
 template <bool kTraced>
 __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __grid_constant__ MegaParams p) {
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 127) & ~uintptr_t(127));
+  unsigned char* base =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 127) & ~uintptr_t(127));
   const MegaPlan& pl = p.plan;
   const MegaShape& s = p.s;
   unsigned char* slots = base;
   __nv_bfloat16* x = reinterpret_cast<__nv_bfloat16*>(base + static_cast<size_t>(pl.num_slots) * pl.slot_bytes);
   float* misc = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(x) + pl.x_bytes);
-  float* h_own = misc;                      // this CTA's residual rows (O and down), the whole step
-  float* ybuf = misc + pl.own_rows;         // QKV / gate-up outputs of its rows; attention scratch
+  float* h_own = misc;               // this CTA's residual rows (O and down), the whole step
+  float* ybuf = misc + pl.own_rows;  // QKV / gate-up outputs of its rows; attention scratch
   Stream* table = reinterpret_cast<Stream*>(reinterpret_cast<unsigned char*>(misc) + pl.misc_bytes);
   MegaLayer* layers = reinterpret_cast<MegaLayer*>(reinterpret_cast<unsigned char*>(table) + pl.table_bytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(layers) + pl.layers_bytes);
@@ -123,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
   unsigned long long* small_key = reinterpret_cast<unsigned long long*>(small + 16);  // [8]
   StepConsts* consts = reinterpret_cast<StepConsts*>(small_key + 8);
   float2* rope = reinterpret_cast<float2*>(consts + 1);  // [head_dim / 2] (cos, sin) of the step's position
-  int* released = reinterpret_cast<int*>(rope + 64);       // streams released so far (release_hold)
+  int* released = reinterpret_cast<int*>(rope + 64);     // streams released so far (release_hold)
 
   const int tid = threadIdx.x, cta = blockIdx.x, G = pl.ctas;
   const int warp = tid >> 5, lane = tid & 31;
@@ -139,15 +142,18 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
     for (int i = tid; i < s.head_dim / 2; i += kThreads) {
       float sn, cs;
       sincosf(static_cast<float>(pos) * p.inv_freq[i], &sn, &cs);  // as EpiQKV
+      if (p.rope_scale != 1.0f) {
+        cs *= p.rope_scale;
+        sn *= p.rope_scale;
+      }
       rope[i] = make_float2(cs, sn);
     }
   }
   if (tid == 0) {
     make_step_consts(p, *consts);
-    consts->attn_stamps =
-        kTraced && p.trace != nullptr
-            ? p.trace + mega_trace_attn_offset(L, G) + static_cast<size_t>(cta) * kMegaAttnStamps
-            : nullptr;
+    consts->attn_stamps = kTraced && p.trace != nullptr
+                              ? p.trace + mega_trace_attn_offset(L, G) + static_cast<size_t>(cta) * kMegaAttnStamps
+                              : nullptr;
     for (int i = 0; i < pl.num_slots; ++i) {
       mbar_init(&full[i], 1);
       mbar_init(&empty[i], kWarps);
@@ -188,41 +194,43 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
       const MegaLayer& Ly = layers[l];
       unsigned* lc = ctr + l * kCtrPerLayer;
       const int slot0 = l * kCtrPerLayer;
-      // (An L2 prefetch of the attention units' committed K/V rows here, run
-      // 14's, measured slower at the 0.5B (0.724 vs 0.711 ms) and no faster at
-      // the 1.5B / 8B in run 21: it delayed the QKV op more than it sped up
-      // the attention.)
+      // (An L2 prefetch of the attention units' committed K/V rows here
+      // measured slower at the 0.5B and no faster at the 1.5B / 8B: it delayed
+      // the QKV op more than it sped up the attention; benchmarks/README.md,
+      // "where the megakernel's handoffs go".)
       // ---- QKV (+ bias, RoPE, K/V into the cache) ------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamQKV];
         gemv_op<kTraced>(p, st, l > 0 ? lc - kCtrPerLayer + kCtrDown : nullptr, lc + kCtrQKV, slot0 + kCtrQKV,
-                kStreamsPerLayer * l + kStreamQKV, kStreamsPerLayer * l - 1, released, [&] {
-          rinv = load_normed_input(p, l == 0, c.token, x, small);
-          if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * l);  // down of layer l - 1
-          consume_stream<kTraced>(p, st, ring, x, [&](int row, float v) {
-            if (lane == 0) ybuf[row - st.row0] = v;
-          });
-          store_ring_wait<kTraced>(p, slot0 + kCtrQKV, ring);
-          __syncwarp();
-          // EpiQKV with the RoPE table of the launch instead of a sincosf after a
-          // dependent load on the op's critical path. Tile t's pair (r, r + 8)
-          // sits in warp r (rows i = 16 t + r, 16 t + 8 + r).
-          EpiQKV::Params e;
-          e.bias = Ly.qkv_bias;
-          e.q = p.q;
-          e.kcache = Ly.kcache;
-          e.vcache = Ly.vcache;
-          e.num_heads = s.num_heads;
-          e.num_kv_heads = s.num_kv_heads;
-          e.head_dim = s.head_dim;
-          e.slots = s.slots;
-          e.neox = s.neox;
-          for (int t = lane; t < (st.row1 - st.row0) / 16; t += 32) {
-            const int tile = st.row0 / 16 + t;
-            const float2 cs = rope[EpiQKV::pair_index(e, tile, warp)];
-            EpiQKV::store(e, tile, warp, 0, c.kv_index, ybuf[t * 16 + warp], ybuf[t * 16 + 8 + warp], rinv, cs.x, cs.y);
-          }
-        });
+                         kStreamsPerLayer * l + kStreamQKV, kStreamsPerLayer * l - 1, released, [&] {
+                           rinv = load_normed_input(p, l == 0, c.token, x, small);
+                           if (pl.hold_until_input)
+                             mark_released(released, kStreamsPerLayer * l);  // down of layer l - 1
+                           consume_stream<kTraced>(p, st, ring, x, [&](int row, float v) {
+                             if (lane == 0) ybuf[row - st.row0] = v;
+                           });
+                           store_ring_wait<kTraced>(p, slot0 + kCtrQKV, ring);
+                           __syncwarp();
+                           // EpiQKV with the RoPE table of the launch instead of a sincosf after a
+                           // dependent load on the op's critical path. Tile t's pair (r, r + 8)
+                           // sits in warp r (rows i = 16 t + r, 16 t + 8 + r).
+                           EpiQKV::Params e;
+                           e.bias = Ly.qkv_bias;
+                           e.q = p.q;
+                           e.kcache = Ly.kcache;
+                           e.vcache = Ly.vcache;
+                           e.num_heads = s.num_heads;
+                           e.num_kv_heads = s.num_kv_heads;
+                           e.head_dim = s.head_dim;
+                           e.slots = s.slots;
+                           e.neox = s.neox;
+                           for (int t = lane; t < (st.row1 - st.row0) / 16; t += 32) {
+                             const int tile = st.row0 / 16 + t;
+                             const float2 cs = rope[EpiQKV::pair_index(e, tile, warp)];
+                             EpiQKV::store(e, tile, warp, 0, c.kv_index, ybuf[t * 16 + warp], ybuf[t * 16 + 8 + warp],
+                                           rinv, cs.x, cs.y);
+                           }
+                         });
       }
       // ---- attention: query heads in head_parts CTAs each for short
       // contexts; else (kv head, split) units, then the merge phase ----------------------
@@ -252,14 +260,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
             pw.target = static_cast<unsigned>(G);
             pw.self_row = c.kv_index;
             if (kTraced && p.trace != nullptr)
-              pw.stamp = p.trace + (static_cast<size_t>(slot0 + kCtrAttn) * p.plan.ctas + blockIdx.x) * kMegaTraceStamps;
+              pw.stamp =
+                  p.trace + (static_cast<size_t>(slot0 + kCtrAttn) * p.plan.ctas + blockIdx.x) * kMegaTraceStamps;
             waited = true;
           }
           HeadPart hp;
           hp.r = r;
           hp.parts = c.head_parts;
           hp.defer = pl.merge_in_o != 0;
-          if (unsigned long long* a = kTraced ? consts->attn_stamps : nullptr) hp.stamps = a + static_cast<size_t>(l) * G * kMegaAttnStamps;
+          if (unsigned long long* a = kTraced ? consts->attn_stamps : nullptr)
+            hp.stamps = a + static_cast<size_t>(l) * G * kMegaAttnStamps;
           hp.flag = ctr + L * kCtrPerLayer + 1 + l * s.num_heads + h;
           hp.part_o = p.part_o + static_cast<size_t>(h) * pl.max_splits * s.head_dim;
           hp.part_ml = p.part_ml + static_cast<size_t>(h) * pl.max_splits;
@@ -281,19 +291,19 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
         }
         if (pl.hold_until_input == 2) mark_released(released, kStreamsPerLayer * l + kStreamQKV + 1);
         signal_counter<kTraced>(p, lc + kCtrAttn, slot0 + kCtrAttn);
-        if (pl.l2_prefetch_bytes && tid == 0)
-          l2_prefetch_tail(pl, table[kStreamsPerLayer * l + kStreamGateUp]);
+        if (pl.l2_prefetch_bytes && tid == 0) l2_prefetch_tail(pl, table[kStreamsPerLayer * l + kStreamGateUp]);
         trace_mark<kTraced>(p, slot0 + kCtrMerge, 0);  // no merge: an empty op in the trace
         trace_mark<kTraced>(p, slot0 + kCtrMerge, 1);
       } else {
         for (int u = cta; u < s.num_kv_heads * c.splits; u += G) {
-          if (s.head_dim == 64) attention_unit<64>(p, c, Ly, u, ybuf);
-          else attention_unit<128>(p, c, Ly, u, ybuf);
+          if (s.head_dim == 64)
+            attention_unit<64>(p, c, Ly, u, ybuf);
+          else
+            attention_unit<128>(p, c, Ly, u, ybuf);
         }
         if (pl.hold_until_input == 2) mark_released(released, kStreamsPerLayer * l + kStreamQKV + 1);
         signal_counter<kTraced>(p, lc + kCtrAttn, slot0 + kCtrAttn);
-        if (pl.l2_prefetch_bytes && tid == 0)
-          l2_prefetch_tail(pl, table[kStreamsPerLayer * l + kStreamGateUp]);
+        if (pl.l2_prefetch_bytes && tid == 0) l2_prefetch_tail(pl, table[kStreamsPerLayer * l + kStreamGateUp]);
         trace_mark<kTraced>(p, slot0 + kCtrMerge, 2);
         wait_counter(lc + kCtrAttn, G);
         trace_mark<kTraced>(p, slot0 + kCtrMerge, 0);
@@ -306,47 +316,48 @@ __global__ void __launch_bounds__(kThreads, 1) decode_megakernel_kernel(const __
           h_own[i] = __bfloat162float(p.embed[static_cast<size_t>(c.token) * H + own.row0 + i]);
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamO];
-        gemv_op<kTraced>(p, st, c.whole_heads ? lc + kCtrAttn : lc + kCtrMerge, lc + kCtrO, slot0 + kCtrO, kStreamsPerLayer * l + kStreamO,
-                kStreamsPerLayer * l + kStreamQKV, released, [&] {
-          if (c.whole_heads && c.head_parts > 1 && pl.merge_in_o)
-            load_merged_attn(p.part_o, p.part_ml, s.num_heads, s.head_dim, pl.max_splits, c.head_parts, x);
-          else
-            load_input(p.attn, s.num_heads * s.head_dim, x);
-          if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * l + kStreamQKV + 1);
-          consume_stream<kTraced>(p, st, ring, x, add_residual);
-          store_ring_wait<kTraced>(p, slot0 + kCtrO, ring);
-        });
+        gemv_op<kTraced>(p, st, c.whole_heads ? lc + kCtrAttn : lc + kCtrMerge, lc + kCtrO, slot0 + kCtrO,
+                         kStreamsPerLayer * l + kStreamO, kStreamsPerLayer * l + kStreamQKV, released, [&] {
+                           if (c.whole_heads && c.head_parts > 1 && pl.merge_in_o)
+                             load_merged_attn(p.part_o, p.part_ml, s.num_heads, s.head_dim, pl.max_splits, c.head_parts,
+                                              x);
+                           else
+                             load_input(p.attn, s.num_heads * s.head_dim, x);
+                           if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * l + kStreamQKV + 1);
+                           consume_stream<kTraced>(p, st, ring, x, add_residual);
+                           store_ring_wait<kTraced>(p, slot0 + kCtrO, ring);
+                         });
       }
       // ---- gate/up + SwiGLU --------------------------------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamGateUp];
-        gemv_op<kTraced>(p, st, lc + kCtrO, lc + kCtrGateUp, slot0 + kCtrGateUp,
-                kStreamsPerLayer * l + kStreamGateUp, kStreamsPerLayer * l + kStreamO, released, [&] {
-          rinv = load_normed_input(p, false, c.token, x, small);
-          if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * l + kStreamO + 1);
-          consume_stream<kTraced>(p, st, ring, x, [&](int row, float v) {
-            if (lane == 0) ybuf[row - st.row0] = v;
-          });
-          store_ring_wait<kTraced>(p, slot0 + kCtrGateUp, ring);
-          __syncwarp();
-          EpiSwiGLU::Params e;
-          e.act = p.act;
-          e.intermediate = I;
-          for (int t = lane; t < (st.row1 - st.row0) / 16; t += 32)
-            EpiSwiGLU::apply(e, nullptr, true, st.row0 / 16 + t, warp, 0, ybuf[t * 16 + warp],
-                             ybuf[t * 16 + 8 + warp], rinv, 1);
-        });
+        gemv_op<kTraced>(p, st, lc + kCtrO, lc + kCtrGateUp, slot0 + kCtrGateUp, kStreamsPerLayer * l + kStreamGateUp,
+                         kStreamsPerLayer * l + kStreamO, released, [&] {
+                           rinv = load_normed_input(p, false, c.token, x, small);
+                           if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * l + kStreamO + 1);
+                           consume_stream<kTraced>(p, st, ring, x, [&](int row, float v) {
+                             if (lane == 0) ybuf[row - st.row0] = v;
+                           });
+                           store_ring_wait<kTraced>(p, slot0 + kCtrGateUp, ring);
+                           __syncwarp();
+                           EpiSwiGLU::Params e;
+                           e.act = p.act;
+                           e.intermediate = I;
+                           for (int t = lane; t < (st.row1 - st.row0) / 16; t += 32)
+                             EpiSwiGLU::apply(e, nullptr, true, st.row0 / 16 + t, warp, 0, ybuf[t * 16 + warp],
+                                              ybuf[t * 16 + 8 + warp], rinv, 1);
+                         });
       }
       // ---- down projection + residual ------------------------------------------------------
       {
         const Stream st = table[kStreamsPerLayer * l + kStreamDown];
-        gemv_op<kTraced>(p, st, lc + kCtrGateUp, lc + kCtrDown, slot0 + kCtrDown,
-                kStreamsPerLayer * l + kStreamDown, kStreamsPerLayer * l + kStreamGateUp, released, [&] {
-          load_input(p.act, I, x);
-          if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * l + kStreamGateUp + 1);
-          consume_stream<kTraced>(p, st, ring, x, add_residual);
-          store_ring_wait<kTraced>(p, slot0 + kCtrDown, ring);
-        });
+        gemv_op<kTraced>(p, st, lc + kCtrGateUp, lc + kCtrDown, slot0 + kCtrDown, kStreamsPerLayer * l + kStreamDown,
+                         kStreamsPerLayer * l + kStreamGateUp, released, [&] {
+                           load_input(p.act, I, x);
+                           if (pl.hold_until_input) mark_released(released, kStreamsPerLayer * l + kStreamGateUp + 1);
+                           consume_stream<kTraced>(p, st, ring, x, add_residual);
+                           store_ring_wait<kTraced>(p, slot0 + kCtrDown, ring);
+                         });
       }
     }
     // ---- final norm + LM head + arg-max -------------------------------------------------
@@ -419,7 +430,8 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, c
   if (s.num_kv_heads < 1 || s.num_heads % s.num_kv_heads) bad("num_heads must be a multiple of num_kv_heads");
   const int group = s.num_heads / s.num_kv_heads;
   if (group > 16) bad("at most 16 query heads per kv head");
-  if (s.hidden % 16 || s.intermediate % 8 || s.vocab_rows % 16) bad("hidden % 16, intermediate % 8 and vocab_rows % 16 must be 0");
+  if (s.hidden % 16 || s.intermediate % 8 || s.vocab_rows % 16)
+    bad("hidden % 16, intermediate % 8 and vocab_rows % 16 must be 0");
   if (num_sms < 1) bad("no SMs");
   const int nq = s.num_heads * s.head_dim, nkv = s.num_kv_heads * s.head_dim;
   const int kmax = std::max({s.hidden, nq, s.intermediate});
@@ -449,7 +461,8 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, c
   if (t.merge_in_o < -1 || t.merge_in_o > 1)
     bad("merge_in_o must be -1 (the default), 0 or 1, got " + std::to_string(t.merge_in_o));
   pl.merge_in_o = t.merge_in_o >= 0 ? t.merge_in_o : kDefaultMergeInO;
-  if (t.l2_prefetch_bytes < -1 || t.l2_prefetch_bytes > kMaxL2PrefetchBytes || (t.l2_prefetch_bytes > 0 && t.l2_prefetch_bytes % 16 != 0))
+  if (t.l2_prefetch_bytes < -1 || t.l2_prefetch_bytes > kMaxL2PrefetchBytes ||
+      (t.l2_prefetch_bytes > 0 && t.l2_prefetch_bytes % 16 != 0))
     bad("l2_prefetch_bytes must be -1 (the default), 0 (off) or a multiple of 16 up to " +
         std::to_string(kMaxL2PrefetchBytes) + ", got " + std::to_string(t.l2_prefetch_bytes));
   pl.l2_prefetch_bytes = t.l2_prefetch_bytes >= 0 ? t.l2_prefetch_bytes : kDefaultL2PrefetchBytes;
@@ -471,20 +484,22 @@ MegaPlan plan_decode_megakernel(const MegaShape& s, int num_sms, int max_smem, c
         std::to_string(pl.head_parts));
   // Default: the K and V bytes per part that one SM read faster than the split
   // units and their merge took (kHeadKeysDefault64 keys at head_dim 64).
-  pl.head_keys = head_keys >= 0 ? head_keys
+  pl.head_keys = head_keys >= 0                          ? head_keys
                  : s.head_dim == 64 || pl.head_parts > 1 ? kHeadKeysDefault64 * pl.head_parts * 64 / s.head_dim
                                                          : 0;
   // The split units' per-warp states, or head_attention's scores and its
   // [kConsumers / (head_dim / 8)][head_dim] partial outputs (2048 floats).
-  const size_t attn_floats = std::max(static_cast<size_t>(kWarps) * std::min(group, 8) * (s.head_dim + 2),
-                                      pl.head_keys > 0 ? static_cast<size_t>((pl.head_keys + pl.head_parts - 1) / pl.head_parts + 3) / 4 * 4 +
-                                                             8 * kConsumers
-                                                       : 0);
+  const size_t attn_floats = std::max(
+      static_cast<size_t>(kWarps) * std::min(group, 8) * (s.head_dim + 2),
+      pl.head_keys > 0
+          ? static_cast<size_t>((pl.head_keys + pl.head_parts - 1) / pl.head_parts + 3) / 4 * 4 + 8 * kConsumers
+          : 0);
   // h_own first (the residual rows live across the whole step), then ybuf,
   // which the attention scratch aliases.
-  pl.misc_bytes = static_cast<int>(align_up(
-      4 * (std::max(static_cast<size_t>(pl.ybuf_rows), attn_floats) + static_cast<size_t>(pl.own_rows)), 128));
-  pl.table_bytes = static_cast<int>(align_up(sizeof(Stream) * (kStreamsPerLayer * static_cast<size_t>(s.num_layers) + 1), 128));
+  pl.misc_bytes = static_cast<int>(
+      align_up(4 * (std::max(static_cast<size_t>(pl.ybuf_rows), attn_floats) + static_cast<size_t>(pl.own_rows)), 128));
+  pl.table_bytes =
+      static_cast<int>(align_up(sizeof(Stream) * (kStreamsPerLayer * static_cast<size_t>(s.num_layers) + 1), 128));
   pl.layers_bytes = static_cast<int>(align_up(sizeof(MegaLayer) * static_cast<size_t>(s.num_layers), 128));
   const long long fixed = kAlignSlack + pl.x_bytes + pl.misc_bytes + pl.table_bytes + pl.layers_bytes + kSmallBytes;
   long long ns = (static_cast<long long>(max_smem) - fixed) / (pl.slot_bytes + 16);
@@ -512,8 +527,8 @@ void configure_decode_megakernel(const MegaPlan& plan) {
     if (plan.smem_bytes > g) {
       for (const void* fn : {reinterpret_cast<const void*>(decode_megakernel_kernel<false>),
                              reinterpret_cast<const void*>(decode_megakernel_kernel<true>)})
-        SS_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(plan.smem_bytes)));
+        SS_CUDA_CHECK(
+            cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(plan.smem_bytes)));
       g = plan.smem_bytes;
     }
   }

@@ -3,15 +3,15 @@
 // SM (SwiftSpec ASPLOS'26 §5: latency-optimized kernels; the "megakernel"
 // design of persistent LLM decoders, e.g. Hazy Research 2025, Mirage MPK).
 //
-// Why: at batch 1 a layer of a 0.5B model reads 30 MB of weights, 7 µs of
-// HBM time, but five dependent kernels cost ~8 µs each in launch, ramp-up and
-// drain (docs/cuda_notes.md). Here the weights do not wait for the
-// activations: every CTA streams ITS rows of every matrix of the step, in
-// step order, into a ring of shared-memory slots with TMA bulk copies, as far
-// ahead as the ring holds (~200 KB per SM, ~26 MB over the GPU: most of a
-// 0.5B layer). Only the arithmetic waits, on global counters that the
-// producing CTAs release (acquire/release at GPU scope) instead of kernel
-// boundaries.
+// Why: at batch 1 a layer of a 0.5B model reads 30 MB of weights, a few
+// microseconds of HBM time, but each of five dependent kernels costs about as
+// much again in launch, ramp-up and drain (docs/cuda_backend.md). Here the
+// weights do not wait for the activations: every CTA streams ITS rows of
+// every matrix of the step, in step order, into a ring of shared-memory slots
+// with TMA bulk copies, as far ahead as the ring holds (~200 KB per SM, ~26 MB
+// over the GPU: most of a 0.5B layer). Only the arithmetic waits, on global
+// counters that the producing CTAs release (acquire/release at GPU scope)
+// instead of kernel boundaries.
 //
 // Inside a CTA, 8 consumer warps do the arithmetic and one producer warp
 // streams the weights (warp specialization): consumer warp w owns rows
@@ -123,8 +123,9 @@ struct MegaPlan {
   /// Weight chunks the producer keeps in flight at most (issued, not yet
   /// landed); 0 (the default): as many as the ring has free slots. A cap
   /// shortens the queue that the step's latency-critical loads and stores
-  /// wait behind, but slows the weight stream: run 21, one chunk, 0.5B 0.743
-  /// vs 0.760 ms, 1.5B 1.428 vs 1.353 (benchmarks/README.md). A knob for A/B.
+  /// wait behind, but slows the weight stream: one chunk was faster at the
+  /// 0.5B but slower at the 1.5B (benchmarks/README.md, "where the
+  /// megakernel's handoffs go"). A knob for A/B.
   int max_inflight = 0;
   /// The last this-many chunks of each op's stream in a CTA: their slots are
   /// refilled with later ops' chunks only once the op's outputs are out
@@ -157,12 +158,12 @@ struct MegaPlan {
   /// projection waits; only rows beyond the num_slots chunks the ring itself
   /// fetches first (none at the 0.5B shape). 0: off. Changes no arithmetic.
   int l2_prefetch_bytes = 0;
-  int x_bytes = 0;     ///< GEMV input vector (bf16, the longest K)
-  int ybuf_rows = 0;   ///< per-CTA output rows of a QKV or gate/up op (fp32)
-  int own_rows = 0;    ///< per-CTA residual rows (O and down), kept in shared memory
-  int misc_bytes = 0;  ///< own rows, then ybuf or the attention scratch (aliased)
-  int table_bytes = 0; ///< the CTA's weight streams (rows of each matrix)
-  int layers_bytes = 0; ///< a copy of the layer table (MegaLayer per layer)
+  int x_bytes = 0;       ///< GEMV input vector (bf16, the longest K)
+  int ybuf_rows = 0;     ///< per-CTA output rows of a QKV or gate/up op (fp32)
+  int own_rows = 0;      ///< per-CTA residual rows (O and down), kept in shared memory
+  int misc_bytes = 0;    ///< own rows, then ybuf or the attention scratch (aliased)
+  int table_bytes = 0;   ///< the CTA's weight streams (rows of each matrix)
+  int layers_bytes = 0;  ///< a copy of the layer table (MegaLayer per layer)
   size_t smem_bytes = 0;
   int max_splits = 0;  ///< key splits per kv head (partial buffers are sized for it)
   /// Steps with at most this many keys run each query head's attention in one
@@ -222,10 +223,11 @@ size_t decode_megakernel_sync_words(const MegaShape& s);
 struct MegaParams {
   MegaShape s;
   MegaPlan plan;
-  const MegaLayer* layers = nullptr;  ///< device array [num_layers]
+  const MegaLayer* layers = nullptr;     ///< device array [num_layers]
   const __nv_bfloat16* embed = nullptr;  ///< [vocab][hidden]
   const __nv_bfloat16* lm = nullptr;     ///< [vocab_rows][hidden], final norm folded
   const float* inv_freq = nullptr;       ///< [head_dim / 2] RoPE inverse frequencies
+  float rope_scale = 1.0f;               ///< cos/sin multiplier (EpiQKV::Params::rope_scale)
   const StepDesc* desc = nullptr;        ///< n = 1: tokens[0], positions[0], kv_index[0], prefix_len[0], attend list
   float* h32 = nullptr;                  ///< [hidden] fp32 residual stream (scratch)
   __nv_bfloat16* q = nullptr;            ///< [num_heads * head_dim] RoPE'd query (scratch)

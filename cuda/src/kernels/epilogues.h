@@ -8,7 +8,9 @@
 // Norm-fused GEMMs fold the RMSNorm weight into the weight matrix at load
 // time (W'[n][k] = W[n][k] * g[k]) and receive rinv = 1/rms(x_m), so
 // rinv * (W' x) = W (g * x / rms(x)) — RMSNorm fused into the GEMM (SwiftSpec
-// ASPLOS'26 §5.1) without a separate pass over the activations.
+// ASPLOS'26 §5.1) without a separate pass over the activations. With int4
+// weights g is applied to the activations by the kernel that writes them
+// (EpiResidualNormed, the embedding) and the same epilogues apply rinv.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -27,8 +29,8 @@ struct EpiPlain {
   static constexpr int kSmemBytes = 0;
 #if defined(__CUDACC__)
   __device__ static void cta_init(const Params&, void*, int, int) {}
-  __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo,
-                               float hi, float, int m_active) {
+  __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo, float hi, float,
+                               int m_active) {
     if (!valid || m >= m_active) return;
     const int row = tile * 16 + r;
     p.out[static_cast<size_t>(m) * p.ldo + row] = lo;
@@ -49,8 +51,8 @@ struct EpiPlainRms {
   static constexpr int kSmemBytes = 0;
 #if defined(__CUDACC__)
   __device__ static void cta_init(const Params&, void*, int, int) {}
-  __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo,
-                               float hi, float rinv, int m_active) {
+  __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo, float hi,
+                               float rinv, int m_active) {
     if (!valid || m >= m_active) return;
     const int row = tile * 16 + r;
     p.out[static_cast<size_t>(m) * p.ldo + row] = lo * rinv;
@@ -67,12 +69,15 @@ struct EpiPlainRms {
 /// NeoX: partner(i) = i + head_dim/2; interleaved: (2i, 2i+1).
 struct EpiQKV {
   struct Params {
-    const float* bias = nullptr;  ///< [N] fp32 in permuted row order, or null
-    __nv_bfloat16* q = nullptr;   ///< [64][num_heads*head_dim]
+    const float* bias = nullptr;      ///< [N] fp32 in permuted row order, or null
+    __nv_bfloat16* q = nullptr;       ///< [64][num_heads*head_dim]
     __nv_bfloat16* kcache = nullptr;  ///< this layer: [kv_heads][slots][head_dim]
     __nv_bfloat16* vcache = nullptr;
     const StepDesc* desc = nullptr;
     const float* inv_freq = nullptr;  ///< [head_dim/2] RoPE inverse frequencies
+    /// cos/sin multiplier, rope_attention_scale() (swiftspec/rope.h): YaRN's attention factor,
+    /// 1.0f for every other model (then not applied, so their bits do not change).
+    float rope_scale = 1.0f;
     int num_heads = 0, num_kv_heads = 0, head_dim = 0, slots = 0;
     int neox = 1;
   };
@@ -80,12 +85,17 @@ struct EpiQKV {
   static constexpr int kSmemBytes = 0;
 #if defined(__CUDACC__)
   __device__ static void cta_init(const Params&, void*, int, int) {}
-  __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo,
-                               float hi, float rinv, int m_active) {
+  __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo, float hi,
+                               float rinv, int m_active) {
     if (!valid || m >= m_active) return;
     float sn = 0.f, cs = 1.f;
-    if (tile / (p.head_dim >> 4) < p.num_heads + p.num_kv_heads)  // q and k rotate, v does not
+    if (tile / (p.head_dim >> 4) < p.num_heads + p.num_kv_heads) {  // q and k rotate, v does not
       sincosf(static_cast<float>(p.desc->positions[m]) * p.inv_freq[pair_index(p, tile, r)], &sn, &cs);
+      if (p.rope_scale != 1.0f) {
+        cs *= p.rope_scale;
+        sn *= p.rope_scale;
+      }
+    }
     store(p, tile, r, m, p.desc->kv_index[m], lo, hi, rinv, cs, sn);
   }
   /// RoPE pair index of row pair r of tile `tile` (0 .. head_dim/2).
@@ -138,13 +148,21 @@ struct EpiResidual {
     __nv_bfloat16* h16 = nullptr;  ///< [64][hidden]
     float* ssq = nullptr;          ///< [64][hidden/16]
     int hidden = 0;
+    /// EpiResidualNormed only: the weight [hidden] (fp32) of the RMSNorm that reads h16 next,
+    /// or null (h16 then read by the LM head, whose norm is folded).
+    const float* gamma = nullptr;
   };
   static constexpr bool kNeedsRms = false;
   static constexpr int kSmemBytes = 0;
 #if defined(__CUDACC__)
   __device__ static void cta_init(const Params&, void*, int, int) {}
-  __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo,
-                               float hi, float, int m_active) {
+  __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo, float hi, float,
+                               int m_active) {
+    add<false>(p, valid, tile, r, m, lo, hi, m_active);
+  }
+  /// apply()'s work; with kNormed, h16 = bf16(h32 * gamma[row]) (EpiResidualNormed).
+  template <bool kNormed>
+  __device__ static void add(const Params& p, bool valid, int tile, int r, int m, float lo, float hi, int m_active) {
     const bool act = valid && m < m_active;
     float v = 0.f;
     if (act) {
@@ -155,8 +173,13 @@ struct EpiResidual {
       hp[row] = a;
       hp[row + 8] = b;
       __nv_bfloat16* hb = p.h16 + static_cast<size_t>(m) * p.hidden;
-      hb[row] = __float2bfloat16_rn(a);
-      hb[row + 8] = __float2bfloat16_rn(b);
+      if constexpr (kNormed) {
+        hb[row] = __float2bfloat16_rn(p.gamma ? a * p.gamma[row] : a);
+        hb[row + 8] = __float2bfloat16_rn(p.gamma ? b * p.gamma[row + 8] : b);
+      } else {
+        hb[row] = __float2bfloat16_rn(a);
+        hb[row + 8] = __float2bfloat16_rn(b);
+      }
       v = a * a + b * b;
     }
     v += __shfl_xor_sync(0xffffffffu, v, 1);
@@ -165,6 +188,20 @@ struct EpiResidual {
     if (act && r == 0) p.ssq[static_cast<size_t>(m) * (p.hidden >> 4) + tile] = v;
   }
   __device__ static void cta_finish(const Params&, void*, int, int, int) {}
+#endif
+};
+
+/// EpiResidual of models with int4 projections (CudaModelOptions::int4_group_size): the
+/// RMSNorm weight g cannot be folded into int4 weights (W * g is not int4), so the bf16 copy
+/// the next norm-fused GEMM reads carries it instead, h16 = bf16(h32 * g) with g =
+/// Params::gamma (h32 and the statistics stay unscaled; rinv still applies in that GEMM's
+/// epilogue). Params::gamma null: h16 = bf16(h32), as EpiResidual.
+struct EpiResidualNormed : EpiResidual {
+#if defined(__CUDACC__)
+  __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo, float hi, float,
+                               int m_active) {
+    add<true>(p, valid, tile, r, m, lo, hi, m_active);
+  }
 #endif
 };
 
@@ -180,8 +217,8 @@ struct EpiSwiGLU {
   static constexpr int kSmemBytes = 0;
 #if defined(__CUDACC__)
   __device__ static void cta_init(const Params&, void*, int, int) {}
-  __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo,
-                               float hi, float rinv, int m_active) {
+  __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo, float hi,
+                               float rinv, int m_active) {
     if (!valid || m >= m_active) return;
     const float g = lo * rinv;
     const float u = hi * rinv;
@@ -196,8 +233,8 @@ struct EpiSwiGLU {
 /// (atomicMax of (value, -index) keys; ties -> smallest index).
 struct EpiLMHead {
   struct Params {
-    float* logits = nullptr;  ///< [rows][vocab] or null
-    int vocab = 0;  ///< real vocabulary size (logits row length)
+    float* logits = nullptr;             ///< [rows][vocab] or null
+    int vocab = 0;                       ///< real vocabulary size (logits row length)
     unsigned long long* keys = nullptr;  ///< [64] arg-max keys (zeroed by the embedding kernel)
   };
   static constexpr bool kNeedsRms = true;
@@ -207,8 +244,8 @@ struct EpiLMHead {
     unsigned long long* k = static_cast<unsigned long long*>(esm);
     for (int i = tid; i < 64; i += nth) k[i] = 0ull;
   }
-  __device__ static void apply(const Params& p, void* esm, bool valid, int tile, int r, int m, float lo,
-                               float hi, float rinv, int m_active) {
+  __device__ static void apply(const Params& p, void* esm, bool valid, int tile, int r, int m, float lo, float hi,
+                               float rinv, int m_active) {
     unsigned long long key = 0ull;
     const bool act = valid && m < m_active;
     if (act) {

@@ -29,17 +29,15 @@ template <int NT, int TM, int WR>
 constexpr size_t gemm_smem_bytes(int epi_smem) {
   constexpr int MP = 8 * NT, BR = 16 * TM * WR;
   constexpr int ST = gemm_stages(NT, TM, WR);
-  return 1024 /*alignment slack*/ + size_t(ST) * (BR + MP) * 128 /*stages*/ +
-         size_t(BR) * (MP + 4) * 4 /*partials*/ + 64 * 4 /*rinv*/ + 9 * 8 /*barriers*/ +
-         size_t(epi_smem);
+  return 1024 /*alignment slack*/ + size_t(ST) * (BR + MP) * 128 /*stages*/ + size_t(BR) * (MP + 4) * 4 /*partials*/ +
+         64 * 4 /*rinv*/ + 9 * 8 /*barriers*/ + size_t(epi_smem);
 }
 
 /// 1/rms of the tokens m = rank (mod S) into rinv[m] (norm-fused GEMMs); the
 /// other CTAs of the cluster read them through distributed shared memory.
 template <class Epi>
-__device__ __forceinline__ void gemm_rms_prologue(const GemmArgs& args, float* rinv, int x_row0,
-                                                  int m_active, int rank, int S, int warp,
-                                                  int lane, int nwarps) {
+__device__ __forceinline__ void gemm_rms_prologue(const GemmArgs& args, float* rinv, int x_row0, int m_active, int rank,
+                                                  int S, int warp, int lane, int nwarps) {
   if constexpr (Epi::kNeedsRms) {
     for (int m = rank + warp * S; m < m_active; m += nwarps * S) {
       const float* p = args.ssq + static_cast<size_t>(x_row0 + m) * args.ssq_stride;
@@ -59,15 +57,19 @@ __device__ __forceinline__ void gemm_rms_prologue(const GemmArgs& args, float* r
 /// hands them to the epilogue. acc layout: mma.sync m16n8 fragments, warp w
 /// owns rows (w*TM + tm)*16 .. +15 of the row block.
 template <int NT, int TM, int WR, class Epi>
-__device__ __forceinline__ void gemm_reduce_epilogue(
-    float (&acc)[TM][NT][4], float* partial, const float* const (&rpart)[8], const float* rinv,
-    cg::cluster_group& cluster, int rb, int S, int rank, int tid, int warp, int lane,
-    const GemmArgs& args, const typename Epi::Params& ep, void* esm, int m_active) {
+__device__ __forceinline__ void gemm_reduce_epilogue(float (&acc)[TM][NT][4], float* partial,
+                                                     const float* const (&rpart)[8], const float* rinv,
+                                                     cg::cluster_group& cluster, int rb, int S, int rank, int tid,
+                                                     int warp, int lane, const GemmArgs& args,
+                                                     const typename Epi::Params& ep, void* esm, int m_active) {
   constexpr int MP = 8 * NT;
   constexpr int BR = 16 * TM * WR;
   constexpr int NTH = 32 * WR;
   constexpr int PSTRIDE = MP + 4;
-  if (S > 1) cluster.sync(); else __syncthreads();  // previous partials fully read
+  if (S > 1)
+    cluster.sync();
+  else
+    __syncthreads();  // previous partials fully read
 #pragma unroll
   for (int tm = 0; tm < TM; ++tm) {
     const int row = (warp * TM + tm) * 16 + (lane >> 2);
@@ -81,7 +83,10 @@ __device__ __forceinline__ void gemm_reduce_epilogue(
       acc[tm][nt][0] = acc[tm][nt][1] = acc[tm][nt][2] = acc[tm][nt][3] = 0.f;
     }
   }
-  if (S > 1) cluster.sync(); else __syncthreads();
+  if (S > 1)
+    cluster.sync();
+  else
+    __syncthreads();
 
   // This CTA owns tiles tl = rank (mod S) of the row block.
   constexpr int TILES = BR / 16;
@@ -128,9 +133,8 @@ __device__ __forceinline__ void gemm_reduce_epilogue(
 // ---------------------------------------------------------------------------
 template <int NT, int TM, int WR, class Epi>
 __global__ void __launch_bounds__(WR * 32)
-    gemm_skinny_kernel(const __grid_constant__ CUtensorMap wmap,
-                       const __grid_constant__ CUtensorMap xmap, const GemmArgs args,
-                       const typename Epi::Params ep) {
+    gemm_skinny_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap,
+                       const GemmArgs args, const typename Epi::Params ep) {
   constexpr int MP = 8 * NT;
   constexpr int BR = 16 * TM * WR;
   constexpr int NTH = 32 * WR;
@@ -141,8 +145,7 @@ __global__ void __launch_bounds__(WR * 32)
   constexpr int PSTRIDE = MP + 4;
 
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   float* partial = reinterpret_cast<float*>(smem + ST * STAGE_BYTES);  // [BR][PSTRIDE]
   float* rinv = partial + BR * PSTRIDE;                                // [64]
   uint64_t* bars = reinterpret_cast<uint64_t*>(rinv + 64);             // [ST]
@@ -160,8 +163,7 @@ __global__ void __launch_bounds__(WR * 32)
   const int ke = ((rank + 1) * K16 / S) * 16;
   const int nst = (ke - kb + 63) >> 6;
   const int n_rb = (args.N + BR - 1) / BR;
-  const int my_rb =
-      blockIdx.x < n_rb ? (n_rb - 1 - static_cast<int>(blockIdx.x)) / gridDim.x + 1 : 0;
+  const int my_rb = blockIdx.x < n_rb ? (n_rb - 1 - static_cast<int>(blockIdx.x)) / gridDim.x + 1 : 0;
   const int items = my_rb * nst;
 
   if (tid == 0) {
@@ -176,7 +178,7 @@ __global__ void __launch_bounds__(WR * 32)
   // only when this CTA has streamed its last row block. Released at entry
   // (args.pdl_early), its CTAs wait on SMs for the whole main loop; with one
   // wave of long-running CTAs per GEMM that made the 8B decode step slower
-  // with PDL than without (run 9: 5.46 vs 5.10 ms).
+  // with PDL than without (benchmarks/README.md, "wgmma GEMM engine").
   if (args.pdl_early || my_rb == 0) griddep_launch_dependents();
 
   // Weights do not depend on the previous kernel: request the first stages now.
@@ -245,8 +247,7 @@ __global__ void __launch_bounds__(WR * 32)
               uint32_t a1[4];
               ldmatrix_x4(a1, wbase + swz128(row, (kk + 1) * 2 + (lane >> 4)));
 #pragma unroll
-              for (int nt = 0; nt < NT; ++nt)
-                mma_bf16_16816(acc[tm][nt], a1, bfrag[nt][2], bfrag[nt][3]);
+              for (int nt = 0; nt < NT; ++nt) mma_bf16_16816(acc[tm][nt], a1, bfrag[nt][2], bfrag[nt][3]);
             }
           }
         }
@@ -266,10 +267,13 @@ __global__ void __launch_bounds__(WR * 32)
       }
     }
     if (!args.pdl_early && rbi == my_rb - 1) griddep_launch_dependents();
-    gemm_reduce_epilogue<NT, TM, WR, Epi>(acc, partial, rpart, rinv, cluster, rb, S, rank, tid, warp,
-                                         lane, args, ep, esm, m_active);
+    gemm_reduce_epilogue<NT, TM, WR, Epi>(acc, partial, rpart, rinv, cluster, rb, S, rank, tid, warp, lane, args, ep,
+                                          esm, m_active);
   }
-  if (S > 1) cluster.sync(); else __syncthreads();  // keep smem alive for remote readers
+  if (S > 1)
+    cluster.sync();
+  else
+    __syncthreads();  // keep smem alive for remote readers
   Epi::cta_finish(ep, esm, tid, NTH, m_active);
 }
 
@@ -286,23 +290,23 @@ __global__ void __launch_bounds__(WR * 32)
 /// With `palias` the fp32 partials of the row block reuse the stage buffers
 /// (possible when every CTA has one row block: no stage is refilled after
 /// its main loop); the freed bytes buy pipeline depth at the same occupancy.
-__host__ __device__ constexpr size_t gemm_wgmma_stage_area(int NT, int WG, int stages, int xres,
-                                                           int palias) {
+__host__ __device__ constexpr size_t gemm_wgmma_stage_area(int NT, int WG, int stages, int xres, int palias) {
   const size_t st = size_t(stages) * (64 * WG + (xres ? 0 : 8 * NT)) * 128;
   const size_t part = size_t(64 * WG) * (8 * NT + 4) * 4;
   return palias ? (st > part ? st : part) : st + part;
 }
-__host__ __device__ constexpr size_t gemm_wgmma_smem_bytes(int NT, int WG, int stages, int xres,
-                                                           int nst, int epi_smem, int palias = 0) {
-  return 1024 + gemm_wgmma_stage_area(NT, WG, stages, xres, palias) +
-         (xres ? size_t(nst) * 8 * NT * 128 : 0) + 64 * 4 + 10 * 8 + size_t(epi_smem);
+__host__ __device__ constexpr size_t gemm_wgmma_smem_bytes(int NT, int WG, int stages, int xres, int nst, int epi_smem,
+                                                           int palias = 0) {
+  return 1024 + gemm_wgmma_stage_area(NT, WG, stages, xres, palias) + (xres ? size_t(nst) * 8 * NT * 128 : 0) + 64 * 4 +
+         10 * 8 + size_t(epi_smem);
 }
 
 /// Resident two-warpgroup CTAs per SM that the compiler must allow (a register
 /// bound), per epilogue; specialized where an epilogue needs it. The residual
 /// epilogue took 97 registers: two CTAs per SM left the 8B down matrix's 8-CTA
-/// clusters two rounds at M = 64 (run 16: 89 -> 61 µs under ncu with three per
-/// SM). Not for all: the bound's spills made SwiGLU and the LM head ~5 % slower.
+/// clusters two rounds at M = 64, measured slower under ncu than three per SM.
+/// Not for all: the bound's spills made SwiGLU and the LM head slower
+/// (benchmarks/README.md, "GEMM K slices and aliased partials").
 template <class Epi>
 struct GemmWgmmaMinBlocks {
   static constexpr int value = 1;
@@ -310,9 +314,8 @@ struct GemmWgmmaMinBlocks {
 
 template <int NT, int WG, class Epi>
 __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::value : 1)
-    gemm_wgmma_kernel(const __grid_constant__ CUtensorMap wmap,
-                      const __grid_constant__ CUtensorMap xmap, const GemmArgs args,
-                      const typename Epi::Params ep) {
+    gemm_wgmma_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap,
+                      const GemmArgs args, const typename Epi::Params ep) {
   constexpr int MP = 8 * NT;
   constexpr int WR = 4 * WG;
   constexpr int BR = 64 * WG;
@@ -337,23 +340,20 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
   const int nst = (ke - kb + 63) >> 6;
   const int nst_max = ((K16 + S - 1) / S * 16 + 63) >> 6;  // layout: same for all ranks
   const int n_rb = (args.N + BR - 1) / BR;
-  const int my_rb =
-      blockIdx.x < n_rb ? (n_rb - 1 - static_cast<int>(blockIdx.x)) / gridDim.x + 1 : 0;
+  const int my_rb = blockIdx.x < n_rb ? (n_rb - 1 - static_cast<int>(blockIdx.x)) / gridDim.x + 1 : 0;
   const int items = my_rb * nst;
 
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   // Layout: stages (the partials [BR][PSTRIDE] after them, or over them with
   // args.palias), the resident activation slice [nst_max][MP x 64], rinv, barriers.
   const bool palias = args.palias != 0;
   const size_t part_bytes = size_t(BR) * PSTRIDE * 4;
-  const size_t stage_area = palias ? max(size_t(ST) * STAGE_BYTES, part_bytes)
-                                   : size_t(ST) * STAGE_BYTES + part_bytes;
+  const size_t stage_area = palias ? max(size_t(ST) * STAGE_BYTES, part_bytes) : size_t(ST) * STAGE_BYTES + part_bytes;
   float* partial = reinterpret_cast<float*>(smem + (palias ? 0 : size_t(ST) * STAGE_BYTES));
-  uint8_t* xbuf = smem + stage_area;                                     // [nst_max][MP x 64]
+  uint8_t* xbuf = smem + stage_area;                                              // [nst_max][MP x 64]
   float* rinv = reinterpret_cast<float*>(xbuf + (xres ? nst_max * X_BYTES : 0));  // [64]
-  uint64_t* bars = reinterpret_cast<uint64_t*>(rinv + 64);               // [ST], [8] = X
+  uint64_t* bars = reinterpret_cast<uint64_t*>(rinv + 64);                        // [ST], [8] = X
   void* esm = reinterpret_cast<void*>(bars + 10);
 
   if (tid == 0) {
@@ -369,7 +369,7 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
   // only when this CTA has streamed its last row block. Released at entry
   // (args.pdl_early), its CTAs wait on SMs for the whole main loop; with one
   // wave of long-running CTAs per GEMM that made the 8B decode step slower
-  // with PDL than without (run 9: 5.46 vs 5.10 ms).
+  // with PDL than without (benchmarks/README.md, "wgmma GEMM engine").
   if (args.pdl_early || my_rb == 0) griddep_launch_dependents();
 
   const uint64_t wpolicy = l2_policy_evict_first();
@@ -390,8 +390,7 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
   if (tid == 0 && items > 0) {
     if (xres) {
       mbar_arrive_expect_tx(&bars[8], nst * X_BYTES);
-      for (int st = 0; st < nst; ++st)
-        tma_load_2d(xbuf + st * X_BYTES, &xmap, kb + st * 64, x_row0, &bars[8]);
+      for (int st = 0; st < nst; ++st) tma_load_2d(xbuf + st * X_BYTES, &xmap, kb + st * 64, x_row0, &bars[8]);
     } else {
       for (int i = 0; i < pre; ++i)
         tma_load_2d(smem + i * STAGE_BYTES + W_BYTES, &xmap, kb + (i % nst) * 64, x_row0, &bars[i]);
@@ -429,13 +428,12 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
 #pragma unroll
           for (int kk = 0; kk < 4; ++kk)
             if (kk < nk)
-              wgmma_bf16<1>(reinterpret_cast<float(&)[1][4]>(acc[0][j]), wgmma_desc_sw128(abase + kk * 32),
+              wgmma_bf16<1>(reinterpret_cast<float (&)[1][4]>(acc[0][j]), wgmma_desc_sw128(abase + kk * 32),
                             wgmma_desc_sw128(bbase + j * 1024 + kk * 32));
       } else {
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-          if (kk < nk)
-            wgmma_bf16<NT>(acc[0], wgmma_desc_sw128(abase + kk * 32), wgmma_desc_sw128(bbase + kk * 32));
+          if (kk < nk) wgmma_bf16<NT>(acc[0], wgmma_desc_sw128(abase + kk * 32), wgmma_desc_sw128(bbase + kk * 32));
       }
       wgmma_commit();
       // Keep this stage's group in flight; the previous item's group is done,
@@ -460,10 +458,13 @@ __global__ void __launch_bounds__(WG * 128, WG == 2 ? GemmWgmmaMinBlocks<Epi>::v
     // wgmma (async proxy); the epilogue's first barrier orders all warpgroups.
     if (palias) fence_proxy_async_shared();
     if (!args.pdl_early && rbi == my_rb - 1) griddep_launch_dependents();
-    gemm_reduce_epilogue<NT, 1, WR, Epi>(acc, partial, rpart, rinv, cluster, rb, S, rank, tid, warp,
-                                        lane, args, ep, esm, m_active);
+    gemm_reduce_epilogue<NT, 1, WR, Epi>(acc, partial, rpart, rinv, cluster, rb, S, rank, tid, warp, lane, args, ep,
+                                         esm, m_active);
   }
-  if (S > 1) cluster.sync(); else __syncthreads();  // keep smem alive for remote readers
+  if (S > 1)
+    cluster.sync();
+  else
+    __syncthreads();  // keep smem alive for remote readers
   Epi::cta_finish(ep, esm, tid, NTH, m_active);
 }
 
@@ -480,8 +481,7 @@ struct GemmInst {
     const uint64_t bit = current_device_bit();
     if (!bit || !(done.load(std::memory_order_acquire) & bit)) {
       SS_CUDA_CHECK(cudaFuncSetAttribute(&gemm_skinny_kernel<NT, TM, WR, Epi>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem())));
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem())));
       done.fetch_or(bit, std::memory_order_acq_rel);
     }
   }
@@ -490,15 +490,25 @@ struct GemmInst {
 /// Calls f.template operator()<NT, TM, WR>() for the runtime (NT, TM, WR).
 template <class F>
 void gemm_dispatch(int NT, int TM, int WR, F&& f) {
+  // clang-format off
 #define SS_GEMM_CASE(nt, tm, wr) \
   if (NT == nt && TM == tm && WR == wr) return f.template operator()<nt, tm, wr>();
-  SS_GEMM_CASE(1, 1, 1) SS_GEMM_CASE(1, 1, 2) SS_GEMM_CASE(1, 1, 4)
-  SS_GEMM_CASE(2, 1, 1) SS_GEMM_CASE(2, 1, 2) SS_GEMM_CASE(2, 1, 4)
-  SS_GEMM_CASE(4, 2, 1) SS_GEMM_CASE(4, 2, 2) SS_GEMM_CASE(4, 2, 4)
-  SS_GEMM_CASE(8, 2, 1) SS_GEMM_CASE(8, 2, 2) SS_GEMM_CASE(8, 2, 4)
+  SS_GEMM_CASE(1, 1, 1)
+  SS_GEMM_CASE(1, 1, 2)
+  SS_GEMM_CASE(1, 1, 4)
+  SS_GEMM_CASE(2, 1, 1)
+  SS_GEMM_CASE(2, 1, 2)
+  SS_GEMM_CASE(2, 1, 4)
+  SS_GEMM_CASE(4, 2, 1)
+  SS_GEMM_CASE(4, 2, 2)
+  SS_GEMM_CASE(4, 2, 4)
+  SS_GEMM_CASE(8, 2, 1)
+  SS_GEMM_CASE(8, 2, 2)
+  SS_GEMM_CASE(8, 2, 4)
 #undef SS_GEMM_CASE
-  throw InvalidArgument("gemm: no kernel for NT=" + std::to_string(NT) + " TM=" +
-                        std::to_string(TM) + " WR=" + std::to_string(WR));
+  // clang-format on
+  throw InvalidArgument("gemm: no kernel for NT=" + std::to_string(NT) + " TM=" + std::to_string(TM) +
+                        " WR=" + std::to_string(WR));
 }
 
 /// Dynamic shared memory opt-in limit of the current device (bytes), cached
@@ -520,8 +530,8 @@ struct GemmWgmmaInst {
     static std::atomic<uint64_t> done{0};
     const uint64_t bit = current_device_bit();
     if (!bit || !(done.load(std::memory_order_acquire) & bit)) {
-      SS_CUDA_CHECK(cudaFuncSetAttribute(&gemm_wgmma_kernel<NT, WG, Epi>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, gemm_smem_optin()));
+      SS_CUDA_CHECK(cudaFuncSetAttribute(&gemm_wgmma_kernel<NT, WG, Epi>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         gemm_smem_optin()));
       done.fetch_or(bit, std::memory_order_acq_rel);
     }
   }
@@ -530,31 +540,59 @@ struct GemmWgmmaInst {
 /// Calls f.template operator()<NT, WG>() for the runtime (NT, WG) of the wgmma engine.
 template <class F>
 void gemm_wgmma_dispatch(int NT, int WG, F&& f) {
+  // clang-format off
 #define SS_GEMM_WCASE(nt, wg) \
   if (NT == nt && WG == wg) return f.template operator()<nt, wg>();
-  SS_GEMM_WCASE(1, 1) SS_GEMM_WCASE(1, 2) SS_GEMM_WCASE(2, 1) SS_GEMM_WCASE(2, 2)
-  SS_GEMM_WCASE(4, 1) SS_GEMM_WCASE(4, 2) SS_GEMM_WCASE(8, 1) SS_GEMM_WCASE(8, 2)
+  SS_GEMM_WCASE(1, 1)
+  SS_GEMM_WCASE(1, 2)
+  SS_GEMM_WCASE(2, 1)
+  SS_GEMM_WCASE(2, 2)
+  SS_GEMM_WCASE(4, 1)
+  SS_GEMM_WCASE(4, 2)
+  SS_GEMM_WCASE(8, 1)
+  SS_GEMM_WCASE(8, 2)
 #undef SS_GEMM_WCASE
-  throw InvalidArgument("gemm: no wgmma kernel for NT=" + std::to_string(NT) + " WG=" +
-                        std::to_string(WG));
+  // clang-format on
+  throw InvalidArgument("gemm: no wgmma kernel for NT=" + std::to_string(NT) + " WG=" + std::to_string(WG));
 }
+
+/// The launch of a K-sliced GEMM (bf16 or int4): a grid of grid_x row-block columns by S slices,
+/// the S CTAs of a column in one thread-block cluster (they sum their partials through distributed
+/// shared memory), and with `pdl` a programmatic-dependent-launch edge to the previous kernel.
+/// `config` points into the object itself: it is neither copied nor moved.
+struct SlicedGemmLaunch {
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute attrs[2] = {};
+
+  SlicedGemmLaunch(int grid_x, int S, int threads, size_t smem, bool pdl, cudaStream_t stream) {
+    config.gridDim = dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(S), 1);
+    config.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    int n = 0;
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = 1;
+    attrs[n].val.clusterDim.y = static_cast<unsigned>(S);
+    attrs[n].val.clusterDim.z = 1;
+    ++n;
+    if (pdl) {
+      attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attrs[n].val.programmaticStreamSerializationAllowed = 1;
+      ++n;
+    }
+    config.attrs = attrs;
+    config.numAttrs = n;
+  }
+  SlicedGemmLaunch(const SlicedGemmLaunch&) = delete;
+  SlicedGemmLaunch& operator=(const SlicedGemmLaunch&) = delete;
+};
 
 /// Resident clusters of S CTAs for a launch shape (occupancy API).
 template <class Kern>
 int gemm_resident_clusters(Kern* fn, int n_rb, int S, int threads, size_t smem) {
-  cudaLaunchConfig_t lc = {};
-  lc.gridDim = dim3(static_cast<unsigned>(n_rb), static_cast<unsigned>(S), 1);
-  lc.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
-  lc.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = static_cast<unsigned>(S);
-  attr[0].val.clusterDim.z = 1;
-  lc.attrs = attr;
-  lc.numAttrs = 1;
+  SlicedGemmLaunch launch(n_rb, S, threads, smem, /*pdl=*/false, nullptr);
   int clusters = 0;
-  SS_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, fn, &lc));
+  SS_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, fn, &launch.config));
   return clusters;
 }
 
@@ -577,15 +615,16 @@ GemmConfig plan_gemm_wgmma(int N, int K, int NT, int num_sms, const GemmPlanHint
   // Row-block cost model as for the mma engine; among equal costs the deeper
   // pipeline wins (4 stages: one is read by the tensor cores, one waits for
   // its wgmma group to retire, two are loading). Activations are streamed by
-  // default: run 7's sweep found the resident slice slower everywhere (its
-  // shared memory costs resident CTAs, and CTAs — not bytes per CTA — set
-  // the achieved bandwidth).
+  // default: a sweep found the resident slice slower everywhere (its shared
+  // memory costs resident CTAs, and CTAs — not bytes per CTA — set the
+  // achieved bandwidth; benchmarks/README.md, "wgmma GEMM engine").
   // A launch of one round may alias the partials onto the stages (palias):
   // at M = 64 they are a quarter of a 3-stage CTA's shared memory, and the
   // bytes saved keep more CTAs resident, e.g. the 8B down matrix at M = 64
-  // in one round of 128-row blocks (run 16: 49.5 vs 62.8 µs in two rounds of
-  // 64-row blocks). Deeper pipelines than 4 stages were measured slower at
-  // M = 1 and no faster at M = 64 (run 16), so the depths stay 4 and 3.
+  // in one round of 128-row blocks (faster than two rounds of 64-row blocks).
+  // Deeper pipelines than 4 stages were measured slower at M = 1 and no
+  // faster at M = 64, so the depths stay 4 and 3 (benchmarks/README.md,
+  // "GEMM K slices and aliased partials").
   long best_cost = -1;
   for (int wg : {2, 1}) {
     if (hint.wg && hint.wg != wg) continue;
@@ -597,7 +636,8 @@ GemmConfig plan_gemm_wgmma(int N, int K, int NT, int num_sms, const GemmPlanHint
       for (int pa : {1, 0}) {
         // Cluster launches only: with S = 1 the resident CTAs it buys made
         // the planner pick 64-row blocks for the 8B gate/up at M = 64, slower
-        // in the model than 128-row blocks (run 16, ncu: 107 vs 97 µs).
+        // in the model than 128-row blocks under ncu (benchmarks/README.md,
+        // "GEMM K slices and aliased partials").
         if (pa && (c.S == 1 || hint.palias == 0 || (hint.palias < 0 && !gemm_default_palias()))) continue;
         int xres = hint.xres >= 0 ? hint.xres : 0;
         size_t smem = gemm_wgmma_smem_bytes(NT, wg, stages, xres, nst_max, Epi::kSmemBytes, pa);
@@ -630,20 +670,19 @@ GemmConfig plan_gemm_wgmma(int N, int K, int NT, int num_sms, const GemmPlanHint
     }
   }
   if (best_cost < 0)
-    throw InvalidArgument("gemm: no wgmma configuration fits (N=" + std::to_string(N) +
-                          ", K=" + std::to_string(K) + ", NT=" + std::to_string(NT) + ")");
+    throw InvalidArgument("gemm: no wgmma configuration fits (N=" + std::to_string(N) + ", K=" + std::to_string(K) +
+                          ", NT=" + std::to_string(NT) + ")");
   return c;
 }
 
 template <class Epi>
 GemmConfig plan_gemm(int N, int K, int NT, int num_sms, const GemmPlanHint& hint) {
   if (N <= 0 || K <= 0 || N % 16 != 0 || K % 16 != 0)
-    throw InvalidArgument("gemm: N and K must be positive multiples of 16 (N=" +
-                          std::to_string(N) + ", K=" + std::to_string(K) + ")");
+    throw InvalidArgument("gemm: N and K must be positive multiples of 16 (N=" + std::to_string(N) +
+                          ", K=" + std::to_string(K) + ")");
   if (NT != 1 && NT != 2 && NT != 4 && NT != 8)
     throw InvalidArgument("gemm: NT must be 1, 2, 4 or 8 (got " + std::to_string(NT) + ")");
-  const GemmEngine engine =
-      hint.engine < 0 ? gemm_default_engine(N, K) : static_cast<GemmEngine>(hint.engine);
+  const GemmEngine engine = hint.engine < 0 ? gemm_default_engine(N, K) : static_cast<GemmEngine>(hint.engine);
   if (engine == GemmEngine::Wgmma) return plan_gemm_wgmma<Epi>(N, K, NT, num_sms, hint);
   GemmConfig c;
   c.engine = GemmEngine::Mma;
@@ -653,9 +692,10 @@ GemmConfig plan_gemm(int N, int K, int NT, int num_sms, const GemmPlanHint& hint
   // Row-block size: for each candidate, the resident clusters (occupancy API)
   // give the number of rounds a persistent CTA makes; estimated time per CTA
   // ~ rounds * (BR + Mpad + cost) (the activation tile streams through TMA
-  // and shared memory like weight rows; run 8: the 8B LM head at M = 64 ran
-  // 301 µs with 128-row blocks in 4 rounds, 332 µs with 64-row blocks in 6;
-  // gemm_row_block_cost: cluster barriers, reduction, epilogue).
+  // and shared memory like weight rows: the 8B LM head at M = 64 was faster
+  // with 128-row blocks in 4 rounds than with 64-row blocks in 6,
+  // benchmarks/README.md, "wgmma GEMM engine"; gemm_row_block_cost: cluster
+  // barriers, reduction, epilogue).
   // Then the grid is balanced so that every CTA makes the same number of rounds.
   long best_cost = -1;
   for (int wr : {4, 2, 1}) {
@@ -686,34 +726,16 @@ GemmConfig plan_gemm(int N, int K, int NT, int num_sms, const GemmPlanHint& hint
 }
 
 template <class Epi>
-void launch_gemm(const GemmConfig& cfg, const CUtensorMap& wmap, const CUtensorMap& xmap,
-                 const GemmArgs& args_in, const typename Epi::Params& ep, bool pdl,
-                 cudaStream_t stream) {
+void launch_gemm(const GemmConfig& cfg, const CUtensorMap& wmap, const CUtensorMap& xmap, const GemmArgs& args_in,
+                 const typename Epi::Params& ep, bool pdl, cudaStream_t stream) {
   GemmArgs args = args_in;
   args.stages = cfg.stages;
   args.xres = cfg.xres;
   args.split_n = cfg.split_n;
   args.palias = cfg.palias;
   args.pdl_early = gemm_pdl_early();
-  cudaLaunchConfig_t lc = {};
-  lc.gridDim = dim3(static_cast<unsigned>(cfg.grid_x), static_cast<unsigned>(cfg.S), 1);
-  lc.blockDim = dim3(static_cast<unsigned>(32 * cfg.WR), 1, 1);
-  lc.dynamicSmemBytes = cfg.smem;
-  lc.stream = stream;
-  cudaLaunchAttribute attr[2];
-  int na = 0;
-  attr[na].id = cudaLaunchAttributeClusterDimension;
-  attr[na].val.clusterDim.x = 1;
-  attr[na].val.clusterDim.y = static_cast<unsigned>(cfg.S);
-  attr[na].val.clusterDim.z = 1;
-  ++na;
-  if (pdl) {
-    attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[na].val.programmaticStreamSerializationAllowed = 1;
-    ++na;
-  }
-  lc.attrs = attr;
-  lc.numAttrs = na;
+  SlicedGemmLaunch launch(cfg.grid_x, cfg.S, 32 * cfg.WR, cfg.smem, pdl, stream);
+  cudaLaunchConfig_t& lc = launch.config;
   if (cfg.engine == GemmEngine::Wgmma) {
     gemm_wgmma_dispatch(cfg.NT, cfg.WR / 4, [&]<int nt, int wg>() {
       SS_CUDA_CHECK(cudaLaunchKernelEx(&lc, &gemm_wgmma_kernel<nt, wg, Epi>, wmap, xmap, args, ep));
@@ -725,9 +747,9 @@ void launch_gemm(const GemmConfig& cfg, const CUtensorMap& wmap, const CUtensorM
   }
 }
 
-#define SS_INSTANTIATE_GEMM(EPI)                                                              \
-  template GemmConfig plan_gemm<EPI>(int, int, int, int, const GemmPlanHint&);               \
-  template void launch_gemm<EPI>(const GemmConfig&, const CUtensorMap&, const CUtensorMap&,   \
-                                 const GemmArgs&, const EPI::Params&, bool, cudaStream_t);
+#define SS_INSTANTIATE_GEMM(EPI)                                                                             \
+  template GemmConfig plan_gemm<EPI>(int, int, int, int, const GemmPlanHint&);                               \
+  template void launch_gemm<EPI>(const GemmConfig&, const CUtensorMap&, const CUtensorMap&, const GemmArgs&, \
+                                 const EPI::Params&, bool, cudaStream_t);
 
 }  // namespace swiftspec::cuda

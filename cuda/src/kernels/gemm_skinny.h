@@ -24,14 +24,16 @@
 //    A operand and the token tile the N = 8*NT operand, both read by the
 //    tensor cores straight from the TMA-swizzled shared memory; one wgmma
 //    group stays in flight). Options of the wgmma engine, checked and
-//    benchmarked but off by default (measured slower on the H200, run 7):
+//    benchmarked but off by default (measured slower on the H200;
+//    benchmarks/README.md, "wgmma GEMM engine"):
 //    keeping the CTA's activation slice resident in shared memory (loaded
 //    once instead of once per row block; costs resident CTAs), and n8
 //    instructions only (split_n).
 //  * In a cluster launch where every CTA has one row block (one round), the
 //    wgmma engine writes the row block's fp32 partials over its stage buffers
-//    (palias): the bytes saved keep more CTAs resident (run 16: the 8B down
-//    matrix at M = 32 / 64 in one round instead of two).
+//    (palias): the bytes saved keep more CTAs resident (the 8B down matrix at
+//    M = 32 / 64 in one round instead of two; benchmarks/README.md, "GEMM K
+//    slices and aliased partials").
 // Shapes: N % 16 == 0, K % 16 == 0, M <= 64. Errors: InvalidArgument.
 #pragma once
 #include <cuda.h>
@@ -65,33 +67,33 @@ struct GemmArgs {
   int N = 0, K = 0;
   const int* m_active_ptr = nullptr;  ///< tokens with outputs: min(*ptr, m_active_max); null: m_active_max
   int m_active_max = 0;
-  const int* x_row0_ptr = nullptr;    ///< first X row (token 0); null: row 0
+  const int* x_row0_ptr = nullptr;  ///< first X row (token 0); null: row 0
   // RMSNorm statistics of X (norm-fused GEMMs): per X row, hidden/16 partial
   // sums of squares of the fp32 residual (written by the previous residual
   // epilogue or the embedding).
   const float* ssq = nullptr;
-  int ssq_stride = 0;   ///< partials per row (hidden / 16)
+  int ssq_stride = 0;  ///< partials per row (hidden / 16)
   int hidden = 0;
   float eps = 1e-6f;
   // Set by launch_gemm from the GemmConfig (callers leave them alone).
-  int stages = 0;  ///< wgmma engine: pipeline depth (runtime)
-  int xres = 0;    ///< wgmma engine: activation slice resident
-  int split_n = 0; ///< wgmma engine: n8 instructions only
-  int palias = 0;  ///< wgmma engine: partials alias the stage buffers (every CTA one row block)
-  int pdl_early = 0; ///< release the dependent kernel at entry (else after the main loop)
+  int stages = 0;     ///< wgmma engine: pipeline depth (runtime)
+  int xres = 0;       ///< wgmma engine: activation slice resident
+  int split_n = 0;    ///< wgmma engine: n8 instructions only
+  int palias = 0;     ///< wgmma engine: partials alias the stage buffers (every CTA one row block)
+  int pdl_early = 0;  ///< release the dependent kernel at entry (else after the main loop)
 };
 
 /// Optional overrides of plan_gemm's choices (benchmarks, tests). The engine
 /// must not depend on M for a given matrix (batch invariance): callers that
 /// override it must do so for every bucket of that matrix.
 struct GemmPlanHint {
-  int engine = -1;  ///< -1: default (gemm_default_engine), 0: Mma, 1: Wgmma
-  int wg = 0;       ///< wgmma: warpgroups per CTA (1 or 2 → 64 / 128 rows); 0: planner
-  int stages = 0;   ///< wgmma: pipeline depth 2..8; 0: planner
-  int xres = -1;    ///< wgmma: -1 planner, 0 stream activations, 1 resident (if it fits)
-  int split_n = -1; ///< wgmma: -1 default (gemm_default_split_n), 0 / 1
-  int palias = -1;  ///< wgmma: -1 planner (alias when the launch is one round), 0 never
-  int slices = 0;   ///< K slices (benchmarks only: the model must use gemm_slices); 0: default
+  int engine = -1;   ///< -1: default (gemm_default_engine), 0: Mma, 1: Wgmma
+  int wg = 0;        ///< wgmma: warpgroups per CTA (1 or 2 → 64 / 128 rows); 0: planner
+  int stages = 0;    ///< wgmma: pipeline depth 2..8; 0: planner
+  int xres = -1;     ///< wgmma: -1 planner, 0 stream activations, 1 resident (if it fits)
+  int split_n = -1;  ///< wgmma: -1 default (gemm_default_split_n), 0 / 1
+  int palias = -1;   ///< wgmma: -1 planner (alias when the launch is one round), 0 never
+  int slices = 0;    ///< K slices (benchmarks only: the model must use gemm_slices); 0: default
 };
 
 /// Whether the wgmma engine issues n8 instructions only (SWIFTSPEC_WGMMA_SPLIT_N=1).
@@ -124,8 +126,7 @@ GemmConfig plan_gemm(int N, int K, int NT, int num_sms, const GemmPlanHint& hint
 /// dependent launch. `wmap`: tensor map of W with box {64, cfg.BR}; `xmap`:
 /// tensor map of X (rows = token rows, leading dim K) with box {64, 8*cfg.NT}.
 template <class Epi>
-void launch_gemm(const GemmConfig& cfg, const CUtensorMap& wmap, const CUtensorMap& xmap,
-                 const GemmArgs& args, const typename Epi::Params& ep, bool pdl,
-                 cudaStream_t stream);
+void launch_gemm(const GemmConfig& cfg, const CUtensorMap& wmap, const CUtensorMap& xmap, const GemmArgs& args,
+                 const typename Epi::Params& ep, bool pdl, cudaStream_t stream);
 
 }  // namespace swiftspec::cuda

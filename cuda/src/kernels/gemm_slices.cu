@@ -14,18 +14,19 @@ int gemm_slices(int N, int K) {
   // Enough (64-row block, slice) pairs for about two CTAs per SM of the H200
   // (132 SMs) in one wave — K is split only as far as N leaves SMs idle.
   // Splitting further costs a cluster barrier per row block in lockstep
-  // across the S CTAs (run 7: the 8B gate/up matrix, 448 row blocks, lost
-  // ~1.6 µs per extra persistent round at S = 8), and slices of at least
-  // 128 columns (two pipeline stages).
+  // across the S CTAs (the 8B gate/up matrix, 448 row blocks, lost time with
+  // every extra persistent round at S = 8; benchmarks/README.md, "wgmma GEMM
+  // engine"), and slices of at least 128 columns (two pipeline stages).
   //
   // A split K is then rounded up to a power of two, so that a slice is a
   // whole number of 64-column pipeline stages (the 8B QKV matrix, K = 4096,
   // at S = 3 gave each CTA 21.3 stages, a ragged last one costing a full
   // stage's latency), and split further while slices exceed 2048 columns
   // (the 8B down matrix, K = 14336: 3584-column slices at S = 4 are a long
-  // serial chain per CTA). Sweep of run 12 and run 16 (benchmarks/README.md):
-  // QKV S = 4 vs 3: 20.6 / 21.9 / 27.9 vs 21.1 / 23.6 / 29.1 µs at M = 1 / 16 / 64;
-  // down S = 8 vs 4: 37.9 / 38.9 / 49.5 vs 38.9 / 44.9 / 52.9 µs.
+  // serial chain per CTA). Both measured faster at M = 1 / 16 / 64: the QKV
+  // matrix at S = 4 than 3, the down matrix at S = 8 than 4
+  // (benchmarks/README.md, "shape-based K split" and "GEMM K slices and
+  // aliased partials").
   constexpr int kTargetPairs = 256;
   constexpr int kMaxSliceColumns = 2048;
   const int row_blocks = (N + 63) / 64;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/attention.h"
 #include "step_desc.h"
 
 namespace swiftspec::cuda {
@@ -22,59 +23,12 @@ int gemm_slices(int N, int K);
 /// squares of columns 16t..16t+15 (fp32, in column order), for m < desc->n;
 /// rows n..rows-1 are zeroed. Also zeroes the 64 arg-max keys of the step.
 /// table [vocab][hidden] bf16; h32 [64][hidden]; h16 [64][hidden]; ssq [64][hidden/16].
-void launch_embedding(const __nv_bfloat16* table, int hidden, const StepDesc* desc, int rows,
-                      float* h32, __nv_bfloat16* h16, float* ssq, unsigned long long* argmax_keys,
-                      cudaStream_t stream);
-
-// ---------------------------------------------------------------------------
-// attention_tree.cu — attention over committed KV + tree KV with the tree
-// mask (SwiftSpec ASPLOS'26 §4.2 tree-aware KV cache, §5.2 kernels).
-// ---------------------------------------------------------------------------
-/// Keys are processed in fixed chunks of kAttnChunk logical positions.
-constexpr int kAttnChunk = 64;
-/// CTAs along the KV length per (kv head, token block); each loops over
-/// chunks split, split + kAttnSplits, ...
-constexpr int kAttnSplits = 16;
-
-struct AttnParams {
-  const __nv_bfloat16* q = nullptr;  ///< [64][num_heads*head_dim], RoPE applied
-  const __nv_bfloat16* kcache = nullptr;  ///< layer: [kv_heads][slots][head_dim]
-  const __nv_bfloat16* vcache = nullptr;
-  __nv_bfloat16* out = nullptr;      ///< [64][num_heads*head_dim]
-  float* part_o = nullptr;           ///< [64][num_heads][max_chunks][head_dim] scratch
-  float2* part_ml = nullptr;         ///< [64][num_heads][max_chunks] scratch (max, sum)
-  int* counters = nullptr;           ///< [kv_heads][64] zero-initialized, self-resetting
-  const StepDesc* desc = nullptr;
-  int num_heads = 0, num_kv_heads = 0, head_dim = 0;
-  int group = 0;          ///< num_heads / num_kv_heads
-  int tokens_per_block = 0;  ///< T = min(4, max(1, 16 / group))
-  /// 1: shared-prefix CTAs compute the chunks that lie wholly inside the
-  /// committed prefix, once per group of 4 token blocks (attention_tree.cu);
-  /// the same bits as 0. Requires prefix_len >= committed for every token,
-  /// which StepDesc guarantees.
-  int shared_prefix = 0;
-  int slots = 0;          ///< max_context + max_tree
-  int max_context = 0;
-  int max_chunks = 0;     ///< ceil(slots / kAttnChunk)
-  float scale = 0.f;      ///< 1/sqrt(head_dim)
-  /// Null, or this layer's [kv_heads][64][kAttnSplits][8] global-timer stamps
-  /// per CTA (kAttnTraceStamps; benchmarks): entry, after the grid dependency,
-  /// first chunk's start, its keys listed, its scores done, its partial
-  /// written, arrival counted, end (after the combine, if it combined).
-  unsigned long long* trace = nullptr;
-};
-/// Stamps per attention CTA in AttnParams::trace.
-constexpr int kAttnTraceStamps = 8;
-
-/// Tokens per attention CTA for a GQA group size (<= 16 query rows per CTA).
-int attn_tokens_per_block(int group);
-/// Launches attention for the first `rows` token rows (rows = graph bucket;
-/// rows >= desc->n do nothing): one grid, or with p.shared_prefix two (the
-/// shared-prefix grid, then the tail grid). `pdl`: the first grid's launch
-/// has a programmatic edge to the previous kernel; `pdl_tail`: the tail
-/// grid's to the first (without it the two run one after the other).
-/// head_dim must be 64 or 128 (else InvalidArgument).
-void launch_attention(const AttnParams& p, int rows, bool pdl, bool pdl_tail, cudaStream_t stream);
+/// `gamma` (fp32 [hidden], or null): int4 models, whose first RMSNorm weight cannot be
+/// folded into the QKV weights, get h16[m][k] = bf16(h32[m][k] * gamma[k]) instead
+/// (EpiResidualNormed, epilogues.h).
+void launch_embedding(const __nv_bfloat16* table, int hidden, const StepDesc* desc, int rows, float* h32,
+                      __nv_bfloat16* h16, float* ssq, unsigned long long* argmax_keys, cudaStream_t stream,
+                      const float* gamma = nullptr);
 
 // ---------------------------------------------------------------------------
 // logits_top_k.cu — Model::forward_top_k on the GPU: each logits row's k best
@@ -96,10 +50,10 @@ constexpr int kTopKSegments = kTopKSortSegments;
 
 /// One row's result (device memory, copied to the host as a block).
 struct TopKRow {
-  int ids[kTopKMax];        ///< the k best ids, largest logit first, ties to the smaller id
-  float values[kTopKMax];   ///< their logits, bit-identical to the logits buffer
-  double log_normalizer;    ///< ln sum_v exp(logit_v * inv_temperature) (0 when not asked for)
-  int nan;                  ///< 1 when the row holds a NaN (ids / values are then meaningless)
+  int ids[kTopKMax];       ///< the k best ids, largest logit first, ties to the smaller id
+  float values[kTopKMax];  ///< their logits, bit-identical to the logits buffer
+  double log_normalizer;   ///< ln sum_v exp(logit_v * inv_temperature) (0 when not asked for)
+  int nan;                 ///< 1 when the row holds a NaN (ids / values are then meaningless)
   int pad;
 };
 
@@ -121,20 +75,18 @@ bool logits_top_k_supported(int k, int vocab);
 /// k > kTopKListMax, vocab <= kTopKSortSegments * kTopKSortKeys = 262144), or for an
 /// inv_temperature that is not finite and > 0.
 void launch_logits_top_k(const float* logits, int rows, int vocab, int k, bool with_log_normalizer,
-                         const TopKScratch& scratch, TopKRow* out, cudaStream_t stream,
-                         double inv_temperature = 1.0);
+                         const TopKScratch& scratch, TopKRow* out, cudaStream_t stream, double inv_temperature = 1.0);
 
 // ---------------------------------------------------------------------------
 // kv_cache.cu
 // ---------------------------------------------------------------------------
 /// For every layer and kv head: cache[dst0 + i] = cache[src_index[i]], i < n,
 /// for K and V. cache layout [layers][kv_heads][slots][head_dim] bf16.
-void launch_kv_copy(__nv_bfloat16* kcache, __nv_bfloat16* vcache, int layers, int kv_heads,
-                    int slots, int head_dim, const int* src_index, int n, int dst0,
-                    cudaStream_t stream);
+void launch_kv_copy(__nv_bfloat16* kcache, __nv_bfloat16* vcache, int layers, int kv_heads, int slots, int head_dim,
+                    const int* src_index, int n, int dst0, cudaStream_t stream);
 /// Fills slots [0, len) of every layer / kv head with random bf16 in (-1, 1).
-void launch_kv_fill_random(__nv_bfloat16* kcache, __nv_bfloat16* vcache, int layers, int kv_heads,
-                           int slots, int head_dim, int len, uint64_t seed, cudaStream_t stream);
+void launch_kv_fill_random(__nv_bfloat16* kcache, __nv_bfloat16* vcache, int layers, int kv_heads, int slots,
+                           int head_dim, int len, uint64_t seed, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------
 // weights.cu
@@ -143,14 +95,12 @@ enum class SrcType { F32 = 0, BF16 = 1, F16 = 2 };
 /// dst[n][k] = bf16(float(src[perm ? perm[n] : n][k]) * (gamma ? gamma[k] : 1)).
 /// src [*][K] of type `st` (device memory), dst [N][K], perm [N] int (device) or
 /// null, gamma [K] fp32 (device) or null.
-void launch_weight_transform(const void* src, SrcType st, __nv_bfloat16* dst, int N, int K,
-                             const int* perm, const float* gamma, cudaStream_t stream);
+void launch_weight_transform(const void* src, SrcType st, __nv_bfloat16* dst, int N, int K, const int* perm,
+                             const float* gamma, cudaStream_t stream);
 /// dst[i] = bf16(scale * u_i), u_i uniform in (-1, 1) \ (-0.05, 0.05), from a
 /// counter-based hash of (seed, i): never zero.
-void launch_fill_random_bf16(__nv_bfloat16* dst, size_t count, float scale, uint64_t seed,
-                             cudaStream_t stream);
+void launch_fill_random_bf16(__nv_bfloat16* dst, size_t count, float scale, uint64_t seed, cudaStream_t stream);
 /// Same for fp32.
-void launch_fill_random_f32(float* dst, size_t count, float scale, uint64_t seed,
-                            cudaStream_t stream);
+void launch_fill_random_f32(float* dst, size_t count, float scale, uint64_t seed, cudaStream_t stream);
 
 }  // namespace swiftspec::cuda

@@ -11,9 +11,9 @@ namespace swiftspec::cuda {
 namespace {
 
 // One thread per 16-byte vector of (layer, kv head, i) rows, K and V.
-__global__ void kv_copy_kernel(__nv_bfloat16* __restrict__ kc, __nv_bfloat16* __restrict__ vc,
-                               int rows_per_layer_head, int slots, int vec_per_row,
-                               const int* __restrict__ src_index, int n, int dst0, size_t total) {
+__global__ void kv_copy_kernel(__nv_bfloat16* __restrict__ kc, __nv_bfloat16* __restrict__ vc, int rows_per_layer_head,
+                               int slots, int vec_per_row, const int* __restrict__ src_index, int n, int dst0,
+                               size_t total) {
   for (size_t g = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; g < total;
        g += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const int v = static_cast<int>(g % vec_per_row);
@@ -29,8 +29,8 @@ __global__ void kv_copy_kernel(__nv_bfloat16* __restrict__ kc, __nv_bfloat16* __
   (void)rows_per_layer_head;
 }
 
-__global__ void kv_fill_kernel(__nv_bfloat16* __restrict__ kc, __nv_bfloat16* __restrict__ vc,
-                               int slots, int head_dim, int len, uint64_t seed, size_t total) {
+__global__ void kv_fill_kernel(__nv_bfloat16* __restrict__ kc, __nv_bfloat16* __restrict__ vc, int slots, int head_dim,
+                               int len, uint64_t seed, size_t total) {
   for (size_t g = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; g < total;
        g += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const int d = static_cast<int>(g % head_dim);
@@ -45,9 +45,8 @@ __global__ void kv_fill_kernel(__nv_bfloat16* __restrict__ kc, __nv_bfloat16* __
 
 }  // namespace
 
-void launch_kv_copy(__nv_bfloat16* kcache, __nv_bfloat16* vcache, int layers, int kv_heads,
-                    int slots, int head_dim, const int* src_index, int n, int dst0,
-                    cudaStream_t stream) {
+void launch_kv_copy(__nv_bfloat16* kcache, __nv_bfloat16* vcache, int layers, int kv_heads, int slots, int head_dim,
+                    const int* src_index, int n, int dst0, cudaStream_t stream) {
   if (n <= 0) return;
   const int vec = head_dim / 8;
   const size_t total = static_cast<size_t>(layers) * kv_heads * n * vec;
@@ -57,8 +56,8 @@ void launch_kv_copy(__nv_bfloat16* kcache, __nv_bfloat16* vcache, int layers, in
   SS_CUDA_CHECK_LAUNCH("kv_copy_kernel");
 }
 
-void launch_kv_fill_random(__nv_bfloat16* kcache, __nv_bfloat16* vcache, int layers, int kv_heads,
-                           int slots, int head_dim, int len, uint64_t seed, cudaStream_t stream) {
+void launch_kv_fill_random(__nv_bfloat16* kcache, __nv_bfloat16* vcache, int layers, int kv_heads, int slots,
+                           int head_dim, int len, uint64_t seed, cudaStream_t stream) {
   if (len <= 0) return;
   const size_t total = static_cast<size_t>(layers) * kv_heads * len * head_dim;
   if (total == 0) return;

@@ -75,11 +75,10 @@ __device__ void segment_lse_partial(const float* __restrict__ x, int begin, int 
 
 // Pass 1 for k <= kTopKListMax: kTopKListSegments CTAs per row; per-thread k-best lists in
 // registers merged in k rounds of a block max.
-__global__ void __launch_bounds__(kTopKThreads) top_k_lists_kernel(const float* __restrict__ logits, int vocab,
-                                                                   int k, int with_lse, double inv_t,
-                                                                   unsigned long long* __restrict__ part_keys,
-                                                                   double2* __restrict__ part_ms,
-                                                                   int* __restrict__ part_nan) {
+__global__ void __launch_bounds__(kTopKThreads)
+    top_k_lists_kernel(const float* __restrict__ logits, int vocab, int k, int with_lse, double inv_t,
+                       unsigned long long* __restrict__ part_keys, double2* __restrict__ part_ms,
+                       int* __restrict__ part_nan) {
   __shared__ unsigned long long cand[kTopKThreads * kTopKListMax];
   __shared__ unsigned long long warp_best[kTopKThreads / 32];
   constexpr int S = kTopKListSegments;
@@ -159,11 +158,10 @@ __device__ void bitonic_sort_desc(unsigned long long* s, int n) {
 
 // Pass 1 for kTopKListMax < k <= kTopKMax: kTopKSortSegments CTAs per row, each sorts its
 // segment's keys (<= kTopKSortKeys) in shared memory and keeps the first k.
-__global__ void __launch_bounds__(kTopKThreads) top_k_sort_kernel(const float* __restrict__ logits, int vocab, int k,
-                                                                  int with_lse, double inv_t,
-                                                                  unsigned long long* __restrict__ part_keys,
-                                                                  double2* __restrict__ part_ms,
-                                                                  int* __restrict__ part_nan) {
+__global__ void __launch_bounds__(kTopKThreads)
+    top_k_sort_kernel(const float* __restrict__ logits, int vocab, int k, int with_lse, double inv_t,
+                      unsigned long long* __restrict__ part_keys, double2* __restrict__ part_ms,
+                      int* __restrict__ part_nan) {
   __shared__ unsigned long long keys[kTopKSortKeys];
   constexpr int S = kTopKSortSegments;
   const int seg = blockIdx.x, row = blockIdx.y, tid = threadIdx.x;
@@ -248,10 +246,10 @@ __global__ void top_k_merge_lists_kernel(const float* __restrict__ logits, int v
 }
 
 // Pass 2 after top_k_sort_kernel: one CTA per row sorts the segments' k best (<= kTopKSortKeys).
-__global__ void __launch_bounds__(kTopKThreads) top_k_merge_sorted_kernel(
-    const float* __restrict__ logits, int vocab, int k, int with_lse, double inv_t,
-    const unsigned long long* __restrict__ part_keys,
-    const double2* __restrict__ part_ms, const int* __restrict__ part_nan, TopKRow* __restrict__ out) {
+__global__ void __launch_bounds__(kTopKThreads)
+    top_k_merge_sorted_kernel(const float* __restrict__ logits, int vocab, int k, int with_lse, double inv_t,
+                              const unsigned long long* __restrict__ part_keys, const double2* __restrict__ part_ms,
+                              const int* __restrict__ part_nan, TopKRow* __restrict__ out) {
   __shared__ unsigned long long keys[kTopKSortKeys];
   constexpr int S = kTopKSortSegments;
   static_assert(S * kTopKMax <= kTopKSortKeys, "the merge sorts every segment's k best at once");
@@ -280,11 +278,11 @@ bool logits_top_k_supported(int k, int vocab) {
 void launch_logits_top_k(const float* logits, int rows, int vocab, int k, bool with_log_normalizer,
                          const TopKScratch& scratch, TopKRow* out, cudaStream_t stream, double inv_temperature) {
   if (rows < 1 || rows > kMaxStepTokens || !logits_top_k_supported(k, vocab))
-    throw InvalidArgument("launch_logits_top_k: rows " + std::to_string(rows) + " (1.." +
-                          std::to_string(kMaxStepTokens) + "), k " + std::to_string(k) + " (1.." +
-                          std::to_string(kTopKMax) + "), vocab " + std::to_string(vocab) + " (>= " +
-                          std::to_string(kTopKMinVocab) + "; <= " + std::to_string(kTopKSortSegments * kTopKSortKeys) +
-                          " for k > " + std::to_string(kTopKListMax) + ")");
+    throw InvalidArgument(
+        "launch_logits_top_k: rows " + std::to_string(rows) + " (1.." + std::to_string(kMaxStepTokens) + "), k " +
+        std::to_string(k) + " (1.." + std::to_string(kTopKMax) + "), vocab " + std::to_string(vocab) +
+        " (>= " + std::to_string(kTopKMinVocab) + "; <= " + std::to_string(kTopKSortSegments * kTopKSortKeys) +
+        " for k > " + std::to_string(kTopKListMax) + ")");
   if (!(inv_temperature > 0.0) || std::isinf(inv_temperature))
     throw InvalidArgument("launch_logits_top_k: inv_temperature must be a finite number > 0, got " +
                           std::to_string(inv_temperature));

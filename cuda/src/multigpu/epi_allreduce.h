@@ -44,8 +44,8 @@ struct EpiStoreBf16 {
   static constexpr int kSmemBytes = 0;
 #if defined(__CUDACC__)
   __device__ static void cta_init(const Params&, void*, int, int) {}
-  __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo,
-                               float hi, float, int m_active) {
+  __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo, float hi, float,
+                               int m_active) {
     if (!valid || m >= m_active) return;
     const int row = tile * 16 + r;
     p.out[static_cast<size_t>(m) * p.ldo + row] = __float2bfloat16_rn(lo);
@@ -70,8 +70,8 @@ struct EpiPeerStore {
   static constexpr int kSmemBytes = 0;
 #if defined(__CUDACC__)
   __device__ static void cta_init(const Params&, void*, int, int) {}
-  __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo,
-                               float hi, float, int m_active) {
+  __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo, float hi, float,
+                               int m_active) {
     if (!valid || m >= m_active) return;
     const uint32_t e = peer_epoch(p.ch);
     __nv_bfloat16* buf = p.ch.data[p.ch.rank] + (e & 1u) * p.ch.capacity + static_cast<size_t>(m) * p.N;
@@ -102,23 +102,23 @@ __device__ __forceinline__ uint4 pack_bf16x8(const float* v) {
 
 struct EpiAllReduce {
   struct Params {
-    PeerChannel ch;        ///< this rank's view of the channel (capacity >= M * N)
-    int N = 0;             ///< output features (rows of W): the exchange row length
-    int br = 0;            ///< rows per row block of the launch (GemmConfig::BR; set by launch_gemm_allreduce)
+    PeerChannel ch;  ///< this rank's view of the channel (capacity >= M * N)
+    int N = 0;       ///< output features (rows of W): the exchange row length
+    int br = 0;      ///< rows per row block of the launch (GemmConfig::BR; set by launch_gemm_allreduce)
     AllReduceOut out = AllReduceOut::F32;
-    float* out32 = nullptr;            ///< F32: [M][ldo]
-    __nv_bfloat16* out16 = nullptr;    ///< Bf16: [M][ldo]
+    float* out32 = nullptr;          ///< F32: [M][ldo]
+    __nv_bfloat16* out16 = nullptr;  ///< Bf16: [M][ldo]
     int ldo = 0;
-    float* h32 = nullptr;              ///< Residual: [M][N] fp32 residual stream (replicated on every rank)
-    __nv_bfloat16* h16 = nullptr;      ///< Residual: [M][N]
-    float* ssq = nullptr;              ///< Residual: [M][N / 16]
+    float* h32 = nullptr;          ///< Residual: [M][N] fp32 residual stream (replicated on every rank)
+    __nv_bfloat16* h16 = nullptr;  ///< Residual: [M][N]
+    float* ssq = nullptr;          ///< Residual: [M][N / 16]
   };
   static constexpr bool kNeedsRms = false;
   static constexpr int kSmemBytes = 0;
 #if defined(__CUDACC__)
   __device__ static void cta_init(const Params&, void*, int, int) {}
-  __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo,
-                               float hi, float, int m_active) {
+  __device__ static void apply(const Params& p, void*, bool valid, int tile, int r, int m, float lo, float hi, float,
+                               int m_active) {
     if (!valid || m >= m_active) return;
     const uint32_t e = peer_epoch(p.ch);
     __nv_bfloat16* buf = p.ch.data[p.ch.rank] + (e & 1u) * p.ch.capacity + static_cast<size_t>(m) * p.N;

@@ -21,8 +21,8 @@ void launch_gemm_allreduce(const GemmConfig& cfg, const CUtensorMap& wmap, const
                           " outputs exceed the peer channel's capacity of " + std::to_string(ep.ch.capacity) +
                           " elements");
   if (static_cast<long>(cfg.grid_x) * cfg.S > kMaxPeerCtas)
-    throw InvalidArgument("gemm+all-reduce: grid of " + std::to_string(cfg.grid_x * cfg.S) +
-                          " CTAs exceeds the " + std::to_string(kMaxPeerCtas) + " flag slots of a peer channel");
+    throw InvalidArgument("gemm+all-reduce: grid of " + std::to_string(cfg.grid_x * cfg.S) + " CTAs exceeds the " +
+                          std::to_string(kMaxPeerCtas) + " flag slots of a peer channel");
   if (32 * cfg.WR < ep.ch.size)
     throw InvalidArgument("gemm+all-reduce: CTAs of " + std::to_string(32 * cfg.WR) + " threads cannot signal " +
                           std::to_string(ep.ch.size) + " ranks");

@@ -86,20 +86,18 @@ class NcclCommunicator final : public CudaCommunicator {
   }
 
   void all_reduce_sum(float* data, size_t count) override {
-    enqueue("all_reduce_sum", [&](ncclComm_t c) {
-      SS_NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, c, stream_));
-    });
+    enqueue("all_reduce_sum",
+            [&](ncclComm_t c) { SS_NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, c, stream_)); });
   }
   void all_reduce_sum_bf16(void* data, size_t count) override {
-    enqueue("all_reduce_sum_bf16", [&](ncclComm_t c) {
-      SS_NCCL_CHECK(ncclAllReduce(data, data, count, ncclBfloat16, ncclSum, c, stream_));
-    });
+    enqueue("all_reduce_sum_bf16",
+            [&](ncclComm_t c) { SS_NCCL_CHECK(ncclAllReduce(data, data, count, ncclBfloat16, ncclSum, c, stream_)); });
   }
 
   void gather(const float* send, float* recv, size_t count, int root) override {
     if (root < 0 || root >= size())
-      throw InvalidArgument("gather: root " + std::to_string(root) + " is outside [0, size=" +
-                            std::to_string(size()) + ")");
+      throw InvalidArgument("gather: root " + std::to_string(root) + " is outside [0, size=" + std::to_string(size()) +
+                            ")");
     enqueue("gather", [&](ncclComm_t c) {
       if (rank_ == root) {
         if (!recv) throw InvalidArgument("gather: recv is null on the root rank");
@@ -109,7 +107,8 @@ class NcclCommunicator final : public CudaCommunicator {
       SS_NCCL_CHECK(ncclGroupStart());
       if (rank_ == root) {
         for (int r = 0; r < size(); ++r)
-          if (r != root) SS_NCCL_CHECK(ncclRecv(recv + static_cast<size_t>(r) * count, count, ncclFloat32, r, c, stream_));
+          if (r != root)
+            SS_NCCL_CHECK(ncclRecv(recv + static_cast<size_t>(r) * count, count, ncclFloat32, r, c, stream_));
       } else {
         SS_NCCL_CHECK(ncclSend(send, count, ncclFloat32, root, c, stream_));
       }
@@ -155,8 +154,7 @@ class NcclCommunicator final : public CudaCommunicator {
   void enqueue(const char* what, F&& f) {
     if (g_->aborted.load()) throw CommAborted(std::string(what) + ": the NCCL group was aborted");
     std::shared_lock lock(g_->mu);
-    if (g_->aborted.load() || g_->comms.empty())
-      throw CommAborted(std::string(what) + ": the NCCL group was aborted");
+    if (g_->aborted.load() || g_->comms.empty()) throw CommAborted(std::string(what) + ": the NCCL group was aborted");
     SS_CUDA_CHECK(cudaSetDevice(device()));
     f(g_->comms[rank_]);
   }
@@ -198,8 +196,7 @@ std::vector<std::unique_ptr<CudaCommunicator>> make_nccl_group(const std::vector
   g->devices = devices;
   g->init_comms();
   std::vector<std::unique_ptr<CudaCommunicator>> out;
-  for (int r = 0; r < static_cast<int>(devices.size()); ++r)
-    out.push_back(std::make_unique<NcclCommunicator>(g, r));
+  for (int r = 0; r < static_cast<int>(devices.size()); ++r) out.push_back(std::make_unique<NcclCommunicator>(g, r));
   SS_CUDA_CHECK(cudaSetDevice(prev));
   return out;
 }

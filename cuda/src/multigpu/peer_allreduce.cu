@@ -16,9 +16,8 @@ constexpr int kArThreads = 256;
 /// One CTA owns elements [blockIdx.x * chunk, +chunk) (chunk % 8 == 0):
 /// copy-in, exchange, rank-order sum (peer_channel.h, steps 1-5).
 template <int NR>
-__global__ void __launch_bounds__(kArThreads)
-    peer_allreduce_kernel(const PeerChannel ch, const __nv_bfloat16* in, __nv_bfloat16* out, size_t count,
-                          size_t chunk) {
+__global__ void __launch_bounds__(kArThreads) peer_allreduce_kernel(const PeerChannel ch, const __nv_bfloat16* in,
+                                                                    __nv_bfloat16* out, size_t count, size_t chunk) {
   griddep_wait();
   const uint32_t e = peer_epoch(ch);
   const size_t half = (e & 1u) * ch.capacity;
@@ -52,8 +51,8 @@ __global__ void __launch_bounds__(kArThreads)
 }
 
 template <int NR>
-void launch_ar(const PeerChannel& ch, const __nv_bfloat16* in, __nv_bfloat16* out, size_t count, size_t chunk,
-               int ctas, bool pdl, cudaStream_t st) {
+void launch_ar(const PeerChannel& ch, const __nv_bfloat16* in, __nv_bfloat16* out, size_t count, size_t chunk, int ctas,
+               bool pdl, cudaStream_t st) {
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(static_cast<unsigned>(ctas), 1, 1);
   lc.blockDim = dim3(kArThreads, 1, 1);
@@ -126,7 +125,8 @@ void launch_arr(const PeerChannel& ch, const int* m_active_ptr, int m_max, int N
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   lc.attrs = attr;
   lc.numAttrs = pdl ? 1 : 0;
-  SS_CUDA_CHECK(cudaLaunchKernelEx(&lc, &peer_allreduce_residual_kernel<NR>, ch, m_active_ptr, m_max, N, h32, h16, ssq));
+  SS_CUDA_CHECK(
+      cudaLaunchKernelEx(&lc, &peer_allreduce_residual_kernel<NR>, ch, m_active_ptr, m_max, N, h32, h16, ssq));
 }
 
 /// Restores the current device on scope exit.
@@ -251,15 +251,32 @@ void PeerGroup::all_reduce_bf16(int rank, const __nv_bfloat16* in, __nv_bfloat16
   const size_t chunk = ((count + ctas - 1) / ctas + 7) / 8 * 8;
   const int used = static_cast<int>((count + chunk - 1) / chunk);  // every launched CTA owns elements
   switch (v.size) {
-    case 1: launch_ar<1>(v, in, out, count, chunk, used, pdl, stream); break;
-    case 2: launch_ar<2>(v, in, out, count, chunk, used, pdl, stream); break;
-    case 3: launch_ar<3>(v, in, out, count, chunk, used, pdl, stream); break;
-    case 4: launch_ar<4>(v, in, out, count, chunk, used, pdl, stream); break;
-    case 5: launch_ar<5>(v, in, out, count, chunk, used, pdl, stream); break;
-    case 6: launch_ar<6>(v, in, out, count, chunk, used, pdl, stream); break;
-    case 7: launch_ar<7>(v, in, out, count, chunk, used, pdl, stream); break;
-    case 8: launch_ar<8>(v, in, out, count, chunk, used, pdl, stream); break;
-    default: throw InvalidArgument("peer all-reduce: group size " + std::to_string(v.size) + " unsupported");
+    case 1:
+      launch_ar<1>(v, in, out, count, chunk, used, pdl, stream);
+      break;
+    case 2:
+      launch_ar<2>(v, in, out, count, chunk, used, pdl, stream);
+      break;
+    case 3:
+      launch_ar<3>(v, in, out, count, chunk, used, pdl, stream);
+      break;
+    case 4:
+      launch_ar<4>(v, in, out, count, chunk, used, pdl, stream);
+      break;
+    case 5:
+      launch_ar<5>(v, in, out, count, chunk, used, pdl, stream);
+      break;
+    case 6:
+      launch_ar<6>(v, in, out, count, chunk, used, pdl, stream);
+      break;
+    case 7:
+      launch_ar<7>(v, in, out, count, chunk, used, pdl, stream);
+      break;
+    case 8:
+      launch_ar<8>(v, in, out, count, chunk, used, pdl, stream);
+      break;
+    default:
+      throw InvalidArgument("peer all-reduce: group size " + std::to_string(v.size) + " unsupported");
   }
 }
 
@@ -292,15 +309,32 @@ void launch_peer_allreduce_residual(const PeerChannel& ch, const int* m_active_p
     throw InvalidArgument("peer all-reduce + residual: " + std::to_string(ctas) + " CTAs exceed the channel's " +
                           std::to_string(kMaxPeerCtas) + " flag slots");
   switch (ch.size) {
-    case 1: launch_arr<1>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream); break;
-    case 2: launch_arr<2>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream); break;
-    case 3: launch_arr<3>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream); break;
-    case 4: launch_arr<4>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream); break;
-    case 5: launch_arr<5>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream); break;
-    case 6: launch_arr<6>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream); break;
-    case 7: launch_arr<7>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream); break;
-    case 8: launch_arr<8>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream); break;
-    default: throw InvalidArgument("peer all-reduce + residual: group size " + std::to_string(ch.size) + " unsupported");
+    case 1:
+      launch_arr<1>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream);
+      break;
+    case 2:
+      launch_arr<2>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream);
+      break;
+    case 3:
+      launch_arr<3>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream);
+      break;
+    case 4:
+      launch_arr<4>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream);
+      break;
+    case 5:
+      launch_arr<5>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream);
+      break;
+    case 6:
+      launch_arr<6>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream);
+      break;
+    case 7:
+      launch_arr<7>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream);
+      break;
+    case 8:
+      launch_arr<8>(ch, m_active_ptr, m_max, N, h32, h16, ssq, ctas, pdl, stream);
+      break;
+    default:
+      throw InvalidArgument("peer all-reduce + residual: group size " + std::to_string(ch.size) + " unsupported");
   }
 }
 

@@ -53,8 +53,8 @@ class PeerGroup {
   /// dependent). Every rank must make the same calls on the channel, each
   /// from its own thread (it waits on the GPU for the others). `max_ctas`:
   /// CTAs of the launch (0: default, up to 128). Throws InvalidArgument.
-  void all_reduce_bf16(int rank, const __nv_bfloat16* in, __nv_bfloat16* out, size_t count,
-                       cudaStream_t stream, int ch = 0, bool pdl = false, int max_ctas = 0) const;
+  void all_reduce_bf16(int rank, const __nv_bfloat16* in, __nv_bfloat16* out, size_t count, cudaStream_t stream,
+                       int ch = 0, bool pdl = false, int max_ctas = 0) const;
 
   /// Zeroes every rank's flags and counters of every channel (synchronous).
   /// Only while no launch of the group is in flight; restores the start state
@@ -66,8 +66,8 @@ class PeerGroup {
   size_t capacity_ = 0;
   int channels_ = 0;
   size_t bytes_per_alloc_ = 0;
-  std::vector<void*> allocs_;          // [rank * channels + ch]
-  std::vector<PeerChannel> views_;     // [rank * channels + ch]
+  std::vector<void*> allocs_;       // [rank * channels + ch]
+  std::vector<PeerChannel> views_;  // [rank * channels + ch]
 };
 
 /// The second kernel of the two-kernel row-parallel path (after a GEMM with
@@ -87,7 +87,7 @@ void launch_peer_allreduce_residual(const PeerChannel& ch, const int* m_active_p
 
 /// Offsets inside one rank/channel allocation (bytes).
 constexpr size_t kPeerFlagsBytes = sizeof(uint32_t) * kMaxPeerCtas * kMaxPeerRanks;
-constexpr size_t kPeerCountersOffset = kPeerFlagsBytes;       // epoch, done
-constexpr size_t kPeerDataOffset = kPeerFlagsBytes + 256;      // 256-byte aligned data
+constexpr size_t kPeerCountersOffset = kPeerFlagsBytes;    // epoch, done
+constexpr size_t kPeerDataOffset = kPeerFlagsBytes + 256;  // 256-byte aligned data
 
 }  // namespace swiftspec::cuda

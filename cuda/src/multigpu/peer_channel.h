@@ -54,18 +54,18 @@
 
 namespace swiftspec::cuda {
 
-constexpr int kMaxPeerRanks = 8;     ///< ranks of one peer group (GPUs of one NVLink node)
-constexpr int kMaxPeerCtas = 1024;   ///< CTAs of one launch on a channel
+constexpr int kMaxPeerRanks = 8;    ///< ranks of one peer group (GPUs of one NVLink node)
+constexpr int kMaxPeerCtas = 1024;  ///< CTAs of one launch on a channel
 
 /// Rank `rank`'s view of one channel (kernel parameter, by value).
 struct PeerChannel {
   int rank = 0;
   int size = 1;
-  size_t capacity = 0;                           ///< bf16 elements per parity half
-  __nv_bfloat16* data[kMaxPeerRanks] = {};       ///< every rank's data [2][capacity]
-  uint32_t* flags[kMaxPeerRanks] = {};           ///< every rank's flags [kMaxPeerCtas][kMaxPeerRanks]
-  uint32_t* epoch = nullptr;                     ///< this rank's launch epoch (local)
-  uint32_t* done = nullptr;                      ///< this rank's finished-CTA counter (local)
+  size_t capacity = 0;                      ///< bf16 elements per parity half
+  __nv_bfloat16* data[kMaxPeerRanks] = {};  ///< every rank's data [2][capacity]
+  uint32_t* flags[kMaxPeerRanks] = {};      ///< every rank's flags [kMaxPeerCtas][kMaxPeerRanks]
+  uint32_t* epoch = nullptr;                ///< this rank's launch epoch (local)
+  uint32_t* done = nullptr;                 ///< this rank's finished-CTA counter (local)
 };
 
 #if defined(__CUDACC__)
@@ -101,9 +101,7 @@ __device__ __forceinline__ __nv_bfloat16 peer_ld_volatile_bf16(const __nv_bfloat
 
 /// The epoch of the current launch (step 5 of the protocol: constant during a
 /// launch). Call after griddepcontrol.wait.
-__device__ __forceinline__ uint32_t peer_epoch(const PeerChannel& ch) {
-  return peer_ld_volatile_u32(ch.epoch) + 1u;
-}
+__device__ __forceinline__ uint32_t peer_epoch(const PeerChannel& ch) { return peer_ld_volatile_u32(ch.epoch) + 1u; }
 
 __device__ __forceinline__ uint64_t peer_globaltimer_ns() {
   uint64_t t;

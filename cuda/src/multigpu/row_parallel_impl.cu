@@ -80,8 +80,8 @@ class PeerRowParallel final : public RowParallel {
     e.h32 = res.h32;
     e.h16 = res.h16;
     e.ssq = res.ssq;
-    launch_gemm_allreduce(c, cache_.map(w, args.N, args.K, c.BR), cache_.map(x, kMaxStepTokens, args.K, 8 * nt),
-                          args, e, pdl, stream);
+    launch_gemm_allreduce(c, cache_.map(w, args.N, args.K, c.BR), cache_.map(x, kMaxStepTokens, args.K, 8 * nt), args,
+                          e, pdl, stream);
   }
   int size() const override { return g_.size(); }
   int rank() const override { return rank_; }
@@ -121,8 +121,8 @@ class NcclRowParallel final : public RowParallel {
                               args, e, pdl, stream);
     comm_.set_stream(stream);
     comm_.all_reduce_sum_bf16(y_.get(), static_cast<size_t>(args.m_active_max) * args.N);
-    launch_residual_add(y_.as<__nv_bfloat16>(), args.m_active_ptr, args.m_active_max, res.h32, res.h16, res.ssq,
-                        args.N, pdl, stream);
+    launch_residual_add(y_.as<__nv_bfloat16>(), args.m_active_ptr, args.m_active_max, res.h32, res.h16, res.ssq, args.N,
+                        pdl, stream);
   }
   int size() const override { return comm_.size(); }
   int rank() const override { return comm_.rank(); }

@@ -48,29 +48,46 @@ HostWeight shard_tensor(const cpu::TpRankShard& s, const cpu::WeightMatrix& lm_h
                         const std::vector<int64_t>& expected) {
   HostWeight w;
   bool found = true;
-  if (name == "model.embed_tokens.weight") w = host_matrix(s.embed);
-  else if (name == "model.norm.weight") w = host_vector(s.final_norm);
-  else if (name == "lm_head.weight" && lm_head.data) w = host_matrix(lm_head);
+  if (name == "model.embed_tokens.weight")
+    w = host_matrix(s.embed);
+  else if (name == "model.norm.weight")
+    w = host_vector(s.final_norm);
+  else if (name == "lm_head.weight" && lm_head.data)
+    w = host_matrix(lm_head);
   else if (name.rfind("model.layers.", 0) == 0) {
     const size_t dot = name.find('.', 13);
     const int l = std::stoi(name.substr(13, dot - 13));
     const std::string rest = name.substr(dot + 1);
-    if (l < 0 || l >= static_cast<int>(s.layers.size())) found = false;
+    if (l < 0 || l >= static_cast<int>(s.layers.size()))
+      found = false;
     else {
       const cpu::TpLayerShard& L = s.layers[l];
-      if (rest == "self_attn.q_proj.weight") w = host_matrix(L.q);
-      else if (rest == "self_attn.k_proj.weight") w = host_matrix(L.k);
-      else if (rest == "self_attn.v_proj.weight") w = host_matrix(L.v);
-      else if (rest == "self_attn.o_proj.weight") w = host_matrix(L.o);
-      else if (rest == "mlp.gate_proj.weight") w = host_matrix(L.gate);
-      else if (rest == "mlp.up_proj.weight") w = host_matrix(L.up);
-      else if (rest == "mlp.down_proj.weight") w = host_matrix(L.down);
-      else if (rest == "input_layernorm.weight") w = host_vector(L.input_norm);
-      else if (rest == "post_attention_layernorm.weight") w = host_vector(L.post_attention_norm);
-      else if (rest == "self_attn.q_proj.bias" && !L.q_bias.empty()) w = host_vector(L.q_bias);
-      else if (rest == "self_attn.k_proj.bias" && !L.k_bias.empty()) w = host_vector(L.k_bias);
-      else if (rest == "self_attn.v_proj.bias" && !L.v_bias.empty()) w = host_vector(L.v_bias);
-      else found = false;
+      if (rest == "self_attn.q_proj.weight")
+        w = host_matrix(L.q);
+      else if (rest == "self_attn.k_proj.weight")
+        w = host_matrix(L.k);
+      else if (rest == "self_attn.v_proj.weight")
+        w = host_matrix(L.v);
+      else if (rest == "self_attn.o_proj.weight")
+        w = host_matrix(L.o);
+      else if (rest == "mlp.gate_proj.weight")
+        w = host_matrix(L.gate);
+      else if (rest == "mlp.up_proj.weight")
+        w = host_matrix(L.up);
+      else if (rest == "mlp.down_proj.weight")
+        w = host_matrix(L.down);
+      else if (rest == "input_layernorm.weight")
+        w = host_vector(L.input_norm);
+      else if (rest == "post_attention_layernorm.weight")
+        w = host_vector(L.post_attention_norm);
+      else if (rest == "self_attn.q_proj.bias" && !L.q_bias.empty())
+        w = host_vector(L.q_bias);
+      else if (rest == "self_attn.k_proj.bias" && !L.k_bias.empty())
+        w = host_vector(L.k_bias);
+      else if (rest == "self_attn.v_proj.bias" && !L.v_bias.empty())
+        w = host_vector(L.v_bias);
+      else
+        found = false;
     }
   } else {
     found = false;
@@ -80,8 +97,10 @@ HostWeight shard_tensor(const cpu::TpRankShard& s, const cpu::WeightMatrix& lm_h
     std::string got, want;
     for (int64_t d : w.shape) got += (got.empty() ? "" : ", ") + str(d);
     for (int64_t d : expected) want += (want.empty() ? "" : ", ") + str(d);
-    throw CheckpointError("TP rank " + str(s.rank) + ": tensor '" + name + "' has shape [" + got + "], the rank's "
-                          "CUDA model expects [" + want + "]");
+    throw CheckpointError("TP rank " + str(s.rank) + ": tensor '" + name + "' has shape [" + got +
+                          "], the rank's "
+                          "CUDA model expects [" +
+                          want + "]");
   }
   return w;
 }
@@ -99,10 +118,11 @@ bool shard_has(const cpu::TpRankShard& s, const cpu::WeightMatrix& lm_head, cons
 void check_plan(const ModelConfig& c, const TpPlan& plan) {
   const int tp = plan.tp;
   const auto fail = [&](const std::string& why) {
-    throw InvalidArgument("tensor parallelism on the CUDA backend: TP degree " + str(tp) + " over " +
-                          str(c.num_heads) + " query / " + str(c.num_kv_heads) + " KV heads " + why +
+    throw InvalidArgument("tensor parallelism on the CUDA backend: TP degree " + str(tp) + " over " + str(c.num_heads) +
+                          " query / " + str(c.num_kv_heads) + " KV heads " + why +
                           " (the CUDA attention needs the same query and KV heads per rank, no padding heads and "
-                          "no replicated KV heads: use a TP degree dividing " + str(c.num_kv_heads) + ")");
+                          "no replicated KV heads: use a TP degree dividing " +
+                          str(c.num_kv_heads) + ")");
   };
   if (plan.q_heads_per_rank * tp != c.num_heads) fail("needs padding query heads");
   if (plan.kv_heads_per_rank * tp != c.num_kv_heads) fail("needs replicated or padding KV heads");
@@ -135,11 +155,11 @@ class TpCudaModel final : public Model {
       lm_head = cpu::WeightMatrix{lm_head_.data(), shards[0].lm_head.dtype, config_.vocab_size, config_.hidden_size};
     }
     bool shared_gpu = false;
-    for (int r = 0; r < n; ++r)
-      shared_gpu |= std::count(devices_.begin(), devices_.end(), devices_[r]) > 1;
+    for (int r = 0; r < n; ++r) shared_gpu |= std::count(devices_.begin(), devices_.end(), devices_[r]) > 1;
     if (shared_gpu && tp.all_reduce != TpAllReduce::PeerTwoKernel)
-      throw InvalidArgument("tensor parallelism on the CUDA backend: ranks sharing a GPU need the PeerTwoKernel "
-                            "all-reduce (the fused one needs every GEMM CTA resident at once)");
+      throw InvalidArgument(
+          "tensor parallelism on the CUDA backend: ranks sharing a GPU need the PeerTwoKernel "
+          "all-reduce (the fused one needs every GEMM CTA resident at once)");
     std::vector<std::shared_ptr<cuda::RowParallel>> hooks(n);
     if (tp.all_reduce == TpAllReduce::Nccl) {
 #if defined(SWIFTSPEC_HAVE_NCCL)
@@ -150,17 +170,18 @@ class TpCudaModel final : public Model {
         hooks[r] = cuda::make_nccl_row_parallel(*comms_[r], config_.hidden_size, prop.multiProcessorCount);
       }
 #else
-      throw InvalidArgument("tensor parallelism on the CUDA backend: the NCCL all-reduce was asked for, but this "
-                            "build has no NCCL (SWIFTSPEC_NCCL)");
+      throw InvalidArgument(
+          "tensor parallelism on the CUDA backend: the NCCL all-reduce was asked for, but this "
+          "build has no NCCL (SWIFTSPEC_NCCL)");
 #endif
     } else {
       peers_ = std::make_unique<cuda::PeerGroup>(devices_, size_t(cuda::kMaxStepTokens) * config_.hidden_size, 2);
       for (int r = 0; r < n; ++r) {
         cudaDeviceProp prop;
         SS_CUDA_CHECK(cudaGetDeviceProperties(&prop, devices_[r]));
-        hooks[r] = cuda::make_peer_row_parallel(*peers_, r, prop.multiProcessorCount,
-                                                tp.all_reduce == TpAllReduce::PeerFused ? cuda::PeerRowMode::Fused
-                                                                                        : cuda::PeerRowMode::TwoKernel);
+        hooks[r] = cuda::make_peer_row_parallel(
+            *peers_, r, prop.multiProcessorCount,
+            tp.all_reduce == TpAllReduce::PeerFused ? cuda::PeerRowMode::Fused : cuda::PeerRowMode::TwoKernel);
       }
     }
     group_ = std::make_unique<WorkerGroup>(n, std::vector<std::vector<int>>{},
@@ -202,8 +223,10 @@ class TpCudaModel final : public Model {
     ForwardBatch no_logits = batch;
     no_logits.logits = LogitsMode::None;
     run_ranks("forward", [&](int r) {
-      if (r == 0) ranks_[0]->forward(batch, logits);
-      else ranks_[r]->forward_argmax(no_logits, scratch_[r]);
+      if (r == 0)
+        ranks_[0]->forward(batch, logits);
+      else
+        ranks_[r]->forward_argmax(no_logits, scratch_[r]);
     });
   }
 
@@ -258,8 +281,10 @@ class TpCudaModel final : public Model {
     std::vector<float> rk, rv;
     for (int r = 0; r < plan_.tp; ++r) {
       if (r == 0) check_usable();
-      if (slots) ranks_[r]->read_tree_kv(layer, *slots, rk, rv);
-      else ranks_[r]->read_committed_kv(layer, rk, rv);
+      if (slots)
+        ranks_[r]->read_tree_kv(layer, *slots, rk, rv);
+      else
+        ranks_[r]->read_committed_kv(layer, rk, rv);
       const size_t rows = rk.size() / (size_t(kpr) * hd);
       if (r == 0) {
         k.assign(rows * nkv * hd, 0.0f);
@@ -285,7 +310,7 @@ class TpCudaModel final : public Model {
 #endif
   std::vector<std::unique_ptr<CudaModel>> ranks_;
   std::vector<std::vector<int32_t>> scratch_;  // ranks 1..N-1: forward_argmax's (empty) output
-  std::string failure_;                         // set once a step failed part-way: the model is unusable
+  std::string failure_;                        // set once a step failed part-way: the model is unusable
   std::unique_ptr<WorkerGroup> group_;
 };
 
@@ -312,6 +337,8 @@ std::unique_ptr<Model> make_tp_cuda_model(std::shared_ptr<const Checkpoint> chec
   if (!checkpoint) throw InvalidArgument("make_tp_cuda_model: checkpoint is null");
   check_options(options, tp);
   const int n = static_cast<int>(tp.devices.size());
+  if (checkpoint->quantization().int4())
+    throw InvalidArgument("make_tp_cuda_model: " + int4_backend_problem("cuda", options.megakernel, n));
   const TpPlan plan = TpPlan::make(checkpoint->config(), n);
   check_plan(checkpoint->config(), plan);
   std::vector<cpu::TpRankShard> shards;

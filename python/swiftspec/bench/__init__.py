@@ -4,6 +4,8 @@ One job per module:
 
 * :mod:`~swiftspec.bench.config`   the configuration grammar (``target``, ``serial:tree16``, ...)
 * :mod:`~swiftspec.bench.runner`   loads engines, runs prompts through configurations, one row each
+* :mod:`~swiftspec.bench.long_context` the long-context workloads (``--context-tokens``): prompts of
+                                   exactly N tokens
 * :mod:`~swiftspec.bench.peers_hf` the HF transformers peers (target-only and assisted generation)
 * :mod:`~swiftspec.bench.report`   speedups, output checks, aggregates; JSON and Markdown
 * :mod:`~swiftspec.bench.plots`    PNG plots (matplotlib)

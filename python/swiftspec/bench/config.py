@@ -3,8 +3,11 @@
 A configuration is written as one token (``--configs`` takes a comma-separated list)::
 
     CONFIG  := ENGINE_MODE [":" SHAPE] (":" OPTION)* ["@" BACKEND]
-    ENGINE_MODE := "target" | "serial" | "async"      swiftspec runtime
+    ENGINE_MODE := "target" | "serial" | "async" | "auto"   swiftspec runtime (auto: SHAPE is its
+                                                        largest tree; the rounds choose)
                  | "hf:target" | "hf:assisted"          Hugging Face transformers peers
+                 | "llamacpp:target" | "llamacpp:assisted"   llama.cpp peers (the GGUF files'
+                                                        quantized weights; peers_llamacpp)
     SHAPE   := "chain" [N]    a chain of N draft tokens: tree budget N, depth N, branching 1
                                  (N defaults to 4)
              | "tree" [N]     a token tree of N nodes: tree budget N, branching 2, depth 8
@@ -37,8 +40,9 @@ Examples: ``target``, ``serial:chain``, ``serial:chain6``, ``serial:tree16``,
 ``async:tree16:hp@cuda``, ``async:tree16:dg1@cuda``, ``async:tree16:dmma@cuda``,
 ``async:tree16:dmk@cuda``, ``target:mk@cuda``, ``hf:assisted``.
 
-``target`` takes no shape and only the options ``tpN`` and ``mk``; ``hf:*`` take no shape or options (``hf:*`` runs PyTorch on the backend's device:
-``cpu`` or ``cuda``). Speculative modes without a shape use ``tree16``.
+``target`` takes no shape and only the options ``tpN`` and ``mk``; ``hf:*`` and ``llamacpp:*`` take no shape or
+options (``hf:*`` runs PyTorch on the backend's device: ``cpu`` or ``cuda``; ``llamacpp:*`` a llama.cpp build for
+it, :mod:`swiftspec.bench.llamacpp_build`). Speculative modes without a shape use ``tree16``.
 
 :func:`parse_config` raises :class:`BenchConfigError` (a :class:`swiftspec.SwiftspecError`)
 naming the bad token; the CLI turns it into exit status 2.
@@ -49,14 +53,22 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
+from swiftspec import swiftspec_core
 from swiftspec.errors import SwiftspecError
-from swiftspec.sampling_params import SAMPLING_DEFAULTS, SEED_MAX  # noqa: F401 (re-exported)
-from swiftspec.sampling_params import check_sampling_params, check_unused_under_greedy
+from swiftspec.sampling_params import (
+    SAMPLING_DEFAULTS,  # noqa: F401 (re-exported)
+    check_sampling_params,
+    check_unused_under_greedy,
+)
 
 #: Decode modes of the swiftspec runtime (GenerationConfig's DecodeMode).
-SWIFTSPEC_MODES = ("target", "serial", "async")
+SWIFTSPEC_MODES: tuple[str, ...] = tuple(swiftspec_core.DECODE_MODES)  # the runtime's list
 #: Peer configurations (Hugging Face transformers ``generate``).
 HF_MODES = ("hf:target", "hf:assisted")
+#: Peer configurations (llama.cpp: llama-completion and llama-speculative-simple).
+LLAMACPP_MODES = ("llamacpp:target", "llamacpp:assisted")
+#: ``--peers`` names and the configurations each adds.
+PEERS = {"hf": HF_MODES, "llamacpp": LLAMACPP_MODES}
 BACKENDS = ("cpu", "cuda")
 
 DEFAULT_CHAIN = 4
@@ -77,8 +89,8 @@ class BenchConfig:
 
     Attributes:
         name: the canonical spelling (``str(parse_config(name)) == name`` round-trips).
-        engine: "swiftspec" or "hf".
-        mode: "target", "serial" or "async" (swiftspec); "target" or "assisted" (hf).
+        engine: "swiftspec", "hf" or "llamacpp".
+        mode: "target", "serial" or "async" (swiftspec); "target" or "assisted" (hf, llamacpp).
         backend: "cpu" or "cuda".
         tree_budget: draft nodes verified per target step (speculative modes), else None.
         max_depth: depth limit of the token tree, else None.
@@ -115,8 +127,8 @@ class BenchConfig:
 
     @property
     def speculative(self) -> bool:
-        """True if a draft model proposes tokens (serial, async, hf:assisted)."""
-        return self.mode in ("serial", "async", "assisted")
+        """True if a draft model is loaded to propose tokens (serial, async, auto, hf:assisted)."""
+        return self.mode in ("serial", "async", "auto", "assisted")
 
     @property
     def is_reference(self) -> bool:
@@ -170,16 +182,18 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
     if default_backend not in BACKENDS:
         raise BenchConfigError(f"unknown backend {default_backend!r} (expected cpu or cuda)")
 
-    if body in HF_MODES:
-        return BenchConfig(name=body + (f"@{backend}" if explicit_backend else ""), engine="hf",
-                           mode=body.split(":", 1)[1], backend=backend)
+    if body in HF_MODES or body in LLAMACPP_MODES:
+        engine, mode = body.split(":", 1)
+        return BenchConfig(
+            name=body + (f"@{backend}" if explicit_backend else ""), engine=engine, mode=mode, backend=backend
+        )
 
     parts = body.split(":")
     mode = parts[0]
     if mode not in SWIFTSPEC_MODES:
         raise BenchConfigError(
             f"configuration {raw!r}: unknown mode {mode!r} (expected one of "
-            f"{', '.join(SWIFTSPEC_MODES + HF_MODES)})"
+            f"{', '.join(SWIFTSPEC_MODES + HF_MODES + LLAMACPP_MODES)})"
         )
     rest = parts[1:]
     suffix = f"@{backend}" if explicit_backend else ""
@@ -191,20 +205,28 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
                 tp = _positive(raw, "target TP degree", m.group(2))
             elif opt == "mk" and not megakernel:
                 if backend != "cuda":
-                    raise BenchConfigError(f"configuration {raw!r}: mk runs the CUDA decode megakernel; it needs "
-                                           f"the cuda backend, not {backend!r}")
+                    raise BenchConfigError(
+                        f"configuration {raw!r}: mk runs the CUDA decode megakernel; it needs "
+                        f"the cuda backend, not {backend!r}"
+                    )
                 megakernel = True
             else:
-                raise BenchConfigError(f"configuration {raw!r}: target-only decoding takes no shape and only the "
-                                       "options tpN (the target's TP degree) and mk (the decode megakernel), "
-                                       f"each once; got {opt!r}")
-        return BenchConfig(name="target" + (f":tp{tp}" if tp != 1 else "") + (":mk" if megakernel else "") + suffix,
-                           engine="swiftspec", mode="target", backend=backend, target_tp=tp,
-                           target_megakernel=megakernel)
+                raise BenchConfigError(
+                    f"configuration {raw!r}: target-only decoding takes no shape and only the "
+                    "options tpN (the target's TP degree) and mk (the decode megakernel), "
+                    f"each once; got {opt!r}"
+                )
+        return BenchConfig(
+            name="target" + (f":tp{tp}" if tp != 1 else "") + (":mk" if megakernel else "") + suffix,
+            engine="swiftspec",
+            mode="target",
+            backend=backend,
+            target_tp=tp,
+            target_megakernel=megakernel,
+        )
 
     shape, n = "tree", DEFAULT_TREE
-    if rest and _SHAPE.match(rest[0]):
-        m = _SHAPE.match(rest[0])
+    if rest and (m := _SHAPE.match(rest[0])):
         shape = m.group(1)
         default_n = DEFAULT_CHAIN if shape == "chain" else DEFAULT_TREE
         n = _positive(raw, f"{shape} size", m.group(2), MAX_TREE_BUDGET) if m.group(2) else default_n
@@ -223,13 +245,15 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
             if opt in flags:
                 raise BenchConfigError(f"configuration {raw!r}: option {opt!r} given twice")
             if backend != "cuda":
-                raise BenchConfigError(f"configuration {raw!r}: {opt} {_CUDA_FLAGS[opt]}; it needs the cuda "
-                                       f"backend, not {backend!r}")
+                raise BenchConfigError(
+                    f"configuration {raw!r}: {opt} {_CUDA_FLAGS[opt]}; it needs the cuda backend, not {backend!r}"
+                )
             flags.add(opt)
             continue
         if opt == "mk":
-            raise BenchConfigError(f"configuration {raw!r}: mk applies to target-only decoding (target:mk); "
-                                   "the draft's is dmk")
+            raise BenchConfigError(
+                f"configuration {raw!r}: mk applies to target-only decoding (target:mk); the draft's is dmk"
+            )
         m = _OPTION.match(opt)
         if not m:
             raise BenchConfigError(
@@ -256,8 +280,10 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
         elif key == "dg":
             draft_gpu = int(m.group(2))
             if backend != "cuda":
-                raise BenchConfigError(f"configuration {raw!r}: dg{draft_gpu} puts the draft on a GPU; it needs the "
-                                       f"cuda backend, not {backend!r} (add @cuda or run with --backend cuda)")
+                raise BenchConfigError(
+                    f"configuration {raw!r}: dg{draft_gpu} puts the draft on a GPU; it needs the "
+                    f"cuda backend, not {backend!r} (add @cuda or run with --backend cuda)"
+                )
         else:
             draft_tp = _positive(raw, "draft TP degree", m.group(2))
     draft_engine = "mma" if "dmma" in flags else None
@@ -291,10 +317,23 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
     if target_priority:
         name += ":hp"
     name += suffix
-    return BenchConfig(name=name, engine="swiftspec", mode=mode, backend=backend, tree_budget=n,
-                       max_depth=depth, branching=branching, target_tp=target_tp, draft_tp=draft_tp,
-                       shape=shape, draft_sms=draft_sms, target_priority=target_priority,
-                       draft_gpu=draft_gpu, draft_engine=draft_engine, draft_megakernel=draft_megakernel)
+    return BenchConfig(
+        name=name,
+        engine="swiftspec",
+        mode=mode,
+        backend=backend,
+        tree_budget=n,
+        max_depth=depth,
+        branching=branching,
+        target_tp=target_tp,
+        draft_tp=draft_tp,
+        shape=shape,
+        draft_sms=draft_sms,
+        target_priority=target_priority,
+        draft_gpu=draft_gpu,
+        draft_engine=draft_engine,
+        draft_megakernel=draft_megakernel,
+    )
 
 
 def engine_key(config: BenchConfig) -> str:
@@ -302,13 +341,16 @@ def engine_key(config: BenchConfig) -> str:
     (``cuda:tp2``), draft SM partition (``cuda:sm16``: draft in a green context on SMs [0, 16),
     target on the rest), draft GPU (``cuda:dg1``), draft GEMM engine (``cuda:dmma``), decode
     megakernels (``cuda:dmk``, ``cuda:mk``) and stream priority (``cuda:hp``)."""
-    return (config.backend + (f":tp{config.target_tp}" if config.target_tp != 1 else "")
-            + (f":sm{config.draft_sms}" if config.draft_sms is not None else "")
-            + (f":dg{config.draft_gpu}" if config.draft_gpu is not None else "")
-            + (":dmma" if config.draft_engine is not None else "")
-            + (":dmk" if config.draft_megakernel else "")
-            + (":mk" if config.target_megakernel else "")
-            + (":hp" if config.target_priority else ""))
+    return (
+        config.backend
+        + (f":tp{config.target_tp}" if config.target_tp != 1 else "")
+        + (f":sm{config.draft_sms}" if config.draft_sms is not None else "")
+        + (f":dg{config.draft_gpu}" if config.draft_gpu is not None else "")
+        + (":dmma" if config.draft_engine is not None else "")
+        + (":dmk" if config.draft_megakernel else "")
+        + (":mk" if config.target_megakernel else "")
+        + (":hp" if config.target_priority else "")
+    )
 
 
 #: Stream priority asked for by ``hp`` (CUDA clamps it to the device's highest priority).
@@ -323,8 +365,15 @@ def engine_placement(config: BenchConfig) -> dict | None:
     TP degree); None when none is asked for."""
     draft_sms, target_priority, draft_gpu = config.draft_sms, config.target_priority, config.draft_gpu
     target_tp = config.target_tp
-    if (draft_sms is None and not target_priority and draft_gpu is None and target_tp == 1
-            and config.draft_engine is None and not config.draft_megakernel and not config.target_megakernel):
+    if (
+        draft_sms is None
+        and not target_priority
+        and draft_gpu is None
+        and target_tp == 1
+        and config.draft_engine is None
+        and not config.draft_megakernel
+        and not config.target_megakernel
+    ):
         return None
     p: dict = {"draft": {}, "target": {}}
     if config.draft_engine is not None:
@@ -349,7 +398,8 @@ def engine_placement(config: BenchConfig) -> dict | None:
 def find_baseline(config: BenchConfig, configs: list[BenchConfig]) -> BenchConfig | None:
     """The target-only configuration ``config``'s speedup is taken against: swiftspec ``target``
     on the same backend for swiftspec configurations (the one with the same target TP degree if
-    the run has it, else the first), ``hf:target`` for HF peers; None if the run has none or
+    the run has it, else the first), ``hf:target`` for HF peers, ``llamacpp:target`` for llama.cpp
+    peers; None if the run has none or
     ``config`` is itself target-only. Outputs are checked only against a baseline of the same
     TP degree (runner.reference_config): TP changes the reduction order."""
     if config.mode == "target":
@@ -357,13 +407,14 @@ def find_baseline(config: BenchConfig, configs: list[BenchConfig]) -> BenchConfi
     refs = [c for c in configs if c.engine == config.engine and c.mode == "target" and c.backend == config.backend]
     refs.sort(key=lambda c: c.target_megakernel)  # the exact (layered) target first
     same_tp = [c for c in refs if c.target_tp == config.target_tp]
-    return (same_tp or refs or [None])[0]
+    return (same_tp or refs)[0] if same_tp or refs else None
 
 
 def parse_config_list(text: str, default_backend: str = "cpu", peers: str | None = None) -> list[BenchConfig]:
-    """Parse ``--configs`` (comma-separated) plus ``--peers`` ("hf" adds hf:target and
-    hf:assisted; "none" or None adds nothing). Duplicates (same canonical name) are dropped,
-    order is kept. Raises :class:`BenchConfigError` for an empty list or a bad token."""
+    """Parse ``--configs`` (comma-separated) plus ``--peers`` (comma-separated: "hf" adds
+    hf:target and hf:assisted, "llamacpp" llamacpp:target and llamacpp:assisted; "none" or None
+    adds nothing). Duplicates (same canonical name) are dropped, order is kept. Raises
+    :class:`BenchConfigError` for an empty list or a bad token."""
     tokens = [t for t in (text or "").split(",")]
     if not any(t.strip() for t in tokens):
         raise BenchConfigError("--configs is empty: give at least one configuration, e.g. target,serial:tree16")
@@ -375,9 +426,9 @@ def parse_config_list(text: str, default_backend: str = "cpu", peers: str | None
     for peer in (p.strip() for p in (peers or "").split(",") if p.strip()):
         if peer == "none":
             continue
-        if peer != "hf":
-            raise BenchConfigError(f"unknown peer {peer!r} in --peers (expected hf or none)")
-        configs += [parse_config(m, default_backend) for m in HF_MODES]
+        if peer not in PEERS:
+            raise BenchConfigError(f"unknown peer {peer!r} in --peers (expected hf, llamacpp or none)")
+        configs += [parse_config(m, default_backend) for m in PEERS[peer]]
     unique: dict[str, BenchConfig] = {}
     for c in configs:
         unique.setdefault(c.name, c)
@@ -385,7 +436,8 @@ def parse_config_list(text: str, default_backend: str = "cpu", peers: str | None
 
 
 #: Weight dtypes of a run (``--dtype``): the dtype of the converted checkpoints, and of the target
-#: checkpoint recorded in ``settings.dtype``. int4 runs on swiftspec's cpu backend only.
+#: checkpoint recorded in ``settings.dtype``. int4 runs on swiftspec's cpu backend, and on its cuda
+#: backend without the decode megakernel and with tp 1.
 DTYPES = ("bfloat16", "float32", "int4")
 
 
@@ -393,13 +445,14 @@ def check_dtype(dtype: str, configs: list[BenchConfig], flag: str = "dtype") -> 
     """Checks a run's weight dtype against its configurations, before anything is loaded.
 
     Args:
-        dtype: "bfloat16", "float32" or "int4" (W4A16, group size 128: swiftspec's CPU backend only).
+        dtype: "bfloat16", "float32" or "int4" (W4A16, group size 32 from a GGUF).
         configs: the run's configurations (:func:`parse_config_list`).
         flag: how messages name the option (the CLI passes "--dtype").
 
     Raises:
-        BenchConfigError: (one line) an unknown dtype; int4 with a configuration on the cuda
-            backend (the CUDA backend has no int4 kernels); int4 with an HF peer (``hf:*``): HF
+        BenchConfigError: (one line) an unknown dtype; int4 with a configuration the cuda backend
+            cannot run int4 with (``mk``, ``dmk``: the decode megakernel; ``tp2``...: tensor
+            parallelism; the runtime's rule, ``int4_backend_problem``); int4 with an HF peer (``hf:*``): HF
             transformers cannot load swiftspec's int4 checkpoints (packed 4-bit projections), and
             peers run in bf16 instead would decode other weights, so their speedups and output
             checks against the int4 configurations would mix the quantization with the engine.
@@ -408,20 +461,39 @@ def check_dtype(dtype: str, configs: list[BenchConfig], flag: str = "dtype") -> 
         raise BenchConfigError(f"{flag} must be bfloat16, float32 or int4, got {dtype!r}")
     if dtype != "int4":
         return
-    cuda = [c.name for c in configs if c.engine == "swiftspec" and c.backend == "cuda"]
-    if cuda:
-        raise BenchConfigError(f"{flag} int4 runs on the cpu backend only (the cuda backend has no int4 kernels), but "
-                               f"{', '.join(cuda)} would run on cuda: use --backend cpu without @cuda, or "
-                               f"--dtype bfloat16")
+    from swiftspec import swiftspec_core as core
+
+    for c in configs:
+        if c.engine != "swiftspec":
+            continue
+        groups = [("target", c.target_megakernel, c.target_tp)]
+        if c.mode != "target":
+            groups.append(("draft", c.draft_megakernel, c.draft_tp or 1))
+        for group, megakernel, tp in groups:
+            problem = core.int4_backend_problem(c.backend, megakernel, tp)
+            if problem:
+                raise BenchConfigError(
+                    f"{flag} int4: configuration {c.name} runs its {group} on {c.backend} with {problem}"
+                )
     hf = [c.name for c in configs if c.engine == "hf"]
     if hf:
-        raise BenchConfigError(f"{flag} int4: the HF transformers peers ({', '.join(hf)}) cannot load swiftspec's int4 "
-                               f"checkpoints (packed 4-bit projections); drop --peers hf, or measure the peers in a "
-                               f"run of their own with --dtype bfloat16")
+        raise BenchConfigError(
+            f"{flag} int4: the HF transformers peers ({', '.join(hf)}) cannot load swiftspec's int4 "
+            f"checkpoints (packed 4-bit projections); drop --peers hf, or measure the peers in a "
+            f"run of their own with --dtype bfloat16"
+        )
 
 
-def check_sampling(temperature=0.0, top_p=1.0, top_k=0, seed=0, *, num_prompts: int = 1,
-                   names: dict[str, str] | None = None, given: list[str] | None = None) -> dict | None:
+def check_sampling(
+    temperature=0.0,
+    top_p=1.0,
+    top_k=0,
+    seed=0,
+    *,
+    num_prompts: int = 1,
+    names: dict[str, str] | None = None,
+    given: list[str] | None = None,
+) -> dict | None:
     """Validates the decoding settings of a run; returns its ``settings.sampling`` block
     ``{"temperature", "top_p", "top_k", "seed"}`` (Python numbers), or None for greedy decoding
     (temperature 0).
@@ -443,9 +515,17 @@ def check_sampling(temperature=0.0, top_p=1.0, top_k=0, seed=0, *, num_prompts: 
             index beyond 64 bits; top_p / top_k / seed given under greedy decoding (temperature 0),
             where they have no effect.
     """
-    values = check_sampling_params(temperature, top_p, top_k, seed, names=names, explain=True,
-                                   seeds=max(1, num_prompts), seed_note="request i of a data set samples with seed + i",
-                                   error=BenchConfigError)
+    values = check_sampling_params(
+        temperature,
+        top_p,
+        top_k,
+        seed,
+        names=names,
+        explain=True,
+        seeds=max(1, num_prompts),
+        seed_note="request i of a data set samples with seed + i",
+        error=BenchConfigError,
+    )
     if values["temperature"] == 0:
         check_unused_under_greedy(values, given, names=names, error=BenchConfigError)
         return None
@@ -456,5 +536,18 @@ def describe_sampling(sampling: dict | None) -> str:
     """One phrase for reports: "greedy", or the sampling settings."""
     if not sampling:
         return "greedy"
-    return (f"sampled (temperature {sampling['temperature']:g}, top-p {sampling['top_p']:g}, top-k "
-            f"{sampling['top_k'] or 'off'}, seed {sampling['seed']} + prompt index)")
+    return (
+        f"sampled (temperature {sampling['temperature']:g}, top-p {sampling['top_p']:g}, top-k "
+        f"{sampling['top_k'] or 'off'}, seed {sampling['seed']} + prompt index)"
+    )
+
+
+def check_llamacpp_decoding(sampling: dict | None, configs: list[BenchConfig]) -> None:
+    """Raises :class:`BenchConfigError` if a llama.cpp peer is asked to sample (``sampling`` not
+    None): the peer runs greedy decoding only (llama.cpp's sampler and its speculative acceptance of
+    sampled drafts are not swiftspec's, so sampled runs would not measure the same thing)."""
+    names = [c.name for c in configs if c.engine == "llamacpp"]
+    if sampling and names:
+        raise BenchConfigError(
+            f"the llama.cpp peers ({', '.join(names)}) run greedy decoding only; drop --peers llamacpp or --temperature"
+        )

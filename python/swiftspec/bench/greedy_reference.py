@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def teacher_forced_reference(model, prompt_ids, candidate, max_new_tokens: int,
-                             stop_token_ids=()) -> list[int] | None:
+def teacher_forced_reference(model, prompt_ids, candidate, max_new_tokens: int, stop_token_ids=()) -> list[int] | None:
     """Target-only greedy output, confirmed from one teacher-forced target pass, or None.
 
     Target-only greedy decoding is the unique sequence whose every token is the argmax of the

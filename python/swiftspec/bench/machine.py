@@ -42,6 +42,7 @@ def cpu_info() -> dict:
             cores.add(value)
     if model is None:
         model = platform.processor() or None
+    usable: int | None
     try:
         usable = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -67,9 +68,11 @@ def gpu_info() -> list[dict]:
     """The GPUs ``nvidia-smi`` lists (name, memory MiB, driver, compute capability); [] if none."""
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,compute_cap",
-             "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=20, check=True,
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,compute_cap", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
@@ -77,8 +80,14 @@ def gpu_info() -> list[dict]:
     for line in out.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) >= 4:
-            gpus.append({"name": parts[0], "memory_mib": _int_or_none(parts[1]), "driver": parts[2],
-                         "compute_capability": parts[3]})
+            gpus.append(
+                {
+                    "name": parts[0],
+                    "memory_mib": _int_or_none(parts[1]),
+                    "driver": parts[2],
+                    "compute_capability": parts[3],
+                }
+            )
     return gpus
 
 
@@ -118,8 +127,9 @@ def repo_root() -> Path | None:
 
 def _git(root: Path, *args: str, strip: bool = True) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
-                             timeout=20, check=True).stdout
+        out = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=20, check=True
+        ).stdout
         return out.strip() if strip else out
     except (OSError, subprocess.SubprocessError):
         return None
@@ -135,8 +145,13 @@ def commit_info(root: Path | None = None) -> dict:
     env_sha = os.environ.get("SWIFTSPEC_COMMIT") or None
     root = root or repo_root()
     if root is None or env_sha:
-        return {"sha": env_sha, "short": env_sha[:10] if env_sha else None, "branch": None, "dirty": None,
-                "dirty_files": []}
+        return {
+            "sha": env_sha,
+            "short": env_sha[:10] if env_sha else None,
+            "branch": None,
+            "dirty": None,
+            "dirty_files": [],
+        }
     sha = _git(root, "rev-parse", "HEAD")
     status = _git(root, "status", "--porcelain", "--untracked-files=no", strip=False)
     files = [line[3:] for line in (status or "").splitlines() if line.strip()]
@@ -162,7 +177,7 @@ def software_versions() -> dict:
     """Versions of Python and the packages whose speed we measure (None if not installed)."""
     from importlib import metadata
 
-    versions = {"python": platform.python_version()}
+    versions: dict[str, str | None] = {"python": platform.python_version()}
     for pkg in ("swiftspec", "numpy", "torch", "transformers", "accelerate"):
         try:
             versions[pkg] = metadata.version(pkg)
@@ -219,7 +234,7 @@ def busy_processes(interval_s: float = 1.0, min_cpu_percent: float = 20.0) -> li
                 continue
             try:
                 stat = (entry / "stat").read_text()
-                fields = stat[stat.rindex(")") + 2:].split()
+                fields = stat[stat.rindex(")") + 2 :].split()
                 ticks[int(entry.name)] = int(fields[11]) + int(fields[12])  # utime + stime
             except (OSError, ValueError, IndexError):
                 continue
@@ -240,8 +255,13 @@ def busy_processes(interval_s: float = 1.0, min_cpu_percent: float = 20.0) -> li
         pct = 100.0 * (t - before[pid]) / hz / interval_s
         if pct >= min_cpu_percent:
             try:
-                cmd = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(
-                    errors="replace").strip()
+                cmd = (
+                    (Path("/proc") / str(pid) / "cmdline")
+                    .read_bytes()
+                    .replace(b"\0", b" ")
+                    .decode(errors="replace")
+                    .strip()
+                )
             except OSError:
                 cmd = "?"
             busy.append({"pid": pid, "cpu_percent": round(pct, 1), "command": cmd[:160]})

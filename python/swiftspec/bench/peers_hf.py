@@ -97,8 +97,15 @@ class HFPeer:
         PeerUnavailableError: a package is missing or a model cannot be loaded (names it).
     """
 
-    def __init__(self, target_dir: str | Path, draft_dir: str | Path | None, dtype: str = "bfloat16",
-                 threads: int = 0, device: str = "cpu", sampling: dict | None = None):
+    def __init__(
+        self,
+        target_dir: str | Path,
+        draft_dir: str | Path | None,
+        dtype: str = "bfloat16",
+        threads: int = 0,
+        device: str = "cpu",
+        sampling: dict | None = None,
+    ):
         try:
             import torch
             import transformers
@@ -148,13 +155,21 @@ class HFPeer:
         sampling = None
         if self.sampling:
             sampling = {k: v for k, v in self._sampling_kwargs().items() if k != "do_sample"}
-            sampling = {**sampling,
-                        "seed": f"torch.manual_seed({self.sampling['seed']} + prompt index) before each generate"}
-        return {"dtype": self.dtype, "device": self.device, "gpu": gpu, "torch_threads": self.threads,
-                **self.versions,
-                "do_sample": self.sampling is not None, "sampling": sampling,
-                "cache_implementation": getattr(gc, "cache_implementation", None),
-                "assisted": assist or None}
+            sampling = {
+                **sampling,
+                "seed": f"torch.manual_seed({self.sampling['seed']} + prompt index) before each generate",
+            }
+        return {
+            "dtype": self.dtype,
+            "device": self.device,
+            "gpu": gpu,
+            "torch_threads": self.threads,
+            **self.versions,
+            "do_sample": self.sampling is not None,
+            "sampling": sampling,
+            "cache_implementation": getattr(gc, "cache_implementation", None),
+            "assisted": assist or None,
+        }
 
     def _sampling_kwargs(self) -> dict:
         """generate()'s decoding arguments: greedy, or sampling as swiftspec samples."""
@@ -163,11 +178,11 @@ class HFPeer:
         s = self.sampling
         # top_k 0 (swiftspec: off) stays 0: transformers adds no top-k filter for 0, while None would
         # take the model's generation_config value or transformers' default (50).
-        return dict(do_sample=True, temperature=float(s["temperature"]), top_p=float(s["top_p"]),
-                    top_k=int(s["top_k"]))
+        return dict(do_sample=True, temperature=float(s["temperature"]), top_p=float(s["top_p"]), top_k=int(s["top_k"]))
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, eos_token_ids: list[int],
-                 assisted: bool, seed: int = 0) -> PeerResult:
+    def generate(
+        self, prompt_ids: list[int], max_new_tokens: int, eos_token_ids: list[int], assisted: bool, seed: int = 0
+    ) -> PeerResult:
         """Generation of at most ``max_new_tokens`` tokens after ``prompt_ids``, stopping after an
         EOS id (included in the output, as swiftspec does): greedy, or sampled (the peer's
         ``sampling``) after ``torch.manual_seed(seed)``.
@@ -202,7 +217,7 @@ class HFPeer:
             t_end = time.perf_counter()
         finally:
             torch.set_num_threads(previous)
-        new = out[0, len(prompt_ids):].cpu().tolist()
+        new = out[0, len(prompt_ids) :].cpu().tolist()
         # transformers pads nothing for batch 1, but be safe: cut after the first EOS.
         for i, t in enumerate(new):
             if t in eos_token_ids:

@@ -20,21 +20,27 @@ from swiftspec.errors import SwiftspecError
 _COMMANDS = ("generate", "bench", "serve")
 
 
+class _NoAbbrevParser(argparse.ArgumentParser):
+    """A subcommand's parser: an ArgumentParser that takes no abbreviations (see build_parser)."""
+
+    def __init__(self, **kwargs) -> None:  # add_parser passes keywords only
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(**kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     import importlib
-
-    import functools
 
     # No abbreviations: argparse would take "--temp" as --temperature and "--max" as whichever option
     # starts so, and a later option could change what an old command line means. An abbreviation is
     # an unknown option, named with the closest one (_unrecognized).
-    parser = argparse.ArgumentParser(prog="swiftspec", description="Low-latency speculative LLM inference.",
-                                     allow_abbrev=False)
+    parser = argparse.ArgumentParser(
+        prog="swiftspec", description="Low-latency speculative LLM inference.", allow_abbrev=False
+    )
     from swiftspec import __version__
 
     parser.add_argument("--version", action="version", version=f"swiftspec {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND",
-                                parser_class=functools.partial(argparse.ArgumentParser, allow_abbrev=False))
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_NoAbbrevParser)
     sub.required = True
     for name in _COMMANDS:
         try:
@@ -62,7 +68,9 @@ def _unrecognized(sub: argparse.ArgumentParser, extras: list[str]) -> str:
     import difflib
 
     options = [s for action in sub._actions for s in action.option_strings if s.startswith("--")]
-    unknown = [a for a in extras if a.startswith("-") and a not in ("-", "--") and not sub._negative_number_matcher.match(a)]
+    unknown = [
+        a for a in extras if a.startswith("-") and a not in ("-", "--") and not sub._negative_number_matcher.match(a)
+    ]
     named = []
     for arg in unknown or extras:
         name = arg.split("=", 1)[0]

@@ -7,6 +7,7 @@ import json
 import sys
 
 from swiftspec.cli.engine_options import add_decode_options, add_model_options, check_engine_options, load_engine
+from swiftspec.result import describe_auto_rounds
 
 
 def add_parser(sub) -> None:
@@ -23,10 +24,15 @@ def add_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256, help="new tokens at most (default 256)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     # None: not given (set to the defaults by check_options, which refuses them under greedy decoding)
-    p.add_argument("--top-k", type=int, default=None,
-                   help="sample from the k most likely tokens (default 0: all); needs --temperature > 0")
-    p.add_argument("--top-p", type=float, default=None,
-                   help="nucleus sampling mass (default 1.0: all); needs --temperature > 0")
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        help="sample from the k most likely tokens (default 0: all); needs --temperature > 0",
+    )
+    p.add_argument(
+        "--top-p", type=float, default=None, help="nucleus sampling mass (default 1.0: all); needs --temperature > 0"
+    )
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default 0); needs --temperature > 0")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     add_decode_options(p)
@@ -38,7 +44,7 @@ def check_options(args: argparse.Namespace) -> None:
     """Range checks named by their flags, before any model is loaded; sets the sampling options
     not given to their defaults. Raises InvalidRequestError, e.g. for --top-p / --top-k / --seed
     without --temperature > 0 (greedy decoding: they would have no effect), as swiftspec bench does.
-    (The engine checks the same again, and what depends on the models: the context, the tree KV.)"""
+    (The engine checks the same again, and what depends on the models: the default context, the tree KV.)"""
     from swiftspec.errors import InvalidRequestError
     from swiftspec.sampling_params import SAMPLING_DEFAULTS, check_sampling_params, check_unused_under_greedy
 
@@ -55,11 +61,13 @@ def check_options(args: argparse.Namespace) -> None:
     for stop in args.stop:
         if not stop:  # (the engine refuses it too, but only once the models are loaded)
             raise InvalidRequestError("--stop must be a non-empty string, got ''")
-    context = args.max_context if args.max_context is not None else 4096  # the default is at most 4096
-    if args.max_new_tokens >= context:
-        raise InvalidRequestError(f"--max-new-tokens {args.max_new_tokens} does not fit in --max-context "
-                                  f"{context}" + (" (the default)" if args.max_context is None else "")
-                                  + " (the prompt needs room too): raise --max-context")
+    # An explicit context is known before loading; the default one only once the models are
+    # loaded (their trained length, bounded by free memory): the engine checks it then.
+    if args.max_context is not None and args.max_new_tokens >= args.max_context:
+        raise InvalidRequestError(
+            f"--max-new-tokens {args.max_new_tokens} does not fit in --max-context "
+            f"{args.max_context} (the prompt needs room too): raise --max-context"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,15 +117,20 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
         raise
     if args.json:
-        print(json.dumps({
-            "text": result.text,
-            "token_ids": result.token_ids,
-            "prompt_tokens": len(result.prompt_token_ids),
-            "finish_reason": result.finish_reason,
-            "ttft_s": result.ttft_s,
-            "tokens_per_s": result.tokens_per_s,
-            "stats": result.stats,
-        }))
+        print(
+            json.dumps(
+                {
+                    "text": result.text,
+                    "token_ids": result.token_ids,
+                    "prompt_tokens": len(result.prompt_token_ids),
+                    "finish_reason": result.finish_reason,
+                    "ttft_s": result.ttft_s,
+                    "tokens_per_s": result.tokens_per_s,
+                    "stats": result.stats,
+                    "report": result.report,
+                }
+            )
+        )
     else:
         print()
         s = result.stats
@@ -128,4 +141,7 @@ def run(args: argparse.Namespace) -> int:
             + (f", acceptance length {s.get('acceptance_length', 0):.2f}" if speculative else ""),
             file=sys.stderr,
         )
+        rounds = describe_auto_rounds(result.report)
+        if rounds:
+            print(f"[swiftspec] {rounds}", file=sys.stderr)
     return 0

@@ -13,6 +13,11 @@ The folder format is docs/checkpoint_format.md. One module per job:
 * ``dtypes``             float32 <-> bfloat16 bit conversion (round to nearest even)
 * ``int4``               int4 (AWQ-style W4A16) round-to-nearest quantization, packing, dequantization
 * ``int4_checkpoint``    :func:`quantize_checkpoint`: a float checkpoint folder -> an int4 one
+* ``gguf_int4``          GGUF block quants -> int4 groups (the GGUF's 4-bit values kept, or an error search)
+* ``hf_quant_config``    the checked settings of an AutoAWQ / GPTQ quantized HF folder
+* ``awq_gemm_layout``    AutoAWQ's GEMM packing -> 4-bit values, zero points, scales
+* ``gptq_layout``        GPTQ's packing (``checkpoint_format`` gptq / gptq_v2) -> the same
+* ``hf_quantized``       a quantized HF folder's projections checked and re-packed into int4 (lossless)
 * ``writer``             the folder writer (weights through ``safetensors``, manifest last)
 * ``manifest``           manifest.json creation and validation
 

@@ -23,9 +23,7 @@ _CHUNK = 1 << 24  # elements converted per step, bounds the temporaries of huge 
 def check_dtype(dtype: str) -> str:
     """Return ``dtype`` if it is a supported checkpoint dtype, else raise :class:`CheckpointError`."""
     if dtype not in SUPPORTED_DTYPES:
-        raise CheckpointError(
-            f"unsupported checkpoint dtype {dtype!r}; supported: {', '.join(SUPPORTED_DTYPES)}"
-        )
+        raise CheckpointError(f"unsupported checkpoint dtype {dtype!r}; supported: {', '.join(SUPPORTED_DTYPES)}")
     return dtype
 
 
@@ -41,13 +39,13 @@ def float32_to_bfloat16_bits(x: np.ndarray) -> np.ndarray:
     bits = x.reshape(-1).view(np.uint32)
     out = np.empty(bits.shape, dtype=np.uint16)
     for start in range(0, bits.size, _CHUNK):
-        u = bits[start:start + _CHUNK]
+        u = bits[start : start + _CHUNK]
         lsb = (u >> 16) & 1
         rounded = ((u + (0x7FFF + lsb)) >> 16).astype(np.uint16)  # wraps only for NaN payloads
         nan = (u & 0x7FFFFFFF) > 0x7F800000
         if nan.any():
             rounded[nan] = ((u[nan] >> 16) | 0x0040).astype(np.uint16)
-        out[start:start + _CHUNK] = rounded
+        out[start : start + _CHUNK] = rounded
     return out.reshape(x.shape)
 
 

@@ -36,11 +36,12 @@ def check_architecture(g: GGUFModelFile) -> str:
     return g.architecture
 
 
-def _rope_scaling(g: GGUFModelFile) -> None:
-    """None (no RoPE scaling), else :class:`CheckpointError`: the runtime implements RoPE scaling only as
-    HF's "llama3" rope_scaling, which GGUF files carry as a ``rope_freqs.weight`` tensor (not supported
-    yet); 'linear' and 'yarn' scaling were written into config.json, and the runtime refused the folder
-    on every load."""
+def _check_no_rope_scaling(g: GGUFModelFile) -> None:
+    """None (no RoPE scaling), else :class:`CheckpointError`: the runtime implements RoPE scaling as
+    HF's "llama3" and "yarn" rope_scaling of a Hugging Face config.json; GGUF files carry llama3 as a
+    ``rope_freqs.weight`` tensor and YaRN in llama.cpp's own metadata keys, neither mapped yet
+    ('linear' and 'yarn' scaling were once written into config.json, and the runtime refused the
+    folder on every load)."""
     kind = g.arch_get("rope.scaling.type")
     if kind in (None, "none"):
         if "rope_freqs.weight" in g.tensors:
@@ -50,7 +51,7 @@ def _rope_scaling(g: GGUFModelFile) -> None:
         return None
     raise CheckpointError(
         f"{g.path}: {g.architecture}.rope.scaling.type is {kind!r}; RoPE scaling from GGUF metadata is not "
-        "supported (the runtime implements none, and HF's 'llama3' rope_scaling from a Hugging Face config.json)"
+        "supported (the runtime implements HF's 'llama3' and 'yarn' rope_scaling from a Hugging Face config.json)"
     )
 
 
@@ -85,12 +86,16 @@ def build_config(g: GGUFModelFile, tok: GGUFTokenizerInfo, dtype: str) -> dict:
         )
     if "token_embd.weight" not in g.tensors:
         raise CheckpointError(f"{g.path}: tensor 'token_embd.weight' is missing")
-    vocab = int(g.tensors["token_embd.weight"].shape[-1])  # GGUF shapes list the fastest axis first
+    embd_shape = [int(d) for d in g.tensors["token_embd.weight"].shape]  # GGUF lists the fastest axis first
+    if len(embd_shape) != 2:
+        raise CheckpointError(
+            f"{g.path}: tensor 'token_embd.weight' has {len(embd_shape)} dimensions {embd_shape}, expected 2 "
+            "(embedding_length, vocabulary size)"
+        )
+    vocab = embd_shape[1]
     meta_vocab = g.arch_get("vocab_size")
     if meta_vocab is not None and meta_vocab != vocab:
-        raise CheckpointError(
-            f"{g.path}: {arch}.vocab_size is {meta_vocab} but token_embd.weight has {vocab} rows"
-        )
+        raise CheckpointError(f"{g.path}: {arch}.vocab_size is {meta_vocab} but token_embd.weight has {vocab} rows")
     if len(tok.tokens) > vocab:
         raise CheckpointError(
             f"{g.path}: tokenizer.ggml.tokens lists {len(tok.tokens)} tokens, more than the {vocab} embedding rows"
@@ -100,6 +105,7 @@ def build_config(g: GGUFModelFile, tok: GGUFTokenizerInfo, dtype: str) -> dict:
     theta = g.arch_get("rope.freq_base", _DEFAULT_ROPE_THETA[arch])
     eos = tok.eos_token_ids
 
+    _check_no_rope_scaling(g)
     config = {
         "architectures": [hf_class],
         "model_type": model_type,
@@ -113,7 +119,7 @@ def build_config(g: GGUFModelFile, tok: GGUFTokenizerInfo, dtype: str) -> dict:
         "hidden_act": "silu",
         "rms_norm_eps": _f32(eps),
         "rope_theta": _f32(theta),
-        "rope_scaling": _rope_scaling(g),
+        "rope_scaling": None,  # (_check_no_rope_scaling refused any other)
         "max_position_embeddings": g.arch_require("context_length", int),
         "tie_word_embeddings": "output.weight" not in g.tensors,
         "bos_token_id": tok.bos_token_id,

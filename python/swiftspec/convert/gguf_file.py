@@ -35,6 +35,12 @@ class GGUFModelFile:
             raise CheckpointError(
                 f"{self.path} is not a GGUF file: it starts with {magic!r}, a GGUF file starts with {_GGUF_MAGIC!r}"
             )
+        # The runtime's bounds check first (cpp/src/runtime/gguf_check.h): the reader trusts every count in
+        # the file, and one array item type changed from STRING to ARRAY made it grow until the
+        # machine's memory was gone.
+        from ..swiftspec_core import check_gguf_file
+
+        check_gguf_file(str(self.path))
         try:
             self.reader = gguf.GGUFReader(self.path, "r")
         except Exception as exc:  # the reader raises ValueError, IndexError, struct errors ... on bad files

@@ -67,11 +67,7 @@ def unpermute_llama_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     """
     rows = w.shape[0]
     if n_heads <= 0 or rows % n_heads or (rows // n_heads) % 2:
-        raise CheckpointError(
-            f"cannot un-permute {rows} Q/K rows into {n_heads} heads of even head_dim"
-        )
+        raise CheckpointError(f"cannot un-permute {rows} Q/K rows into {n_heads} heads of even head_dim")
     half = rows // n_heads // 2
     # GGUF rows of one head, indexed [i, j] (row 2i + j) -> HF rows indexed [j, i] (row j*half + i)
-    return np.ascontiguousarray(
-        w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-    )
+    return np.ascontiguousarray(w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))

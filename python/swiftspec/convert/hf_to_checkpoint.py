@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from .._json_file import check_limits, limit, read_json, read_text
 from ..errors import CheckpointError
 from .config_check import check_config, check_positive_int
 from .dtypes import check_dtype
+from .hf_quant_config import QuantConfig, read_quant_config
+from .hf_quantized import add_projection, check_quantized_tensors, quantized_tensor_names, storage_group_size
 from .int4 import DEFAULT_GROUP_SIZE, check_group_size
 from .layout import check_tensor_set
 from .manifest import make_manifest
@@ -21,19 +23,24 @@ from .writer import CheckpointWriter, check_not_source
 #: HF model_type values the runtime implements
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 
-_REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                  "num_attention_heads", "rms_norm_eps", "max_position_embeddings")
+_REQUIRED_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "rms_norm_eps",
+    "max_position_embeddings",
+)
 # Buffers some checkpoints carry that the runtime recomputes.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
 
 def _read_json(path: Path) -> dict:
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = read_json(path, "JSON file")
     except FileNotFoundError:
         raise CheckpointError(f"{path} does not exist") from None
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} cannot be read as JSON: {exc}") from None
     if not isinstance(value, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
     return value
@@ -49,8 +56,9 @@ def weight_files(hf_dir: Path) -> list[Path]:
             raise CheckpointError(f"{index}: field 'weight_map' is missing or empty")
         for tensor, shard in weight_map.items():
             if not isinstance(shard, str) or not shard or "/" in shard or "\\" in shard or shard in (".", ".."):
-                raise CheckpointError(f"{index}: weight_map[{tensor!r}] is {shard!r}, expected the file name of a "
-                                      "shard in the folder")
+                raise CheckpointError(
+                    f"{index}: weight_map[{tensor!r}] is {shard!r}, expected the file name of a shard in the folder"
+                )
         files = [hf_dir / f for f in sorted(set(weight_map.values()))]
     elif (hf_dir / "model.safetensors").exists():
         files = [hf_dir / "model.safetensors"]
@@ -92,8 +100,9 @@ def check_model_type(hf_config: dict, path: Path) -> str:
     return model_type
 
 
-def build_config(hf_config: dict, tensor_names: set[str], dtype: str, path: Path,
-                 generation_config: dict | None) -> dict:
+def build_config(
+    hf_config: dict, tensor_names: set[str], dtype: str, path: Path, generation_config: dict | None
+) -> dict:
     """The checkpoint's config.json from an HF config.json dict (keys kept, swiftspec keys added).
 
     Fills ``head_dim`` (hidden/heads), ``num_key_value_heads`` (heads), ``rope_theta`` /
@@ -140,8 +149,15 @@ def _source_sha256(files: list[Path]) -> str:
     return h.hexdigest()
 
 
-def convert_hf(hf_dir: str | Path, out_dir: str | Path, dtype: str = "bfloat16", *,
-               progress: bool = True, overwrite: bool = False, group_size: int = DEFAULT_GROUP_SIZE) -> Path:
+def convert_hf(
+    hf_dir: str | Path,
+    out_dir: str | Path,
+    dtype: str = "bfloat16",
+    *,
+    progress: bool = True,
+    overwrite: bool = False,
+    group_size: int | None = None,
+) -> Path:
     """Convert a Hugging Face model folder into a swiftspec checkpoint folder.
 
     ``hf_dir`` holds config.json (model_type ``llama`` or ``qwen2``), weights as
@@ -150,15 +166,25 @@ def convert_hf(hf_dir: str | Path, out_dir: str | Path, dtype: str = "bfloat16",
     generation_config.json (optional). Tensor names are already HF names; ``lm_head.weight`` is
     dropped when embeddings are tied, rotary ``inv_freq`` buffers are dropped; every tensor is
     stored as ``dtype`` (bfloat16 from float32 rounds to nearest even; bf16 -> bf16 is exact;
-    ``"int4"``: the linear projections quantized round-to-nearest in groups of ``group_size``,
-    :mod:`.int4`, the rest bfloat16).
+    ``"int4"``: the linear projections quantized round-to-nearest in groups of ``group_size``
+    (default 128), :mod:`.int4`, the rest bfloat16).
+
+    A folder quantized with AutoAWQ (GEMM) or GPTQ (``desc_act`` false), :mod:`.hf_quant_config`,
+    is read as it is: with ``dtype="int4"`` its 4-bit values, zero points and fp16 scales are
+    re-packed into the int4 format, losslessly, in the folder's own group size (``group_size`` must
+    be None or equal; for one group per row, -1, it picks the storage group), :mod:`.hf_quantized`;
+    with ``"float32"`` the projections are the dequantized ``(q - z) * s`` (exact), with
+    ``"bfloat16"`` those rounded to bfloat16. Its settings and every projection tensor's name, shape
+    and dtype are checked before the output folder is created.
     The chat template from chat_template.jinja is folded into tokenizer_config.json. The
     manifest's source sha256 is the sha256 of the weight files' bytes concatenated in shard-name
     order. Returns ``out_dir`` as a Path.
 
     Raises :class:`CheckpointError` naming the file and key/tensor for a missing folder or file,
     unsupported model_type, malformed safetensors, unexpected/missing/mis-shaped tensors, and
-    for int4 a group size that is not a multiple of 8 or does not divide a projection's input.
+    for int4 a group size that is not a multiple of 8 or does not divide a projection's input; for
+    a quantized folder, unsupported settings (naming the field: bits, desc_act, version, ...),
+    missing, mis-shaped or mistyped quantized tensors, values the int4 format cannot hold.
     """
     check_dtype(dtype)
     int4 = dtype == "int4"
@@ -169,6 +195,7 @@ def convert_hf(hf_dir: str | Path, out_dir: str | Path, dtype: str = "bfloat16",
     config_path = hf_dir / "config.json"
     hf_config = _read_json(config_path)
     check_model_type(hf_config, config_path)
+    quant = read_quant_config(hf_dir, hf_config)
     if not (hf_dir / "tokenizer.json").is_file():
         raise CheckpointError(f"{hf_dir / 'tokenizer.json'} does not exist; swiftspec needs the fast-tokenizer file")
     gen_path = hf_dir / "generation_config.json"
@@ -184,15 +211,33 @@ def convert_hf(hf_dir: str | Path, out_dir: str | Path, dtype: str = "bfloat16",
                 raise CheckpointError(f"tensor {name!r} appears in both {where[name].path} and {f.path}")
             where[name] = f
     config = build_config(hf_config, set(where), "bfloat16" if int4 else dtype, config_path, generation_config)
+    if quant is not None:
+        config.pop("quantization_config", None)  # the folder written is the project's layout, not the source's
+        if int4:
+            group_size = storage_group_size(quant, config, group_size)
+    if group_size is None:
+        group_size = DEFAULT_GROUP_SIZE
     if int4:
         check_group_size(group_size, config, str(config_path))
     if config["tie_word_embeddings"]:
         where.pop("lm_head.weight", None)
-    check_tensor_set({n: f.shape(n) for n, f in where.items()}, config, str(hf_dir))
+    projections = check_quantized_tensors(where, config, quant, str(hf_dir)) if quant is not None else {}
+    quantized = where  # every tensor, the projections' quantized ones included
+    if projections:  # the float tensors, with each projection counted as its float weight
+        where = {n: f for n, f in where.items() if n not in quantized_tensor_names(projections)}
+        shapes = {**{n: f.shape(n) for n, f in where.items()}, **{p + ".weight": nk for p, nk in projections.items()}}
+    else:
+        shapes = {n: f.shape(n) for n, f in where.items()}
+    check_tensor_set(shapes, config, str(hf_dir))
 
     writer = CheckpointWriter(out_dir, dtype, overwrite=overwrite, group_size=group_size)
-    for name in tqdm(sorted(where), desc=f"convert {hf_dir.name}", unit="tensor", disable=not progress):
-        writer.add(name, where[name].float32(name))
+    items = sorted([*where, *projections])
+    for name in tqdm(items, desc=f"convert {hf_dir.name}", unit="tensor", disable=not progress):
+        if name in projections:
+            assert quant is not None  # (projections come from a quantized folder's config)
+            add_projection(writer, quantized, name, projections[name][1], quant)
+        else:
+            writer.add(name, where[name].float32(name))
     weights = writer.write_weights()
     writer.release()
 
@@ -201,7 +246,11 @@ def convert_hf(hf_dir: str | Path, out_dir: str | Path, dtype: str = "bfloat16",
     if "eos_token_id" in config:
         gen["eos_token_id"] = config["eos_token_id"]
     writer.write_json("generation_config.json", gen)
-    writer.write_text("tokenizer.json", (hf_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    tokenizer_json = hf_dir / "tokenizer.json"
+    writer.write_text(
+        "tokenizer.json",
+        check_limits(read_text(tokenizer_json, "tokenizer file", limit("max_tokenizer_json_bytes")), tokenizer_json),
+    )
     tok_config_path = hf_dir / "tokenizer_config.json"
     tok_config = _read_json(tok_config_path) if tok_config_path.exists() else {}
     template_path = hf_dir / "chat_template.jinja"
@@ -212,5 +261,27 @@ def convert_hf(hf_dir: str | Path, out_dir: str | Path, dtype: str = "bfloat16",
     if special_map.exists():
         writer.write_json("special_tokens_map.json", _read_json(special_map))
     sha = _source_sha256([f.path for f in files])
-    return writer.finish(make_manifest(dtype, [weights], "hf", str(hf_dir.resolve()), sha,
-                                       group_size=group_size if int4 else None))
+    origin = _quantized_origin(quant) if quant is not None else None
+    manifest = make_manifest(
+        dtype,
+        [weights],
+        "hf",
+        str(hf_dir.resolve()),
+        sha,
+        group_size=group_size if int4 else None,
+        quantization=origin if int4 else None,
+    )
+    if origin is not None and not int4:
+        manifest["dequantized_from"] = origin
+    return writer.finish(manifest)
+
+
+def _quantized_origin(quant: QuantConfig) -> dict:
+    """What the manifest records of a quantized source folder's settings."""
+    return {
+        "method": quant.method,
+        "symmetric": quant.symmetric,
+        "source_layout": quant.layout,
+        "source_group_size": quant.group_size or -1,
+        "source_quantization_config": quant.raw,
+    }

@@ -49,27 +49,38 @@ def projection_prefix(name: str) -> str | None:
     return m.group(1) if m else None
 
 
-def check_group_size(group_size: int, config: Mapping | None = None, source: str = "") -> int:
+def check_group_size(group_size: object, config: Mapping | None = None, source: str = "") -> int:
     """Return ``group_size`` if it is a positive multiple of 8 that divides every projection's input
     features (``hidden_size`` for q/k/v/gate/up, ``num_attention_heads * head_dim`` for o_proj,
     ``intermediate_size`` for down_proj) of ``config`` (when given); else raise
     :class:`CheckpointError` naming the group size, the dimension and ``source``."""
-    if not isinstance(group_size, (int, np.integer)) or isinstance(group_size, bool) or group_size < 8 \
-            or group_size % 8:
+    if (
+        not isinstance(group_size, (int, np.integer))
+        or isinstance(group_size, bool)
+        or group_size < 8
+        or group_size % 8
+    ):
         raise CheckpointError(f"int4 group size {group_size!r} must be a positive multiple of 8 (e.g. 32, 64, 128)")
     group_size = int(group_size)
     if config is not None:
-        dims = {"hidden_size (q/k/v/gate/up_proj input)": config["hidden_size"],
-                "num_attention_heads * head_dim (o_proj input)": config["num_attention_heads"] * config["head_dim"],
-                "intermediate_size (down_proj input)": config["intermediate_size"]}
+        dims = {
+            "hidden_size (q/k/v/gate/up_proj input)": config["hidden_size"],
+            "num_attention_heads * head_dim (o_proj input)": config["num_attention_heads"] * config["head_dim"],
+            "intermediate_size (down_proj input)": config["intermediate_size"],
+        }
         for what, k in dims.items():
             if k % group_size:
                 common = math.gcd(*dims.values())
                 fits = [g for g in (512, 256, 128, 64, 32, 16, 8) if g < group_size and common % g == 0]
-                hint = (f"--group-size {fits[0]} does" if fits
-                        else f"no power of two from 8 below {group_size} divides them all")
-                raise CheckpointError(f"{source}: int4 group size {group_size} does not divide {what} = {k}; "
-                                      f"choose a group size that divides every projection's input features ({hint})")
+                hint = (
+                    f"--group-size {fits[0]} does"
+                    if fits
+                    else f"no power of two from 8 below {group_size} divides them all"
+                )
+                raise CheckpointError(
+                    f"{source}: int4 group size {group_size} does not divide {what} = {k}; "
+                    f"choose a group size that divides every projection's input features ({hint})"
+                )
     return group_size
 
 
@@ -104,15 +115,41 @@ def quantize_rtn(w: np.ndarray, group_size: int, name: str = "weight") -> tuple[
         with np.errstate(over="ignore"):
             s16 = (np.maximum(hi - lo, 1e-5) / 15.0).astype(np.float16)
         if not np.isfinite(s16).all():
-            raise CheckpointError(f"tensor {name!r}: a group's value range exceeds the largest float16 scale "
-                                  f"(65504 x 15); it cannot be stored as int4")
+            raise CheckpointError(
+                f"tensor {name!r}: a group's value range exceeds the largest float16 scale "
+                f"(65504 x 15); it cannot be stored as int4"
+            )
         s = s16.astype(np.float32)
         z = np.clip(np.round(-lo / s), 0, 15)
         q = np.clip(np.round(g / s[:, :, None]) + z[:, :, None], 0, 15).astype(np.uint8).reshape(r1 - r0, k)
-        qweight[r0:r1] = q[:, 0::2] | (q[:, 1::2] << 4)
+        qweight[r0:r1] = pack(q)
         scales[r0:r1] = s16
         zeros[r0:r1] = z.astype(np.uint8)
     return qweight, scales, zeros
+
+
+def pack(q: np.ndarray) -> np.ndarray:
+    """uint8 [N, K/2] ``qweight`` of the 4-bit values ``q`` (integers 0..15, [N, K], K even): element
+    ``2j`` in the low nibble of byte ``j``, ``2j + 1`` in the high one. The inverse of :func:`unpack`."""
+    q = np.asarray(q, dtype=np.uint8)
+    return np.ascontiguousarray(q[:, 0::2] | (q[:, 1::2] << 4))
+
+
+def nibbles_of_int32(words: np.ndarray) -> np.ndarray:
+    """The eight 4-bit fields of each 32-bit word: uint8 [..., 8] for int32/uint32 ``words`` [...],
+    field ``i`` holding bits ``4i .. 4i+3`` (the unit AutoAWQ and GPTQ pack their weights in)."""
+    w = np.asarray(words).astype(np.uint32, copy=False)  # same bits for int32
+    shifts = np.arange(0, 32, 4, dtype=np.uint32)
+    return ((w[..., None] >> shifts) & 0xF).astype(np.uint8)
+
+
+def regroup(per_group: np.ndarray, group_size: int, new_group_size: int) -> np.ndarray:
+    """Scales or zero points [N, K/group_size] for the smaller ``new_group_size`` (which divides
+    ``group_size``): each value repeated ``group_size // new_group_size`` times, so the weights they
+    dequantize to are unchanged."""
+    if group_size == new_group_size:
+        return per_group
+    return np.ascontiguousarray(np.repeat(per_group, group_size // new_group_size, axis=1))
 
 
 def unpack(qweight: np.ndarray) -> np.ndarray:
@@ -133,8 +170,10 @@ def dequantize(qweight: np.ndarray, scales: np.ndarray, zeros: np.ndarray, group
     n, half = qweight.shape
     k = 2 * half
     if k % group_size or scales.shape != (n, k // group_size) or zeros.shape != scales.shape:
-        raise CheckpointError(f"int4 tensors disagree: qweight {qweight.shape}, scales {scales.shape}, "
-                              f"zeros {zeros.shape} for group size {group_size}")
+        raise CheckpointError(
+            f"int4 tensors disagree: qweight {qweight.shape}, scales {scales.shape}, "
+            f"zeros {zeros.shape} for group size {group_size}"
+        )
     q = unpack(qweight).reshape(n, k // group_size, group_size).astype(np.int32)
     diff = (q - zeros.astype(np.int32)[:, :, None]).astype(np.float32)
     return (diff * scales.astype(np.float32)[:, :, None]).reshape(n, k)
@@ -142,5 +181,8 @@ def dequantize(qweight: np.ndarray, scales: np.ndarray, zeros: np.ndarray, group
 
 def int4_tensor_shapes(prefix: str, n: int, k: int, group_size: int) -> dict[str, tuple[int, int]]:
     """The three tensors that replace ``prefix.weight`` [n, k] in an int4 checkpoint, with shapes."""
-    return {f"{prefix}.qweight": (n, k // 2), f"{prefix}.scales": (n, k // group_size),
-            f"{prefix}.zeros": (n, k // group_size)}
+    return {
+        f"{prefix}.qweight": (n, k // 2),
+        f"{prefix}.scales": (n, k // group_size),
+        f"{prefix}.zeros": (n, k // group_size),
+    }

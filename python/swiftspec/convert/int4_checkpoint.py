@@ -21,8 +21,14 @@ from .safetensors_reader import SafetensorsFile
 from .writer import CheckpointWriter, check_not_source
 
 
-def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path, group_size: int = DEFAULT_GROUP_SIZE, *,
-                        progress: bool = True, overwrite: bool = False) -> Path:
+def quantize_checkpoint(
+    src_dir: str | Path,
+    out_dir: str | Path,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    *,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> Path:
     """Write an int4 copy (format version 3) of the TP-1 float checkpoint ``src_dir`` to ``out_dir``.
 
     Peak memory: the int4 folder (about a third of a bfloat16 one) plus one float32 tensor.
@@ -37,8 +43,9 @@ def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path, group_size: in
     if manifest["dtype"] == "int4":
         raise CheckpointError(f"{src}: already an int4 checkpoint; quantize the bfloat16 or float32 folder")
     if manifest.get("tp_degree", 1) != 1:
-        raise CheckpointError(f"{src}: a tensor-parallel folder (tp_degree {manifest['tp_degree']}); int4 needs the "
-                              "TP-1 folder")
+        raise CheckpointError(
+            f"{src}: a tensor-parallel folder (tp_degree {manifest['tp_degree']}); int4 needs the TP-1 folder"
+        )
     config = read_checkpoint_config(src)
     check_group_size(group_size, config, str(src / "config.json"))
     files = [SafetensorsFile(src / f) for f in manifest["files"]]
@@ -55,7 +62,8 @@ def quantize_checkpoint(src_dir: str | Path, out_dir: str | Path, group_size: in
         if f.is_file() and f.name != MANIFEST and f.suffix != ".safetensors":
             writer.copy_in(f)
     source = manifest["source"]
-    new_manifest = make_manifest("int4", [weights], source["kind"], source["path"], source.get("sha256"),
-                                 group_size=group_size)
+    new_manifest = make_manifest(
+        "int4", [weights], source["kind"], source["path"], source.get("sha256"), group_size=group_size
+    )
     new_manifest["quantized_from"] = {"path": str(src.resolve()), "dtype": manifest["dtype"]}
     return writer.finish(new_manifest)

@@ -24,7 +24,11 @@ def expected_tensor_shapes(config: Mapping, group_size: int | None = None) -> di
     out: dict[str, tuple[int, ...]] = {}
     for name, shape in shapes.items():
         prefix = projection_prefix(name)
-        out.update(int4_tensor_shapes(prefix, *shape, group_size) if prefix else {name: shape})
+        if prefix:
+            n, k = shape
+            out.update(int4_tensor_shapes(prefix, n, k, group_size))
+        else:
+            out[name] = shape
     return out
 
 
@@ -60,8 +64,9 @@ def _float_tensor_shapes(config: Mapping) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_tensor_set(found: Mapping[str, tuple[int, ...]], config: Mapping, source: str,
-                     group_size: int | None = None) -> None:
+def check_tensor_set(
+    found: Mapping[str, tuple[int, ...]], config: Mapping, source: str, group_size: int | None = None
+) -> None:
     """Raise :class:`CheckpointError` unless ``found`` (name -> shape) is exactly the expected set
     (of an int4 checkpoint with ``group_size`` when given).
 
@@ -70,8 +75,10 @@ def check_tensor_set(found: Mapping[str, tuple[int, ...]], config: Mapping, sour
     """
     layers = config["num_hidden_layers"]
     if isinstance(layers, int) and layers > len(found):  # each layer has 9 tensors or more
-        raise CheckpointError(f"{source}: config says num_hidden_layers = {layers}, but the weights hold only "
-                              f"{len(found)} tensors (the config does not match the weights)")
+        raise CheckpointError(
+            f"{source}: config says num_hidden_layers = {layers}, but the weights hold only "
+            f"{len(found)} tensors (the config does not match the weights)"
+        )
     expected = expected_tensor_shapes(config, group_size)
     missing = sorted(set(expected) - set(found))
     extra = sorted(set(found) - set(expected))

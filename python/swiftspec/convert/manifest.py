@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from .._json_file import read_json
 from ..errors import CheckpointError
 from .dtypes import SUPPORTED_DTYPES
 
@@ -15,12 +15,21 @@ INT4_FORMAT_VERSION = 3
 MANIFEST = "manifest.json"
 
 
-def make_manifest(dtype: str, files: list[str], source_kind: str, source_path: str,
-                  source_sha256: str | None, tp_degree: int = 1, group_size: int | None = None) -> dict:
+def make_manifest(
+    dtype: str,
+    files: list[str],
+    source_kind: str,
+    source_path: str,
+    source_sha256: str | None,
+    tp_degree: int = 1,
+    group_size: int | None = None,
+    quantization: dict | None = None,
+) -> dict:
     """The manifest dict. ``source_kind`` is ``"gguf"`` or ``"hf"``; ``files`` are the weight files.
 
     ``dtype`` ``"int4"`` (needs ``group_size``) makes a format version 3 manifest with the
-    ``quantization`` object; float dtypes make version 1.
+    ``quantization`` object (:func:`quantization_entry`, updated with ``quantization``: the method and
+    origin of an AWQ / GPTQ folder's values); float dtypes make version 1.
     """
     manifest = {
         "format": FORMAT,
@@ -33,16 +42,23 @@ def make_manifest(dtype: str, files: list[str], source_kind: str, source_path: s
     if dtype == "int4":
         if group_size is None:
             raise CheckpointError("an int4 manifest needs the group size")
-        manifest["quantization"] = quantization_entry(group_size)
+        manifest["quantization"] = {**quantization_entry(group_size), **(quantization or {})}
     return manifest
 
 
 def quantization_entry(group_size: int) -> dict:
     """manifest["quantization"] of an int4 checkpoint (the fields are documented in
     docs/checkpoint_format.md; the runtime reads ``bits`` and ``group_size``)."""
-    return {"method": "rtn", "bits": 4, "group_size": int(group_size), "symmetric": False,
-            "scale_dtype": "float16", "zero_dtype": "uint8", "packing": "uint8, element 2j low nibble, 2j+1 high",
-            "float_dtype": "bfloat16"}
+    return {
+        "method": "rtn",
+        "bits": 4,
+        "group_size": int(group_size),
+        "symmetric": False,
+        "scale_dtype": "float16",
+        "zero_dtype": "uint8",
+        "packing": "uint8, element 2j low nibble, 2j+1 high",
+        "float_dtype": "bfloat16",
+    }
 
 
 def read_manifest(folder: str | Path) -> dict:
@@ -56,11 +72,9 @@ def read_manifest(folder: str | Path) -> dict:
     """
     path = Path(folder) / MANIFEST
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = read_json(path, "manifest")
     except FileNotFoundError:
         raise CheckpointError(f"{path} does not exist: {folder} is not a complete swiftspec checkpoint") from None
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} cannot be read as JSON: {exc}") from None
     if not isinstance(manifest, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
     if manifest.get("format") != FORMAT:
@@ -68,8 +82,10 @@ def read_manifest(folder: str | Path) -> dict:
     int4 = manifest.get("dtype") == "int4"
     version = INT4_FORMAT_VERSION if int4 else FORMAT_VERSION
     if manifest.get("format_version") != version:
-        raise CheckpointError(f"{path}: field 'format_version' is {manifest.get('format_version')!r}, expected "
-                              f"{version!r}{' (dtype int4)' if int4 else ''}")
+        raise CheckpointError(
+            f"{path}: field 'format_version' is {manifest.get('format_version')!r}, expected "
+            f"{version!r}{' (dtype int4)' if int4 else ''}"
+        )
     if manifest.get("dtype") not in SUPPORTED_DTYPES:
         raise CheckpointError(f"{path}: field 'dtype' is {manifest.get('dtype')!r}, expected one of {SUPPORTED_DTYPES}")
     if int4:

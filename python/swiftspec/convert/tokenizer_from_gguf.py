@@ -57,7 +57,12 @@ _LLAMA3_SPLIT = (
 )
 
 _END_MARKERS = (
-    "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|end|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end_of_text|>",
+    "<|end|>",
     "<\uff5cend\u2581of\u2581sentence\uff5c>",
 )
 
@@ -116,15 +121,11 @@ def read_tokenizer_info(g: GGUFModelFile) -> GGUFTokenizerInfo:
     """Read and check the tokenizer metadata of ``g``. Raises :class:`CheckpointError` naming the field."""
     model = g.require("tokenizer.ggml.model", str)
     if model != "gpt2":
-        raise CheckpointError(
-            f"{g.path}: tokenizer.ggml.model is {model!r}; only 'gpt2' (byte-level BPE) is supported"
-        )
+        raise CheckpointError(f"{g.path}: tokenizer.ggml.model is {model!r}; only 'gpt2' (byte-level BPE) is supported")
     tokens = g.require("tokenizer.ggml.tokens", list)
     types = g.get("tokenizer.ggml.token_type")
     if types is not None and len(types) != len(tokens):
-        raise CheckpointError(
-            f"{g.path}: tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens"
-        )
+        raise CheckpointError(f"{g.path}: tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
 
     def token_id(key: str) -> int | None:
         value = g.get(key)
@@ -191,49 +192,80 @@ def build_tokenizer(g: GGUFModelFile, info: GGUFTokenizerInfo):
         if kind not in (_CONTROL, _USER_DEFINED) and not set(tok) <= in_alphabet:
             tok = "".join(alphabet[b] for b in tok.encode("utf-8"))
         if tok in vocab:
-            raise CheckpointError(
-                f"{g.path}: tokenizer.ggml.tokens holds {tok!r} twice (ids {vocab[tok]} and {i})"
-            )
+            raise CheckpointError(f"{g.path}: tokenizer.ggml.tokens holds {tok!r} twice (ids {vocab[tok]} and {i})")
         vocab[tok] = i
 
     merges = []
-    for m in g.get("tokenizer.ggml.merges") or []:
+    for i, m in enumerate(g.get("tokenizer.ggml.merges") or []):
         parts = m.split(" ")
         if len(parts) != 2:
             raise CheckpointError(f"{g.path}: tokenizer.ggml.merges entry {m!r} is not two tokens separated by a space")
+        # The BPE model needs both parts and their concatenation in the vocabulary (the tokenizers
+        # library raised a bare Exception "Token `e` out of vocabulary" for a fuzzed GGUF).
+        for part in (parts[0], parts[1], parts[0] + parts[1]):
+            if part not in vocab:
+                raise CheckpointError(
+                    f"{g.path}: tokenizer.ggml.merges entry {i} ({m!r}) needs the token {part!r}, "
+                    "which tokenizer.ggml.tokens does not hold"
+                )
         merges.append((parts[0], parts[1]))
 
-    tk = Tokenizer(BPE(vocab=vocab, merges=merges, dropout=None, unk_token=None, fuse_unk=False,
-                       byte_fallback=False, ignore_merges=rule.ignore_merges))
+    try:
+        tk = Tokenizer(
+            BPE(
+                vocab=vocab,
+                merges=merges,
+                dropout=None,
+                unk_token=None,
+                fuse_unk=False,
+                byte_fallback=False,
+                ignore_merges=rule.ignore_merges,
+            )
+        )
+    except Exception as exc:  # the library's own checks, past the ones above
+        raise CheckpointError(f"{g.path}: tokenizer.ggml.tokens / merges do not make a BPE tokenizer: {exc}") from None
     tk.normalizer = None
     if rule.kind == "split_regex":
-        tk.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(rule.regex), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-        ])
+        assert rule.regex is not None  # (a split_regex rule has one)
+        tk.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(rule.regex), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+            ]
+        )
     elif rule.kind == "digits_then_bytelevel":
-        tk.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=True),
-        ])
+        tk.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=True),
+            ]
+        )
     else:
         tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=True)
     tk.decoder = decoders.ByteLevel()
 
     named = {i for i in (info.bos_token_id, info.unk_token_id, info.pad_token_id) if i is not None}
     named.update(info.eos_token_ids)
-    special = [AddedToken(tokens[i], special=True, normalized=False)
-               for i, t in enumerate(types) if t == _CONTROL or i in named]
-    plain = [AddedToken(tokens[i], special=False, normalized=False)
-             for i, t in enumerate(types) if t == _USER_DEFINED and i not in named]
+    special = [
+        AddedToken(tokens[i], special=True, normalized=False)
+        for i, t in enumerate(types)
+        if t == _CONTROL or i in named
+    ]
+    plain = [
+        AddedToken(tokens[i], special=False, normalized=False)
+        for i, t in enumerate(types)
+        if t == _USER_DEFINED and i not in named
+    ]
     tk.add_special_tokens(special)
     tk.add_tokens(plain)
 
     bos = tokens[info.bos_token_id] if info.add_bos_token and info.bos_token_id is not None else None
     eos = tokens[info.eos_token_ids[0]] if info.add_eos_token else None
     if bos is not None or eos is not None:
+
         def wrap(seq: str, type_id: int) -> list[str]:
             return ([f"{bos}:{type_id}"] if bos else []) + [f"{seq}:{type_id}"] + ([f"{eos}:{type_id}"] if eos else [])
+
         used = [(bos, info.bos_token_id)] if bos else []
         used += [(eos, info.eos_token_ids[0])] if eos else []
         tk.post_processor = processors.TemplateProcessing(
@@ -246,13 +278,14 @@ def build_tokenizer(g: GGUFModelFile, info: GGUFTokenizerInfo):
             f"the GGUF lists {len(tokens)} tokens"
         )
     for t in special + plain:
-        if tk.token_to_id(t.content) != vocab[t.content]:
+        if tk.token_to_id(t.content) != vocab.get(t.content):
             raise CheckpointError(f"{g.path}: added token {t.content!r} did not keep its id")
     return tk
 
 
 def tokenizer_config(info: GGUFTokenizerInfo, model_max_length: int) -> dict:
     """The ``tokenizer_config.json`` dict (HF keys) for ``info``."""
+
     def text(i: int | None) -> str | None:
         return info.tokens[i] if i is not None else None
 

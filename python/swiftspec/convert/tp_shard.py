@@ -3,8 +3,8 @@
 Writes a pre-sharded folder (docs/checkpoint_format.md, "Tensor-parallel shards"; format
 version 2) that the runtime maps in place, one file per rank, instead of cutting a TP-1
 folder at load time. The split is Megatron-style and padded so that any TP degree works
-(heads and FFN need not divide): see :func:`plan` and ``cpp/include/swiftspec/tensor_parallel.h``,
-whose ``TpPlan::make`` computes the same plan (a test checks they agree).
+(heads and FFN need not divide): :func:`plan` is the runtime's own ``TpPlan::make``
+(``cpp/include/swiftspec/tensor_parallel.h``), so a folder is cut as the runtime would cut it.
 
 Files of a TP-N folder::
 
@@ -21,6 +21,7 @@ Padding rows / columns are zero, so they add exactly 0 to every output.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -41,50 +42,27 @@ def rank_file(rank: int, tp: int) -> str:
 
 
 def plan(config: dict, tp: int, ffn_align: int = 8) -> dict:
-    """The tensor-parallel plan of a model over ``tp`` ranks, as the runtime's ``TpPlan`` JSON.
+    """The tensor-parallel plan of a model over ``tp`` ranks: the runtime's own ``TpPlan::make``
+    (``cpp/include/swiftspec/tensor_parallel.h``, through ``swiftspec_core.tp_plan_of_config``)
+    of ``config`` (the checkpoint's config.json dict), as its JSON.
 
     Query heads: rank r owns heads [Hq*r/tp, Hq*(r+1)/tp), padded to ceil(Hq/tp) per rank (-1).
     KV heads: the distinct groups its query heads read, padded to the largest count over ranks.
     FFN rows: [I*r/tp, I*(r+1)/tp), padded to round_up(ceil(I/tp), ffn_align).
     Vocabulary (lm_head rows): [V*r/tp, V*(r+1)/tp), not padded.
+
+    Raises :class:`CheckpointError` with the runtime's message (tp < 1, more ranks than attention
+    heads, a config it refuses).
     """
-    if not isinstance(tp, int) or tp < 1:
-        raise CheckpointError(f"tp (TP degree) must be an integer >= 1, got {tp!r}")
-    if ffn_align < 1:
-        raise CheckpointError(f"ffn_align must be >= 1, got {ffn_align}")
-    hq, hkv = config["num_attention_heads"], config["num_key_value_heads"]
-    inter, vocab = config["intermediate_size"], config["vocab_size"]
-    if hkv < 1 or hq % hkv:
-        raise CheckpointError(f"num_attention_heads {hq} is not a multiple of num_key_value_heads {hkv}")
-    if tp > hq:  # the runtime's TpPlan::make refuses it too: the folder could never be loaded
-        raise CheckpointError(f"tp (TP degree) {tp} exceeds the model's {hq} attention heads: each rank needs at "
-                              "least one")
-    group = hq // hkv
-    qpr = -(-hq // tp)
-    q_heads, q_to_kv, kv = [], [], []
-    for r in range(tp):
-        heads = list(range(hq * r // tp, hq * (r + 1) // tp))
-        groups: list[int] = []
-        for h in heads:
-            if h // group not in groups:
-                groups.append(h // group)
-        q_heads.append(heads + [-1] * (qpr - len(heads)))
-        q_to_kv.append([groups.index(h // group) for h in heads] + [-1] * (qpr - len(heads)))
-        kv.append(groups)
-    kvpr = max(1, max(len(g) for g in kv))
-    ffn = -(-inter // tp)
-    return {
-        "tp_degree": tp,
-        "q_heads_per_rank": qpr,
-        "kv_heads_per_rank": kvpr,
-        "ffn_per_rank": -(-ffn // ffn_align) * ffn_align,
-        "vocab_per_rank": -(-vocab // tp),
-        "q_heads": q_heads,
-        "kv_heads": [g + [-1] * (kvpr - len(g)) for g in kv],
-        "q_to_kv": q_to_kv,
-        "ffn_bounds": [inter * r // tp for r in range(tp + 1)],
-        "vocab_bounds": [vocab * r // tp for r in range(tp + 1)],
-    }
+    from ..errors import InvalidRequestError
+    from ..swiftspec_core import tp_plan_of_config
+
+    if not isinstance(tp, int) or isinstance(tp, bool):
+        raise CheckpointError(f"tp (TP degree) must be an integer, got {tp!r}")
+    try:
+        return json.loads(tp_plan_of_config(json.dumps(config), "config.json", tp, ffn_align))
+    except InvalidRequestError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def _head_rows(w: np.ndarray, heads: list[int], head_dim: int) -> np.ndarray:
@@ -92,7 +70,7 @@ def _head_rows(w: np.ndarray, heads: list[int], head_dim: int) -> np.ndarray:
     out = np.zeros((len(heads) * head_dim,) + w.shape[1:], dtype=np.float32)
     for j, h in enumerate(heads):
         if h >= 0:
-            out[j * head_dim:(j + 1) * head_dim] = w[h * head_dim:(h + 1) * head_dim]
+            out[j * head_dim : (j + 1) * head_dim] = w[h * head_dim : (h + 1) * head_dim]
     return out
 
 
@@ -101,24 +79,31 @@ def _head_cols(w: np.ndarray, heads: list[int], head_dim: int) -> np.ndarray:
     out = np.zeros((w.shape[0], len(heads) * head_dim), dtype=np.float32)
     for j, h in enumerate(heads):
         if h >= 0:
-            out[:, j * head_dim:(j + 1) * head_dim] = w[:, h * head_dim:(h + 1) * head_dim]
+            out[:, j * head_dim : (j + 1) * head_dim] = w[:, h * head_dim : (h + 1) * head_dim]
     return out
 
 
 def _padded_rows(w: np.ndarray, begin: int, end: int, total: int) -> np.ndarray:
     out = np.zeros((total,) + w.shape[1:], dtype=np.float32)
-    out[:end - begin] = w[begin:end]
+    out[: end - begin] = w[begin:end]
     return out
 
 
 def _padded_cols(w: np.ndarray, begin: int, end: int, total: int) -> np.ndarray:
     out = np.zeros((w.shape[0], total), dtype=np.float32)
-    out[:, :end - begin] = w[:, begin:end]
+    out[:, : end - begin] = w[:, begin:end]
     return out
 
 
-def shard_checkpoint(src_dir: str | Path, out_dir: str | Path, tp: int, *, ffn_align: int = 8,
-                     overwrite: bool = False, progress: bool = True) -> Path:
+def shard_checkpoint(
+    src_dir: str | Path,
+    out_dir: str | Path,
+    tp: int,
+    *,
+    ffn_align: int = 8,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
     """Shard the TP-1 checkpoint folder ``src_dir`` into a TP-``tp`` folder ``out_dir`` (tp >= 2).
 
     The values are copied exactly (same storage dtype). Peak memory: one rank's shard plus one
@@ -126,14 +111,18 @@ def shard_checkpoint(src_dir: str | Path, out_dir: str | Path, tp: int, *, ffn_a
     problem (not a TP-1 checkpoint, missing tensors, tp < 2, non-empty output).
     """
     if not isinstance(tp, int) or tp < 2:
-        raise CheckpointError(f"shard_checkpoint: tp must be an integer >= 2 (a TP-1 folder needs no sharding), got {tp!r}")
+        raise CheckpointError(
+            f"shard_checkpoint: tp must be an integer >= 2 (a TP-1 folder needs no sharding), got {tp!r}"
+        )
     src = Path(src_dir)
     check_not_source(src, out_dir)
     manifest = read_manifest(src)
     if manifest["dtype"] == "int4":
-        raise CheckpointError(f"{src}: tensor-parallel sharding of int4 checkpoints is not supported yet; load the "
-                              "int4 folder with a placement tp (sharded at load time), or shard a bfloat16 or float32 "
-                              "folder")
+        raise CheckpointError(
+            f"{src}: tensor-parallel sharding of int4 checkpoints is not supported yet; load the "
+            "int4 folder with a placement tp (sharded at load time), or shard a bfloat16 or float32 "
+            "folder"
+        )
     if manifest.get("tp_degree", 1) != 1:
         raise CheckpointError(f"{src}: already sharded (tp_degree {manifest['tp_degree']}); shard the TP-1 folder")
     config = read_checkpoint_config(src)
@@ -180,8 +169,12 @@ def shard_checkpoint(src_dir: str | Path, out_dir: str | Path, tp: int, *, ffn_a
                 writer.add(pre + "self_attn.v_proj.bias", _head_rows(get(pre + "self_attn.v_proj.bias"), kvh, hd))
             writer.add(pre + "self_attn.o_proj.weight", _head_cols(get(pre + "self_attn.o_proj.weight"), qh, hd))
             for n in ("gate_proj", "up_proj"):
-                writer.add(pre + f"mlp.{n}.weight", _padded_rows(get(pre + f"mlp.{n}.weight"), f0, f1, p["ffn_per_rank"]))
-            writer.add(pre + "mlp.down_proj.weight", _padded_cols(get(pre + "mlp.down_proj.weight"), f0, f1, p["ffn_per_rank"]))
+                writer.add(
+                    pre + f"mlp.{n}.weight", _padded_rows(get(pre + f"mlp.{n}.weight"), f0, f1, p["ffn_per_rank"])
+                )
+            writer.add(
+                pre + "mlp.down_proj.weight", _padded_cols(get(pre + "mlp.down_proj.weight"), f0, f1, p["ffn_per_rank"])
+            )
         writer.add("lm_head.weight", get(lm_name)[v0:v1])
         writer.write_weights(rank_file(r, tp))
         writer.release()
@@ -190,17 +183,26 @@ def shard_checkpoint(src_dir: str | Path, out_dir: str | Path, tp: int, *, ffn_a
         if f.is_file() and f.name != MANIFEST and f.suffix != ".safetensors":
             writer.copy_in(f)
     new_manifest = dict(manifest)
-    new_manifest.update({
-        "format_version": FORMAT_VERSION,
-        "tp_degree": tp,
-        "files": [SHARED_FILE] + [rank_file(r, tp) for r in range(tp)],
-        "tensor_parallel": p,
-    })
+    new_manifest.update(
+        {
+            "format_version": FORMAT_VERSION,
+            "tp_degree": tp,
+            "files": [SHARED_FILE] + [rank_file(r, tp) for r in range(tp)],
+            "tensor_parallel": p,
+        }
+    )
     return writer.finish(new_manifest)
 
 
-def convert_sharded(source: str | Path, out_dir: str | Path, tp: int, *, dtype: str = "bfloat16",
-                    progress: bool = True, overwrite: bool = False) -> Path:
+def convert_sharded(
+    source: str | Path,
+    out_dir: str | Path,
+    tp: int,
+    *,
+    dtype: str = "bfloat16",
+    progress: bool = True,
+    overwrite: bool = False,
+) -> Path:
     """``convert_weights.py --tp N``: a GGUF file, an HF folder or a TP-1 swiftspec folder into a
     TP-``tp`` folder. GGUF / HF inputs are converted to a temporary TP-1 folder first."""
     source = Path(source)

@@ -24,8 +24,12 @@ from .manifest import MANIFEST
 WEIGHTS_FILE = "model.safetensors"
 
 # numpy storage dtype -> safetensors TensorSpec dtype name (uint16 arrays carry bfloat16 bits)
-_SPEC_DTYPE = {np.dtype(np.float32): "float32", np.dtype(np.uint16): "bfloat16",
-               np.dtype(np.float16): "float16", np.dtype(np.uint8): "uint8"}
+_SPEC_DTYPE = {
+    np.dtype(np.float32): "float32",
+    np.dtype(np.uint16): "bfloat16",
+    np.dtype(np.float16): "float16",
+    np.dtype(np.uint8): "uint8",
+}
 
 
 def _umask() -> int:
@@ -55,8 +59,9 @@ def check_output_folder(out_dir: str | Path, overwrite: bool = False, overwrite_
     if empty:
         return False
     if not overwrite:
-        raise CheckpointError(f"output folder {out_dir} is not empty; choose a new folder or pass {overwrite_option} "
-                              "to write into it")
+        raise CheckpointError(
+            f"output folder {out_dir} is not empty; choose a new folder or pass {overwrite_option} to write into it"
+        )
     return True
 
 
@@ -70,16 +75,17 @@ def check_not_source(source: str | Path, out_dir: str | Path) -> None:
     except OSError:
         same = False
     if same:
-        raise CheckpointError(f"output folder {out_dir} is the input folder {source}; write the converted "
-                              "checkpoint to another folder")
+        raise CheckpointError(
+            f"output folder {out_dir} is the input folder {source}; write the converted checkpoint to another folder"
+        )
 
 
 class _OutputErrors:
     """Context manager: an OSError (no permission, no space, a path that cannot be created) becomes a
     :class:`CheckpointError` naming what was being written (it was a traceback)."""
 
-    def __init__(self, what: str):
-        self.what = what
+    def __init__(self, what: str | Path):
+        self.what = str(what)
 
     def __enter__(self):
         return self
@@ -101,8 +107,7 @@ class CheckpointWriter:
     every other tensor bfloat16.
     """
 
-    def __init__(self, out_dir: str | Path, dtype: str, overwrite: bool = False,
-                 group_size: int = DEFAULT_GROUP_SIZE):
+    def __init__(self, out_dir: str | Path, dtype: str, overwrite: bool = False, group_size: int = DEFAULT_GROUP_SIZE):
         self.out_dir = Path(out_dir)
         self.dtype = check_dtype(dtype)
         #: storage dtype of the tensors that are not quantized
@@ -126,10 +131,34 @@ class CheckpointWriter:
         if prefix is None:
             self._put(name, to_storage(np.asarray(value, dtype=np.float32), self.float_dtype))
             return
+        assert self.group_size is not None  # (an int4 writer)
         qweight, scales, zeros = quantize_rtn(np.asarray(value), self.group_size, name)
         self._put(prefix + ".qweight", qweight)
         self._put(prefix + ".scales", scales)
         self._put(prefix + ".zeros", zeros)
+
+    def add_int4(self, prefix: str, qweight: np.ndarray, scales: np.ndarray, zeros: np.ndarray) -> None:
+        """Add an already quantized projection ``prefix`` (an AWQ / GPTQ folder's, re-packed) to an int4
+        writer: ``qweight`` uint8 [N, K/2], ``scales`` float16 and ``zeros`` uint8 [N, K/G] with G the
+        writer's group size and every zero point 0..15 (:mod:`.int4`). Raises :class:`CheckpointError`
+        naming the projection if a dtype, shape or zero point is not that."""
+        if self.dtype != "int4":
+            raise CheckpointError(f"{prefix}: int4 values added to a {self.dtype} writer")
+        n, half = qweight.shape
+        groups = (2 * half) // self.group_size
+        want = ((qweight, np.uint8, (n, half)), (scales, np.float16, (n, groups)), (zeros, np.uint8, (n, groups)))
+        for a, dtype, shape in want:
+            if a.dtype != dtype or a.shape != shape or (2 * half) % self.group_size:
+                raise CheckpointError(
+                    f"{prefix}: int4 tensors {qweight.dtype}{list(qweight.shape)}, "
+                    f"{scales.dtype}{list(scales.shape)}, {zeros.dtype}{list(zeros.shape)} do not "
+                    f"fit group size {self.group_size}"
+                )
+        if zeros.size and zeros.max() > 15:
+            raise CheckpointError(f"{prefix}: a zero point is {int(zeros.max())}; 4-bit zero points are 0..15")
+        self._put(prefix + ".qweight", np.ascontiguousarray(qweight))
+        self._put(prefix + ".scales", np.ascontiguousarray(scales))
+        self._put(prefix + ".zeros", np.ascontiguousarray(zeros))
 
     def _put(self, name: str, storage: np.ndarray) -> None:
         if name in self._tensors:
@@ -160,8 +189,9 @@ class CheckpointWriter:
         specs = {}
         for n in names:
             a = self._tensors[n]
-            specs[n] = TensorSpec(dtype=_SPEC_DTYPE[a.dtype], shape=list(a.shape),
-                                  data_ptr=a.ctypes.data, data_len=a.nbytes)
+            specs[n] = TensorSpec(
+                dtype=_SPEC_DTYPE[a.dtype], shape=list(a.shape), data_ptr=a.ctypes.data, data_len=a.nbytes
+            )
         # self._tensors keeps every buffer alive for the duration of the call, as serialize_file requires.
         path = self.out_dir / filename
         try:

@@ -2,10 +2,13 @@
 over one loaded :class:`swiftspec.Engine`.
 
     GET  /                      the chat page (page.html: self-contained, no external resources)
+    GET  /favicon.svg           the page's icon (favicon.svg); /favicon.ico redirects to it
     GET  /health                {"status": "ok", "model", "running", "waiting", "max_waiting",
                                 "ended": {"done", "cancelled", "error"}} (replies so far, by outcome)
     GET  /v1/models             OpenAI's model list: the served model, with a "swiftspec" object
-                                (draft, modes, default_mode, max_context, tree_budget, max_tree)
+                                (draft, modes, default_mode, max_context, tree_budget, max_tree,
+                                defaults: the max_tokens, temperature and top_p a request gets
+                                when it leaves them out)
     POST /v1/chat/completions   OpenAI chat completions (openai_schema.py: fields, extras, stats)
 
 One request decodes at a time (runner.py); up to ``max_waiting`` more wait in arrival order, and
@@ -26,19 +29,21 @@ import json
 import logging
 import time
 from importlib import resources
+from typing import Any
 
 import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from swiftspec.errors import InvalidRequestError, SwiftspecError
 from swiftspec.serve import DEFAULT_MAX_BODY_BYTES
 from swiftspec.serve.guard import Guard, check_api_key, parse_allowed_hosts
 from swiftspec.serve.openai_schema import (
+    API_DEFAULTS,
     DEFAULT_MAX_TOKENS,
     MODES,
     ChatRequest,
@@ -80,8 +85,9 @@ def _generation_error(exc: BaseException) -> RequestError:
     return RequestError(f"the engine failed: {type(exc).__name__}: {exc}", status=500, type="server_error")
 
 
-_SHUTTING_DOWN = RequestError("the server is shutting down; the reply was cut short", status=503,
-                              type="server_error", code="shutting_down")
+_SHUTTING_DOWN = RequestError(
+    "the server is shutting down; the reply was cut short", status=503, type="server_error", code="shutting_down"
+)
 
 
 class ChatServer:
@@ -110,10 +116,21 @@ class ChatServer:
             that does not set its own would be refused, naming a field it did not send).
     """
 
-    def __init__(self, engine, *, model_id: str | None = None, draft_id: str | None = None,
-                 default_mode: str | None = None,
-                 tree_budget: int = 16, max_depth: int = 8, branching: int = 2, max_waiting: int = 4,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, api_key: str | None = None, allowed_hosts=None):
+    def __init__(
+        self,
+        engine,
+        *,
+        model_id: str | None = None,
+        draft_id: str | None = None,
+        default_mode: str | None = None,
+        tree_budget: int = 16,
+        max_depth: int = 8,
+        branching: int = 2,
+        max_waiting: int = 4,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        api_key: str | None = None,
+        allowed_hosts=None,
+    ):
         if max_body_bytes < 1:
             raise InvalidRequestError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
         self.max_body_bytes = max_body_bytes
@@ -123,44 +140,70 @@ class ChatServer:
         self.runner = EngineRunner(engine, max_waiting=max_waiting)
         self.model_id = model_id or engine.target_dir.name
         self.draft_id = draft_id or (engine.draft_dir.name if engine.draft_dir else None)
-        self.modes = list(MODES) if engine.has_draft else ["target"]
+        self.modes = list(MODES) if engine.has_draft else ["target"]  # (a request for auto: target then)
         if default_mode is None:
-            default_mode = "serial" if engine.has_draft else "target"
+            default_mode = "auto" if engine.has_draft else "target"
         if default_mode not in self.modes:
             raise InvalidRequestError(f"mode {default_mode!r} needs a draft model; this engine has none")
         self.default_mode = default_mode
         self.tree_budget, self.max_depth, self.branching = tree_budget, max_depth, branching
         if engine.has_draft and tree_budget > self._max_tree_budget():
-            raise InvalidRequestError(f"tree_budget {tree_budget} exceeds the tree KV capacity of the models: at most "
-                                      f"{self._max_tree_budget()}")
+            raise InvalidRequestError(
+                f"tree_budget {tree_budget} exceeds the tree KV capacity of the models: at most "
+                f"{self._max_tree_budget()}"
+            )
         self.created = int(time.time())
-        self.page = resources.files("swiftspec.serve").joinpath("page.html").read_text(encoding="utf-8")
+        files = resources.files("swiftspec.serve")
+        self.page = files.joinpath("page.html").read_text(encoding="utf-8")
+        self.favicon = files.joinpath("favicon.svg").read_bytes()
 
     # ------------------------------------------------------------------ routes
     async def page_route(self, request: Request) -> HTMLResponse:
         return HTMLResponse(self.page)
 
+    async def favicon_route(self, request: Request) -> Response:
+        return Response(self.favicon, media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
+
+    async def favicon_ico(self, request: Request) -> RedirectResponse:
+        # Browsers and tools that ask for /favicon.ico without reading the page's <link rel="icon">.
+        return RedirectResponse("/favicon.svg", status_code=301)
+
     async def health(self, request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "model": self.model_id, **self.runner.status()})
 
     async def models(self, request: Request) -> JSONResponse:
-        target = self.engine.target_model
-        draft = self.engine.draft_model
-        context = target.max_context if draft is None else min(target.max_context, draft.max_context)
-        return JSONResponse({"object": "list", "data": [{
-            "id": self.model_id, "object": "model", "created": self.created, "owned_by": "swiftspec",
-            "swiftspec": {"draft": self.draft_id,
-                          "modes": self.modes, "default_mode": self.default_mode, "max_context": context,
-                          "tree_budget": self.tree_budget, "max_tree": self._max_tree_budget()},
-        }]})
+        # The context of a speculative request when a draft is loaded (the smaller of the two).
+        context = self.engine.context_length("auto")
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model_id,
+                        "object": "model",
+                        "created": self.created,
+                        "owned_by": "swiftspec",
+                        "swiftspec": {
+                            "draft": self.draft_id,
+                            "modes": self.modes,
+                            "default_mode": self.default_mode,
+                            "max_context": context,
+                            "tree_budget": self.tree_budget,
+                            "max_tree": self._max_tree_budget(),
+                            "defaults": dict(API_DEFAULTS),
+                        },
+                    }
+                ],
+            }
+        )
 
     async def chat_completions(self, request: Request):
         try:
             self._check_content_type(request)
             body = decode_body(await self._read_body(request))
             req = parse_chat_request(body, self.model_id)
-            # Rendering and tokenizing a long conversation takes seconds (1 MB: 0.5-2 s here): off the
-            # event loop, which meanwhile streams other replies and answers /health (see _prompt_ids).
+            # Rendering and tokenizing a long conversation (megabytes) takes seconds: off the event
+            # loop, which meanwhile streams other replies and answers /health (see _prompt_ids).
             prompt_ids, kwargs, mode = await anyio.to_thread.run_sync(self._resolve, req)
         except RequestError as exc:
             return _error(exc)
@@ -170,8 +213,11 @@ class ChatServer:
             code = "shutting_down" if isinstance(exc, ShuttingDown) else "busy"
             return _error(RequestError(str(exc), status=503, type="server_error", code=code))
         cid, created = new_completion_id()
-        meta = dict(mode=mode, tree_budget=kwargs["tree_budget"] if mode != "target" else None,
-                    seed=kwargs["seed"] if req.temperature > 0 else None)
+        meta = dict(
+            mode=mode,
+            tree_budget=kwargs["tree_budget"] if mode != "target" else None,
+            seed=kwargs["seed"] if req.temperature > 0 else None,
+        )
         if req.stream:
             return _JobStream(job, self._stream(job, req, cid, created, meta))
         return await self._whole(request, job, cid, created, meta)
@@ -185,9 +231,12 @@ class ChatServer:
         this server grants no cross-origin access."""
         given = request.headers.get("content-type", "")
         if given.split(";")[0].strip().lower() != "application/json":
-            raise RequestError(f"the request body must be JSON with the header 'Content-Type: application/json', "
-                               f"got {repr(given) if given else 'no Content-Type'}", status=415,
-                               code="unsupported_media_type")
+            raise RequestError(
+                f"the request body must be JSON with the header 'Content-Type: application/json', "
+                f"got {repr(given) if given else 'no Content-Type'}",
+                status=415,
+                code="unsupported_media_type",
+            )
 
     async def _read_body(self, request: Request) -> bytes:
         """The request body, refused (413) as soon as it is known to exceed ``max_body_bytes``:
@@ -195,8 +244,12 @@ class ChatServer:
         limit = self.max_body_bytes
 
         def too_large(size: str) -> RequestError:
-            return RequestError(f"the request body is {size} bytes; this server takes at most {limit} "
-                                "(swiftspec serve --max-body-bytes)", status=413, code="request_too_large")
+            return RequestError(
+                f"the request body is {size} bytes; this server takes at most {limit} "
+                "(swiftspec serve --max-body-bytes)",
+                status=413,
+                code="request_too_large",
+            )
 
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:  # (the HTTP server checked that it is a number)
@@ -222,36 +275,61 @@ class ChatServer:
         depends on the loaded models (messages against the chat template, the context, the mode,
         the tree KV). Raises RequestError naming the field."""
         mode = req.mode or self.default_mode
+        if mode == "auto" and not self.engine.has_draft:
+            mode = "target"  # what the auto mode does without a draft
         if mode not in self.modes:
-            raise RequestError(f"swiftspec.mode {mode!r} needs a draft model; this server has none (modes: "
-                               f"{', '.join(self.modes)})", "swiftspec.mode")
+            raise RequestError(
+                f"swiftspec.mode {mode!r} needs a draft model; this server has none (modes: {', '.join(self.modes)})",
+                "swiftspec.mode",
+            )
         tree_budget = self.tree_budget
         if req.tree_budget is not None:
             if mode == "target":
-                raise RequestError("swiftspec.tree_budget has no effect in mode 'target' (no token tree is "
-                                   "verified); drop it or pick a speculative mode", "swiftspec.tree_budget")
+                raise RequestError(
+                    "swiftspec.tree_budget has no effect in mode 'target' (no token tree is "
+                    "verified); drop it or pick a speculative mode",
+                    "swiftspec.tree_budget",
+                )
             tree_budget = req.tree_budget
         if mode != "target" and tree_budget > self._max_tree_budget():
-            raise RequestError(f"swiftspec.tree_budget must be at most {self._max_tree_budget()} (the tree KV "
-                               f"capacity), got {tree_budget}", "swiftspec.tree_budget")
+            raise RequestError(
+                f"swiftspec.tree_budget must be at most {self._max_tree_budget()} (the tree KV "
+                f"capacity), got {tree_budget}",
+                "swiftspec.tree_budget",
+            )
         try:
             prompt_ids = self._prompt_ids(req.messages)
         except InvalidRequestError as exc:  # named by the model's id, not by a path on this machine
             raise RequestError(str(exc).replace(str(self.engine.tokenizer.source), self.model_id), "messages") from None
-        target, draft = self.engine.target_model, self.engine.draft_model
-        context = target.max_context if mode == "target" else min(target.max_context, draft.max_context)
+        context = self.engine.context_length(mode)  # the runtime's rule (Engine::context_length)
         room = context - len(prompt_ids)
         if room < 1:
-            raise RequestError(f"the messages take {len(prompt_ids)} tokens, which leaves no room for a reply in "
-                               f"the context of {context} tokens", "messages", code="context_length_exceeded")
+            raise RequestError(
+                f"the messages take {len(prompt_ids)} tokens, which leaves no room for a reply in "
+                f"the context of {context} tokens",
+                "messages",
+                code="context_length_exceeded",
+            )
         max_tokens = req.max_tokens if req.max_tokens is not None else min(DEFAULT_MAX_TOKENS, room)
         if max_tokens > room:
-            raise RequestError(f"max_tokens {max_tokens} does not fit: the messages take {len(prompt_ids)} of the "
-                               f"context's {context} tokens, leaving {room}", "max_tokens",
-                               code="context_length_exceeded")
-        kwargs = dict(max_new_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                      seed=req.seed, stop=req.stop, mode=mode, tree_budget=tree_budget, max_depth=self.max_depth,
-                      branching=self.branching)
+            raise RequestError(
+                f"max_tokens {max_tokens} does not fit: the messages take {len(prompt_ids)} of the "
+                f"context's {context} tokens, leaving {room}",
+                "max_tokens",
+                code="context_length_exceeded",
+            )
+        kwargs = dict(
+            max_new_tokens=max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            seed=req.seed,
+            stop=req.stop,
+            mode=mode,
+            tree_budget=tree_budget,
+            max_depth=self.max_depth,
+            branching=self.branching,
+        )
         return prompt_ids, kwargs, mode
 
     def _prompt_ids(self, messages: list[dict]) -> list[int]:
@@ -269,7 +347,7 @@ class ChatServer:
                 pass
             job.cancel()
 
-        text_done = None
+        text_done: tuple[str, Any] | None = None
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(cancel_on_disconnect)
@@ -279,13 +357,15 @@ class ChatServer:
                 tg.cancel_scope.cancel()
         finally:
             job.cancel()  # (a no-op once it finished) the handler itself was cancelled: server shutdown
+        assert text_done is not None  # job.events() ends with its last (non-text) event
         kind, value = text_done
         if kind == "error":
             return _error(_generation_error(value))
         if kind == "cancelled":  # by the server's shutdown (a client that left reads nothing)
             return _error(_SHUTTING_DOWN)
-        return JSONResponse(completion_body(cid, created, self.model_id, value,
-                                            swiftspec_stats(value, queue_s=job.queue_s, **meta)))
+        return JSONResponse(
+            completion_body(cid, created, self.model_id, value, swiftspec_stats(value, queue_s=job.queue_s, **meta))
+        )
 
     async def _stream(self, job, req: ChatRequest, cid: str, created: int, meta: dict):
         """The SSE body: a first chunk with the role, one chunk per text piece, a last chunk with
@@ -299,8 +379,11 @@ class ChatServer:
                 yield _sse(chunk_body(cid, created, self.model_id, {"content": value}))
             elif kind == "done":
                 stats = swiftspec_stats(value, queue_s=job.queue_s, **meta)
-                yield _sse(chunk_body(cid, created, self.model_id, {}, value.finish_reason, swiftspec=stats,
-                                      usage=usage(value)))
+                yield _sse(
+                    chunk_body(
+                        cid, created, self.model_id, {}, value.finish_reason, swiftspec=stats, usage=usage(value)
+                    )
+                )
                 if req.include_usage:
                     yield _sse(chunk_body(cid, created, self.model_id, None, usage=usage(value)))
             else:
@@ -317,8 +400,9 @@ class _JobStream(StreamingResponse):
     never runs, and the engine would decode the whole reply for no one."""
 
     def __init__(self, job, content):
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__(
+            content, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
         self._job = job
 
     async def __call__(self, scope, receive, send) -> None:
@@ -333,10 +417,16 @@ def create_app(engine, **options) -> Starlette:
     ``app.state.server`` is the :class:`ChatServer` (its ``runner`` tells the engine's load)."""
     server = ChatServer(engine, **options)
 
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return JSONResponse(error_body(f"{request.method} {request.url.path}: {exc.detail}",
-                                       "invalid_request_error" if exc.status_code < 500 else "server_error"),
-                            status_code=exc.status_code, headers=exc.headers)
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, HTTPException)  # (registered for HTTPException only)
+        return JSONResponse(
+            error_body(
+                f"{request.method} {request.url.path}: {exc.detail}",
+                "invalid_request_error" if exc.status_code < 500 else "server_error",
+            ),
+            status_code=exc.status_code,
+            headers=exc.headers,
+        )
 
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
@@ -351,6 +441,8 @@ def create_app(engine, **options) -> Starlette:
         middleware=[Middleware(Guard, api_key=server.api_key, allowed_hosts=server.allowed_hosts)],
         routes=[
             Route("/", server.page_route, methods=["GET"]),
+            Route("/favicon.svg", server.favicon_route, methods=["GET"]),
+            Route("/favicon.ico", server.favicon_ico, methods=["GET"]),
             Route("/health", server.health, methods=["GET"]),
             Route("/v1/models", server.models, methods=["GET"]),
             Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),

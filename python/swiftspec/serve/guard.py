@@ -38,8 +38,10 @@ def check_api_key(key: str) -> str:
         raise InvalidRequestError("the API key must not be empty")
     bad = next((i for i, c in enumerate(key) if not "!" <= c <= "~"), None)
     if bad is not None:
-        raise InvalidRequestError(f"the API key may hold visible ASCII characters only (no spaces); character "
-                                  f"{bad + 1} of {len(key)} is not one")
+        raise InvalidRequestError(
+            f"the API key may hold visible ASCII characters only (no spaces); character "
+            f"{bad + 1} of {len(key)} is not one"
+        )
     return key
 
 
@@ -77,8 +79,10 @@ def parse_allowed_hosts(hosts: str | Iterable[str] | None) -> frozenset[str] | N
         m = _HOST.fullmatch(as_header)
         host = host_of(as_header) if m and m["port"] is None else None
         if not host:
-            raise InvalidRequestError(f"the allowed host {entry!r:.80} is not a host name or IP address without a port "
-                                      "(give names such as localhost,my-host.lan; '*' for any)")
+            raise InvalidRequestError(
+                f"the allowed host {entry!r:.80} is not a host name or IP address without a port "
+                "(give names such as localhost,my-host.lan; '*' for any)"
+            )
         out.add(host)
     return frozenset(out)
 
@@ -113,23 +117,36 @@ class Guard:
             given = [v.decode("latin-1") for k, v in headers if k == b"host"]
             host = host_of(given[0]) if len(given) == 1 else None
             if host not in self.allowed_hosts:
-                what = (f"for the Host {given[0]!r:.100}" if len(given) == 1 else
-                        f"with {len(given)} Host headers" if given else "without a Host header")
-                return RequestError(f"this server does not answer requests {what}; it answers "
-                                    f"{', '.join(sorted(self.allowed_hosts))} (swiftspec serve --allowed-hosts)",
-                                    status=421, code="invalid_host")
+                what = (
+                    f"for the Host {given[0]!r:.100}"
+                    if len(given) == 1
+                    else f"with {len(given)} Host headers"
+                    if given
+                    else "without a Host header"
+                )
+                return RequestError(
+                    f"this server does not answer requests {what}; it answers "
+                    f"{', '.join(sorted(self.allowed_hosts))} (swiftspec serve --allowed-hosts)",
+                    status=421,
+                    code="invalid_host",
+                )
         path = scope["path"]
         if self.api_key is None or not (path == "/v1" or path.startswith("/v1/")):
             return None
         given = [v for k, v in headers if k == b"authorization"]
         if not given:
-            return RequestError("this server needs an API key: send the header 'Authorization: Bearer <key>'",
-                                status=401, code="missing_api_key")
+            return RequestError(
+                "this server needs an API key: send the header 'Authorization: Bearer <key>'",
+                status=401,
+                code="missing_api_key",
+            )
         scheme, _, token = given[0].strip().partition(b" ")
         if len(given) > 1 or scheme.lower() != b"bearer" or not token.strip():
-            return RequestError("the Authorization header must be 'Bearer <key>' (one header)", status=401,
-                                code="invalid_authorization")
+            return RequestError(
+                "the Authorization header must be 'Bearer <key>' (one header)", status=401, code="invalid_authorization"
+            )
         if not hmac.compare_digest(token.strip(), self.api_key):
-            return RequestError("the API key is not this server's (Authorization: Bearer <key>)", status=401,
-                                code="invalid_api_key")
+            return RequestError(
+                "the API key is not this server's (Authorization: Bearer <key>)", status=401, code="invalid_api_key"
+            )
         return None

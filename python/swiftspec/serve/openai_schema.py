@@ -22,8 +22,8 @@ absent, as OpenAI's clients send nulls):
   stream        true: Server-Sent Events, one ``data: {chunk}`` per text piece, ``data: [DONE]`` last.
   stream_options  ``{"include_usage": bool}``, with stream only: a last chunk with ``usage``.
   user          accepted and unused (OpenAI's end-user id for abuse reports).
-  swiftspec     swiftspec's own settings: ``{"mode": "target"|"serial"|"async", "tree_budget": int >= 1
-                (speculative modes), "top_k": int >= 0 (0: off; needs temperature > 0)}``.
+  swiftspec     swiftspec's own settings: ``{"mode": "auto"|"target"|"serial"|"async", "tree_budget": int >= 1
+                (speculative modes and auto: its largest tree), "top_k": int >= 0 (0: off; needs temperature > 0)}``.
   n, presence_penalty, frequency_penalty, logprobs, top_logprobs, logit_bias, tools,
   tool_choice, response_format, parallel_tool_calls: only their no-effect value (n 1, penalties 0,
                 ...), which clients often send; any other value is refused as not supported.
@@ -44,12 +44,21 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from swiftspec import swiftspec_core
 from swiftspec.errors import InvalidRequestError
 from swiftspec.sampling_params import SAMPLING_DEFAULTS, check_sampling_params, check_unused_under_greedy
 
-MODES = ("target", "serial", "async")
+#: The decode modes (the runtime's list, generation.h kDecodeModes).
+MODES: tuple[str, ...] = tuple(swiftspec_core.DECODE_MODES)
 DEFAULT_MAX_TOKENS = 256  # as `swiftspec generate --max-new-tokens`
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default: what its clients assume when they send none
+#: What a request that leaves these fields out gets (GET /v1/models reports it; the chat page starts
+#: its settings from it): max_tokens (at most what the context leaves), temperature, top_p.
+API_DEFAULTS = {
+    "max_tokens": DEFAULT_MAX_TOKENS,
+    "temperature": DEFAULT_TEMPERATURE,
+    "top_p": SAMPLING_DEFAULTS["top_p"],
+}
 
 # OpenAI fields swiftspec does not implement, with the values that ask for nothing (clients send
 # them as defaults): accepted at those values, refused at any other.
@@ -65,8 +74,20 @@ _NO_EFFECT_VALUES: dict[str, tuple] = {
     "response_format": ({"type": "text"},),
     "parallel_tool_calls": (False, True),  # without tools it means nothing either way
 }
-_FIELDS = {"messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
-           "stream", "stream_options", "user", "swiftspec"} | set(_NO_EFFECT_VALUES)
+_FIELDS = {
+    "messages",
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "user",
+    "swiftspec",
+} | set(_NO_EFFECT_VALUES)
 _SWIFTSPEC_FIELDS = ("mode", "tree_budget", "top_k")
 _MESSAGE_FIELDS = ("role", "content")
 
@@ -84,8 +105,15 @@ MAX_STOP_CHARS = 256
 class RequestError(Exception):
     """A request the server refuses: HTTP ``status`` with OpenAI's error body naming ``param``."""
 
-    def __init__(self, message: str, param: str | None = None, *, status: int = 400,
-                 type: str = "invalid_request_error", code: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        *,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.message, self.param, self.status, self.type, self.code = message, param, status, type, code
 
@@ -93,8 +121,9 @@ class RequestError(Exception):
         return error_body(self.message, self.type, self.param, self.code)
 
 
-def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict:
+def error_body(
+    message: str, type: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict:
     """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``."""
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
@@ -159,8 +188,9 @@ def decode_body(raw: bytes) -> Any:
     try:
         value = json.loads(raw, object_pairs_hook=_no_duplicate_keys)
     except _DuplicateKey as exc:
-        raise RequestError(f"the request body has the key {exc.key!r:.80} twice in one object; give it once",
-                           exc.key[:80]) from None
+        raise RequestError(
+            f"the request body has the key {exc.key!r:.80} twice in one object; give it once", exc.key[:80]
+        ) from None
     except RecursionError:  # the decoder recurses per nesting level; the interpreter's limit is ~1000
         raise RequestError(f"the request body nests lists and objects deeper than {MAX_JSON_DEPTH} levels") from None
     except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
@@ -185,17 +215,24 @@ def _messages(value) -> list[dict]:
     """The messages as the tokenizer takes them (text parts joined, ``developer`` as ``system``);
     the shape only: roles and contents are the chat template's to check."""
     if not isinstance(value, list) or not value:
-        raise RequestError("messages must be a non-empty list of {\"role\", \"content\"} objects, got "
-                           + ("an empty list" if value == [] else type(value).__name__), "messages")
+        raise RequestError(
+            'messages must be a non-empty list of {"role", "content"} objects, got '
+            + ("an empty list" if value == [] else type(value).__name__),
+            "messages",
+        )
     out = []
     for i, m in enumerate(value):
         if not isinstance(m, dict):
-            raise RequestError(f"messages[{i}] must be an object with 'role' and 'content', got {type(m).__name__}",
-                               "messages")
+            raise RequestError(
+                f"messages[{i}] must be an object with 'role' and 'content', got {type(m).__name__}", "messages"
+            )
         extra = sorted(k for k, v in m.items() if k not in _MESSAGE_FIELDS and v is not None)
         if extra:  # e.g. OpenAI's "name" or "tool_calls": the chat template would drop or misuse them
-            raise RequestError(f"messages[{i}].{extra[0]:.80} is not supported by this server (a message takes "
-                               f"{' and '.join(_MESSAGE_FIELDS)})", "messages")
+            raise RequestError(
+                f"messages[{i}].{extra[0]:.80} is not supported by this server (a message takes "
+                f"{' and '.join(_MESSAGE_FIELDS)})",
+                "messages",
+            )
         m = {k: v for k, v in m.items() if k in _MESSAGE_FIELDS}
         if m.get("role") == "developer":  # OpenAI's newer name for the system message
             m["role"] = "system"
@@ -204,16 +241,20 @@ def _messages(value) -> list[dict]:
             texts = []
             for j, part in enumerate(content):
                 if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise RequestError(f"messages[{i}].content[{j}] must be a text part {{\"type\": \"text\", "
-                                       f"\"text\": str}} (this server takes text only), got {part!r:.80}", "messages")
+                    raise RequestError(
+                        f'messages[{i}].content[{j}] must be a text part {{"type": "text", '
+                        f'"text": str}} (this server takes text only), got {part!r:.80}',
+                        "messages",
+                    )
                 texts.append(part["text"])
             m["content"] = "".join(texts)
         if isinstance(m.get("content"), str):
             try:
                 m["content"].encode("utf-8")
             except UnicodeEncodeError as exc:  # a lone surrogate (JSON's "\\ud800"): not text the tokenizer takes
-                raise RequestError(f"messages[{i}].content is not valid text: {exc.reason} at position {exc.start}",
-                                   "messages") from None
+                raise RequestError(
+                    f"messages[{i}].content is not valid text: {exc.reason} at position {exc.start}", "messages"
+                ) from None
         out.append(m)
     return out
 
@@ -223,8 +264,12 @@ def _sampling(body: dict) -> dict:
     named as the request spells it; top_p / top_k that would have no effect under greedy decoding
     are refused as `swiftspec generate` refuses them."""
     ext = body.get("swiftspec") or {}
-    given = {"temperature": body.get("temperature"), "top_p": body.get("top_p"), "top_k": ext.get("top_k"),
-             "seed": body.get("seed")}
+    given = {
+        "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"),
+        "top_k": ext.get("top_k"),
+        "seed": body.get("seed"),
+    }
     names = {"temperature": "temperature", "top_p": "top_p", "top_k": "swiftspec.top_k", "seed": "seed"}
     values = dict(SAMPLING_DEFAULTS, temperature=DEFAULT_TEMPERATURE)
     for key, value in given.items():
@@ -259,21 +304,27 @@ def parse_chat_request(body: Any, model_id: str) -> ChatRequest:
         raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
     unknown = sorted(set(body) - _FIELDS)
     if unknown:
-        raise RequestError(f"unknown field {unknown[0]!r}; this server takes: {', '.join(sorted(_FIELDS))}",
-                           unknown[0])
+        raise RequestError(f"unknown field {unknown[0]!r}; this server takes: {', '.join(sorted(_FIELDS))}", unknown[0])
     body = {k: v for k, v in body.items() if v is not None}
     for name, allowed in _NO_EFFECT_VALUES.items():
         if name in body and not any(_same(body[name], a) for a in allowed):
-            raise RequestError(f"{name}={body[name]!r:.80} is not supported by this server (it takes only "
-                               f"{' or '.join(repr(a) for a in allowed)})", name)
+            raise RequestError(
+                f"{name}={body[name]!r:.80} is not supported by this server (it takes only "
+                f"{' or '.join(repr(a) for a in allowed)})",
+                name,
+            )
     if "messages" not in body:
-        raise RequestError("messages is missing: give the conversation as [{\"role\": \"user\", \"content\": ...}]",
-                           "messages")
+        raise RequestError(
+            'messages is missing: give the conversation as [{"role": "user", "content": ...}]', "messages"
+        )
     req = ChatRequest(messages=_messages(body["messages"]))
 
     if "model" in body and body["model"] != model_id:
-        raise RequestError(f"model {body['model']!r:.80} is not served here; this server serves {model_id!r}",
-                           "model", code="model_not_found")
+        raise RequestError(
+            f"model {body['model']!r:.80} is not served here; this server serves {model_id!r}",
+            "model",
+            code="model_not_found",
+        )
     if "user" in body and not isinstance(body["user"], str):
         raise RequestError(f"user must be a string, got {type(body['user']).__name__}", "user")
 
@@ -283,29 +334,35 @@ def parse_chat_request(body: Any, model_id: str) -> ChatRequest:
             if not _is_int(value) or value < 1:
                 raise RequestError(f"{name} must be an integer >= 1, got {value!r:.80}", name)
             if req.max_tokens is not None and value != req.max_tokens:
-                raise RequestError(f"max_tokens ({req.max_tokens}) and max_completion_tokens ({value}) differ; "
-                                   "give one", name)
+                raise RequestError(
+                    f"max_tokens ({req.max_tokens}) and max_completion_tokens ({value}) differ; give one", name
+                )
             req.max_tokens = int(value)
 
     ext = body.get("swiftspec", {})
     if not isinstance(ext, dict):
-        raise RequestError(f"swiftspec must be an object with {', '.join(_SWIFTSPEC_FIELDS)}, got "
-                           f"{type(ext).__name__}", "swiftspec")
+        raise RequestError(
+            f"swiftspec must be an object with {', '.join(_SWIFTSPEC_FIELDS)}, got {type(ext).__name__}", "swiftspec"
+        )
     ext = {k: v for k, v in ext.items() if v is not None}
     body["swiftspec"] = ext
     bad = sorted(set(ext) - set(_SWIFTSPEC_FIELDS))
     if bad:
-        raise RequestError(f"unknown field swiftspec.{bad[0]}; swiftspec takes: {', '.join(_SWIFTSPEC_FIELDS)}",
-                           f"swiftspec.{bad[0]}")
+        raise RequestError(
+            f"unknown field swiftspec.{bad[0]}; swiftspec takes: {', '.join(_SWIFTSPEC_FIELDS)}", f"swiftspec.{bad[0]}"
+        )
     if "mode" in ext:
         if ext["mode"] not in MODES:
-            raise RequestError(f"swiftspec.mode must be one of {', '.join(MODES)}, got {ext['mode']!r:.80}",
-                               "swiftspec.mode")
+            raise RequestError(
+                f"swiftspec.mode must be one of {', '.join(MODES)}, got {ext['mode']!r:.80}", "swiftspec.mode"
+            )
         req.mode = ext["mode"]
     if "tree_budget" in ext:
         if not _is_int(ext["tree_budget"]) or ext["tree_budget"] < 1:
-            raise RequestError(f"swiftspec.tree_budget must be an integer >= 1, got {ext['tree_budget']!r:.80}",
-                               "swiftspec.tree_budget")
+            raise RequestError(
+                f"swiftspec.tree_budget must be an integer >= 1, got {ext['tree_budget']!r:.80}",
+                "swiftspec.tree_budget",
+            )
         req.tree_budget = int(ext["tree_budget"])
 
     values = _sampling(body)
@@ -317,18 +374,23 @@ def parse_chat_request(body: Any, model_id: str) -> ChatRequest:
         stop = body["stop"]
         stops = [stop] if isinstance(stop, str) else stop
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-            raise RequestError(f"stop must be a non-empty string or a list of non-empty strings, got {stop!r:.80}",
-                               "stop")
+            raise RequestError(
+                f"stop must be a non-empty string or a list of non-empty strings, got {stop!r:.80}", "stop"
+            )
         if len(stops) > MAX_STOP_STRINGS:
             raise RequestError(f"stop has {len(stops)} strings; this server takes at most {MAX_STOP_STRINGS}", "stop")
         for j, s in enumerate(stops):
             if len(s) > MAX_STOP_CHARS:
-                raise RequestError(f"stop[{j}] has {len(s)} characters; this server takes at most {MAX_STOP_CHARS} "
-                                   "per stop string", "stop")
+                raise RequestError(
+                    f"stop[{j}] has {len(s)} characters; this server takes at most {MAX_STOP_CHARS} per stop string",
+                    "stop",
+                )
             try:
                 s.encode("utf-8")
             except UnicodeEncodeError as exc:  # a lone surrogate (JSON's "\\ud800"): no text can match it
-                raise RequestError(f"stop[{j}] is not valid text: {exc.reason} at position {exc.start}", "stop") from None
+                raise RequestError(
+                    f"stop[{j}] is not valid text: {exc.reason} at position {exc.start}", "stop"
+                ) from None
         req.stop = list(stops)
 
     if "stream" in body:
@@ -339,10 +401,14 @@ def parse_chat_request(body: Any, model_id: str) -> ChatRequest:
         opts = body["stream_options"]
         if not req.stream:
             raise RequestError("stream_options applies to stream=true only", "stream_options")
-        if not isinstance(opts, dict) or set(opts) - {"include_usage"} or not isinstance(
-                opts.get("include_usage", False), bool):
-            raise RequestError(f"stream_options must be {{\"include_usage\": true|false}}, got {opts!r:.80}",
-                               "stream_options")
+        if (
+            not isinstance(opts, dict)
+            or set(opts) - {"include_usage"}
+            or not isinstance(opts.get("include_usage", False), bool)
+        ):
+            raise RequestError(
+                f'stream_options must be {{"include_usage": true|false}}, got {opts!r:.80}', "stream_options"
+            )
         req.include_usage = opts.get("include_usage", False)
     return req
 
@@ -393,17 +459,29 @@ def completion_body(cid: str, created: int, model: str, result, stats: dict) -> 
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                     "logprobs": None, "finish_reason": result.finish_reason}],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": result.text},
+                "logprobs": None,
+                "finish_reason": result.finish_reason,
+            }
+        ],
         "usage": usage(result),
         "swiftspec": stats,
     }
 
 
-def chunk_body(cid: str, created: int, model: str, delta: dict | None, finish_reason: str | None = None,
-               **extra) -> dict:
+def chunk_body(
+    cid: str, created: int, model: str, delta: dict | None, finish_reason: str | None = None, **extra
+) -> dict:
     """One ``chat.completion.chunk``; ``delta`` None: a chunk without choices (the usage chunk)."""
-    choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None,
-                                         "finish_reason": finish_reason}]
-    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": choices, **extra}
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+    return {
+        "id": cid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        **extra,
+    }

@@ -117,12 +117,15 @@ class EngineRunner:
             # its reply and asks again at once must not be refused because of it.
             live = sum(not j.cancelled for j in self._line)
             if live > self.max_waiting:
-                raise Busy(f"the engine is busy: 1 request is running and {live - 1} "
-                           f"{'is' if live == 2 else 'are'} waiting (at most {self.max_waiting} may wait)")
+                raise Busy(
+                    f"the engine is busy: 1 request is running and {live - 1} "
+                    f"{'is' if live == 2 else 'are'} waiting (at most {self.max_waiting} may wait)"
+                )
             job = Job(self, loop)
             self._line.append(job)
-        threading.Thread(target=self._run, args=(job, prompt_ids, generate_kwargs), daemon=True,
-                         name="swiftspec-serve-request").start()
+        threading.Thread(
+            target=self._run, args=(job, prompt_ids, generate_kwargs), daemon=True, name="swiftspec-serve-request"
+        ).start()
         return job
 
     def close(self) -> None:

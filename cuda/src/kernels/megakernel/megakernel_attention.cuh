@@ -215,7 +215,7 @@ __device__ __forceinline__ float block_max(float v, float* small) {
 /// partial buffers and counts itself on `flag`; part 0 waits for the others
 /// there, merges them in part order and writes the output.
 struct HeadPart {
-  int r = 0, parts = 1;       ///< this part, parts of the head (1: no handoff)
+  int r = 0, parts = 1;  ///< this part, parts of the head (1: no handoff)
   /// MegaPlan::merge_in_o: every part (0 too) leaves its state in part_o /
   /// part_ml and no part merges; the O projection's input load does.
   bool defer = false;
@@ -234,7 +234,7 @@ struct HeadPart {
 struct PreWait {
   const unsigned* ctr = nullptr;
   unsigned target = 0;
-  int self_row = -1;                  ///< cache row of the step's own key
+  int self_row = -1;                    ///< cache row of the step's own key
   unsigned long long* stamp = nullptr;  ///< the trace's "start" stamp of the attention op, or null
 };
 
@@ -252,17 +252,17 @@ struct PreWait {
 /// the kernel its 16 loads in flight spilled (ptxas caps the kernel at 168
 /// registers: 9 warps per SM, 3 in one of the four register-file quarters).
 template <int HD>
-__device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kcache, const __nv_bfloat16* __restrict__ vcache,
+__device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kcache,
+                                            const __nv_bfloat16* __restrict__ vcache,
                                             const __nv_bfloat16* __restrict__ qh, __nv_bfloat16* __restrict__ out,
                                             const int* __restrict__ attend, int k0, int n, int prefix, int tree_base,
-                                            HeadPart part, float* scratch, float* small, bool short_parts,
-                                            PreWait pw) {
+                                            HeadPart part, float* scratch, float* small, bool short_parts, PreWait pw) {
   // Everything by value (registers): through references to the kernel's
   // parameters and locals, every row address cost dependent loads.
-  constexpr int V8 = HD / 8;             // uint4 per K / V row
-  constexpr int NS = kConsumers / V8;    // key subsets
-  constexpr int kBatch = 16;             // loads in flight per thread
-  constexpr int kShort = 8;              // K and V rows per thread of a short part (n <= NS * kShort)
+  constexpr int V8 = HD / 8;           // uint4 per K / V row
+  constexpr int NS = kConsumers / V8;  // key subsets
+  constexpr int kBatch = 16;           // loads in flight per thread
+  constexpr int kShort = 8;            // K and V rows per thread of a short part (n <= NS * kShort)
   const int tid = threadIdx.x;
   const int d8 = tid % V8, ks = tid / V8;
   // Logical key j -> cache row: the committed prefix, then the attend list.
@@ -271,8 +271,8 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
     return j < prefix ? j : tree_base + attend[j - prefix];
   };
   const float qscale = rsqrtf(static_cast<float>(HD)) * 1.4426950408889634f;  // softmax in base 2
-  float* sc = scratch;                              // [n] scores, then probabilities
-  float* pv = scratch + ((n + 3) & ~3);             // [NS][HD]
+  float* sc = scratch;                                                        // [n] scores, then probabilities
+  float* pv = scratch + ((n + 3) & ~3);                                       // [NS][HD]
   const uint4* kc = reinterpret_cast<const uint4*>(kcache) + d8;
   const uint4* vc = reinterpret_cast<const uint4*>(vcache) + d8;
   // The trace's phase stamps (thread 0, %globaltimer), when asked for.
@@ -371,71 +371,71 @@ __device__ __noinline__ void head_attention(const __nv_bfloat16* __restrict__ kc
     L = block_sum(lsum, small);
     mark(3);
   } else {
-  // ---- scores: keys j = ks + NS * i, kBatch rows in flight. The loop bound
-  // is the same for every thread: the shuffles need the whole warp. ----
-  // The batched parts wait first: their first batch's K rows in registers
-  // spilled (16 per thread beside the caller's 168), and L2 prefetches of
-  // its K and V rows before the wait were slower (run 23: 1.5B 1.260 vs
-  // 1.225 ms, 8B 4.146 vs 4.110).
-  // One batch of this thread's K (or V) rows, keys j0 + NS * b: kBatch
-  // loads in flight; a key past the part's end reads nothing (zeros).
-  const auto load_batch = [&](uint4(&rows)[kBatch], const uint4* cache, int j0) {
+    // ---- scores: keys j = ks + NS * i, kBatch rows in flight. The loop bound
+    // is the same for every thread: the shuffles need the whole warp. ----
+    // The batched parts wait first: their first batch's K rows in registers
+    // spilled (16 per thread beside the caller's 168), and L2 prefetches of
+    // its K and V rows before the wait were slower at the 1.5B and 8B
+    // (benchmarks/README.md, "committed K/V loads issued before its wait").
+    // One batch of this thread's K (or V) rows, keys j0 + NS * b: kBatch
+    // loads in flight; a key past the part's end reads nothing (zeros).
+    const auto load_batch = [&](uint4(&rows)[kBatch], const uint4* cache, int j0) {
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int j = j0 + NS * b;
-      rows[b] = j < n ? __ldcg(cache + static_cast<size_t>(row(j)) * V8) : make_uint4(0, 0, 0, 0);
-    }
-  };
-  float mloc = -INFINITY;
-  wait_qkv();
-  load_q();
-  for (int base = 0; base < n; base += NS * kBatch) {
-    const int j0 = base + ks;
-    uint4 kv[kBatch];
-    load_batch(kv, kc, j0);
+      for (int b = 0; b < kBatch; ++b) {
+        const int j = j0 + NS * b;
+        rows[b] = j < n ? __ldcg(cache + static_cast<size_t>(row(j)) * V8) : make_uint4(0, 0, 0, 0);
+      }
+    };
+    float mloc = -INFINITY;
+    wait_qkv();
+    load_q();
+    for (int base = 0; base < n; base += NS * kBatch) {
+      const int j0 = base + ks;
+      uint4 kv[kBatch];
+      load_batch(kv, kc, j0);
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const uint32_t u[4] = {kv[b].x, kv[b].y, kv[b].z, kv[b].w};
-      float d = 0.f;
+      for (int b = 0; b < kBatch; ++b) {
+        const uint32_t u[4] = {kv[b].x, kv[b].y, kv[b].z, kv[b].w};
+        float d = 0.f;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) d = fmaf(q[2 * e], bf_lo(u[e]), fmaf(q[2 * e + 1], bf_hi(u[e]), d));
+        for (int e = 0; e < 4; ++e) d = fmaf(q[2 * e], bf_lo(u[e]), fmaf(q[2 * e + 1], bf_hi(u[e]), d));
 #pragma unroll
-      for (int o = V8 / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);  // the row's V8 lanes
-      const int j = j0 + NS * b;
-      if (j < n) {
-        const float sj = d * qscale;
-        mloc = fmaxf(mloc, sj);
-        if (d8 == 0) sc[j] = sj;
+        for (int o = V8 / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);  // the row's V8 lanes
+        const int j = j0 + NS * b;
+        if (j < n) {
+          const float sj = d * qscale;
+          mloc = fmaxf(mloc, sj);
+          if (d8 == 0) sc[j] = sj;
+        }
       }
     }
-  }
-  mark(2);
-  M = block_max(mloc, small);  // its barriers also publish sc
-  float lsum = 0.f;
-  for (int j = tid; j < n; j += kConsumers) {
-    const float pj = exp2f(sc[j] - M);
-    sc[j] = pj;
-    lsum += pj;
-  }
-  L = block_sum(lsum, small);  // its barriers also publish the probabilities
-  mark(3);
-  // ---- P V: the same (key subset, d8) ownership ----
-  for (int base = 0; base < n; base += NS * kBatch) {
-    const int j0 = base + ks;
-    uint4 vv[kBatch];
-    load_batch(vv, vc, j0);
+    mark(2);
+    M = block_max(mloc, small);  // its barriers also publish sc
+    float lsum = 0.f;
+    for (int j = tid; j < n; j += kConsumers) {
+      const float pj = exp2f(sc[j] - M);
+      sc[j] = pj;
+      lsum += pj;
+    }
+    L = block_sum(lsum, small);  // its barriers also publish the probabilities
+    mark(3);
+    // ---- P V: the same (key subset, d8) ownership ----
+    for (int base = 0; base < n; base += NS * kBatch) {
+      const int j0 = base + ks;
+      uint4 vv[kBatch];
+      load_batch(vv, vc, j0);
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int j = j0 + NS * b;
-      const float pj = j < n ? sc[j] : 0.f;
-      const uint32_t u[4] = {vv[b].x, vv[b].y, vv[b].z, vv[b].w};
+      for (int b = 0; b < kBatch; ++b) {
+        const int j = j0 + NS * b;
+        const float pj = j < n ? sc[j] : 0.f;
+        const uint32_t u[4] = {vv[b].x, vv[b].y, vv[b].z, vv[b].w};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        acc[2 * e] = fmaf(pj, bf_lo(u[e]), acc[2 * e]);
-        acc[2 * e + 1] = fmaf(pj, bf_hi(u[e]), acc[2 * e + 1]);
+        for (int e = 0; e < 4; ++e) {
+          acc[2 * e] = fmaf(pj, bf_lo(u[e]), acc[2 * e]);
+          acc[2 * e + 1] = fmaf(pj, bf_hi(u[e]), acc[2 * e + 1]);
+        }
       }
     }
-  }
   }
   float4* mine = reinterpret_cast<float4*>(pv + ks * HD + d8 * 8);
   mine[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -534,7 +534,8 @@ __device__ __noinline__ void load_merged_attn(const float* __restrict__ part_o, 
 /// elements, [c * nq / G, (c+1) * nq / G), in split order (deterministic),
 /// the partial states loaded kMergeBatch splits at a time, all in flight.
 /// (Merging in the last unit of each kv head, or redundantly in every CTA of
-/// the O projection, saves a grid-wide handoff but measured slower, run 14.)
+/// the O projection, saves a grid-wide handoff but measured slower;
+/// benchmarks/README.md, "the decode megakernel reworked".)
 __device__ void merge_splits(const MegaParams& p, const StepConsts& c, int cta) {
   const MegaShape& s = p.s;
   const int HD = s.head_dim, nq = s.num_heads * HD, G = p.plan.ctas, MS = p.plan.max_splits, S = c.splits;

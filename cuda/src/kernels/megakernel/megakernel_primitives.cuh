@@ -25,11 +25,10 @@ __device__ __forceinline__ void st_volatile_shared(int* p, int v) {
   asm volatile("st.volatile.shared.s32 [%0], %1;" ::"r"(smem_u32(p)), "r"(v) : "memory");
 }
 /// 1-D TMA bulk copy global -> shared (bytes % 16 == 0, both 16-byte aligned).
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
-                                          uint64_t policy) {
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t policy) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-          smem_u32(dst)),
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::
+          "r"(smem_u32(dst)),
       "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
       : "memory");
 }
@@ -64,7 +63,8 @@ __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;"
 
 /// Consumer thread 0 waits until *ctr >= target (acquire at GPU scope; with
 /// spin_until's guard), then the consumers proceed. (Relaxed polls with one
-/// fence after success measured slower, run 14.)
+/// fence after success measured slower; benchmarks/README.md, "the decode
+/// megakernel reworked".)
 __device__ __forceinline__ void wait_counter(const unsigned* ctr, unsigned target) {
   if (threadIdx.x == 0) spin_until([&] { return ld_acquire_gpu(ctr) >= target; });
   consumer_sync();
@@ -92,8 +92,8 @@ __device__ __forceinline__ void clock_trace(const MegaParams& p, int at) {
   if (p.trace != nullptr && threadIdx.x == 0) {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    unsigned long long* w =
-        p.trace + mega_trace_clock_offset(p.s.num_layers, p.plan.ctas) + static_cast<size_t>(blockIdx.x) * kMegaClockWords;
+    unsigned long long* w = p.trace + mega_trace_clock_offset(p.s.num_layers, p.plan.ctas) +
+                            static_cast<size_t>(blockIdx.x) * kMegaClockWords;
     w[at] = static_cast<unsigned long long>(clock64());
     w[at + 1] = t;
   }

@@ -31,10 +31,30 @@ __device__ Stream stream_of(const MegaParams& p, int idx, int cta) {
   } else {
     const MegaLayer& L = p.layers[idx / kStreamsPerLayer];
     switch (idx % kStreamsPerLayer) {
-      case kStreamQKV: st.w = L.qkv; st.K = s.hidden; units = (nq + 2 * nkv) / 16; unit = 16; break;
-      case kStreamO: st.w = L.o; st.K = nq; units = s.hidden; unit = 1; break;
-      case kStreamGateUp: st.w = L.gu; st.K = s.hidden; units = 2 * s.intermediate / 16; unit = 16; break;
-      default: st.w = L.down; st.K = s.intermediate; units = s.hidden; unit = 1; break;
+      case kStreamQKV:
+        st.w = L.qkv;
+        st.K = s.hidden;
+        units = (nq + 2 * nkv) / 16;
+        unit = 16;
+        break;
+      case kStreamO:
+        st.w = L.o;
+        st.K = nq;
+        units = s.hidden;
+        unit = 1;
+        break;
+      case kStreamGateUp:
+        st.w = L.gu;
+        st.K = s.hidden;
+        units = 2 * s.intermediate / 16;
+        unit = 16;
+        break;
+      default:
+        st.w = L.down;
+        st.K = s.intermediate;
+        units = s.hidden;
+        unit = 1;
+        break;
     }
   }
   const int G = p.plan.ctas;
@@ -50,10 +70,14 @@ __device__ __forceinline__ int op_slot_of_stream(int idx, int num_layers) {
   if (idx >= kStreamsPerLayer * num_layers) return kCtrPerLayer * num_layers;
   const int base = (idx / kStreamsPerLayer) * kCtrPerLayer;
   switch (idx % kStreamsPerLayer) {
-    case kStreamQKV: return base + kCtrQKV;
-    case kStreamO: return base + kCtrO;
-    case kStreamGateUp: return base + kCtrGateUp;
-    default: return base + kCtrDown;
+    case kStreamQKV:
+      return base + kCtrQKV;
+    case kStreamO:
+      return base + kCtrO;
+    case kStreamGateUp:
+      return base + kCtrGateUp;
+    default:
+      return base + kCtrDown;
   }
 }
 
@@ -70,7 +94,7 @@ __device__ __forceinline__ unsigned long long* ring_trace_words(const MegaParams
 struct ProducerWaits {
   static constexpr int kWords = kMegaRingWords - 1;
   int idx = -1;
-  uint32_t landed = 0;  ///< every chunk below this one has landed (seen so far)
+  uint32_t landed = 0;                ///< every chunk below this one has landed (seen so far)
   unsigned long long w[kWords] = {};  ///< in flight, landed not consumed, of that idle, held
   /// Adds `cycles` to word `k` (1..4) of stream `stream`'s op.
   __device__ void add(const MegaParams& p, int stream, int k, unsigned long long cycles) {
@@ -99,8 +123,8 @@ struct ProducerWaits {
 /// settled phases. The wait on `empty` suspends in ~100 ns steps between the
 /// probes instead of busy-polling (warp 8 shares a scheduler with consumer
 /// warps).
-__device__ __forceinline__ void timed_refill_wait(const MegaParams& p, ProducerWaits& waits, int stream,
-                                                  uint64_t* full, uint64_t* empty, uint32_t seq, uint32_t ns) {
+__device__ __forceinline__ void timed_refill_wait(const MegaParams& p, ProducerWaits& waits, int stream, uint64_t* full,
+                                                  uint64_t* empty, uint32_t seq, uint32_t ns) {
   const uint32_t slot = seq % ns, parity = (seq / ns - 1) & 1u;
   waits.add(p, stream, 1, timed_ring_wait(&full[slot], parity));
   if (waits.landed < seq - ns + 1) waits.landed = seq - ns + 1;  // chunk seq - ns just did
@@ -120,9 +144,7 @@ __device__ __forceinline__ void timed_refill_wait(const MegaParams& p, ProducerW
   if (since >= 0) waits.add(p, stream, 3, static_cast<unsigned long long>(t1 - since));
 }
 
-__device__ __forceinline__ int rows_per_chunk(const MegaPlan& pl, int K) {
-  return max(1, pl.slot_bytes / (2 * K));
-}
+__device__ __forceinline__ int rows_per_chunk(const MegaPlan& pl, int K) { return max(1, pl.slot_bytes / (2 * K)); }
 
 /// MegaPlan::l2_prefetch_bytes: one bulk L2 prefetch of at most
 /// `pl.l2_prefetch_bytes` from the end of the CTA's rows of stream `st`,
@@ -173,16 +195,18 @@ struct ChunkWalk {
 /// slot seq % slots, as soon as the consumer warps have freed that slot.
 /// Weights do not depend on activations, so it runs as far ahead of the
 /// arithmetic as the ring allows, across matrices and layers. (Bulk L2
-/// prefetches further ahead of the ring measured slower, run 14.)
+/// prefetches further ahead of the ring measured slower; benchmarks/README.md,
+/// "the decode megakernel reworked".)
 ///
 /// With MegaPlan::release_hold = D > 0, a slot that held one of the last D
 /// chunks of a stream is refilled with a chunk of a later stream only once the
 /// CTA has released that op's outputs (`released` > the stream's index;
 /// chunks of the same stream never wait: the op needs them): its release (a fence
 /// waiting for its stores) then does not queue behind the refills that its
-/// own last chunks freed (run 21's trace: a CTA's release after the down op
-/// took 2.8 µs at the 0.5B while its ring refilled; one chunk in flight cut
-/// the wake by 1 µs but slowed the stream everywhere).
+/// own last chunks freed (the per-CTA trace showed a CTA's release after the
+/// down op slow at the 0.5B while its ring refilled; one chunk in flight
+/// shortened the wake but slowed the stream; benchmarks/README.md, "where the
+/// megakernel's handoffs go").
 ///
 /// kTraced: the waits are timed (ProducerWaits); the untraced instantiation
 /// has none of that code.
@@ -194,7 +218,8 @@ __device__ void producer_loop(const MegaParams& p, const Stream* table, int last
   // A cap below the depth: before chunk seq, chunk seq - cap must have landed
   // (its full barrier's phase; the slot is not re-armed before seq - cap + ns > seq).
   const uint32_t cap = p.plan.max_inflight > 0 && static_cast<uint32_t>(p.plan.max_inflight) < ns
-                           ? static_cast<uint32_t>(p.plan.max_inflight) : 0u;
+                           ? static_cast<uint32_t>(p.plan.max_inflight)
+                           : 0u;
   const int hold = p.plan.release_hold;
   ChunkWalk ring, freed;  // freed: the chunk whose slot the next refill reuses (seq - ns)
   ProducerWaits waits;    // kTraced only
@@ -302,8 +327,10 @@ __device__ __forceinline__ void consume_stream(const MegaParams& p, const Stream
   for (int row = st.row0; row < st.row1;) {
     const int R = min(rpc, st.row1 - row);
     const uint32_t slot = ring.seq % ns;
-    if constexpr (kTraced) ring.bytes_wait += timed_ring_wait(&ring.full[slot], (ring.seq / ns) & 1u);
-    else ring_wait(&ring.full[slot], (ring.seq / ns) & 1u);
+    if constexpr (kTraced)
+      ring.bytes_wait += timed_ring_wait(&ring.full[slot], (ring.seq / ns) & 1u);
+    else
+      ring_wait(&ring.full[slot], (ring.seq / ns) & 1u);
     const uint4* w = reinterpret_cast<const uint4*>(ring.slots + static_cast<size_t>(slot) * p.plan.slot_bytes);
     // This warp's rows of the chunk: j with (row - row0 + j) % 8 == warp.
     for (int j = (warp - (row - st.row0)) & 7; j < R; j += 32) {
@@ -312,10 +339,14 @@ __device__ __forceinline__ void consume_stream(const MegaParams& p, const Stream
 #pragma unroll
       for (int k = 0; k < 4; ++k) rows[k] = w + static_cast<size_t>(j + 8 * min(k, n - 1)) * V;
       float out[4];
-      if (n == 4) dot_rows<4>(rows, xv, V, lane, out);
-      else if (n == 3) dot_rows<3>(rows, xv, V, lane, out);
-      else if (n == 2) dot_rows<2>(rows, xv, V, lane, out);
-      else dot_rows<1>(rows, xv, V, lane, out);
+      if (n == 4)
+        dot_rows<4>(rows, xv, V, lane, out);
+      else if (n == 3)
+        dot_rows<3>(rows, xv, V, lane, out);
+      else if (n == 2)
+        dot_rows<2>(rows, xv, V, lane, out);
+      else
+        dot_rows<1>(rows, xv, V, lane, out);
 #pragma unroll
       for (int k = 0; k < 4; ++k)
         if (k < n) on_row(row + j + 8 * k, out[k]);

@@ -1,0 +1,113 @@
+// The `auto` decode mode's decision rule: before every round, choose target-only decoding or a
+// speculative tree of some budget, whichever the measurements of this request say gives the most
+// tokens per second.
+//
+// The model (the expected-speedup analysis of speculative decoding: Leviathan et al., ICML'23,
+// §3.3-3.4; per-round budget choice as in SpecExec, Svirschevski et al., NeurIPS'24, §3, and
+// Sequoia, Chen et al., 2024, §3.2): a round with a tree of budget k emits 1 + A(k) tokens, A(k)
+// the expected accepted speculative tokens, and costs D(k) + T(k + 1) seconds: the draft's time to
+// grow a tree of k selectable nodes plus one target pass over k + 1 rows (the root and the nodes).
+// Target-only decoding emits 1 token per pass of one row, T(1). The policy plays the arm with the
+// largest estimated rate (1 + A(k)) / (D(k) + T(k + 1)), or 1 / T(1) for target-only. A larger tree
+// contains a smaller one, so A(k) is taken as at least every smaller arm's estimate.
+//
+// What it measures (all per request, from the rounds it plays):
+//   - T(r): exponential moving averages of the target pass time per row count r (interpolated
+//     linearly between measured r, flat beyond them);
+//   - D(k), A(k) for every arm k <= the played budget: best-first growth reaches k selectable
+//     nodes before it reaches more, so one round at budget K gives the draft time at which each
+//     smaller arm was reached; and the counterfactual acceptance of a smaller tree is exact under
+//     greedy and target-sampling verification: the best k nodes are a prefix-closed subset
+//     (TokenTree::select_best), so that tree accepts the part of the realised accepted path that
+//     lies inside it (the target's draws at those nodes are the same).
+//
+// Exploration: the first decode round is target-only (measures T(1)), the second plays the largest
+// budget (measures every arm). Later: while target-only wins, a probe of 3 rounds (the largest
+// budget, which measures every arm again, then twice the best speculative arm) comes after `probe interval` target-only
+// rounds (4, doubling after each probe that confirms target-only, up to 512), so a draft that never agrees costs a few
+// percent; while a speculative arm wins, the largest budget is replayed every 16 rounds and target-only every 128
+// (their estimates drift as the context grows). Choices depend only on tokens already emitted,
+// never on the current round's draws, so every round is a lossless verification of a tree fixed
+// before it: greedy output is target-only's token for token; sampled output keeps the target's
+// distribution.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+namespace swiftspec {
+
+class SpeculationPolicy {
+ public:
+  /// Why a round was played as it was (counted in the report).
+  enum class Reason {
+    Measure,  ///< the first rounds: target-only, then the largest budget
+    Best,     ///< the arm of the largest estimated rate
+    Probe,    ///< a speculative round while target-only wins
+    Refresh,  ///< the largest budget or target-only again, while another arm wins
+    Limit,    ///< the request's remaining tokens allow no speculation (target-only)
+  };
+  struct Choice {
+    int budget = 0;  ///< 0: target-only; else the tree budget (an element of budgets())
+    Reason reason = Reason::Measure;
+  };
+
+  /// Arms: target-only and the budgets 1, 2, 4, ... below `max_budget`, then `max_budget`.
+  /// Throws InvalidArgument when max_budget < 1.
+  explicit SpeculationPolicy(int max_budget);
+
+  /// The speculative arms' budgets, increasing (the last is max_budget).
+  const std::vector<int>& budgets() const { return budgets_; }
+
+  /// The next round's arm. `allowed_budget` (>= 0): the largest budget the round may use (0:
+  /// target-only only, e.g. when one token is left to emit).
+  Choice choose(int allowed_budget);
+
+  /// A target-only round: one target pass of one row took `seconds`.
+  void observe_target_only(double seconds);
+
+  /// A speculative round at budget `played` (an element of budgets()): the target pass over
+  /// `rows` rows (verified nodes + the root) took `verify_seconds`; `draft_seconds_at[i]` and
+  /// `accepted_at[i]` are the draft time at which the tree reached budgets()[i] selectable nodes
+  /// (or stopped growing) and the accepted tokens a tree of that budget would have had, for every
+  /// arm i with budgets()[i] <= played (sizes: that many arms). Throws InvalidArgument for a
+  /// budget that is not an arm, sizes that do not match, or negative values.
+  void observe_speculative(int played, int rows, double verify_seconds, const std::vector<double>& draft_seconds_at,
+                           const std::vector<int>& accepted_at);
+
+  /// Estimated tokens per second of target-only decoding (budget 0) or of an arm; 0 while not
+  /// measured.
+  double estimated_rate(int budget) const;
+  /// Estimated target pass seconds over `rows` rows (0 while no pass was measured).
+  double target_seconds(int rows) const;
+
+  /// Rounds played per reason, by name ("measure", "best", "probe", "refresh", "limit").
+  std::map<std::string, int> reason_counts() const;
+  static const char* reason_name(Reason reason);
+
+ private:
+  // A moving average that is the plain mean of its first 1 / weight values, so that the first
+  // rounds (a cold one among them) do not dominate it.
+  struct Average {
+    double value = 0.0;
+    int count = 0;  // 0: nothing measured
+    void add(double x, double weight);
+  };
+  int arm_index(int budget) const;  // -1 when not an arm
+  int best_speculative(int top) const;
+  Choice play(int budget, Reason reason);
+
+  std::vector<int> budgets_;
+  std::map<int, Average> target_time_;  // rows -> seconds
+  std::vector<Average> draft_time_;     // per arm, seconds
+  std::vector<Average> accepted_;       // per arm, tokens
+  int rounds_ = 0;
+  int off_streak_ = 0;        // target-only rounds since the last speculative one, while it wins
+  int probe_interval_ = 0;    // target-only rounds between probes (set by the constructor)
+  int probe_left_ = 0;        // rounds left of the probe under way
+  int last_above_round_ = 0;  // the round that last refreshed the arm above the best
+  int last_off_round_ = -1;   // the round that last measured target-only
+  std::map<Reason, int> reasons_;
+};
+
+}  // namespace swiftspec

@@ -1,0 +1,161 @@
+// The auto mode: per round, target-only decoding or a serial tree of the budget the measurements
+// favour (SpeculationPolicy, speculation_policy.h); the rounds themselves are serial generation's.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "generation_loop.h"
+#include "swiftspec/error.h"
+#include "swiftspec/speculation_policy.h"
+#include "swiftspec/speculative.h"
+
+namespace swiftspec {
+
+using detail::now_s;
+
+namespace {
+
+// Accepted tokens of `r` that lie in the best `budget` nodes of `tree` (depth <= depth_limit):
+// what a tree of that budget would have accepted (speculation_policy.h: exact under greedy and
+// target-sampling verification, where the target's draws at the shared nodes are the same).
+int accepted_within(const TokenTree& tree, const VerificationResult& r, int budget, int depth_limit) {
+  const std::vector<int32_t> best = tree.select_best(budget, depth_limit);
+  int n = 0;
+  for (size_t i = 1; i < r.accepted_path.size(); ++i) {
+    if (!std::binary_search(best.begin(), best.end(), r.accepted_path[i])) break;
+    ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+GenerationResult generate_speculative_auto(Model& target, Model& draft, const std::vector<int32_t>& prompt,
+                                           const GenerationConfig& config, const TokenCallback& on_tokens,
+                                           const SpeculativeOptions& options, SpeculationReport* report) {
+  validate_speculative(target, draft, prompt, config, options);
+  SpeculativeOptions opts = options;
+  if (opts.min_expand_prob < 0.0) opts.min_expand_prob = SpeculativeOptions::kSerialMinExpandProb;
+  GenerationResult result;
+  GenerationStats& st = result.stats;
+  st.prompt_tokens = static_cast<int>(prompt.size());
+  SpeculationReport rep;
+
+  Rng rng(config.sampling.seed);  // first token + verification draws
+  DraftTree drafter(draft, config, opts, detail::draft_seed(config.sampling.seed));
+  TreeVerifier verifier(target, config.sampling, options.verifier_bias);
+  SpeculationPolicy policy(config.tree_budget);
+  const std::vector<int>& budgets = policy.budgets();
+  rep.growth = tree_growth_name(drafter.growth());
+  rep.expand_width = drafter.expand_width();
+  rep.min_expand_prob = opts.min_expand_prob;
+  detail::TokenEmitter out(config, on_tokens, result);
+
+  const double t_start = now_s();
+  const PrefillControl prefill{config.prefill_chunk, config.cancel_requested};
+  // Both models prefill the prompt before the first token, as in serial generation: the second
+  // round measures speculation, and a draft prefill there would stall the stream after one token.
+  const int32_t first = verifier.start(prompt, rng, prefill);
+  if (first < 0 || !drafter.start(prompt, first, prefill)) {
+    st.prefill_time = now_s() - t_start;
+    out.cancel();
+    if (report) *report = std::move(rep);
+    return result;
+  }
+  st.prefill_time = now_s() - t_start;
+  const double t_first = now_s();
+  out.emit({first});
+
+  // The draft's root is result.tokens[draft_root]; the target's root is always the last emitted
+  // token.
+  int draft_root = 0;
+  while (!out.done()) {
+    if (config.cancelled()) {
+      out.cancel();
+      break;
+    }
+    // A verification emits at most (accepted + 1) tokens: deeper nodes are useless.
+    const int depth_limit = std::min(config.max_depth, out.remaining() - 1);
+    const SpeculationPolicy::Choice choice = policy.choose(depth_limit >= 1 ? config.tree_budget : 0);
+    rep.budget_per_round.push_back(choice.budget);
+    const int32_t root = result.tokens.back();
+    const int last = static_cast<int>(result.tokens.size()) - 1;
+
+    if (choice.budget == 0) {
+      TokenTree alone;
+      alone.reset(root);
+      const double t0 = verifier.time();
+      const VerificationResult r = verifier.verify(alone, [](int) { return nullptr; }, rng);
+      policy.observe_target_only(verifier.time() - t0);
+      rep.target_sampling_nodes += r.target_sampling_nodes;
+      rep.accepted_per_step.push_back(0);
+      rep.verified_per_step.push_back(0);
+      out.emit(r.tokens);
+      continue;
+    }
+
+    // The draft catches up with the tokens of the rounds it sat out, up to the root.
+    if (draft_root != last) {
+      if (!drafter.catch_up({result.tokens.begin() + draft_root + 1, result.tokens.end() - 1}, root, prefill)) {
+        out.cancel();
+        break;
+      }
+      rep.caught_up_tokens += last - draft_root;
+      draft_root = last;
+    }
+
+    // Grow best-first to the chosen budget, noting the draft time at which each smaller arm's
+    // budget was reached.
+    const int arms = static_cast<int>(std::find(budgets.begin(), budgets.end(), choice.budget) - budgets.begin()) + 1;
+    std::vector<double> draft_at(arms, 0.0);
+    const double d0 = drafter.time();
+    int reached = 0;
+    for (;;) {
+      const int have = drafter.selectable_nodes(depth_limit);
+      for (; reached < arms && budgets[reached] <= have; ++reached) draft_at[reached] = drafter.time() - d0;
+      if (have >= choice.budget || !drafter.can_grow(depth_limit)) break;
+      const int added =
+          drafter.grow_step(depth_limit, drafter.growth() == TreeGrowth::Sampled ? choice.budget - have : -1);
+      if (added == 0 && !drafter.can_grow(depth_limit)) break;
+    }
+    for (; reached < arms; ++reached) draft_at[reached] = drafter.time() - d0;  // growth stopped short
+
+    std::vector<int32_t> to_draft;
+    const TokenTree tree = drafter.select(choice.budget, depth_limit, to_draft);
+    rep.verified_nodes += tree.size() - 1;
+    rep.verified_per_step.push_back(tree.size() - 1);
+    const double t0 = verifier.time();
+    const VerificationResult r = verifier.verify(tree, [&](int u) { return drafter.draft_probs(to_draft[u]); }, rng);
+    const double verify_seconds = verifier.time() - t0;
+    rep.rejection_sampling_nodes += r.rejection_sampling_nodes;
+    rep.target_sampling_nodes += r.target_sampling_nodes;
+    rep.accepted_per_step.push_back(r.accepted());
+    std::vector<int> accepted_at(arms);
+    for (int i = 0; i < arms; ++i) accepted_at[i] = accepted_within(tree, r, budgets[i], depth_limit);
+    policy.observe_speculative(choice.budget, tree.size(), verify_seconds, draft_at, accepted_at);
+
+    std::vector<int32_t> accepted(r.tokens.begin(), r.tokens.end() - 1);
+    out.emit(r.tokens);
+    if (!out.done()) {
+      rep.reused_nodes += drafter.advance(accepted, r.bonus_token);
+      draft_root = static_cast<int>(result.tokens.size()) - 1;
+    }
+  }
+
+  st.new_tokens = static_cast<int>(result.tokens.size());
+  st.decode_time = now_s() - t_first;
+  st.verification_steps = verifier.steps();
+  st.target_time = verifier.time();
+  st.draft_steps = drafter.steps();
+  st.draft_time = drafter.time();
+  rep.drafted_nodes = drafter.drafted_nodes();
+  rep.draft_batch_rows = drafter.batch_rows();
+  rep.verification =
+      detail::verification_scheme(config.sampling.greedy() && options.verifier_bias == VerifierBias::None,
+                                  rep.rejection_sampling_nodes, rep.target_sampling_nodes);
+  rep.round_reasons = policy.reason_counts();
+  if (report) *report = std::move(rep);
+  return result;
+}
+
+}  // namespace swiftspec
