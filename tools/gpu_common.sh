@@ -26,7 +26,8 @@ gpu_headers() {
   return 0
 }
 
-# gpu_programs PROBE TARGET...: the programs TARGET... in $BUILD_DIR/cuda. With PREBUILT (a .tar.xz
+# gpu_programs PROBE TARGET...: the programs TARGET... in $BUILD_DIR/cuda, used as they are when
+# they are there and load; with PREBUILT (a .tar.xz
 # of them built on the development machine with the same nvcc) they are unpacked and used when they
 # load here (PROBE given a bad flag exits 2 once loaded), which saves the build's device minutes;
 # otherwise configured and built ($JOBS jobs, 420 s at most). Needs OUT, BUILD_DIR, JOBS, JSON_INC,
@@ -35,6 +36,16 @@ gpu_programs() {
   local probe=$1 rc
   shift
   local bin=$BUILD_DIR/cuda
+  # Programs already built in BUILD_DIR (e.g. the package build of tools/gpu_e2e.sh's build_bg,
+  # BUILD_DIR=/tmp/ss-src/build/gpu-py) are used as they are.
+  if [ -x "$bin/$probe" ]; then
+    "$bin/$probe" --no-such-flag > /dev/null 2>&1
+    if [ $? -eq 2 ]; then
+      local p
+      for p in "$@"; do [ -x "$bin/$p" ] || break; done
+      if [ -x "$bin/$p" ]; then log "programs already built in $bin: no build"; return 0; fi
+    fi
+  fi
   if [ -n "${PREBUILT:-}" ] && [ -f "$PREBUILT" ]; then
     mkdir -p "$bin" && tar -xJf "$PREBUILT" -C "$bin"
     "$bin/$probe" --no-such-flag > /dev/null 2>&1

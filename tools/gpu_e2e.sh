@@ -80,8 +80,12 @@ has() { [[ "$STAGES" == *",$1,"* ]]; }
 BUILD_DIR=${BUILD_DIR:-build/gpu-py}
 NUM=${NUM_PROMPTS:-20}; NEW=${NEW_TOKENS:-256}
 
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ss-site .whl/*.whl > "$OUT/install.log" 2>&1 \
-  || { log "wheel install failed"; cat "$OUT/install.log"; exit 1; }
+# The carried wheels (.whl/) go into /tmp/ss-site once; a later call of the same machine that
+# carries none (a chunk of a model, say) keeps what an earlier one installed.
+if compgen -G ".whl/*.whl" > /dev/null || [ ! -d /tmp/ss-site ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/ss-site .whl/*.whl > "$OUT/install.log" 2>&1 \
+    || { log "wheel install failed"; cat "$OUT/install.log"; exit 1; }
+fi
 export PYTHONPATH=/tmp/ss-site
 
 build_cmd() {
@@ -103,6 +107,7 @@ if has build_bg; then
   log "build started in the background from a snapshot in $BG_SRC (log $BG_LOG)"
 fi
 LLAMA_LOG=/tmp/ss-llamacpp-bg.log LLAMA_DONE=/tmp/ss-llamacpp-bg.done
+XFER=/tmp/ss-xfer
 if has llamacpp_bg; then
   # llama.cpp's CUDA build (minutes on 16 cores), detached, once the package build is done (its
   # Python code drives it: swiftspec.bench.llamacpp_build, cached under SWIFTSPEC_CACHE).
@@ -117,7 +122,6 @@ if has llamacpp_bg; then
   log "llama.cpp CUDA build queued after the package build (log $LLAMA_LOG)"
 fi
 
-XFER=/tmp/ss-xfer
 if has xfer; then
   for d in .xfer/*.d; do
     [ -d "$d" ] || continue
