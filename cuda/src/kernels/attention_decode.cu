@@ -31,6 +31,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "common.h"
@@ -744,6 +746,38 @@ int attention_grid_ctas(int head_dim, int num_sms) {
   throw InvalidArgument("attention: head_dim must be 64 or 128 (got " + std::to_string(head_dim) + ")");
 }
 
+namespace {
+
+/// Timing aid (docs/cuda_backend.md, "A/B switches"): SWIFTSPEC_ATTN_SKIP=attn|fold|both records
+/// the step without that kernel (its outputs are then wrong: for timing a stage in place only).
+/// Read at every launch: launches are captured once per graph bucket.
+bool skip_stage(const char* which) {
+  const char* e = std::getenv("SWIFTSPEC_ATTN_SKIP");
+  return e && (std::strcmp(e, which) == 0 || std::strcmp(e, "both") == 0);
+}
+
+/// SWIFTSPEC_ATTN_CTAS=N: the attention grid's CTAs instead of the occupancy's (the plan follows
+/// the grid size, never the bits).
+int ctas_override(int ctas) {
+  const char* e = std::getenv("SWIFTSPEC_ATTN_CTAS");
+  const int v = e ? std::atoi(e) : 0;
+  return v > 0 ? v : ctas;
+}
+
+/// SWIFTSPEC_ATTN_CARVEOUT=1: both kernels prefer the largest shared-memory carve-out, so that the
+/// SMs keep the GEMMs' L1 / shared split around them.
+template <int HD>
+void set_carveout() {
+  const char* e = std::getenv("SWIFTSPEC_ATTN_CARVEOUT");
+  if (!e || std::strcmp(e, "1") != 0) return;
+  SS_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<HD>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     cudaSharedmemCarveoutMaxShared));
+  SS_CUDA_CHECK(cudaFuncSetAttribute(attention_fold_kernel<HD>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     cudaSharedmemCarveoutMaxShared));
+}
+
+}  // namespace
+
 void launch_attention(const AttnParams& params, int ctas, bool pdl, bool pdl_fold, cudaStream_t stream) {
   if (params.group > 16 || params.group < 1)
     throw InvalidArgument("attention: query heads per KV head must be 1..16 (got " + std::to_string(params.group) +
@@ -751,7 +785,8 @@ void launch_attention(const AttnParams& params, int ctas, bool pdl, bool pdl_fol
   if (params.head_dim != 64 && params.head_dim != 128)
     throw InvalidArgument("attention: head_dim must be 64 or 128 (got " + std::to_string(params.head_dim) + ")");
   AttnParams p = params;
-  p.ctas = std::max(1, ctas);
+  p.ctas = std::max(1, ctas_override(ctas));
+  const bool run_attn = !skip_stage("attn"), run_fold = !skip_stage("fold");
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(static_cast<unsigned>(p.ctas), 1, 1);
   lc.blockDim = dim3(kThreads, 1, 1);
@@ -767,14 +802,16 @@ void launch_attention(const AttnParams& params, int ctas, bool pdl, bool pdl_fol
   fc.numAttrs = pdl_fold ? 1 : 0;
   if (p.head_dim == 128) {
     grid_ctas<128>(1);  // the shared-memory limit is set
+    set_carveout<128>();
     lc.dynamicSmemBytes = Geom<128>::kSmem;
-    SS_CUDA_CHECK(cudaLaunchKernelEx(&lc, attention_kernel<128>, p));
-    SS_CUDA_CHECK(cudaLaunchKernelEx(&fc, attention_fold_kernel<128>, p));
+    if (run_attn) SS_CUDA_CHECK(cudaLaunchKernelEx(&lc, attention_kernel<128>, p));
+    if (run_fold) SS_CUDA_CHECK(cudaLaunchKernelEx(&fc, attention_fold_kernel<128>, p));
   } else {
     grid_ctas<64>(1);
+    set_carveout<64>();
     lc.dynamicSmemBytes = Geom<64>::kSmem;
-    SS_CUDA_CHECK(cudaLaunchKernelEx(&lc, attention_kernel<64>, p));
-    SS_CUDA_CHECK(cudaLaunchKernelEx(&fc, attention_fold_kernel<64>, p));
+    if (run_attn) SS_CUDA_CHECK(cudaLaunchKernelEx(&lc, attention_kernel<64>, p));
+    if (run_fold) SS_CUDA_CHECK(cudaLaunchKernelEx(&fc, attention_fold_kernel<64>, p));
   }
 }
 
