@@ -62,6 +62,7 @@ struct AttnParams {
   int max_context = 0;  ///< the tree region starts here
   float scale = 0.f;    ///< 1/sqrt(head_dim)
   int ctas = 0;         ///< the attention grid's CTAs (set by launch_attention)
+  int narrow = 1;       ///< decode steps may take the narrow main items (set by launch_attention)
 };
 
 /// Scratch sizes of AttnParams for a model (entries of each AttnPartials, counters).

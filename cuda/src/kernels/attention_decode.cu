@@ -82,6 +82,8 @@ struct Plan {
   int direct = 0;
   int spi = 0;     ///< split mode: splits per main item (as many as fit the grid in one wave)
   int nunits = 0;  ///< main units per (kv head, row group)
+  /// Split mode, one split per item, one token (a decode step): main_item_narrow.
+  int narrow = 0;
   int n_tail = 0, n_main = 0;
 };
 
@@ -105,6 +107,7 @@ __device__ Plan make_plan(const AttnParams& p) {
   const long long split_items = static_cast<long long>(p.num_kv_heads) * q.ngroups * nsplits;
   q.spi = q.split_mode ? static_cast<int>(max(1LL, (split_items + p.ctas - 1) / max(1, p.ctas))) : kAttnSplitsPerSuper;
   q.nunits = q.split_mode ? (nsplits + q.spi - 1) / q.spi : nsupers;
+  q.narrow = p.narrow && q.split_mode && q.spi == 1 && q.n == 1 ? 1 : 0;
   q.n_tail = p.num_kv_heads * q.n;
   q.n_main = p.num_kv_heads * q.ngroups * q.nunits;
   return q;
@@ -633,6 +636,88 @@ __device__ void main_item(const AttnParams& p, const Plan& q, int kvh, int g, in
   }
 }
 
+/// A main item of one split (split mode, one split per item) whose query rows fit one m16 tile
+/// (R <= 16: a decode step's rows of a kv head): the narrow scheme of the tail items instead of
+/// main_item's, where all 8 warps would compute the same S for 16 output columns each. The split's
+/// up to 4 tiles are loaded at once and computed side by side (4 tile slots x 2 column halves);
+/// slots 1-3 hand their tile states to slot 0 through the free rows of the super area, and slot 0
+/// folds them in tile order into the split state: the same FragState::fold calls on the same
+/// tile states as main_item's loop, hence the same bits.
+template <int HD>
+__device__ void main_item_narrow(const AttnParams& p, const Plan& q, int kvh, int u, uint8_t* smem, AttnShared& sh) {
+  constexpr int NT = HD / 16, LD = Geom<HD>::kLD;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int slot = warp >> 1, col0 = (warp & 1) * (HD / 2);
+  const int G = p.group, R = G;  // one token (row group 0 holds it)
+  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);
+  load_q<HD>(p, Qs, kvh, 0, R, 16);
+  const int c_lo = u * kAttnTilesPerSplit, c_hi = min(c_lo + kAttnTilesPerSplit, q.cf);
+  const int cnt = c_hi - c_lo;
+  uint8_t* ring = smem + Geom<HD>::kRing;
+  for (int j = 0; j < cnt; ++j) {
+    __nv_bfloat16* K = reinterpret_cast<__nv_bfloat16*>(ring + j * 2 * Geom<HD>::kTileBytes);
+    load_committed_tile<HD>(p, kvh, c_lo + j, K, K + kAttnTile * LD);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  // Hand-over area: rows 16 .. 63 of the super area (row-major [16][HD] fp32 per slot 1..3, the
+  // SmemState layout) and rows 16 .. of the Q area for (m, l) ([slot][16] float2); main_item
+  // uses neither for R <= 16.
+  float* xo = reinterpret_cast<float*>(smem + Geom<HD>::kSuper) + 16 * HD;
+  float2* xml = reinterpret_cast<float2*>(Qs + 16 * LD);
+  FragState<NT> ts;
+  const float sl2 = p.scale * kLog2e;
+  if (slot < cnt) {
+    const __nv_bfloat16* K = ring_k<HD>(ring, slot);
+    tile_partial<HD, NT>(Qs, K, K + kAttnTile * LD, col0, kAttnTile, sl2, lane, ts);
+    if (slot > 0) {
+      SmemState<HD, NT> x;
+      x.o = xo + (slot - 1) * 16 * HD;
+      x.col0 = col0;
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int jj = 0; jj < NT; ++jj)
+          *reinterpret_cast<float2*>(x.at(r, jj, lane)) = make_float2(ts.o[jj][2 * r], ts.o[jj][2 * r + 1]);
+      if ((warp & 1) == 0 && (lane & 3) == 0) {
+        xml[(slot - 1) * 16 + (lane >> 2)] = make_float2(ts.m[0], ts.l[0]);
+        xml[(slot - 1) * 16 + (lane >> 2) + 8] = make_float2(ts.m[1], ts.l[1]);
+      }
+    }
+  }
+  __syncthreads();
+  const int s = c_lo / kAttnTilesPerSplit;
+  if (slot == 0) {
+    FragState<NT> ps;
+    ps.clear();
+    ps.fold(ts);
+    for (int j = 1; j < cnt; ++j) {
+      SmemState<HD, NT> x;
+      x.o = xo + (j - 1) * 16 * HD;
+      x.col0 = col0;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float2 ml = xml[(j - 1) * 16 + (lane >> 2) + 8 * r];
+        x.m[r] = ml.x;
+        x.l[r] = ml.y;
+      }
+      x.load(ts, lane);
+      ps.fold(ts);
+    }
+    auto row_entry = [&](int index) {
+      return [&, index](int row) { return entry(p, q, index, row / G, kvh * G + row % G); };
+    };
+    const bool write_ml = (warp & 1) == 0;
+    if ((s + 1) * kAttnTilesPerSplit > q.cf)
+      store_state<HD, NT>(p.boundary, ps, 0, R, col0, write_ml, lane, row_entry(0));
+    else
+      store_state<HD, NT>(p.split, ps, 0, R, col0, write_ml, lane, row_entry(s));
+  }
+  // A full split counts for its super (split mode without direct folds): every thread takes part.
+  if (!q.direct && s < q.nfull) arrive_splits<HD>(p, q, kvh, 0, s, s + 1, sh);
+}
+
 /// A tail item: token t's tiles from cf on (kv head kvh), keys gathered by logical position
 /// (committed slots below its prefix length, then its attend list), one tail entry per tile;
 /// the narrow scheme's warps (tile slots x column halves), no fold.
@@ -699,7 +784,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const __grid_con
     const int u = i % q.nunits;
     const int kvh = i / q.nunits;
     const int R = min(q.tpg, q.n - g * q.tpg) * p.group;
-    if (R <= 16)
+    if (q.narrow)
+      main_item_narrow<HD>(p, q, kvh, u, smem, sh);
+    else if (R <= 16)
       main_item<HD, 8>(p, q, kvh, g, u, smem, sh);
     else if (R <= 32)
       main_item<HD, 4>(p, q, kvh, g, u, smem, sh);
@@ -764,6 +851,12 @@ int ctas_override(int ctas) {
   return v > 0 ? v : ctas;
 }
 
+/// SWIFTSPEC_ATTN_NARROW=0: decode steps' main items keep main_item's scheme (the same bits).
+int narrow_allowed() {
+  const char* e = std::getenv("SWIFTSPEC_ATTN_NARROW");
+  return e && std::strcmp(e, "0") == 0 ? 0 : 1;
+}
+
 /// SWIFTSPEC_ATTN_CARVEOUT=1: both kernels prefer the largest shared-memory carve-out, so that the
 /// SMs keep the GEMMs' L1 / shared split around them.
 template <int HD>
@@ -786,6 +879,7 @@ void launch_attention(const AttnParams& params, int ctas, bool pdl, bool pdl_fol
     throw InvalidArgument("attention: head_dim must be 64 or 128 (got " + std::to_string(params.head_dim) + ")");
   AttnParams p = params;
   p.ctas = std::max(1, ctas_override(ctas));
+  p.narrow = narrow_allowed();
   const bool run_attn = !skip_stage("attn"), run_fold = !skip_stage("fold");
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(static_cast<unsigned>(p.ctas), 1, 1);
