@@ -771,6 +771,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const __grid_con
   __shared__ AttnShared sh;
   griddep_launch_dependents();
   griddep_wait();  // Q and this step's K / V come from the QKV GEMM
+  if (p.debug_empty & 1) return;
   const Plan q = make_plan(p);
   const int total = q.n_tail + q.n_main;
   for (int it = blockIdx.x; it < total; it += gridDim.x) {
@@ -801,6 +802,7 @@ template <int HD>
 __global__ void __launch_bounds__(kThreads) attention_fold_kernel(const __grid_constant__ AttnParams p) {
   griddep_launch_dependents();
   griddep_wait();
+  if (p.debug_empty & 2) return;
   const Plan q = make_plan(p);
   const int kvh = blockIdx.x % p.num_kv_heads, t = blockIdx.x / p.num_kv_heads;
   const int r = threadIdx.x >> 4;
@@ -836,11 +838,18 @@ int attention_grid_ctas(int head_dim, int num_sms) {
 namespace {
 
 /// Timing aid (docs/cuda_backend.md, "A/B switches"): SWIFTSPEC_ATTN_SKIP=attn|fold|both records
-/// the step without that kernel (its outputs are then wrong: for timing a stage in place only).
-/// Read at every launch: launches are captured once per graph bucket.
+/// the step without that kernel, =empty-attn|empty-fold|empty-both launches it but returns at once
+/// (its outputs are then wrong: for timing a stage in place only). Read at every launch: launches
+/// are captured once per graph bucket.
 bool skip_stage(const char* which) {
   const char* e = std::getenv("SWIFTSPEC_ATTN_SKIP");
   return e && (std::strcmp(e, which) == 0 || std::strcmp(e, "both") == 0);
+}
+int empty_stages() {
+  const char* e = std::getenv("SWIFTSPEC_ATTN_SKIP");
+  if (!e) return 0;
+  return (std::strcmp(e, "empty-attn") == 0 ? 1 : 0) | (std::strcmp(e, "empty-fold") == 0 ? 2 : 0) |
+         (std::strcmp(e, "empty-both") == 0 ? 3 : 0);
 }
 
 /// SWIFTSPEC_ATTN_CTAS=N: the attention grid's CTAs instead of the occupancy's (the plan follows
@@ -880,6 +889,7 @@ void launch_attention(const AttnParams& params, int ctas, bool pdl, bool pdl_fol
   AttnParams p = params;
   p.ctas = std::max(1, ctas_override(ctas));
   p.narrow = narrow_allowed();
+  p.debug_empty = empty_stages();
   const bool run_attn = !skip_stage("attn"), run_fold = !skip_stage("fold");
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(static_cast<unsigned>(p.ctas), 1, 1);
