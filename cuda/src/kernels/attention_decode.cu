@@ -362,9 +362,14 @@ __device__ __forceinline__ void load_q(const AttnParams& p, __nv_bfloat16* Qs, i
   }
 }
 
-// ---- folds of pieces in global memory (16 threads per query row, HD / 16 dims each) ----
+// ---- folds of pieces in global memory (several threads per query row, DPT dims each) ----
+//
+// A fold is a serial chain of merges per row; with a few warps per SM each dependent instruction
+// waits its full latency, so the folds keep few instructions per piece: few dims per thread
+// (the fold kernel: 2, the super folds: 4), and a merge of an empty split or super state, an
+// exact no-op, is skipped.
 
-/// A softmax state of HD / 16 dims of one row.
+/// A softmax state of DPT dims of one row.
 template <int DPT>
 struct RowState {
   float m, l, o[DPT];
@@ -406,66 +411,90 @@ __device__ __forceinline__ Piece piece_at(const AttnPartials& a, size_t e, int h
 
 /// Folds `np` pieces (`piece_of(i)`) in order into a three-level state and returns the final
 /// state (pieces at lower levels flushed up as the walk says; the split and super states are
-/// flushed at the end). Loads of kPieceBatch pieces are issued before their merges.
-template <int HD, class PieceOf>
-__device__ __forceinline__ RowState<HD / 16> fold_pieces(int np, int d0, PieceOf piece_of) {
-  constexpr int DPT = HD / 16;
+/// flushed at the end). This thread holds dims d0 .. d0 + DPT - 1. Loads of a batch of pieces are
+/// issued before their merges. Folding an empty state (nothing merged into it since it was
+/// cleared) changes nothing, so those folds are skipped: the same bits, fewer instructions.
+template <int DPT, class PieceOf>
+__device__ __forceinline__ RowState<DPT> fold_pieces(int np, int d0, PieceOf piece_of) {
+  constexpr int kBatch = DPT <= 2 ? 2 * kPieceBatch : kPieceBatch;
   RowState<DPT> fin, sup, spl;  // the final, super and split states (named: no runtime-indexed array)
   fin.clear();
   sup.clear();
   spl.clear();
-  for (int i0 = 0; i0 < np; i0 += kPieceBatch) {
-    float2 ml[kPieceBatch];
-    float xo[kPieceBatch][DPT];
-    Piece pc[kPieceBatch];
+  bool sup_used = false, spl_used = false;  // whether anything was merged in since the last clear
+  for (int i0 = 0; i0 < np; i0 += kBatch) {
+    float2 ml[kBatch];
+    float xo[kBatch][DPT];
+    Piece pc[kBatch];
 #pragma unroll
-    for (int j = 0; j < kPieceBatch; ++j) {
+    for (int j = 0; j < kBatch; ++j) {
       if (i0 + j < np) {
         pc[j] = piece_of(i0 + j);
         ml[j] = __ldcg(pc[j].ml);
         const float* src = pc[j].o + d0;
+        if constexpr (DPT % 4 == 0) {
 #pragma unroll
-        for (int k = 0; k < DPT; k += 4) {
-          const float4 f = __ldcg(reinterpret_cast<const float4*>(src + k));
-          xo[j][k] = f.x;
-          xo[j][k + 1] = f.y;
-          xo[j][k + 2] = f.z;
-          xo[j][k + 3] = f.w;
+          for (int k = 0; k < DPT; k += 4) {
+            const float4 f = __ldcg(reinterpret_cast<const float4*>(src + k));
+            xo[j][k] = f.x;
+            xo[j][k + 1] = f.y;
+            xo[j][k + 2] = f.z;
+            xo[j][k + 3] = f.w;
+          }
+        } else if constexpr (DPT % 2 == 0) {
+#pragma unroll
+          for (int k = 0; k < DPT; k += 2) {
+            const float2 f = __ldcg(reinterpret_cast<const float2*>(src + k));
+            xo[j][k] = f.x;
+            xo[j][k + 1] = f.y;
+          }
+        } else {
+#pragma unroll
+          for (int k = 0; k < DPT; ++k) xo[j][k] = __ldcg(src + k);
         }
       }
     }
 #pragma unroll
-    for (int j = 0; j < kPieceBatch; ++j) {
+    for (int j = 0; j < kBatch; ++j) {
       if (i0 + j < np) {
-        if (pc[j].flush >= 1) {
+        if (pc[j].flush >= 1 && spl_used) {
           sup.fold(spl);
           spl.clear();
+          spl_used = false;
+          sup_used = true;
         }
-        if (pc[j].flush >= 2) {
+        if (pc[j].flush >= 2 && sup_used) {
           fin.fold(sup);
           sup.clear();
+          sup_used = false;
         }
-        if (pc[j].level == 0)
+        if (pc[j].level == 0) {
           fin.fold(ml[j].x, ml[j].y, xo[j]);
-        else if (pc[j].level == 1)
+        } else if (pc[j].level == 1) {
           sup.fold(ml[j].x, ml[j].y, xo[j]);
-        else
+          sup_used = true;
+        } else {
           spl.fold(ml[j].x, ml[j].y, xo[j]);
+          spl_used = true;
+        }
       }
     }
   }
-  sup.fold(spl);
-  fin.fold(sup);
+  if (spl_used) {
+    sup.fold(spl);
+    sup_used = true;
+  }
+  if (sup_used) fin.fold(sup);
   return fin;
 }
 
 /// The final fold of token t's row `r` (kv head kvh) and its attention output: the pieces in
 /// tile order (full supers, or full splits in direct mode; the boundary super's full splits;
 /// the boundary split's tiles below cf; the tail tiles).
-template <int HD>
+template <int HD, int TPR>
 __device__ void final_fold(const AttnParams& p, const Plan& q, int kvh, int t, int r) {
-  constexpr int DPT = HD / 16;
-  const int d0 = (threadIdx.x & 15) * DPT;
+  constexpr int DPT = HD / TPR;
+  const int d0 = (threadIdx.x % TPR) * DPT;
   const int head = kvh * p.group + r;
   const StepDesc* d = p.desc;
   const int L = d->prefix_len[t] + (d->is_tree ? d->attend_off[t + 1] - d->attend_off[t] : 0);
@@ -476,7 +505,7 @@ __device__ void final_fold(const AttnParams& p, const Plan& q, int kvh, int t, i
   const int has_bs = !q.direct && (cf % kTilesPerSuper) >= kAttnTilesPerSplit ? 1 : 0;  // boundary super's splits
   const int has_sp = cf % kAttnTilesPerSplit != 0 ? 1 : 0;                              // boundary split's tiles
   const int np = nfs + nspl + has_bs + has_sp + (nt - cf);
-  const RowState<DPT> f = fold_pieces<HD>(np, d0, [&](int i) {
+  const RowState<DPT> f = fold_pieces<DPT>(np, d0, [&](int i) {
     if (i < nfs) return piece_at(p.super, entry(p, q, i, t, head), HD, 0, i * kTilesPerSuper);
     i -= nfs;
     if (i < nspl) return piece_at(p.split, entry(p, q, i, t, head), HD, 1, i * kAttnTilesPerSplit);
@@ -489,9 +518,14 @@ __device__ void final_fold(const AttnParams& p, const Plan& q, int kvh, int t, i
   });
   const float inv = 1.0f / f.l;
   __nv_bfloat16* out = p.out + (static_cast<size_t>(t) * p.num_heads + head) * HD + d0;
+  if constexpr (DPT % 2 == 0) {
 #pragma unroll
-  for (int k = 0; k < DPT; k += 2)
-    *reinterpret_cast<__nv_bfloat162*>(out + k) = __floats2bfloat162_rn(f.o[k] * inv, f.o[k + 1] * inv);
+    for (int k = 0; k < DPT; k += 2)
+      *reinterpret_cast<__nv_bfloat162*>(out + k) = __floats2bfloat162_rn(f.o[k] * inv, f.o[k + 1] * inv);
+  } else {
+#pragma unroll
+    for (int k = 0; k < DPT; ++k) out[k] = __float2bfloat16_rn(f.o[k] * inv);
+  }
 }
 
 /// Split mode (not direct): after an item wrote its full splits s_lo .. s_hi - 1 of row group g,
@@ -499,7 +533,7 @@ __device__ void final_fold(const AttnParams& p, const Plan& q, int kvh, int t, i
 /// into its super entry.
 template <int HD>
 __device__ void arrive_splits(const AttnParams& p, const Plan& q, int kvh, int g, int s_lo, int s_hi, AttnShared& sh) {
-  constexpr int DPT = HD / 16;
+  constexpr int DPT = 4, TPR = HD / DPT;
   __threadfence();
   __syncthreads();
   for (int U = s_lo / kAttnSplitsPerSuper; U * kAttnSplitsPerSuper < s_hi; ++U) {
@@ -515,11 +549,11 @@ __device__ void arrive_splits(const AttnParams& p, const Plan& q, int kvh, int g
     if (sh.flag) {
       __threadfence();
       const int t0 = g * q.tpg, R = min(q.tpg, q.n - t0) * p.group;
-      const int d0 = (threadIdx.x & 15) * DPT;
-      for (int r = threadIdx.x >> 4; r < R; r += kThreads / 16) {
+      const int d0 = (threadIdx.x % TPR) * DPT;
+      for (int r = threadIdx.x / TPR; r < R; r += kThreads / TPR) {
         const int t = t0 + r / p.group, head = kvh * p.group + r % p.group;
         // (a super's splits fold at one level: no boundary inside it)
-        const RowState<DPT> f = fold_pieces<HD>(cnt, d0, [&](int i) {
+        const RowState<DPT> f = fold_pieces<DPT>(cnt, d0, [&](int i) {
           return piece_at(p.split, entry(p, q, U * kAttnSplitsPerSuper + i, t, head), HD, 0, 0);
         });
         const size_t e = entry(p, q, U, t, head);
@@ -527,7 +561,7 @@ __device__ void arrive_splits(const AttnParams& p, const Plan& q, int kvh, int g
 #pragma unroll
         for (int k = 0; k < DPT; k += 4)
           __stcg(reinterpret_cast<float4*>(po + k), make_float4(f.o[k], f.o[k + 1], f.o[k + 2], f.o[k + 3]));
-        if ((threadIdx.x & 15) == 0) __stcg(&p.super.ml[e], make_float2(f.m, f.l));
+        if (threadIdx.x % TPR == 0) __stcg(&p.super.ml[e], make_float2(f.m, f.l));
       }
     }
     __syncthreads();
@@ -796,18 +830,25 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const __grid_con
   }
 }
 
-/// The final folds: one CTA per (kv head, token), 16 threads per query row. Launched after the
+/// Threads per query row of the fold kernel: 2 dims each.
+template <int HD>
+constexpr int kFoldThreadsPerRow = HD / 2;
+
+/// The final folds: per (kv head, token), one CTA per kThreads / kFoldThreadsPerRow query rows. Launched after the
 /// attention kernel with a programmatic edge: it waits for that grid's completion.
 template <int HD>
 __global__ void __launch_bounds__(kThreads) attention_fold_kernel(const __grid_constant__ AttnParams p) {
   griddep_launch_dependents();
   griddep_wait();
   if (p.debug_empty & 2) return;
+  constexpr int TPR = kFoldThreadsPerRow<HD>, RPC = kThreads / TPR;  // threads per row, rows per CTA
+  const int parts = (p.group + RPC - 1) / RPC;
+  const int part = blockIdx.x % parts, kvh = (blockIdx.x / parts) % p.num_kv_heads,
+            t = blockIdx.x / parts / p.num_kv_heads;
+  const int r = part * RPC + static_cast<int>(threadIdx.x) / TPR;
   const Plan q = make_plan(p);
-  const int kvh = blockIdx.x % p.num_kv_heads, t = blockIdx.x / p.num_kv_heads;
-  const int r = threadIdx.x >> 4;
   if (t >= q.n || r >= p.group) return;
-  final_fold<HD>(p, q, kvh, t, r);
+  final_fold<HD, TPR>(p, q, kvh, t, r);
 }
 
 template <int HD>
@@ -901,7 +942,9 @@ void launch_attention(const AttnParams& params, int ctas, bool pdl, bool pdl_fol
   lc.attrs = attr;
   lc.numAttrs = pdl ? 1 : 0;
   cudaLaunchConfig_t fc = lc;  // the fold kernel, after the attention grid
-  fc.gridDim = dim3(static_cast<unsigned>(p.num_kv_heads * kMaxStepTokens), 1, 1);
+  const int fold_rows = kThreads / (p.head_dim == 128 ? kFoldThreadsPerRow<128> : kFoldThreadsPerRow<64>);
+  fc.gridDim =
+      dim3(static_cast<unsigned>(p.num_kv_heads * kMaxStepTokens * ((p.group + fold_rows - 1) / fold_rows)), 1, 1);
   fc.dynamicSmemBytes = 0;
   fc.numAttrs = pdl_fold ? 1 : 0;
   if (p.head_dim == 128) {
