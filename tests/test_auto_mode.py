@@ -91,12 +91,29 @@ def test_auto_falls_back_to_target_only_with_a_draft_that_never_agrees(engine_wi
     assert auto.token_ids == target.token_ids
     rounds = auto.report["budget_per_round"]
     reasons = auto.report["round_reasons"]
-    # measure target-only, then the largest tree; from then on target-only wins ("best") and
-    # speculation runs only in probes of 3 rounds after 4, 8, 16, 32, ... target-only rounds
-    assert rounds[:2] == [0, 16]
+    # measure target-only, then the start arm (budget 4 of 16); from then on target-only wins
+    # ("best") and speculation runs only in probes of 3 rounds after 4, 8, 16, 32, ... target-only
+    # rounds
+    assert rounds[:2] == [0, 4]
     assert sum(auto.report["accepted_per_step"]) <= 2
     assert reasons["best"] >= len(rounds) - 2 - reasons.get("probe", 0) - reasons.get("limit", 0)
     assert reasons.get("probe", 0) <= 3 * 5 and reasons.get("refresh", 0) == 0
     assert sum(b > 0 for b in rounds) <= 1 + 3 * 5
     # the third round already decodes target-only
     assert rounds[2] == 0
+
+
+def test_the_next_request_starts_from_what_the_engine_measured(engine_with_a_random_draft, humaneval):
+    """An engine hands each auto request's estimates to the next (SpeculationPolicy::Memory): after
+    a request with a draft that never agrees, the next one measures nothing, starts target-only and
+    probes no more often than the last one ended (every 64 target-only rounds or rarer after 96
+    tokens), its output still target-only's."""
+    engine = engine_with_a_random_draft
+    engine.generate(prompt_messages("humaneval", humaneval[1]), max_new_tokens=NEW_TOKENS)  # measures, if first
+    prompt = prompt_messages("humaneval", humaneval[2])
+    second = engine.generate(prompt, max_new_tokens=NEW_TOKENS)
+    assert second.token_ids == engine.generate(prompt, max_new_tokens=NEW_TOKENS, mode="target").token_ids
+    reasons = second.report["round_reasons"]
+    assert reasons.get("measure", 0) == 0, reasons
+    assert second.report["budget_per_round"][0] == 0
+    assert sum(b > 0 for b in second.report["budget_per_round"]) <= 3

@@ -83,7 +83,8 @@ def test_greedy_speculation_equals_target_only(pair, prompts, reference, key, sh
 def test_greedy_auto_mode_equals_target_only(pair, prompts, reference, key):
     """The auto mode (issue 32) mixes target-only rounds and trees of several budgets in one
     request: its output is still target-only's, token for token, and its report accounts for every
-    round (the first target-only and the second the largest tree: the measuring rounds)."""
+    round (the engine's first auto request measures target-only, then the start arm, budget 4;
+    later requests start from what the earlier ones measured)."""
     engine = pair[0]
     budget, depth, branching = SHAPES["tree16"]
     out = engine.generate(
@@ -94,13 +95,16 @@ def test_greedy_auto_mode_equals_target_only(pair, prompts, reference, key):
     assert out["tokens"] == ref, f"first difference at new token {first_diff}"
     rep, st = out["report"], out["stats"]
     rounds = rep["budget_per_round"]
-    assert rounds[:2] == [0, budget] and set(rounds) <= {0, 1, 2, 4, 8, budget}
+    assert set(rounds) <= {0, 1, 2, 4, 8, budget}
+    measured = rep["round_reasons"].get("measure", 0)
+    assert measured in (0, 2) and (measured == 0 or rounds[:2] == [0, 4])
     assert len(rounds) == st["verification_steps"] == len(rep["accepted_per_step"])
-    assert sum(rep["round_reasons"].values()) == len(rounds) and rep["round_reasons"]["measure"] == 2
+    assert sum(rep["round_reasons"].values()) == len(rounds)
     # every round emits its accepted tokens and one more: together, the request's tokens
     assert sum(rep["accepted_per_step"]) + len(rounds) + 1 == len(ref)
-    # the draft sat out the first round: it caught up with that round's token before the second
-    assert rep["caught_up_tokens"] >= 1
+    # the draft catches up with the tokens of target-only rounds before a speculative one
+    sat_out = any(b > 0 and 0 in rounds[:i] for i, b in enumerate(rounds))
+    assert (rep["caught_up_tokens"] >= 1) == sat_out
     print(f"{key}: rounds {rounds}")
 
 

@@ -31,9 +31,11 @@ struct Run {
   double rate() const { return tokens / seconds; }
 };
 
-// Decodes `tokens` tokens on `m`, each round's arm from the policy (fixed < 0) or fixed.
-Run simulate(const Machine& m, int max_budget, int tokens, int fixed = -1, unsigned seed = 7) {
-  SpeculationPolicy policy(max_budget);
+// Decodes `tokens` tokens on `m`, each round's arm from the policy (fixed < 0) or fixed; with
+// `memory`, the policy starts from it and leaves its own there (a request of an engine).
+Run simulate(const Machine& m, int max_budget, int tokens, int fixed = -1, unsigned seed = 7,
+             SpeculationPolicy::Memory* memory = nullptr) {
+  SpeculationPolicy policy(max_budget, memory);
   std::mt19937 rng(seed);
   std::bernoulli_distribution accept(m.alpha);
   Run run;
@@ -59,7 +61,22 @@ Run simulate(const Machine& m, int max_budget, int tokens, int fixed = -1, unsig
     run.tokens += 1 + std::min(budget, L);
     policy.observe_speculative(budget, budget + 1, m.target(budget + 1), draft_at, accepted_at);
   }
+  if (memory) *memory = policy.memory();
   return run;
+}
+
+// `requests` requests of `tokens` tokens each on one engine (the memory carried from each to the
+// next), against the same requests with a fixed choice; returns tokens per second over all.
+double simulate_requests(const Machine& m, int max_budget, int requests, int tokens, int fixed) {
+  SpeculationPolicy::Memory memory;
+  double seconds = 0;
+  int emitted = 0;
+  for (int r = 0; r < requests; ++r) {
+    const Run run = simulate(m, max_budget, tokens, fixed, 100 + r, &memory);
+    seconds += run.seconds;
+    emitted += run.tokens;
+  }
+  return emitted / seconds;
 }
 
 // The best fixed choice on `m` (target-only or one budget of the policy's arms), by rate.
@@ -77,22 +94,25 @@ SWIFTSPEC_TEST(speculation_policy_arms_are_powers_of_two_then_the_budget) {
   CHECK_THROWS(SpeculationPolicy(0), InvalidArgument);
 }
 
-SWIFTSPEC_TEST(speculation_policy_measures_target_only_then_the_largest_budget) {
+SWIFTSPEC_TEST(speculation_policy_measures_target_only_then_the_start_budget) {
   SpeculationPolicy p(16);
+  CHECK_EQ(p.start_budget(), 4);
+  CHECK_EQ(SpeculationPolicy(64).start_budget(), 16);
+  CHECK_EQ(SpeculationPolicy(3).start_budget(), 1);
   SpeculationPolicy::Choice c = p.choose(16);
   CHECK_EQ(c.budget, 0);
   CHECK(c.reason == SpeculationPolicy::Reason::Measure);
   p.observe_target_only(0.010);
   c = p.choose(16);
-  CHECK_EQ(c.budget, 16);
+  CHECK_EQ(c.budget, 4);
   CHECK(c.reason == SpeculationPolicy::Reason::Measure);
   // No room for speculation: target-only, whatever was measured.
   c = p.choose(0);
   CHECK_EQ(c.budget, 0);
   CHECK(c.reason == SpeculationPolicy::Reason::Limit);
   // A smaller allowed budget measures the largest arm within it.
-  c = p.choose(5);
-  CHECK_EQ(c.budget, 4);
+  c = p.choose(3);
+  CHECK_EQ(c.budget, 2);
   CHECK_EQ(p.reason_counts().at("measure"), 3);
   CHECK_EQ(p.reason_counts().at("limit"), 1);
 }
@@ -113,6 +133,79 @@ SWIFTSPEC_TEST(speculation_policy_rates_follow_the_model) {
   const SpeculationPolicy::Choice c = p.choose(4);
   CHECK_EQ(c.budget, 2);
   CHECK(c.reason == SpeculationPolicy::Reason::Best);
+}
+
+SWIFTSPEC_TEST(speculation_policy_climbs_from_the_start_arm_while_the_largest_measured_wins) {
+  // Every node is accepted and target passes cost the same whatever their rows: the largest tree
+  // is best, and the policy climbs there from the start arm within a few rounds.
+  SpeculationPolicy p(16);
+  const Machine m{0.010, 0.0, 0.001, 1.0};
+  std::vector<int> played;
+  for (int i = 0; i < 12; ++i) {
+    const int budget = p.choose(16).budget;
+    played.push_back(budget);
+    if (budget == 0) {
+      p.observe_target_only(m.target(1));
+      continue;
+    }
+    std::vector<double> draft_at;
+    std::vector<int> accepted_at;
+    for (int b : p.budgets())
+      if (b <= budget) draft_at.push_back(m.draft(b)), accepted_at.push_back(b);
+    p.observe_speculative(budget, budget + 1, m.target(budget + 1), draft_at, accepted_at);
+  }
+  CHECK_EQ(played[1], 4);
+  int first16 = -1;
+  for (int i = 0; i < static_cast<int>(played.size()) && first16 < 0; ++i)
+    if (played[i] == 16) first16 = i;
+  if (!(first16 >= 0 && first16 <= 8))
+    throw test::Failure("the largest arm first played in round " + std::to_string(first16));
+  CHECK_EQ(played.back(), 16);
+}
+
+SWIFTSPEC_TEST(speculation_policy_memory_seeds_the_next_request) {
+  SpeculationPolicy first(16);
+  first.observe_target_only(0.010);
+  for (int i = 0; i < 20; ++i) first.observe_speculative(8, 9, 0.012, {0.001, 0.002, 0.003, 0.004}, {1, 2, 3, 3});
+  const SpeculationPolicy::Memory mem = first.memory();
+  CHECK(mem.budgets == first.budgets());
+  CHECK_EQ(mem.accepted[3].count, 20);
+  // The next request skips the measuring rounds and plays the arm its prior favours.
+  SpeculationPolicy next(16, &mem);
+  const SpeculationPolicy::Choice c = next.choose(16);
+  CHECK(c.reason != SpeculationPolicy::Reason::Measure);
+  CHECK(c.budget > 0);
+  CHECK(std::abs(next.estimated_rate(8) - first.estimated_rate(8)) < 1e-9);
+  // The prior counts as a few measurements: the request's own take over.
+  const SpeculationPolicy::Memory carried = next.memory();
+  CHECK_EQ(carried.target_time.at(1).count, 1);  // measured once
+  CHECK_EQ(carried.target_time.at(9).count, 3);
+  CHECK_EQ(carried.draft_time[3].count, 3);
+  CHECK_EQ(carried.accepted[3].count, 2);
+  // Other arms (another tree budget): only the target pass times carry over.
+  SpeculationPolicy other(8, &mem);
+  CHECK(std::abs(other.target_seconds(9) - 0.012) < 1e-12);
+  CHECK_EQ(other.estimated_rate(8), 0.0);
+  CHECK(other.choose(8).reason == SpeculationPolicy::Reason::Measure);
+}
+
+SWIFTSPEC_TEST(speculation_policy_short_requests_with_memory_are_near_the_best_fixed_choice) {
+  // 30 requests of 96 tokens on one engine (the CPU bench's requests): with the memory carried,
+  // exploration is paid about once, not per request.
+  const Machine machines[] = {
+      {0.010, 0.0020, 0.002, 0.60},  // CPU-like: rows cost, a fair draft
+      {0.010, 0.0010, 0.004, 0.30},  // a slow, poor draft: target-only
+      {0.010, 0.0002, 0.001, 0.85},  // GPU-like: the largest tree
+  };
+  for (const Machine& m : machines) {
+    const SpeculationPolicy arms(16);
+    double best = simulate_requests(m, 16, 30, 96, 0);
+    for (int b : arms.budgets()) best = std::max(best, simulate_requests(m, 16, 30, 96, b));
+    const double got = simulate_requests(m, 16, 30, 96, -1);
+    if (got < 0.93 * best)
+      throw test::Failure("auto " + std::to_string(got) + " tok/s < 0.93 x best fixed " + std::to_string(best) +
+                          " (alpha " + std::to_string(m.alpha) + ")");
+  }
 }
 
 SWIFTSPEC_TEST(speculation_policy_refuses_observations_that_do_not_fit_its_arms) {

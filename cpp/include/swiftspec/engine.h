@@ -23,6 +23,7 @@
 
 #include "swiftspec/generation.h"
 #include "swiftspec/model.h"
+#include "swiftspec/speculation_policy.h"
 
 namespace swiftspec {
 
@@ -135,6 +136,9 @@ class Engine {
 
   std::shared_ptr<Model> target_;
   std::shared_ptr<Model> draft_;
+  // The auto mode's estimates, handed from each request to the next (speculation_policy.h,
+  // "Memory across requests"); touched only by the request holding the turn.
+  SpeculationPolicy::Memory auto_memory_;
   pid_t pid_;  // the process that made the engine
   std::atomic<bool> closed_{false};
   mutable std::mutex mu_;  // guards the turn and the model pointers; never held while a callback runs

@@ -21,15 +21,23 @@
 //     (TokenTree::select_best), so that tree accepts the part of the realised accepted path that
 //     lies inside it (the target's draws at those nodes are the same).
 //
-// Exploration: the first decode round is target-only (measures T(1)), the second plays the largest
-// budget (measures every arm). Later: while target-only wins, a probe of 3 rounds (the largest
-// budget, which measures every arm again, then twice the best speculative arm) comes after `probe interval` target-only
-// rounds (4, doubling after each probe that confirms target-only, up to 512), so a draft that never agrees costs a few
-// percent; while a speculative arm wins, the largest budget is replayed every 16 rounds and target-only every 128
-// (their estimates drift as the context grows). Choices depend only on tokens already emitted,
-// never on the current round's draws, so every round is a lossless verification of a tree fixed
-// before it: greedy output is target-only's token for token; sampled output keeps the target's
-// distribution.
+// Exploration: the first decode round is target-only (measures T(1)), the second plays the start
+// arm (the largest budget <= max_budget / 4: a large tree is the most expensive round where target
+// passes grow with their rows, as on a CPU, and one round measures every arm up to its own).
+// Later: while target-only wins, a probe of 3 rounds of the best speculative arm comes after `probe
+// interval` target-only rounds (4, doubling after each probe that confirms target-only, up to
+// 512), so a draft that never agrees costs a few percent; while a speculative arm wins, the arm
+// above it is played every 8 rounds (every 2 while it was never measured: the policy climbs from
+// the start arm) and target-only every 128 (estimates drift as the context grows).
+//
+// Memory across requests: pass times are properties of the machine and the models, and acceptance
+// of the kind of text an engine serves, so an engine hands each request's final estimates to its
+// next request (Memory) as a prior worth a few rounds: a request that starts with a prior skips
+// the measuring rounds, and its own measurements outweigh the prior within a few rounds; the probe
+// interval carries over too, so a draft that never agrees costs a few percent over many short
+// requests as over one long one. Choices depend only on tokens
+// already emitted, never on the current round's draws, so every round is a lossless verification of a tree fixed before
+// it: greedy output is target-only's token for token; sampled output keeps the target's distribution.
 #pragma once
 #include <map>
 #include <string>
@@ -52,9 +60,34 @@ class SpeculationPolicy {
     Reason reason = Reason::Measure;
   };
 
+  /// A measured quantity: its moving average and how many measurements it holds (0: none).
+  struct Estimate {
+    double value = 0.0;
+    int count = 0;
+    /// Adds a measurement: the plain mean of the first 1 / weight values, then an exponential
+    /// moving average of that weight (so the first rounds, a cold one among them, do not dominate).
+    void add(double x, double weight);
+  };
+  /// What a request's policy learned, the next request's prior (see above).
+  struct Memory {
+    std::vector<int> budgets;             // the arms the estimates below belong to
+    std::map<int, Estimate> target_time;  // rows -> seconds of a target pass
+    std::vector<Estimate> draft_time;     // per arm, seconds
+    std::vector<Estimate> accepted;       // per arm, tokens
+    int probe_interval = 0;               // target-only rounds before the next probe (0: none)
+  };
+
   /// Arms: target-only and the budgets 1, 2, 4, ... below `max_budget`, then `max_budget`.
+  /// `prior` (may be null): an earlier request's memory; its target pass times are taken, and its
+  /// arms' estimates where its arms are these; each counts as at most a few measurements.
   /// Throws InvalidArgument when max_budget < 1.
-  explicit SpeculationPolicy(int max_budget);
+  explicit SpeculationPolicy(int max_budget, const Memory* prior = nullptr);
+
+  /// This policy's estimates, to seed the next request's policy.
+  Memory memory() const;
+
+  /// The arm the first speculative round plays (the largest budget <= max_budget / 4, at least 1).
+  int start_budget() const { return budgets_[start_arm_]; }
 
   /// The speculative arms' budgets, increasing (the last is max_budget).
   const std::vector<int>& budgets() const { return budgets_; }
@@ -86,18 +119,14 @@ class SpeculationPolicy {
   static const char* reason_name(Reason reason);
 
  private:
-  // A moving average that is the plain mean of its first 1 / weight values, so that the first
-  // rounds (a cold one among them) do not dominate it.
-  struct Average {
-    double value = 0.0;
-    int count = 0;  // 0: nothing measured
-    void add(double x, double weight);
-  };
+  using Average = Estimate;
   int arm_index(int budget) const;  // -1 when not an arm
+  bool any_arm_measured() const;
   int best_speculative(int top) const;
   Choice play(int budget, Reason reason);
 
   std::vector<int> budgets_;
+  int start_arm_ = 0;
   std::map<int, Average> target_time_;  // rows -> seconds
   std::vector<Average> draft_time_;     // per arm, seconds
   std::vector<Average> accepted_;       // per arm, tokens

@@ -61,6 +61,7 @@
 #include "swiftspec/token_tree.h"
 #include "swiftspec/tree_kv_cache.h"
 #include "swiftspec/verification.h"
+#include "swiftspec/speculation_policy.h"
 
 namespace swiftspec {
 
@@ -298,10 +299,13 @@ GenerationResult generate_speculative_serial(Model& target, Model& draft, const 
 /// output is target-only's token for token; sampled output keeps the target's distribution.
 /// Same contract, statistics and errors as generate_speculative_serial (config.tree_budget is the
 /// largest budget); `report`, when given, also receives budget_per_round, round_reasons and
-/// caught_up_tokens.
+/// caught_up_tokens. `memory` (may be null): read as the policy's prior and, when the request
+/// decoded, replaced by what its policy learned (SpeculationPolicy::Memory; an engine keeps one
+/// for its next request).
 GenerationResult generate_speculative_auto(Model& target, Model& draft, const std::vector<int32_t>& prompt,
                                            const GenerationConfig& config, const TokenCallback& on_tokens,
-                                           const SpeculativeOptions& options = {}, SpeculationReport* report = nullptr);
+                                           const SpeculativeOptions& options = {}, SpeculationReport* report = nullptr,
+                                           SpeculationPolicy::Memory* memory = nullptr);
 
 /// Name of a growth rule ("top_k", "sampled").
 std::string tree_growth_name(TreeGrowth growth);

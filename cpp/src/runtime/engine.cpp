@@ -205,7 +205,8 @@ GenerationResult Engine::run(const std::vector<int32_t>& prompt, const Generatio
 #else
         SpeculationReport* report = nullptr;
 #endif
-        return generate_speculative_auto(*target_, *draft_, prompt, config, on_tokens, SpeculativeOptions{}, report);
+        return generate_speculative_auto(*target_, *draft_, prompt, config, on_tokens, SpeculativeOptions{}, report,
+                                         &auto_memory_);
       }
 #else
       throw InvalidArgument("decode mode 'auto' with a draft model is not available in this build");

@@ -32,7 +32,8 @@ int accepted_within(const TokenTree& tree, const VerificationResult& r, int budg
 
 GenerationResult generate_speculative_auto(Model& target, Model& draft, const std::vector<int32_t>& prompt,
                                            const GenerationConfig& config, const TokenCallback& on_tokens,
-                                           const SpeculativeOptions& options, SpeculationReport* report) {
+                                           const SpeculativeOptions& options, SpeculationReport* report,
+                                           SpeculationPolicy::Memory* memory) {
   validate_speculative(target, draft, prompt, config, options);
   SpeculativeOptions opts = options;
   if (opts.min_expand_prob < 0.0) opts.min_expand_prob = SpeculativeOptions::kSerialMinExpandProb;
@@ -44,7 +45,7 @@ GenerationResult generate_speculative_auto(Model& target, Model& draft, const st
   Rng rng(config.sampling.seed);  // first token + verification draws
   DraftTree drafter(draft, config, opts, detail::draft_seed(config.sampling.seed));
   TreeVerifier verifier(target, config.sampling, options.verifier_bias);
-  SpeculationPolicy policy(config.tree_budget);
+  SpeculationPolicy policy(config.tree_budget, memory);
   const std::vector<int>& budgets = policy.budgets();
   rep.growth = tree_growth_name(drafter.growth());
   rep.expand_width = drafter.expand_width();
@@ -154,6 +155,7 @@ GenerationResult generate_speculative_auto(Model& target, Model& draft, const st
       detail::verification_scheme(config.sampling.greedy() && options.verifier_bias == VerifierBias::None,
                                   rep.rejection_sampling_nodes, rep.target_sampling_nodes);
   rep.round_reasons = policy.reason_counts();
+  if (memory) *memory = policy.memory();
   if (report) *report = std::move(rep);
   return result;
 }

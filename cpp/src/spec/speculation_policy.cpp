@@ -21,22 +21,61 @@ constexpr int kMaxProbeInterval = 512;
 // Rounds of one probe: enough for the averages to move when the draft agrees again.
 constexpr int kProbeRounds = 3;
 constexpr int kRefreshAboveEvery = 8;
+// While the arm above the best was never measured: climb fast.
+constexpr int kClimbEvery = 2;
+// A prior from an earlier request counts as this many measurements at most: pass times carry over
+// (the same machine), acceptance less (another text).
+constexpr int kPriorTimeCount = 3;
+constexpr int kPriorAcceptanceCount = 2;
 constexpr int kRefreshTargetOnlyEvery = 128;
 
 }  // namespace
 
-void SpeculationPolicy::Average::add(double x, double weight) {
+void SpeculationPolicy::Estimate::add(double x, double weight) {
   ++count;
   value = count == 1 ? x : value + std::max(weight, 1.0 / count) * (x - value);
 }
 
-SpeculationPolicy::SpeculationPolicy(int max_budget) {
+SpeculationPolicy::SpeculationPolicy(int max_budget, const Memory* prior) {
   if (max_budget < 1) throw InvalidArgument("tree_budget must be >= 1, got " + std::to_string(max_budget));
   for (int b = 1; b < max_budget; b *= 2) budgets_.push_back(b);
   budgets_.push_back(max_budget);
   draft_time_.resize(budgets_.size());
   accepted_.resize(budgets_.size());
   probe_interval_ = kFirstProbeInterval;
+  for (int i = 0; i < static_cast<int>(budgets_.size()); ++i)
+    if (budgets_[i] <= std::max(1, max_budget / 4)) start_arm_ = i;
+  if (prior == nullptr) return;
+  auto capped = [](Estimate e, int cap) {
+    e.count = std::min(e.count, cap);
+    return e;
+  };
+  for (const auto& [rows, e] : prior->target_time)
+    if (e.count > 0) target_time_[rows] = capped(e, kPriorTimeCount);
+  if (prior->budgets == budgets_ && prior->draft_time.size() == budgets_.size() &&
+      prior->accepted.size() == budgets_.size()) {
+    for (size_t i = 0; i < budgets_.size(); ++i) {
+      draft_time_[i] = capped(prior->draft_time[i], kPriorTimeCount);
+      accepted_[i] = capped(prior->accepted[i], kPriorAcceptanceCount);
+    }
+    if (prior->probe_interval > 0) probe_interval_ = std::min(prior->probe_interval, kMaxProbeInterval);
+  }
+}
+
+SpeculationPolicy::Memory SpeculationPolicy::memory() const {
+  Memory m;
+  m.budgets = budgets_;
+  m.target_time = target_time_;
+  m.draft_time = draft_time_;
+  m.accepted = accepted_;
+  m.probe_interval = probe_interval_;
+  return m;
+}
+
+bool SpeculationPolicy::any_arm_measured() const {
+  for (const Average& a : accepted_)
+    if (a.count > 0) return true;
+  return false;
 }
 
 int SpeculationPolicy::arm_index(int budget) const {
@@ -95,18 +134,20 @@ SpeculationPolicy::Choice SpeculationPolicy::choose(int allowed_budget) {
   for (int i = 0; i < static_cast<int>(budgets_.size()); ++i)
     if (budgets_[i] <= allowed_budget) top = i;
   if (top < 0) return play(0, Reason::Limit);
-  if (accepted_[top].count == 0) return play(budgets_[top], Reason::Measure);
+  if (!any_arm_measured()) return play(budgets_[std::min(start_arm_, top)], Reason::Measure);
 
   const int best_spec = best_speculative(top);
   if (estimated_rate(0) >= estimated_rate(best_spec)) {
-    if (probe_left_ > 0) {  // the rest of a probe: the best speculative arm
+    if (probe_left_ > 0) {  // the rest of a probe
       --probe_left_;
       return play(best_spec, Reason::Probe);
     }
     if (++off_streak_ < probe_interval_) return play(0, Reason::Best);
     probe_interval_ = std::min(2 * probe_interval_, kMaxProbeInterval);
     probe_left_ = kProbeRounds - 1;
-    return play(budgets_[top], Reason::Probe);  // measures every arm again
+    // The best speculative arm, or the start arm where that is larger (it measures the arms
+    // below it again, and a smaller arm's acceptance may be stale).
+    return play(std::max(best_spec, budgets_[std::min(start_arm_, top)]), Reason::Probe);
   }
   probe_interval_ = kFirstProbeInterval;
   probe_left_ = 0;
@@ -114,7 +155,8 @@ SpeculationPolicy::Choice SpeculationPolicy::choose(int allowed_budget) {
   // The arm above the best: its estimate is stale while smaller arms play (a round measures only
   // the arms up to its own), and it is the one to move to when the text gets easier.
   const int above = std::min(arm_index(best_spec) + 1, top);
-  if (budgets_[above] != best_spec && rounds_ - last_above_round_ >= kRefreshAboveEvery) {
+  const int every = accepted_[above].count == 0 ? kClimbEvery : kRefreshAboveEvery;
+  if (budgets_[above] != best_spec && rounds_ - last_above_round_ >= every) {
     last_above_round_ = rounds_ + 1;
     return play(budgets_[above], Reason::Refresh);
   }
