@@ -143,17 +143,8 @@ GenerationResult generate_speculative_auto(Model& target, Model& draft, const st
     }
   }
 
-  st.new_tokens = static_cast<int>(result.tokens.size());
-  st.decode_time = now_s() - t_first;
-  st.verification_steps = verifier.steps();
-  st.target_time = verifier.time();
-  st.draft_steps = drafter.steps();
-  st.draft_time = drafter.time();
-  rep.drafted_nodes = drafter.drafted_nodes();
-  rep.draft_batch_rows = drafter.batch_rows();
-  rep.verification =
-      detail::verification_scheme(config.sampling.greedy() && options.verifier_bias == VerifierBias::None,
-                                  rep.rejection_sampling_nodes, rep.target_sampling_nodes);
+  detail::finish_speculative_stats(result, rep, verifier, drafter, t_first,
+                                   config.sampling.greedy() && options.verifier_bias == VerifierBias::None);
   rep.round_reasons = policy.reason_counts();
   if (memory) *memory = policy.memory();
   if (report) *report = std::move(rep);

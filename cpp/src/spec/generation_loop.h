@@ -1,5 +1,6 @@
 // What serial and auto speculative generation share (internal to cpp/src/spec/): emitting a
-// round's tokens under the request's limits, the draft's seed, the verification scheme's name.
+// round's tokens under the request's limits, the draft's seed, the verification scheme's name,
+// the statistics a request ends with.
 #pragma once
 #include <algorithm>
 #include <chrono>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "swiftspec/generation.h"
+#include "swiftspec/speculative.h"
 
 namespace swiftspec::detail {
 
@@ -26,6 +28,23 @@ inline std::string verification_scheme(bool greedy, int rejection, int target_sa
   if (rejection > 0) s = "rejection_sampling";
   if (target_sampling > 0) s += std::string(s.empty() ? "" : "+") + "target_sampling";
   return s.empty() ? "none" : s;
+}
+
+// The statistics of a speculative request once its rounds are over: tokens, decode time (from
+// `t_first`, the first token's emission), the models' steps and times, the draft's node counts and
+// the verification scheme (`greedy_unbiased`: greedy verification without a verifier bias).
+inline void finish_speculative_stats(GenerationResult& result, SpeculationReport& rep, const TreeVerifier& verifier,
+                                     const DraftTree& drafter, double t_first, bool greedy_unbiased) {
+  GenerationStats& st = result.stats;
+  st.new_tokens = static_cast<int>(result.tokens.size());
+  st.decode_time = now_s() - t_first;
+  st.verification_steps = verifier.steps();
+  st.target_time = verifier.time();
+  st.draft_steps = drafter.steps();
+  st.draft_time = drafter.time();
+  rep.drafted_nodes = drafter.drafted_nodes();
+  rep.draft_batch_rows = drafter.batch_rows();
+  rep.verification = verification_scheme(greedy_unbiased, rep.rejection_sampling_nodes, rep.target_sampling_nodes);
 }
 
 // Appends each round's final tokens to `result`, cut at config.max_new_tokens (finish_reason
