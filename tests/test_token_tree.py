@@ -30,9 +30,10 @@ def random_tree(rng, size, root_token=7, max_children=4, zero_prob=0.1):
     return t
 
 
-def brute_force_best(t, budget, max_depth):
-    """Top `budget` non-root nodes by (cum_logprob desc, index asc) among depth <= max_depth."""
-    cand = [i for i in range(1, len(t)) if t.depths[i] <= max_depth]
+def brute_force_best(t, budget, max_depth, node_limit=None):
+    """Top `budget` non-root nodes by (cum_logprob desc, index asc) among depth <= max_depth (and
+    index < node_limit)."""
+    cand = [i for i in range(1, node_limit or len(t)) if t.depths[i] <= max_depth]
     cand.sort(key=lambda i: (-t.cum_logprobs[i], i))
     return sorted([0] + cand[:budget])
 
@@ -88,6 +89,11 @@ def test_select_best_is_top_b_and_prefix_closed(seed):
             assert got == brute_force_best(t, budget, max_depth)
             chosen = set(got)
             assert all(t.parents[i] in chosen for i in got if i != 0)  # prefix-closed
+    # The tree as it stood with its first n nodes (a growing tree only appends): the auto mode's
+    # counterfactual trees of smaller arms.
+    for n in sorted({1, 2, len(t) // 2 or 1, len(t)}):
+        for budget in (1, 3, 16):
+            assert t.select_best(budget, 100, n) == brute_force_best(t, budget, 100, n)
 
 
 @pytest.mark.parametrize("seed", range(10))

@@ -211,7 +211,7 @@ void bind_speculative(nb::module_& parent) {
           },
           "(offsets [n+1], values): path root..i of each node i.")
       .def("positions", &TokenTree::positions, "base_position"_a)
-      .def("select_best", &TokenTree::select_best, "budget"_a, "max_depth"_a)
+      .def("select_best", &TokenTree::select_best, "budget"_a, "max_depth"_a, "node_limit"_a = -1)
       .def(
           "subtree",
           [](const TokenTree& t, const std::vector<int32_t>& nodes) {

@@ -208,6 +208,21 @@ SWIFTSPEC_TEST(speculation_policy_short_requests_with_memory_are_near_the_best_f
   }
 }
 
+SWIFTSPEC_TEST(speculation_policy_skips_the_arms_a_round_does_not_measure) {
+  SpeculationPolicy p(16);  // arms 1, 2, 4, 8, 16
+  p.observe_target_only(0.010);
+  // A round of budget 16 whose trees grow otherwise than arms 1-4: only arms 8 and 16 measured.
+  p.observe_speculative(16, 17, 0.020, {-1.0, -1.0, -1.0, 0.004, 0.006}, {-1, -1, -1, 3, 4});
+  CHECK_EQ(p.estimated_rate(4), 0.0);
+  CHECK(std::abs(p.estimated_rate(16) - 5.0 / 0.026) < 1e-9);
+  const SpeculationPolicy::Memory m = p.memory();
+  CHECK_EQ(m.accepted[2].count, 0);
+  CHECK_EQ(m.accepted[3].count, 1);
+  // The played arm must be measured; an arm half measured is refused.
+  CHECK_THROWS(p.observe_speculative(4, 5, 0.01, {0.001, 0.002, -1.0}, {1, 1, -1}), InvalidArgument);
+  CHECK_THROWS(p.observe_speculative(4, 5, 0.01, {0.001, -1.0, 0.003}, {1, 1, 2}), InvalidArgument);
+}
+
 SWIFTSPEC_TEST(speculation_policy_refuses_observations_that_do_not_fit_its_arms) {
   SpeculationPolicy p(8);
   CHECK_THROWS(p.observe_speculative(3, 4, 0.01, {0.0, 0.0}, {0, 0}), InvalidArgument);   // not an arm

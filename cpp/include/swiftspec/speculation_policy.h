@@ -103,8 +103,10 @@ class SpeculationPolicy {
   /// `rows` rows (verified nodes + the root) took `verify_seconds`; `draft_seconds_at[i]` and
   /// `accepted_at[i]` are the draft time at which the tree reached budgets()[i] selectable nodes
   /// (or stopped growing) and the accepted tokens a tree of that budget would have had, for every
-  /// arm i with budgets()[i] <= played (sizes: that many arms). Throws InvalidArgument for a
-  /// budget that is not an arm, sizes that do not match, or negative values.
+  /// arm i with budgets()[i] <= played (sizes: that many arms); both -1 for an arm the round does
+  /// not measure (its trees grow otherwise: auto_speculation.cpp). Throws InvalidArgument for a
+  /// budget that is not an arm, sizes that do not match, the played arm unmeasured, or other
+  /// negative or NaN values.
   void observe_speculative(int played, int rows, double verify_seconds, const std::vector<double>& draft_seconds_at,
                            const std::vector<int>& accepted_at);
 

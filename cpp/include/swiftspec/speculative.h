@@ -156,9 +156,11 @@ class DraftTree {
   /// One draft step: expands up to expand_width best unexpanded nodes of
   /// depth < depth_limit (and cumulative probability >= min_expand_prob) in
   /// one draft forward pass. With `max_new_nodes` >= 0
-  /// (Sampled growth's exact budget) adds at most that many nodes. Returns
-  /// the number of nodes added (0: nothing to expand; no forward pass run).
-  int grow_step(int depth_limit, int max_new_nodes = -1);
+  /// (Sampled growth's exact budget) adds at most that many nodes; with
+  /// `max_width` >= 1 expands at most that many nodes (the auto mode's
+  /// one-node-per-step arms). Returns the number of nodes added (0: nothing
+  /// to expand; no forward pass run).
+  int grow_step(int depth_limit, int max_new_nodes = -1, int max_width = -1);
   /// Grows until selectable_nodes(depth_limit) >= budget or nothing can grow.
   void grow_to(int budget, int depth_limit);
 

@@ -107,9 +107,11 @@ class TokenTree {
   /// The best prefix-closed subtree: the root plus at most `budget` non-root
   /// nodes of depth <= `max_depth`, chosen greedily from the frontier by
   /// largest cum_logprob (ties: smaller index first). Returned as indices in
-  /// increasing (topological) order, root first. Throws InvalidArgument for
-  /// budget < 0 or max_depth < 0, or an empty tree.
-  std::vector<int32_t> select_best(int budget, int max_depth) const;
+  /// increasing (topological) order, root first. With `node_limit` >= 1 only
+  /// nodes of index < node_limit count: the tree as it stood before the later
+  /// nodes were appended (a growing tree only appends). Throws
+  /// InvalidArgument for budget < 0 or max_depth < 0, or an empty tree.
+  std::vector<int32_t> select_best(int budget, int max_depth, int node_limit = -1) const;
 
   /// A new tree made of `nodes` (must contain the root and be prefix-closed;
   /// any order), re-indexed in increasing old-index order. `new_to_old`, when

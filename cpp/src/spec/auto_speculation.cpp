@@ -15,14 +15,25 @@ using detail::now_s;
 
 namespace {
 
-// Accepted tokens of `r` that lie in the best `budget` nodes of `tree` (depth <= depth_limit):
-// what a tree of that budget would have accepted (speculation_policy.h: exact under greedy and
-// target-sampling verification, where the target's draws at the shared nodes are the same).
-int accepted_within(const TokenTree& tree, const VerificationResult& r, int budget, int depth_limit) {
-  const std::vector<int32_t> best = tree.select_best(budget, depth_limit);
+// Arms of budget <= kStepArmMaxBudget grow one node per draft step (TopK growth): budget k is k
+// one-row draft steps, then the best k nodes, a chain and its siblings; a small tree gets most
+// from each node when it is deep (two siblings accept at most one token, a chain of two up to
+// two). Larger arms grow as the request's tree shape says (up to expand_width nodes a step). A
+// round measures the arms that grow as it does, up to its own budget.
+constexpr int kStepArmMaxBudget = 4;
+
+// Accepted tokens of `r` (a verification of the subtree whose nodes are `to_draft` in the draft's
+// `grown` tree) that lie in the best `budget` nodes of the first `node_limit` nodes of `grown`
+// (depth <= depth_limit): what the tree of that budget, as it stood when it had that budget, would
+// have accepted (speculation_policy.h). Exact under greedy and target-sampling verification where
+// that tree lies inside the verified one (the target's draws at the shared nodes are the same), as
+// it nearly always does; a lower bound where it holds a node the verified tree left out.
+int accepted_within(const TokenTree& grown, const std::vector<int32_t>& to_draft, const VerificationResult& r,
+                    int budget, int depth_limit, int node_limit) {
+  const std::vector<int32_t> best = grown.select_best(budget, depth_limit, node_limit);
   int n = 0;
   for (size_t i = 1; i < r.accepted_path.size(); ++i) {
-    if (!std::binary_search(best.begin(), best.end(), r.accepted_path[i])) break;
+    if (!std::binary_search(best.begin(), best.end(), to_draft[r.accepted_path[i]])) break;
     ++n;
   }
   return n;
@@ -105,21 +116,39 @@ GenerationResult generate_speculative_auto(Model& target, Model& draft, const st
       draft_root = last;
     }
 
-    // Grow best-first to the chosen budget, noting the draft time at which each smaller arm's
-    // budget was reached.
+    // Grow the chosen arm's tree, noting for each smaller arm that grows alike the draft time at
+    // which its tree was there and how many nodes it had (-1: an arm this round does not measure).
     const int arms = static_cast<int>(std::find(budgets.begin(), budgets.end(), choice.budget) - budgets.begin()) + 1;
-    std::vector<double> draft_at(arms, 0.0);
+    const bool step_arms = drafter.growth() == TreeGrowth::TopK;
+    std::vector<double> draft_at(arms, -1.0);
+    std::vector<int> nodes_at(arms, 0);
     const double d0 = drafter.time();
-    int reached = 0;
-    for (;;) {
-      const int have = drafter.selectable_nodes(depth_limit);
-      for (; reached < arms && budgets[reached] <= have; ++reached) draft_at[reached] = drafter.time() - d0;
-      if (have >= choice.budget || !drafter.can_grow(depth_limit)) break;
-      const int added =
-          drafter.grow_step(depth_limit, drafter.growth() == TreeGrowth::Sampled ? choice.budget - have : -1);
-      if (added == 0 && !drafter.can_grow(depth_limit)) break;
+    auto note = [&](int i) {
+      draft_at[i] = drafter.time() - d0;
+      nodes_at[i] = drafter.tree().size();
+    };
+    if (step_arms && choice.budget <= kStepArmMaxBudget) {
+      int steps = 0;
+      for (int i = 0; i < arms; ++i) {
+        while (steps < budgets[i] && drafter.can_grow(depth_limit) && drafter.grow_step(depth_limit, -1, 1) > 0)
+          ++steps;
+        note(i);  // (growth may stop short: then so would a round of that arm)
+      }
+    } else {
+      int reached = 0;
+      for (;;) {
+        const int have = drafter.selectable_nodes(depth_limit);
+        for (; reached < arms && budgets[reached] <= have; ++reached) note(reached);
+        if (have >= choice.budget || !drafter.can_grow(depth_limit)) break;
+        const int added =
+            drafter.grow_step(depth_limit, drafter.growth() == TreeGrowth::Sampled ? choice.budget - have : -1);
+        if (added == 0 && !drafter.can_grow(depth_limit)) break;
+      }
+      for (; reached < arms; ++reached) note(reached);  // growth stopped short
+      if (step_arms)
+        for (int i = 0; i < arms; ++i)
+          if (budgets[i] <= kStepArmMaxBudget) draft_at[i] = -1.0;  // they grow one node a step
     }
-    for (; reached < arms; ++reached) draft_at[reached] = drafter.time() - d0;  // growth stopped short
 
     std::vector<int32_t> to_draft;
     const TokenTree tree = drafter.select(choice.budget, depth_limit, to_draft);
@@ -131,8 +160,10 @@ GenerationResult generate_speculative_auto(Model& target, Model& draft, const st
     rep.rejection_sampling_nodes += r.rejection_sampling_nodes;
     rep.target_sampling_nodes += r.target_sampling_nodes;
     rep.accepted_per_step.push_back(r.accepted());
-    std::vector<int> accepted_at(arms);
-    for (int i = 0; i < arms; ++i) accepted_at[i] = accepted_within(tree, r, budgets[i], depth_limit);
+    std::vector<int> accepted_at(arms, -1);
+    for (int i = 0; i < arms; ++i)
+      if (draft_at[i] >= 0.0)
+        accepted_at[i] = accepted_within(drafter.tree(), to_draft, r, budgets[i], depth_limit, nodes_at[i]);
     policy.observe_speculative(choice.budget, tree.size(), verify_seconds, draft_at, accepted_at);
 
     std::vector<int32_t> accepted(r.tokens.begin(), r.tokens.end() - 1);

@@ -67,7 +67,7 @@ int DraftTree::selectable_nodes(int depth_limit) const {
   return n;
 }
 
-int DraftTree::grow_step(int depth_limit, int max_new_nodes) {
+int DraftTree::grow_step(int depth_limit, int max_new_nodes, int max_width) {
   // Best-first: unexpanded nodes by cumulative draft log-prob, then age.
   std::vector<int32_t> cand;
   for (int i = 0; i < tree_.size(); ++i)
@@ -76,6 +76,7 @@ int DraftTree::grow_step(int depth_limit, int max_new_nodes) {
                    [this](int32_t a, int32_t b) { return tree_.node(a).cum_logprob > tree_.node(b).cum_logprob; });
   const int slots = cache_.free_slots() - static_cast<int>(cache_.pending_tokens().size());
   int width = std::min({expand_width_, static_cast<int>(cand.size()), slots});
+  if (max_width >= 1) width = std::min(width, max_width);
   // Sampled growth with an exact budget: decide every node's number of draws
   // before drawing (so each node's draws stay an i.i.d. sample).
   std::vector<int> draws_per_node;

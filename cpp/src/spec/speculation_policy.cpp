@@ -179,11 +179,15 @@ void SpeculationPolicy::observe_speculative(int played, int rows, double verify_
                           std::to_string(draft_seconds_at.size()) + " and " + std::to_string(accepted_at.size()));
   if (rows < 1 || !(verify_seconds >= 0.0))
     throw InvalidArgument("observe_speculative: rows must be >= 1 and seconds >= 0");
-  for (size_t i = 0; i < arms; ++i)
-    if (!(draft_seconds_at[i] >= 0.0) || accepted_at[i] < 0)
+  for (size_t i = 0; i < arms; ++i) {
+    const bool unmeasured = draft_seconds_at[i] == -1.0 && accepted_at[i] == -1;
+    if (unmeasured && i + 1 == arms) throw InvalidArgument("observe_speculative: the played arm has no measurement");
+    if (!unmeasured && (!(draft_seconds_at[i] >= 0.0) || accepted_at[i] < 0))
       throw InvalidArgument("observe_speculative: negative draft time or accepted count");
+  }
   target_time_[rows].add(verify_seconds, kTimeWeight);
   for (size_t i = 0; i < arms; ++i) {
+    if (accepted_at[i] < 0) continue;  // not measured by this round
     draft_time_[i].add(draft_seconds_at[i], kTimeWeight);
     accepted_[i].add(accepted_at[i], kAcceptanceWeight);
   }

@@ -113,7 +113,7 @@ std::vector<int32_t> TokenTree::positions(int base_position) const {
   return pos;
 }
 
-std::vector<int32_t> TokenTree::select_best(int budget, int max_depth) const {
+std::vector<int32_t> TokenTree::select_best(int budget, int max_depth, int node_limit) const {
   if (empty()) throw InvalidArgument("TokenTree::select_best: the tree is empty");
   if (budget < 0) throw InvalidArgument("TokenTree::select_best: budget must be >= 0, got " + idx(budget));
   if (max_depth < 0) throw InvalidArgument("TokenTree::select_best: max_depth must be >= 0, got " + idx(max_depth));
@@ -124,15 +124,18 @@ std::vector<int32_t> TokenTree::select_best(int budget, int max_depth) const {
     return a > b;
   };
   std::priority_queue<int32_t, std::vector<int32_t>, decltype(worse)> frontier(worse);
+  const int32_t limit = node_limit >= 1 ? node_limit : size();
   std::vector<int32_t> chosen{0};
   if (max_depth >= 1)
-    for (int32_t c : nodes_[0].children) frontier.push(c);
+    for (int32_t c : nodes_[0].children)
+      if (c < limit) frontier.push(c);
   while (static_cast<int>(chosen.size()) - 1 < budget && !frontier.empty()) {
     const int32_t best = frontier.top();
     frontier.pop();
     chosen.push_back(best);
     if (nodes_[best].depth < max_depth)
-      for (int32_t c : nodes_[best].children) frontier.push(c);
+      for (int32_t c : nodes_[best].children)
+        if (c < limit) frontier.push(c);
   }
   std::sort(chosen.begin(), chosen.end());
   return chosen;
