@@ -78,10 +78,12 @@ std::map<std::string, Int4Tensor> quantize_projections(TinyWeights& tw, int G, R
   return out;
 }
 
-/// A CUDA model of `tw` with the int4 projections `q4` (group size G).
-std::unique_ptr<CudaModel> int4_model(const ModelConfig& cfg, TinyWeights& tw, std::map<std::string, Int4Tensor>& q4,
-                                      int G, const ModelOptions& opt, const CudaModelOptions& copt) {
-  WeightLookup lookup = [&tw, &q4, G](const std::string& name, const std::vector<int64_t>& shp) {
+/// A CUDA model of `tw` with the int4 projections `q4` (group size G); bf16 tensors from `bf16`
+/// where it holds them (the bf16 twin's projections), else from tw.bf.
+std::unique_ptr<CudaModel> tiny_model(const ModelConfig& cfg, TinyWeights& tw, std::map<std::string, Int4Tensor>& q4,
+                                      int G, const ModelOptions& opt, const CudaModelOptions& copt,
+                                      const std::map<std::string, std::vector<uint16_t>>* bf16 = nullptr) {
+  WeightLookup lookup = [&tw, &q4, G, bf16](const std::string& name, const std::vector<int64_t>& shp) {
     if (!shp.empty() && tw.shape.count(name) && shp != tw.shape[name])
       throw CheckpointError("test checkpoint: shape of " + name);
     HostWeight h;
@@ -95,11 +97,16 @@ std::unique_ptr<CudaModel> int4_model(const ModelConfig& cfg, TinyWeights& tw, s
       h.group_size = G;
       return h;
     }
-    auto it = tw.bf.find(name);
-    if (it == tw.bf.end()) throw CheckpointError("test checkpoint: missing " + name);
+    const std::vector<uint16_t>* data = nullptr;
+    if (bf16 && bf16->count(name))
+      data = &bf16->at(name);
+    else if (tw.bf.count(name))
+      data = &tw.bf.at(name);
+    else
+      throw CheckpointError("test checkpoint: missing " + name);
     h.dtype = DType::BF16;
     h.shape = tw.shape[name];
-    h.data = it->second.data();
+    h.data = data->data();
     return h;
   };
   WeightExists exists = [&tw](const std::string& name) { return tw.bf.count(name) > 0; };
@@ -124,26 +131,10 @@ std::unique_ptr<CudaModel> bf16_twin(const ModelConfig& cfg, TinyWeights& tw,
     b.resize(w.size());
     for (size_t i = 0; i < w.size(); ++i) b[i] = f2bf(w[i]);
   }
-  WeightLookup lookup = [&tw, &storage](const std::string& name, const std::vector<int64_t>& shp) {
-    if (!shp.empty() && tw.shape.count(name) && shp != tw.shape[name])
-      throw CheckpointError("test checkpoint: shape of " + name);
-    const std::vector<uint16_t>* data = nullptr;
-    if (auto a = storage.find(name); a != storage.end())
-      data = &a->second;
-    else if (auto b = tw.bf.find(name); b != tw.bf.end())
-      data = &b->second;
-    else
-      throw CheckpointError("test checkpoint: missing " + name);
-    HostWeight h;
-    h.dtype = DType::BF16;
-    h.shape = tw.shape[name];
-    h.data = data->data();
-    return h;
-  };
-  WeightExists exists = [&tw](const std::string& name) { return tw.bf.count(name) > 0; };
   CudaModelOptions copt;
   copt.large_prefill = false;
-  return make_cuda_model_from_host(cfg, lookup, exists, opt, copt);
+  std::map<std::string, Int4Tensor> none;
+  return tiny_model(cfg, tw, none, 0, opt, copt, &storage);
 }
 
 /// One model case. With `twin` the bf16 twin runs the same inputs (the same seed draws them) and
@@ -158,7 +149,7 @@ void check_case(const std::string& tag, const ModelConfig& cfg, int G, uint64_t 
   opt.max_context = 400;
   opt.max_tree = 128;
   std::map<std::string, std::vector<uint16_t>> twin_storage;
-  auto m = twin ? bf16_twin(cfg, tw, q4, opt, twin_storage) : int4_model(cfg, tw, q4, G, opt, int4_options(G));
+  auto m = twin ? bf16_twin(cfg, tw, q4, opt, twin_storage) : tiny_model(cfg, tw, q4, G, opt, int4_options(G));
   int n_err = 0;  // which logit error this is (0..3)
   // Records a logit error (the int4 pass) or keeps it (the twin pass).
   auto logit_check = [&](const char* what, double err, bool ok, const std::string& more) {
@@ -289,7 +280,7 @@ void check_refusals() {
                     const std::string& needle) {
     std::string msg;
     try {
-      int4_model(cfg, tw, tensors, 64, opt, copt);
+      tiny_model(cfg, tw, tensors, 64, opt, copt);
     } catch (const std::exception& e) {
       msg = e.what();
     }
