@@ -121,7 +121,6 @@ class SpeculationPolicy {
   static const char* reason_name(Reason reason);
 
  private:
-  using Average = Estimate;
   int arm_index(int budget) const;  // -1 when not an arm
   bool any_arm_measured() const;
   int best_speculative(int top) const;
@@ -129,9 +128,9 @@ class SpeculationPolicy {
 
   std::vector<int> budgets_;
   int start_arm_ = 0;
-  std::map<int, Average> target_time_;  // rows -> seconds
-  std::vector<Average> draft_time_;     // per arm, seconds
-  std::vector<Average> accepted_;       // per arm, tokens
+  std::map<int, Estimate> target_time_;  // rows -> seconds
+  std::vector<Estimate> draft_time_;     // per arm, seconds
+  std::vector<Estimate> accepted_;       // per arm, tokens
   int rounds_ = 0;
   int off_streak_ = 0;        // target-only rounds since the last speculative one, while it wins
   int probe_interval_ = 0;    // target-only rounds between probes (set by the constructor)

@@ -73,7 +73,7 @@ SpeculationPolicy::Memory SpeculationPolicy::memory() const {
 }
 
 bool SpeculationPolicy::any_arm_measured() const {
-  for (const Average& a : accepted_)
+  for (const Estimate& a : accepted_)
     if (a.count > 0) return true;
   return false;
 }
