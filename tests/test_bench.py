@@ -810,6 +810,19 @@ def test_config_megakernel_options():
         parse_config("async:tree16:mk", "cuda")
     with pytest.raises(BenchConfigError, match="option 'dmk' given twice"):
         parse_config("async:tree16:dmk:dmk", "cuda")
+    # auto:...:mk: auto's target-only rounds on the megakernel, verification on the layered path
+    a = parse_config("auto:tree16:mk:dmk", "cuda")
+    assert (a.name, a.target_megakernel, a.draft_megakernel, engine_key(a)) == (
+        "auto:tree16:dmk:mk",
+        True,
+        True,
+        "cuda:dmk:mk",
+    )
+    assert engine_placement(a) == {"draft": {"megakernel": True}, "target": {"megakernel": True}}
+    with pytest.raises(BenchConfigError, match="mk applies to target-only decoding"):
+        parse_config("auto:tree16:mk:mk", "cuda")
+    with pytest.raises(BenchConfigError, match="mk runs the CUDA decode megakernel; it needs the cuda backend"):
+        parse_config("auto:tree16:mk", "cpu")
     with pytest.raises(BenchConfigError, match="got 'mk'"):
         parse_config("target:mk:mk", "cuda")
     with pytest.raises(BenchConfigError, match="got 'tree16'"):

@@ -9,7 +9,7 @@
 # Stages (env STAGES, comma list, run in this order; default prep,logits,bench,peers):
 #   xfer      copy the chunks this call carries (.xfer/*.d/chunk.*) into /tmp/ss-xfer, where they outlive
 #             the call while the machine stays warm (a call's carried files may not); prep joins from there
-#   llamacpp_bg  after the package build (build_bg), build llama.cpp with CUDA detached, from the packed
+#   llamacpp_bg  beside the package build (build_bg), build llama.cpp with CUDA detached and niced, from the packed
 #             source LLAMACPP_SRC (default .xfer/llama-src.tar.gz: `tools/llamacpp_bench.py --pack-source`)
 #   build_bg  start the package build (as in prep) detached from this call (setsid), from a snapshot
 #             of the sources in /tmp/ss-src (or of SRC_TAR, a carried git archive), and return at once: later calls that carry the model
@@ -51,10 +51,11 @@
 #             target TP 1 and async with target TP 2; waits for them unless LOSSLESS_BG=1
 #   cpu_lossless_wait  wait for detached cpu_lossless shards (LOSSLESS_WAIT_S, default 540), merge
 #             their records into one report per TP degree, copy to $OUT/lossless_cpu/
-#   long      issue 27: llama.cpp's llama-bench at depths (tools/llamacpp_bench.py), `swiftspec bench
-#             --context-tokens LONG_CONTEXTS` of LONG_CONFIGS with the llama.cpp peer (LONG_PROMPTS prompts,
-#             LONG_TOKENS new tokens), greedy losslessness at LONG_LOSSLESS (N:prompts,...), and a
-#             LONG_GEN_TOKENS-token generation's host time per token (tools/check_long_generation.py)
+#   long      issue 27, parts LONG_PARTS (llama,bench,lossless,gen): llama.cpp's llama-bench at depths
+#             (tools/llamacpp_bench.py), `swiftspec bench --context-tokens LONG_CONTEXTS` of LONG_CONFIGS with
+#             the peers LONG_PEERS (llamacpp; LONG_PROMPTS prompts, LONG_TOKENS new tokens), greedy losslessness
+#             at LONG_LOSSLESS (N:prompts,...), and a LONG_GEN_TOKENS-token generation's host time per token
+#             (tools/check_long_generation.py)
 #   cpu_acceptance  tools/bench_acceptance.py on this machine's cores (issue 3): acceptance length
 #             and CPU tokens/s of the chain and tree budgets 8/16/32/64 vs target-only, ACC_PROMPTS
 #             (5) prompts per dataset, ACC_TOKENS (64) new tokens; run it alone (timings)
@@ -109,17 +110,28 @@ fi
 LLAMA_LOG=/tmp/ss-llamacpp-bg.log LLAMA_DONE=/tmp/ss-llamacpp-bg.done
 XFER=/tmp/ss-xfer
 if has llamacpp_bg; then
-  # llama.cpp's CUDA build (minutes on 16 cores), detached, once the package build is done (its
-  # Python code drives it: swiftspec.bench.llamacpp_build, cached under SWIFTSPEC_CACHE).
+  # llama.cpp's CUDA build (minutes on 16 cores), detached and niced, started at once beside the
+  # package build: llamacpp_build.py needs only the pure-Python part of the package, imported from
+  # the source snapshot (a stand-in for swiftspec.bench keeps its __init__, which needs the
+  # compiled core, out). Cached under SWIFTSPEC_CACHE, where the installed package finds it later.
   SRC=${LLAMACPP_SRC:-.xfer/llama-src.tar.gz}; [ -f "$XFER/$(basename "$SRC")" ] && SRC="$XFER/$(basename "$SRC")"
   mkdir -p /tmp/ss-llama-src && tar -xzf "$SRC" -C /tmp/ss-llama-src
   export SWIFTSPEC_LLAMACPP_SDIST=$(find /tmp/ss-llama-src -maxdepth 1 -mindepth 1 -type d | head -1)
+  PYSRC=$BG_SRC/python; [ -d "$PYSRC" ] || PYSRC=$PWD/python
+  cat > /tmp/ss-llama-build.py <<PY
+import sys, types
+sys.path.insert(0, "$PYSRC")
+import swiftspec
+bench = types.ModuleType("swiftspec.bench")
+bench.__path__ = ["$PYSRC/swiftspec/bench"]
+sys.modules["swiftspec.bench"] = bench
+from swiftspec.bench.llamacpp_build import ensure_llamacpp
+print(ensure_llamacpp("cuda"))
+PY
   rm -f "$LLAMA_DONE"
-  ( setsid nohup bash -c "for _ in \$(seq 1 900); do [ -f $BG_DONE ] && break; sleep 1; done;
-      PYTHONPATH=/tmp/ss-site SWIFTSPEC_LLAMACPP_SDIST=$SWIFTSPEC_LLAMACPP_SDIST SWIFTSPEC_CACHE=$SWIFTSPEC_CACHE \
-      python3 -c 'from swiftspec.bench.llamacpp_build import ensure_llamacpp; print(ensure_llamacpp(\"cuda\"))' \
-      > $LLAMA_LOG 2>&1; echo \$? > $LLAMA_DONE" > /dev/null 2>&1 < /dev/null & )
-  log "llama.cpp CUDA build queued after the package build (log $LLAMA_LOG)"
+  ( setsid nohup nice -n 10 bash -c "python3 /tmp/ss-llama-build.py > $LLAMA_LOG 2>&1; echo \$? > $LLAMA_DONE" \
+      > /dev/null 2>&1 < /dev/null & )
+  log "llama.cpp CUDA build started (log $LLAMA_LOG)"
 fi
 
 if has xfer; then
@@ -324,28 +336,41 @@ if has cpu_lossless_wait || { has cpu_lossless && [ "${LOSSLESS_BG:-0}" != 1 ]; 
 fi
 
 if has long; then
-  for _ in $(seq 1 600); do [ ! -f "$LLAMA_LOG" ] || [ -f "$LLAMA_DONE" ] && break; sleep 1; done
-  [ -f "$LLAMA_LOG" ] && cp "$LLAMA_LOG" "$OUT/llamacpp_build.log"
+  # LONG_PARTS (default all: llama,bench,lossless,gen) picks the parts, so that the untimed ones
+  # (lossless, gen) can run while llama.cpp still builds and the timed ones in a later call.
+  LP=",${LONG_PARTS:-llama,bench,lossless,gen},"
+  if [[ "$LP" == *,llama,* || "$LP" == *,bench,* ]]; then
+    for _ in $(seq 1 600); do [ ! -f "$LLAMA_LOG" ] || [ -f "$LLAMA_DONE" ] && break; sleep 1; done
+    [ -f "$LLAMA_LOG" ] && cp "$LLAMA_LOG" "$OUT/llamacpp_build.log"
+  fi
   TGGUF=$SWIFTSPEC_CACHE/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
-  timeout "${LONG_LLAMA_TIMEOUT_S:-300}" python3 tools/llamacpp_bench.py --backend cuda --model "$TGGUF" \
-    --out "$OUT/llamacpp_long" 2>&1 | tee "$OUT/llamacpp_long.log" | tail -12
-  log "llama-bench done"
-  timeout "${LONG_BENCH_TIMEOUT_S:-100000}" swiftspec bench --backend cuda --context-tokens "${LONG_CONTEXTS:-512,4096,16384,32000}" \
-    --num-prompts "${LONG_PROMPTS:-2}" --max-new-tokens "${LONG_TOKENS:-256}" \
-    --configs "${LONG_CONFIGS:-target,target:mk,serial:tree16,async:tree16:sm72:dmk}" --peers llamacpp \
-    --skip-unavailable --no-progress --out "$OUT/bench_long" 2>&1 | tee "$OUT/bench_long.log" | tail -40
-  log "long-context bench done"
-  for item in $(echo "${LONG_LOSSLESS:-16384:10,32000:5}" | tr ',' ' '); do
-    n=${item%%:*}; k=${item##*:}
-    timeout "${LONG_LOSSLESS_TIMEOUT_S:-100000}" python3 tools/check_lossless.py --backend cuda --dtype bfloat16 \
-      --mode serial,async --configs tree16:16:8:2 --max-new-tokens "${LONG_LOSSLESS_TOKENS:-128}" --mtbench 0 \
-      --humaneval 0 --context-tokens "$n" --context-prompts "$k" --out "$OUT/lossless_ctx$n" \
-      > "$OUT/lossless_ctx$n.log" 2>&1
-    log "lossless at $n tokens: exit $? ($(grep -c '=ok(' "$OUT/lossless_ctx$n.log") prompts identical)"
-  done
-  timeout "${LONG_GEN_TIMEOUT_S:-600}" python3 tools/check_long_generation.py --backend cuda \
-    --max-new-tokens "${LONG_GEN_TOKENS:-16384}" --json "$OUT/long_generation.json" 2>&1 | tee "$OUT/long_generation.log" | tail -6
-  log "long generation done"
+  if [[ "$LP" == *,llama,* ]]; then
+    timeout "${LONG_LLAMA_TIMEOUT_S:-300}" python3 tools/llamacpp_bench.py --backend cuda --model "$TGGUF" \
+      --out "$OUT/llamacpp_long" 2>&1 | tee "$OUT/llamacpp_long.log" | tail -12
+    log "llama-bench done"
+  fi
+  if [[ "$LP" == *,bench,* ]]; then
+    timeout "${LONG_BENCH_TIMEOUT_S:-100000}" swiftspec bench --backend cuda --context-tokens "${LONG_CONTEXTS:-512,4096,16384,32000}" \
+      --num-prompts "${LONG_PROMPTS:-2}" --max-new-tokens "${LONG_TOKENS:-256}" \
+      --configs "${LONG_CONFIGS:-target,target:mk,serial:tree16,async:tree16:sm72:dmk}" --peers "${LONG_PEERS:-llamacpp}" \
+      --skip-unavailable --no-progress --out "$OUT/bench_long" 2>&1 | tee "$OUT/bench_long.log" | tail -40
+    log "long-context bench done"
+  fi
+  if [[ "$LP" == *,lossless,* ]]; then
+    for item in $(echo "${LONG_LOSSLESS:-16384:10,32000:5}" | tr ',' ' '); do
+      n=${item%%:*}; k=${item##*:}
+      timeout "${LONG_LOSSLESS_TIMEOUT_S:-100000}" python3 tools/check_lossless.py --backend cuda --dtype bfloat16 \
+        --mode serial,async --configs tree16:16:8:2 --max-new-tokens "${LONG_LOSSLESS_TOKENS:-128}" --mtbench 0 \
+        --humaneval 0 --context-tokens "$n" --context-prompts "$k" --out "$OUT/lossless_ctx$n" \
+        > "$OUT/lossless_ctx$n.log" 2>&1
+      log "lossless at $n tokens: exit $? ($(grep -c '=ok(' "$OUT/lossless_ctx$n.log") prompts identical)"
+    done
+  fi
+  if [[ "$LP" == *,gen,* ]]; then
+    timeout "${LONG_GEN_TIMEOUT_S:-600}" python3 tools/check_long_generation.py --backend cuda \
+      --max-new-tokens "${LONG_GEN_TOKENS:-16384}" --json "$OUT/long_generation.json" 2>&1 | tee "$OUT/long_generation.log" | tail -6
+    log "long generation done"
+  fi
 fi
 
 if has cpu_acceptance; then

@@ -27,9 +27,10 @@ A configuration is written as one token (``--configs`` takes a comma-separated l
                                  gemm_engine; the target keeps wgmma)
              | "dmk"          cuda: the draft's single-token steps as the decode megakernel
                                  (placement megakernel)
-             | "mk"           cuda, target-only decoding: the target's single-token steps as the
-                                 decode megakernel; its greedy outputs are checked against plain
-                                 ``target`` (same TP degree) when the run has it
+             | "mk"           cuda, target-only decoding and auto: the target's single-token steps
+                                 (auto's target-only rounds) as the decode megakernel; target:mk's
+                                 greedy outputs are checked against plain ``target`` (same TP
+                                 degree) when the run has it
              | "dg" N         cuda: the draft group on GPU N, the target on GPU 0 (with tpM:
                                  GPUs 0..M-1): draft and target on GPUs of their own
                                  (placement devices)
@@ -104,7 +105,8 @@ class BenchConfig:
             GPU 0.
         draft_engine: the GEMM engine of the draft (``dmma``: "mma"), or None: the default.
         draft_megakernel: the draft's single-token steps as the decode megakernel (``dmk``).
-        target_megakernel: target-only decoding with the decode megakernel (``mk``).
+        target_megakernel: the target's single-token steps as the decode megakernel (``mk``:
+            target-only decoding, or auto's target-only rounds).
         shape: "chain", "tree" or None (for plots: acceptance length per tree budget).
     """
 
@@ -251,9 +253,18 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
             flags.add(opt)
             continue
         if opt == "mk":
-            raise BenchConfigError(
-                f"configuration {raw!r}: mk applies to target-only decoding (target:mk); the draft's is dmk"
-            )
+            if mode != "auto" or "mk" in flags:
+                raise BenchConfigError(
+                    f"configuration {raw!r}: mk applies to target-only decoding (target:mk) and to auto's "
+                    "target-only rounds (auto:...:mk), once; the draft's is dmk"
+                )
+            if backend != "cuda":
+                raise BenchConfigError(
+                    f"configuration {raw!r}: mk runs the CUDA decode megakernel; it needs the cuda backend, "
+                    f"not {backend!r}"
+                )
+            flags.add(opt)
+            continue
         m = _OPTION.match(opt)
         if not m:
             raise BenchConfigError(
@@ -288,6 +299,7 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
             draft_tp = _positive(raw, "draft TP degree", m.group(2))
     draft_engine = "mma" if "dmma" in flags else None
     draft_megakernel = "dmk" in flags
+    target_megakernel = "mk" in flags
     target_priority = "hp" in flags
     if shape == "chain" and branching != 1:
         raise BenchConfigError(f"configuration {raw!r}: a chain has branching 1; use tree{n}:b{branching}")
@@ -314,6 +326,8 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
         name += ":dmma"
     if draft_megakernel:
         name += ":dmk"
+    if target_megakernel:
+        name += ":mk"
     if target_priority:
         name += ":hp"
     name += suffix
@@ -333,6 +347,7 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
         draft_gpu=draft_gpu,
         draft_engine=draft_engine,
         draft_megakernel=draft_megakernel,
+        target_megakernel=target_megakernel,
     )
 
 
