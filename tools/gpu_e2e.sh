@@ -54,7 +54,7 @@
 #   long      issue 27, parts LONG_PARTS (llama,bench,lossless,gen): llama.cpp's llama-bench at depths
 #             (tools/llamacpp_bench.py), `swiftspec bench --context-tokens LONG_CONTEXTS` of LONG_CONFIGS with
 #             the peers LONG_PEERS (llamacpp; LONG_PROMPTS prompts, LONG_TOKENS new tokens), greedy losslessness
-#             at LONG_LOSSLESS (N:prompts,...), and a LONG_GEN_TOKENS-token generation's host time per token
+#             at LONG_LOSSLESS (N:prompts,...) of LONG_LOSSLESS_MODES, and a LONG_GEN_TOKENS-token generation's host time per token
 #             (tools/check_long_generation.py)
 #   cpu_acceptance  tools/bench_acceptance.py on this machine's cores (issue 3): acceptance length
 #             and CPU tokens/s of the chain and tree budgets 8/16/32/64 vs target-only, ACC_PROMPTS
@@ -360,7 +360,7 @@ if has long; then
     for item in $(echo "${LONG_LOSSLESS:-16384:10,32000:5}" | tr ',' ' '); do
       n=${item%%:*}; k=${item##*:}
       timeout "${LONG_LOSSLESS_TIMEOUT_S:-100000}" python3 tools/check_lossless.py --backend cuda --dtype bfloat16 \
-        --mode serial,async --configs tree16:16:8:2 --max-new-tokens "${LONG_LOSSLESS_TOKENS:-128}" --mtbench 0 \
+        --mode "${LONG_LOSSLESS_MODES:-serial,async,auto}" --configs tree16:16:8:2 --max-new-tokens "${LONG_LOSSLESS_TOKENS:-128}" --mtbench 0 \
         --humaneval 0 --context-tokens "$n" --context-prompts "$k" --out "$OUT/lossless_ctx$n" \
         > "$OUT/lossless_ctx$n.log" 2>&1
       log "lossless at $n tokens: exit $? ($(grep -c '=ok(' "$OUT/lossless_ctx$n.log") prompts identical)"
