@@ -117,6 +117,28 @@ SWIFTSPEC_TEST(speculation_policy_measures_target_only_then_the_start_budget) {
   CHECK_EQ(p.reason_counts().at("limit"), 1);
 }
 
+SWIFTSPEC_TEST(speculation_policy_charges_each_round_its_overhead) {
+  // The same passes as below, plus the rounds' time outside them: a speculative round's overhead
+  // (selecting the tree, the draft taking in the accepted tokens) can turn a winning arm into a
+  // losing one, and a target-only round's lowers target-only's rate.
+  SpeculationPolicy p(4);  // arms 1, 2, 4
+  p.observe_target_only(0.010, 0.002);
+  p.observe_speculative(4, 5, 0.018, {0.001, 0.002, 0.003}, {1, 2, 2}, 0.030);
+  CHECK(std::abs(p.estimated_rate(0) - 1.0 / 0.012) < 1e-9);
+  CHECK(std::abs(p.estimated_rate(4) - 3.0 / (0.003 + 0.018 + 0.030)) < 1e-9);
+  CHECK(std::abs(p.estimated_rate(2) - 3.0 / (0.002 + 0.014 + 0.030)) < 1e-9);
+  // Without the overheads arm 2 wins (rates_follow_the_model); with them target-only does.
+  CHECK(p.estimated_rate(0) > p.estimated_rate(2));
+  CHECK_EQ(p.choose(4).budget, 0);
+  // The overheads carry over to the next request.
+  const SpeculationPolicy::Memory m = p.memory();
+  CHECK(std::abs(m.overhead_off.value - 0.002) < 1e-12 && std::abs(m.overhead_spec.value - 0.030) < 1e-12);
+  SpeculationPolicy next(4, &m);
+  CHECK(std::abs(next.estimated_rate(2) - p.estimated_rate(2)) < 1e-9);
+  CHECK_THROWS(p.observe_target_only(0.01, -1.0), InvalidArgument);
+  CHECK_THROWS(p.observe_speculative(4, 5, 0.01, {0.001, 0.002, 0.003}, {1, 1, 2}, std::nan("")), InvalidArgument);
+}
+
 SWIFTSPEC_TEST(speculation_policy_rates_follow_the_model) {
   SpeculationPolicy p(4);  // arms 1, 2, 4
   p.observe_target_only(0.010);

@@ -7,13 +7,16 @@
 // Sequoia, Chen et al., 2024, §3.2): a round with a tree of budget k emits 1 + A(k) tokens, A(k)
 // the expected accepted speculative tokens, and costs D(k) + T(k + 1) seconds: the draft's time to
 // grow a tree of k selectable nodes plus one target pass over k + 1 rows (the root and the nodes).
-// Target-only decoding emits 1 token per pass of one row, T(1). The policy plays the arm with the
-// largest estimated rate (1 + A(k)) / (D(k) + T(k + 1)), or 1 / T(1) for target-only. A larger tree
+// Target-only decoding emits 1 token per pass of one row, T(1). Each kind of round also costs time
+// outside those passes (selecting the tree, the draft taking in the accepted tokens, emitting
+// tokens): O_spec per speculative round and O_off per target-only round, measured as the round's
+// wall time less its passes. The policy plays the arm with the largest estimated rate
+// (1 + A(k)) / (D(k) + T(k + 1) + O_spec), or 1 / (T(1) + O_off) for target-only. A larger tree
 // contains a smaller one, so A(k) is taken as at least every smaller arm's estimate.
 //
 // What it measures (all per request, from the rounds it plays):
 //   - T(r): exponential moving averages of the target pass time per row count r (interpolated
-//     linearly between measured r, flat beyond them);
+//     linearly between measured r, flat beyond them); O_spec and O_off likewise;
 //   - D(k), A(k) for every arm k <= the played budget: best-first growth reaches k selectable
 //     nodes before it reaches more, so one round at budget K gives the draft time at which each
 //     smaller arm was reached; and the counterfactual acceptance of a smaller tree is exact under
@@ -70,11 +73,12 @@ class SpeculationPolicy {
   };
   /// What a request's policy learned, the next request's prior (see above).
   struct Memory {
-    std::vector<int> budgets;             // the arms the estimates below belong to
-    std::map<int, Estimate> target_time;  // rows -> seconds of a target pass
-    std::vector<Estimate> draft_time;     // per arm, seconds
-    std::vector<Estimate> accepted;       // per arm, tokens
-    int probe_interval = 0;               // target-only rounds before the next probe (0: none)
+    std::vector<int> budgets;              // the arms the estimates below belong to
+    std::map<int, Estimate> target_time;   // rows -> seconds of a target pass
+    std::vector<Estimate> draft_time;      // per arm, seconds
+    std::vector<Estimate> accepted;        // per arm, tokens
+    Estimate overhead_off, overhead_spec;  // seconds per round outside the passes
+    int probe_interval = 0;                // target-only rounds before the next probe (0: none)
   };
 
   /// Arms: target-only and the budgets 1, 2, 4, ... below `max_budget`, then `max_budget`.
@@ -96,19 +100,22 @@ class SpeculationPolicy {
   /// target-only only, e.g. when one token is left to emit).
   Choice choose(int allowed_budget);
 
-  /// A target-only round: one target pass of one row took `seconds`.
-  void observe_target_only(double seconds);
+  /// A target-only round: one target pass of one row took `seconds`, and the round
+  /// `overhead_seconds` more (its wall time less the pass). Throws InvalidArgument for a negative
+  /// or NaN time.
+  void observe_target_only(double seconds, double overhead_seconds = 0.0);
 
   /// A speculative round at budget `played` (an element of budgets()): the target pass over
   /// `rows` rows (verified nodes + the root) took `verify_seconds`; `draft_seconds_at[i]` and
   /// `accepted_at[i]` are the draft time at which the tree reached budgets()[i] selectable nodes
   /// (or stopped growing) and the accepted tokens a tree of that budget would have had, for every
   /// arm i with budgets()[i] <= played (sizes: that many arms); both -1 for an arm the round does
-  /// not measure (its trees grow otherwise: auto_speculation.cpp). Throws InvalidArgument for a
-  /// budget that is not an arm, sizes that do not match, the played arm unmeasured, or other
+  /// not measure (its trees grow otherwise: auto_speculation.cpp); `overhead_seconds`: the round's
+  /// wall time less the played arm's draft time and the verification pass. Throws InvalidArgument
+  /// for a budget that is not an arm, sizes that do not match, the played arm unmeasured, or other
   /// negative or NaN values.
   void observe_speculative(int played, int rows, double verify_seconds, const std::vector<double>& draft_seconds_at,
-                           const std::vector<int>& accepted_at);
+                           const std::vector<int>& accepted_at, double overhead_seconds = 0.0);
 
   /// Estimated tokens per second of target-only decoding (budget 0) or of an arm; 0 while not
   /// measured.
@@ -128,9 +135,10 @@ class SpeculationPolicy {
 
   std::vector<int> budgets_;
   int start_arm_ = 0;
-  std::map<int, Estimate> target_time_;  // rows -> seconds
-  std::vector<Estimate> draft_time_;     // per arm, seconds
-  std::vector<Estimate> accepted_;       // per arm, tokens
+  std::map<int, Estimate> target_time_;    // rows -> seconds
+  std::vector<Estimate> draft_time_;       // per arm, seconds
+  std::vector<Estimate> accepted_;         // per arm, tokens
+  Estimate overhead_off_, overhead_spec_;  // seconds per round outside the passes
   int rounds_ = 0;
   int off_streak_ = 0;        // target-only rounds since the last speculative one, while it wins
   int probe_interval_ = 0;    // target-only rounds between probes (set by the constructor)

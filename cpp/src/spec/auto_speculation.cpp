@@ -94,15 +94,17 @@ GenerationResult generate_speculative_auto(Model& target, Model& draft, const st
     const int last = static_cast<int>(result.tokens.size()) - 1;
 
     if (choice.budget == 0) {
+      const double w0 = now_s();
       TokenTree alone;
       alone.reset(root);
       const double t0 = verifier.time();
       const VerificationResult r = verifier.verify(alone, [](int) { return nullptr; }, rng);
-      policy.observe_target_only(verifier.time() - t0);
+      const double pass = verifier.time() - t0;
       rep.target_sampling_nodes += r.target_sampling_nodes;
       rep.accepted_per_step.push_back(0);
       rep.verified_per_step.push_back(0);
       out.emit(r.tokens);
+      policy.observe_target_only(pass, std::max(0.0, now_s() - w0 - pass));
       continue;
     }
 
@@ -118,6 +120,10 @@ GenerationResult generate_speculative_auto(Model& target, Model& draft, const st
 
     // Grow the chosen arm's tree, noting for each smaller arm that grows alike the draft time at
     // which its tree was there and how many nodes it had (-1: an arm this round does not measure).
+    // The round's wall time from here (after the catch-up, a cost of switching, not of the arm)
+    // to the draft's taking in the accepted tokens: less its draft and verification times, the
+    // arm's overhead (SpeculationPolicy: O_spec).
+    const double w0 = now_s();
     const int arms = static_cast<int>(std::find(budgets.begin(), budgets.end(), choice.budget) - budgets.begin()) + 1;
     const bool step_arms = drafter.growth() == TreeGrowth::TopK;
     std::vector<double> draft_at(arms, -1.0);
@@ -164,7 +170,6 @@ GenerationResult generate_speculative_auto(Model& target, Model& draft, const st
     for (int i = 0; i < arms; ++i)
       if (draft_at[i] >= 0.0)
         accepted_at[i] = accepted_within(drafter.tree(), to_draft, r, budgets[i], depth_limit, nodes_at[i]);
-    policy.observe_speculative(choice.budget, tree.size(), verify_seconds, draft_at, accepted_at);
 
     std::vector<int32_t> accepted(r.tokens.begin(), r.tokens.end() - 1);
     out.emit(r.tokens);
@@ -172,6 +177,11 @@ GenerationResult generate_speculative_auto(Model& target, Model& draft, const st
       rep.reused_nodes += drafter.advance(accepted, r.bonus_token);
       draft_root = static_cast<int>(result.tokens.size()) - 1;
     }
+    // The played arm's draft time is its growth (draft_at[arms - 1]); the rest of the drafter's
+    // time this round (selecting, taking in the accepted tokens) and the host's are the overhead.
+    const double overhead = now_s() - w0 - verify_seconds - draft_at[arms - 1];
+    policy.observe_speculative(choice.budget, tree.size(), verify_seconds, draft_at, accepted_at,
+                               std::max(0.0, overhead));
   }
 
   detail::finish_speculative_stats(result, rep, verifier, drafter, t_first,

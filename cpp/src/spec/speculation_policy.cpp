@@ -52,6 +52,8 @@ SpeculationPolicy::SpeculationPolicy(int max_budget, const Memory* prior) {
   };
   for (const auto& [rows, e] : prior->target_time)
     if (e.count > 0) target_time_[rows] = capped(e, kPriorTimeCount);
+  overhead_off_ = capped(prior->overhead_off, kPriorTimeCount);
+  overhead_spec_ = capped(prior->overhead_spec, kPriorTimeCount);
   if (prior->budgets == budgets_ && prior->draft_time.size() == budgets_.size() &&
       prior->accepted.size() == budgets_.size()) {
     for (size_t i = 0; i < budgets_.size(); ++i) {
@@ -68,6 +70,8 @@ SpeculationPolicy::Memory SpeculationPolicy::memory() const {
   m.target_time = target_time_;
   m.draft_time = draft_time_;
   m.accepted = accepted_;
+  m.overhead_off = overhead_off_;
+  m.overhead_spec = overhead_spec_;
   m.probe_interval = probe_interval_;
   return m;
 }
@@ -96,7 +100,8 @@ double SpeculationPolicy::target_seconds(int rows) const {
 double SpeculationPolicy::estimated_rate(int budget) const {
   if (budget == 0) {
     const auto it = target_time_.find(1);
-    return it == target_time_.end() || it->second.value <= 0.0 ? 0.0 : 1.0 / it->second.value;
+    const double seconds = it == target_time_.end() ? 0.0 : it->second.value + overhead_off_.value;
+    return seconds <= 0.0 ? 0.0 : 1.0 / seconds;
   }
   const int i = arm_index(budget);
   if (i < 0 || accepted_[i].count == 0 || target_time_.empty()) return 0.0;
@@ -105,7 +110,7 @@ double SpeculationPolicy::estimated_rate(int budget) const {
   double accepted = 0.0;
   for (int j = 0; j <= i; ++j)
     if (accepted_[j].count > 0) accepted = std::max(accepted, accepted_[j].value);
-  const double seconds = draft_time_[i].value + target_seconds(budget + 1);
+  const double seconds = draft_time_[i].value + target_seconds(budget + 1) + overhead_spec_.value;
   return seconds <= 0.0 ? 0.0 : (1.0 + accepted) / seconds;
 }
 
@@ -163,21 +168,23 @@ SpeculationPolicy::Choice SpeculationPolicy::choose(int allowed_budget) {
   return play(best_spec, Reason::Best);
 }
 
-void SpeculationPolicy::observe_target_only(double seconds) {
-  if (!(seconds >= 0.0)) throw InvalidArgument("observe_target_only: seconds must be >= 0");
+void SpeculationPolicy::observe_target_only(double seconds, double overhead_seconds) {
+  if (!(seconds >= 0.0) || !(overhead_seconds >= 0.0))
+    throw InvalidArgument("observe_target_only: seconds must be >= 0");
   target_time_[1].add(seconds, kTimeWeight);
+  overhead_off_.add(overhead_seconds, kTimeWeight);
 }
 
 void SpeculationPolicy::observe_speculative(int played, int rows, double verify_seconds,
                                             const std::vector<double>& draft_seconds_at,
-                                            const std::vector<int>& accepted_at) {
+                                            const std::vector<int>& accepted_at, double overhead_seconds) {
   const int arm = arm_index(played);
   if (arm < 0) throw InvalidArgument("observe_speculative: budget " + std::to_string(played) + " is not an arm");
   const size_t arms = static_cast<size_t>(arm) + 1;
   if (draft_seconds_at.size() != arms || accepted_at.size() != arms)
     throw InvalidArgument("observe_speculative: expected " + std::to_string(arms) + " arms' measurements, got " +
                           std::to_string(draft_seconds_at.size()) + " and " + std::to_string(accepted_at.size()));
-  if (rows < 1 || !(verify_seconds >= 0.0))
+  if (rows < 1 || !(verify_seconds >= 0.0) || !(overhead_seconds >= 0.0))
     throw InvalidArgument("observe_speculative: rows must be >= 1 and seconds >= 0");
   for (size_t i = 0; i < arms; ++i) {
     const bool unmeasured = draft_seconds_at[i] == -1.0 && accepted_at[i] == -1;
@@ -186,6 +193,7 @@ void SpeculationPolicy::observe_speculative(int played, int rows, double verify_
       throw InvalidArgument("observe_speculative: negative draft time or accepted count");
   }
   target_time_[rows].add(verify_seconds, kTimeWeight);
+  overhead_spec_.add(overhead_seconds, kTimeWeight);
   for (size_t i = 0; i < arms; ++i) {
     if (accepted_at[i] < 0) continue;  // not measured by this round
     draft_time_[i].add(draft_seconds_at[i], kTimeWeight);
