@@ -139,6 +139,31 @@ SWIFTSPEC_TEST(speculation_policy_charges_each_round_its_overhead) {
   CHECK_THROWS(p.observe_speculative(4, 5, 0.01, {0.001, 0.002, 0.003}, {1, 1, 2}, std::nan("")), InvalidArgument);
 }
 
+SWIFTSPEC_TEST(speculation_policy_acceptance_decays_per_round) {
+  // Two policies see the same measurements of arm 4, the last one after 1 round in one and after
+  // 9 rounds in the other: the later measurement outweighs more of the old average (an arm
+  // refreshed every few rounds follows the text as one played every round would).
+  auto run = [](int gap) {
+    SpeculationPolicy p(4);  // arms 1, 2, 4
+    p.choose(4);
+    p.observe_target_only(0.010);
+    for (int i = 0; i < 20; ++i) {
+      p.choose(4);
+      p.observe_speculative(4, 5, 0.018, {0.001, 0.002, 0.003}, {0, 0, 0});
+    }
+    for (int i = 1; i < gap; ++i) {
+      p.choose(0);
+      p.observe_target_only(0.010);
+    }
+    p.choose(4);
+    p.observe_speculative(4, 5, 0.018, {-1.0, -1.0, 0.003}, {-1, -1, 4});
+    return p.estimated_rate(4) * (0.003 + 0.018) - 1.0;  // the accepted-tokens estimate
+  };
+  const double a1 = run(1), a9 = run(9);
+  CHECK(std::abs(a1 - 0.1 * 4) < 1e-9);
+  CHECK(std::abs(a9 - (1.0 - std::pow(0.9, 9)) * 4) < 1e-9);
+}
+
 SWIFTSPEC_TEST(speculation_policy_rates_follow_the_model) {
   SpeculationPolicy p(4);  // arms 1, 2, 4
   p.observe_target_only(0.010);

@@ -138,6 +138,7 @@ class SpeculationPolicy {
   std::map<int, Estimate> target_time_;    // rows -> seconds
   std::vector<Estimate> draft_time_;       // per arm, seconds
   std::vector<Estimate> accepted_;         // per arm, tokens
+  std::vector<int> accepted_round_;        // per arm, the round that last measured it
   Estimate overhead_off_, overhead_spec_;  // seconds per round outside the passes
   int rounds_ = 0;
   int off_streak_ = 0;        // target-only rounds since the last speculative one, while it wins

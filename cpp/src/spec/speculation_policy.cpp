@@ -2,6 +2,7 @@
 #include "swiftspec/speculation_policy.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 #include <string>
 
@@ -13,7 +14,9 @@ namespace {
 
 // Weight of a new measurement in the moving averages, once they hold 1 / weight values: acceptance
 // follows the text (a code block, then prose) over tens of rounds; pass times are steadier but
-// drift with the context.
+// drift with the context. Acceptance decays per round, not per measurement: an arm measured
+// again after g rounds weighs the new value 1 - (1 - kAcceptanceWeight)^g, so the sparse rounds
+// that refresh an arm above the best move its estimate as far as g rounds of play would have.
 constexpr double kAcceptanceWeight = 0.1;
 constexpr double kTimeWeight = 0.3;
 constexpr int kFirstProbeInterval = 4;
@@ -42,6 +45,7 @@ SpeculationPolicy::SpeculationPolicy(int max_budget, const Memory* prior) {
   budgets_.push_back(max_budget);
   draft_time_.resize(budgets_.size());
   accepted_.resize(budgets_.size());
+  accepted_round_.assign(budgets_.size(), 0);
   probe_interval_ = kFirstProbeInterval;
   for (int i = 0; i < static_cast<int>(budgets_.size()); ++i)
     if (budgets_[i] <= std::max(1, max_budget / 4)) start_arm_ = i;
@@ -197,7 +201,9 @@ void SpeculationPolicy::observe_speculative(int played, int rows, double verify_
   for (size_t i = 0; i < arms; ++i) {
     if (accepted_at[i] < 0) continue;  // not measured by this round
     draft_time_[i].add(draft_seconds_at[i], kTimeWeight);
-    accepted_[i].add(accepted_at[i], kAcceptanceWeight);
+    const int gap = std::max(1, rounds_ - accepted_round_[i]);
+    accepted_[i].add(accepted_at[i], 1.0 - std::pow(1.0 - kAcceptanceWeight, gap));
+    accepted_round_[i] = rounds_;
   }
 }
 
