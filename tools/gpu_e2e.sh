@@ -51,6 +51,9 @@
 #             target TP 1 and async with target TP 2; waits for them unless LOSSLESS_BG=1
 #   cpu_lossless_wait  wait for detached cpu_lossless shards (LOSSLESS_WAIT_S, default 540), merge
 #             their records into one report per TP degree, copy to $OUT/lossless_cpu/
+#   auto_random  issue 32 on the GPU without the real weights: `swiftspec bench` of AR_CONFIGS on random-weight
+#             twins of the reference pair (tools/random_twin.py, layouts carried in .xfer/twin): a draft that
+#             never agrees and one that always does (the target itself); AR_PROMPTS MT-Bench prompts, AR_TOKENS
 #   long      issue 27, parts LONG_PARTS (llama,bench,lossless,gen): llama.cpp's llama-bench at depths
 #             (tools/llamacpp_bench.py), `swiftspec bench --context-tokens LONG_CONTEXTS` of LONG_CONFIGS with
 #             the peers LONG_PEERS (llamacpp; LONG_PROMPTS prompts, LONG_TOKENS new tokens), greedy losslessness
@@ -145,11 +148,32 @@ if has xfer; then
 fi
 chunks() { if [ -d "$XFER/$1" ]; then echo "$XFER/$1"; else echo ".xfer/$1"; fi; }
 
-if has prep && [ -f "$BG_LOG" ]; then  # a background build: wait for it, then skip the build below
+if { has prep || has auto_random; } && [ -f "$BG_LOG" ]; then  # a background build: wait, skip the build below
   for _ in $(seq 1 600); do [ -f "$BG_DONE" ] && break; sleep 1; done
   cp "$BG_LOG" "$OUT/build.log"
   if [ "$(cat "$BG_DONE" 2>/dev/null)" = "0" ]; then SKIP_BUILD=1; log "background build done"
   else log "background build failed or unfinished"; tail -40 "$BG_LOG"; exit 1; fi
+fi
+
+if has auto_random; then
+  # Issue 32 without the real weights: random-weight twins of the reference pair (tools/random_twin.py;
+  # layouts carried in .xfer/twin or staged in $XFER/twin). With the random draft the draft never
+  # agrees (auto must fall back to target-only); drafting with the target itself it always agrees.
+  TW=.xfer/twin; [ -d "$XFER/twin" ] && TW=$XFER/twin
+  if [ -d "$XFER/datasets" ]; then cp -r "$XFER"/datasets/* "$SWIFTSPEC_CACHE/datasets/"
+  else cp -r .xfer/datasets/* "$SWIFTSPEC_CACHE/datasets/"; fi
+  T=/tmp/ss-twin/target D=/tmp/ss-twin/draft
+  [ -f $T/manifest.json ] || python3 tools/random_twin.py make "$TW/qwen2.5-coder-1.5b-instruct" $T --seed 1 &
+  [ -f $D/manifest.json ] || python3 tools/random_twin.py make "$TW/qwen2.5-coder-0.5b-instruct" $D --seed 2 &
+  wait
+  log "random twins made"
+  for pair in never:$D always:$T; do
+    timeout "${AR_TIMEOUT_S:-240}" swiftspec bench --backend cuda --target $T --draft "${pair#*:}" \
+      --configs "${AR_CONFIGS:-target,target:mk,serial:tree16,auto:tree16,auto:tree16:mk}" --datasets mtbench \
+      --num-prompts "${AR_PROMPTS:-4}" --max-new-tokens "${AR_TOKENS:-128}" --no-progress \
+      --out "$OUT/auto_random_${pair%%:*}" > "$OUT/auto_random_${pair%%:*}.log" 2>&1
+    log "auto_random ${pair%%:*}: exit $?"; grep -A12 "^| config" "$OUT/auto_random_${pair%%:*}/bench.md" | head -14
+  done
 fi
 
 if has prep; then
