@@ -14,23 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-SEEDS = Path(__file__).resolve().parent / "seeds"
+# The tiny checkpoint's config.json and manifest.json tables and the tiny GGUF, shared with the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from tiny_checkpoint import TINY_CONFIG, TINY_MANIFEST, TINY_TP_MANIFEST, TINY_TP_PLAN, write_tiny_gguf  # noqa: E402
 
-TINY = {
-    "model_type": "llama",
-    "vocab_size": 64,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "max_position_embeddings": 128,
-    "tie_word_embeddings": True,
-    "eos_token_id": 2,
-}
+SEEDS = Path(__file__).resolve().parent / "seeds"
 
 
 def nested(depth: int, leaf: str = "1") -> str:
@@ -39,14 +27,14 @@ def nested(depth: int, leaf: str = "1") -> str:
 
 def configs() -> dict[str, str]:
     qwen = {
-        **TINY,
+        **TINY_CONFIG,
         "model_type": "qwen2",
         "eos_token_id": [2, 3],
         "attention_bias": True,
         "swiftspec": {"rope_style": "neox", "attention_bias": True},
     }
     llama3 = {
-        **TINY,
+        **TINY_CONFIG,
         "rope_scaling": {
             "rope_type": "llama3",
             "factor": 8.0,
@@ -55,9 +43,9 @@ def configs() -> dict[str, str]:
             "original_max_position_embeddings": 64,
         },
     }
-    hf5 = {k: v for k, v in TINY.items() if k != "rope_theta"}
+    hf5 = {k: v for k, v in TINY_CONFIG.items() if k != "rope_theta"}
     hf5["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
-    text = json.dumps(TINY)
+    text = json.dumps(TINY_CONFIG)
     return {
         "tiny-llama.json": text,
         "tiny-qwen2.json": json.dumps(qwen),
@@ -68,36 +56,18 @@ def configs() -> dict[str, str]:
         "regress-overflow.json": text.replace('"rope_theta": 10000.0', '"rope_theta": 1e99999'),
         "regress-400-digits.json": text.replace('"vocab_size": 64', '"vocab_size": ' + "9" * 400),
         # item 8: sizes the tensors do not have
-        "regress-head-dim.json": json.dumps({**TINY, "head_dim": 1073741824}),
-        "regress-layers.json": json.dumps({**TINY, "num_hidden_layers": 2147483647}),
+        "regress-head-dim.json": json.dumps({**TINY_CONFIG, "head_dim": 1073741824}),
+        "regress-layers.json": json.dumps({**TINY_CONFIG, "num_hidden_layers": 2147483647}),
         # item 9
         "regress-llama3-factor0.json": json.dumps({**llama3, "rope_scaling": {**llama3["rope_scaling"], "factor": 0}}),
     }
 
 
 def manifests() -> dict[str, str]:
-    v1 = {"format": "swiftspec-checkpoint", "format_version": 1, "dtype": "float32", "files": ["model.safetensors"]}
+    v1 = TINY_MANIFEST
     v3 = {**v1, "format_version": 3, "dtype": "int4", "quantization": {"bits": 4, "group_size": 32}}
-    tp = {
-        "tp_degree": 2,
-        "q_heads_per_rank": 2,
-        "kv_heads_per_rank": 1,
-        "ffn_per_rank": 32,
-        "vocab_per_rank": 32,
-        "q_heads": [[0, 1], [2, 3]],
-        "kv_heads": [[0], [1]],
-        "q_to_kv": [[0, 0], [0, 0]],
-        "ffn_bounds": [0, 32, 64],
-        "vocab_bounds": [0, 32, 64],
-    }
-    v2 = {
-        "format": "swiftspec-checkpoint",
-        "format_version": 2,
-        "dtype": "float32",
-        "tp_degree": 2,
-        "tensor_parallel": tp,
-        "files": ["model-tp-shared.safetensors", "model-tp0-of-2.safetensors", "model-tp1-of-2.safetensors"],
-    }
+    tp = TINY_TP_PLAN
+    v2 = TINY_TP_MANIFEST
     return {
         "v1.json": json.dumps(v1),
         "v3-int4.json": json.dumps(v3),
@@ -139,33 +109,10 @@ def safetensors_files() -> dict[str, bytes]:
 
 
 def gguf_files(tmp: Path) -> dict[str, bytes]:
-    import gguf
-
     def write(path: Path, tokens: list[str], embd: np.ndarray | None = None) -> bytes:
-        rng = np.random.default_rng(0)
         if embd is None:
-            embd = rng.standard_normal((len(tokens), 8)).astype(np.float32)
-        w = gguf.GGUFWriter(str(path), "llama")
-        w.add_block_count(1)
-        w.add_context_length(64)
-        w.add_embedding_length(8)
-        w.add_feed_forward_length(16)
-        w.add_head_count(2)
-        w.add_head_count_kv(1)
-        w.add_rope_freq_base(10000.0)
-        w.add_layer_norm_rms_eps(1e-5)
-        w.add_tokenizer_model("gpt2")
-        w.add_token_list(tokens)
-        w.add_token_types([1] * len(tokens))
-        w.add_token_merges(["h e"])
-        w.add_eos_token_id(len(tokens) - 1)
-        w.add_tensor("token_embd.weight", embd)
-        w.add_tensor("output_norm.weight", np.ones(8, np.float32))
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        return path.read_bytes()
+            embd = np.random.default_rng(0).standard_normal((len(tokens), 8)).astype(np.float32)
+        return write_tiny_gguf(path, tokens, token_types=[1] * len(tokens), embd=embd, eos_token_id=len(tokens) - 1)
 
     tokens = ["h", "e", "he", "<|endoftext|>"]
     tiny = write(tmp / "tiny.gguf", tokens)

@@ -14,59 +14,17 @@ import time
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
+from tiny_checkpoint import TINY_CONFIG, TINY_MANIFEST, tiny_tensors
 
 from swiftspec import CheckpointError, InvalidRequestError
 from swiftspec import swiftspec_core as core
-
-TINY_CONFIG = {
-    "model_type": "llama",
-    "vocab_size": 64,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "max_position_embeddings": 128,
-    "tie_word_embeddings": True,
-    "eos_token_id": 2,
-}
-
-
-def tiny_tensors(cfg):
-    rng = np.random.default_rng(0)
-    h, i, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
-    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
-    t = {"model.embed_tokens.weight": (cfg["vocab_size"], h), "model.norm.weight": (h,)}
-    for layer in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{layer}."
-        t.update(
-            {
-                p + "self_attn.q_proj.weight": (q, h),
-                p + "self_attn.k_proj.weight": (kv, h),
-                p + "self_attn.v_proj.weight": (kv, h),
-                p + "self_attn.o_proj.weight": (h, q),
-                p + "mlp.gate_proj.weight": (i, h),
-                p + "mlp.up_proj.weight": (i, h),
-                p + "mlp.down_proj.weight": (h, i),
-                p + "input_layernorm.weight": (h,),
-                p + "post_attention_layernorm.weight": (h,),
-            }
-        )
-    return {k: (rng.standard_normal(s) * 0.1 + (1.0 if len(s) == 1 else 0.0)).astype(np.float32) for k, s in t.items()}
 
 
 def write_checkpoint(path, cfg=TINY_CONFIG, tensors=None):
     path.mkdir(parents=True, exist_ok=True)
     save_file(tensors if tensors is not None else tiny_tensors(cfg), str(path / "model.safetensors"))
     (path / "config.json").write_text(json.dumps(cfg))
-    (path / "manifest.json").write_text(
-        json.dumps(
-            {"format": "swiftspec-checkpoint", "format_version": 1, "dtype": "float32", "files": ["model.safetensors"]}
-        )
-    )
+    (path / "manifest.json").write_text(json.dumps(TINY_MANIFEST))
     return path
 
 

@@ -22,28 +22,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
+from tiny_checkpoint import (
+    TINY_CONFIG,
+    TINY_MANIFEST,
+    TINY_TP_MANIFEST,
+    TINY_TP_PLAN,
+    tiny_tensors,
+    write_tiny_gguf,
+)
 
 import swiftspec
 from swiftspec import CheckpointError
 from swiftspec import swiftspec_core as core
 from swiftspec.tokenizer import Tokenizer
 
-TINY_CONFIG = {
-    "model_type": "llama",
-    "vocab_size": 64,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "max_position_embeddings": 128,
-    "tie_word_embeddings": True,
-    "eos_token_id": 2,
-}
-MANIFEST = {"format": "swiftspec-checkpoint", "format_version": 1, "dtype": "float32", "files": ["model.safetensors"]}
 DEPTH = core.JSON_LIMITS["max_depth"]
 #: The issue's nesting: 100,000 arrays, which overflowed the stack in json::dump().
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -55,29 +47,6 @@ CHILD_CACHE: Path = Path("/nonexistent")
 def _child_cache(tmp_path_factory):
     global CHILD_CACHE
     CHILD_CACHE = tmp_path_factory.getbasetemp() / "child-cache"
-
-
-def tiny_tensors(cfg=TINY_CONFIG) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    h, i, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
-    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
-    shapes = {"model.embed_tokens.weight": (cfg["vocab_size"], h), "model.norm.weight": (h,)}
-    for layer in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{layer}."
-        shapes.update(
-            {
-                p + "self_attn.q_proj.weight": (q, h),
-                p + "self_attn.k_proj.weight": (kv, h),
-                p + "self_attn.v_proj.weight": (kv, h),
-                p + "self_attn.o_proj.weight": (h, q),
-                p + "mlp.gate_proj.weight": (i, h),
-                p + "mlp.up_proj.weight": (i, h),
-                p + "mlp.down_proj.weight": (h, i),
-                p + "input_layernorm.weight": (h,),
-                p + "post_attention_layernorm.weight": (h,),
-            }
-        )
-    return {k: (rng.standard_normal(s) * 0.1).astype(np.float32) for k, s in shapes.items()}
 
 
 def write_tokenizer(folder: Path) -> None:
@@ -92,10 +61,14 @@ def write_tokenizer(folder: Path) -> None:
 
 
 def write_checkpoint(
-    folder: Path, cfg=TINY_CONFIG, manifest=MANIFEST, config_text: str | None = None, manifest_text: str | None = None
+    folder: Path,
+    cfg=TINY_CONFIG,
+    manifest=TINY_MANIFEST,
+    config_text: str | None = None,
+    manifest_text: str | None = None,
 ) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    save_file(tiny_tensors(), str(folder / "model.safetensors"))
+    save_file(tiny_tensors(norm_mean=0.0), str(folder / "model.safetensors"))
     (folder / "config.json").write_text(config_text if config_text is not None else json.dumps(cfg))
     (folder / "manifest.json").write_text(manifest_text if manifest_text is not None else json.dumps(manifest))
     write_tokenizer(folder)
@@ -202,7 +175,9 @@ def test_4_numbers_past_the_double_range_are_refused_naming_file_and_field(tmp_p
         (ckpt / file).write_text(json.dumps(TINY_CONFIG).replace("10000.0", number))
     elif file == "manifest.json":
         field = "format_version"
-        (ckpt / file).write_text(json.dumps(MANIFEST).replace('"format_version": 1', f'"format_version": {number}'))
+        (ckpt / file).write_text(
+            json.dumps(TINY_MANIFEST).replace('"format_version": 1', f'"format_version": {number}')
+        )
     else:
         field = "__metadata__.x"
         raw = (ckpt / file).read_bytes()
@@ -269,30 +244,10 @@ def test_python_readers_refuse_bytes_that_are_not_utf8_and_nesting_past_a_syntax
 
 # ---------------------------------------------------------------- 2, 3: manifest.json
 
-TP_PLAN = {
-    "tp_degree": 2,
-    "q_heads_per_rank": 2,
-    "kv_heads_per_rank": 1,
-    "ffn_per_rank": 32,
-    "vocab_per_rank": 32,
-    "q_heads": [[0, 1], [2, 3]],
-    "kv_heads": [[0], [1]],
-    "q_to_kv": [[0, 0], [0, 0]],
-    "ffn_bounds": [0, 32, 64],
-    "vocab_bounds": [0, 32, 64],
-}
-
 
 def test_2_tp_manifest_nested_100000_deep_is_refused_through_engine(tmp_path):
     """Item 2: segfault in cpp/backend/cpu/tp_weights.cpp's dump() of tensor_parallel."""
-    manifest = {
-        "format": "swiftspec-checkpoint",
-        "format_version": 2,
-        "dtype": "float32",
-        "tp_degree": 2,
-        "tensor_parallel": {**TP_PLAN, "q_heads": "X"},
-        "files": [],
-    }
+    manifest = {**TINY_TP_MANIFEST, "tensor_parallel": {**TINY_TP_PLAN, "q_heads": "X"}, "files": []}
     ckpt = write_checkpoint(tmp_path / "tp2", manifest_text=json.dumps(manifest).replace('"X"', DEEP))
     proc, _, _ = isolated(CATCH.format(call=f"swiftspec.Engine({str(ckpt)!r}, placement={{'target': {{'tp': 2}}}})"))
     assert one_line_error(proc) == (
@@ -314,7 +269,7 @@ def test_2_tp_manifest_nested_100000_deep_is_refused_through_engine(tmp_path):
 )
 def test_3_manifest_fields_of_another_type_are_named(tmp_path, edit, message):
     """Item 3: raw RuntimeError [json.exception.type_error.302] from manifest.value("format", "")."""
-    ckpt = write_checkpoint(tmp_path / "ckpt", manifest={**MANIFEST, **edit})
+    ckpt = write_checkpoint(tmp_path / "ckpt", manifest={**TINY_MANIFEST, **edit})
     with pytest.raises(CheckpointError) as info:
         core.load_model(str(ckpt))
     assert str(info.value) == f"{ckpt / 'manifest.json'}: {message}"
@@ -328,15 +283,7 @@ def test_3_manifest_fields_of_another_type_are_named(tmp_path, edit, message):
     ],
 )
 def test_3_tp_manifest_fields_of_another_type_are_named(tmp_path, edit, message):
-    manifest = {
-        "format": "swiftspec-checkpoint",
-        "format_version": 2,
-        "dtype": "float32",
-        "tp_degree": 2,
-        "tensor_parallel": TP_PLAN,
-        "files": [],
-        **edit,
-    }
+    manifest = {**TINY_TP_MANIFEST, "files": [], **edit}
     ckpt = write_checkpoint(tmp_path / "tp2", manifest=manifest)
     with pytest.raises(CheckpointError) as info:
         swiftspec.Engine(str(ckpt), placement={"target": {"tp": 2}})
@@ -354,14 +301,7 @@ def test_3_tp_manifest_fields_of_another_type_are_named(tmp_path, edit, message)
 )
 def test_tp_plan_numbers_are_read_without_conversions(tmp_path, edit, message):
     """get_to() read 1.5 as 1 and 2^32 + 2 as 2, and converting 1e300 to int is undefined."""
-    manifest = {
-        "format": "swiftspec-checkpoint",
-        "format_version": 2,
-        "dtype": "float32",
-        "tp_degree": 2,
-        "tensor_parallel": {**TP_PLAN, **edit},
-        "files": [],
-    }
+    manifest = {**TINY_TP_MANIFEST, "tensor_parallel": {**TINY_TP_PLAN, **edit}, "files": []}
     ckpt = write_checkpoint(tmp_path / "tp2", manifest=manifest)
     with pytest.raises(CheckpointError) as info:
         swiftspec.Engine(str(ckpt), placement={"target": {"tp": 2}})
@@ -372,7 +312,7 @@ def test_tp_plan_numbers_are_read_without_conversions(tmp_path, edit, message):
 def test_a_manifest_file_name_with_a_control_character_is_refused_on_one_line(tmp_path, name, quoted):
     """Found by the 2026-12-07 campaign (manifest, fuzz/seeds/manifest/regress-files-newline.json):
     a newline in a 'files' entry went raw into the path every later message names (two lines)."""
-    ckpt = write_checkpoint(tmp_path / "ckpt", manifest={**MANIFEST, "files": [name]})
+    ckpt = write_checkpoint(tmp_path / "ckpt", manifest={**TINY_MANIFEST, "files": [name]})
     with pytest.raises(CheckpointError) as info:
         core.load_model(str(ckpt))
     assert str(info.value) == f"{ckpt / 'manifest.json'}: file name {quoted} must be a plain name inside the folder"
@@ -401,7 +341,9 @@ def test_control_characters_of_a_safetensors_header_are_not_quoted_raw(tmp_path,
 
 def test_a_tensor_name_with_a_control_character_is_quoted_on_one_line_by_the_checkpoint(tmp_path):
     ckpt = write_checkpoint(tmp_path / "ckpt")
-    save_file({**tiny_tensors(), "model.layers.5.a\nb": np.zeros(1, np.float32)}, str(ckpt / "model.safetensors"))
+    save_file(
+        {**tiny_tensors(norm_mean=0.0), "model.layers.5.a\nb": np.zeros(1, np.float32)}, str(ckpt / "model.safetensors")
+    )
     with pytest.raises(CheckpointError) as info:
         core.load_model(str(ckpt))
     assert str(info.value) == (
@@ -411,36 +353,6 @@ def test_a_tensor_name_with_a_control_character_is_quoted_on_one_line_by_the_che
 
 
 # ---------------------------------------------------------------- 6: GGUF
-
-
-def write_tiny_gguf(
-    path: Path, tokens: tuple[str, ...] = ("h", "e", "he", "<|endoftext|>"), eos_token_id: int | None = None
-) -> bytes:
-    """A tiny llama GGUF: sizes, a 4-token vocabulary with merges, two tensors."""
-    import gguf
-
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(1)
-    w.add_context_length(64)
-    w.add_embedding_length(8)
-    w.add_feed_forward_length(16)
-    w.add_head_count(2)
-    w.add_head_count_kv(1)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(list(tokens))
-    w.add_token_types([1, 1, 1, 3])
-    w.add_token_merges(["h e"])
-    if eos_token_id is not None:
-        w.add_eos_token_id(eos_token_id)
-    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
-    w.add_tensor("output_norm.weight", np.ones(8, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path.read_bytes()
 
 
 def test_6_gguf_array_item_type_changed_to_array_is_refused_in_bounded_memory(tmp_path):
@@ -640,19 +552,13 @@ def test_8_sizes_the_tensors_do_not_have_are_refused_before_any_allocation(tmp_p
 
 
 def test_8_tp_folder_sizes_are_checked_before_its_layers_are_made(tmp_path):
-    manifest = {
-        "format": "swiftspec-checkpoint",
-        "format_version": 2,
-        "dtype": "float32",
-        "tp_degree": 2,
-        "tensor_parallel": TP_PLAN,
-        "files": ["model-tp-shared.safetensors", "model-tp0-of-2.safetensors", "model-tp1-of-2.safetensors"],
-    }
-    ckpt = write_checkpoint(tmp_path / "tp2", cfg={**TINY_CONFIG, "num_hidden_layers": 2_000_000}, manifest=manifest)
-    shared = {k: v for k, v in tiny_tensors().items() if "proj" not in k}
+    ckpt = write_checkpoint(
+        tmp_path / "tp2", cfg={**TINY_CONFIG, "num_hidden_layers": 2_000_000}, manifest=TINY_TP_MANIFEST
+    )
+    shared = {k: v for k, v in tiny_tensors(norm_mean=0.0).items() if "proj" not in k}
     save_file(shared, str(ckpt / "model-tp-shared.safetensors"))
     for r in range(2):
-        rank = {k: v[: v.shape[0] // 2] for k, v in tiny_tensors().items() if "proj" in k}
+        rank = {k: v[: v.shape[0] // 2] for k, v in tiny_tensors(norm_mean=0.0).items() if "proj" in k}
         save_file(rank, str(ckpt / f"model-tp{r}-of-2.safetensors"))
     proc, elapsed, peak_mb = isolated(
         CATCH.format(call=f"swiftspec.Engine({str(ckpt)!r}, placement={{'target': {{'tp': 2}}}})")
