@@ -68,6 +68,8 @@ def make(layout_dir: Path, out: Path, seed: int) -> None:
 
 
 def main() -> int:
+    from swiftspec.errors import SwiftspecError
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("layout")
@@ -83,7 +85,7 @@ def main() -> int:
             layout(args.checkpoint, args.out)
         else:
             make(args.layout, args.out, args.seed)
-    except (OSError, KeyError, ValueError) as e:
+    except (OSError, KeyError, ValueError, SwiftspecError) as e:
         print(f"error: random_twin {args.cmd}: {e}", file=sys.stderr)
         return 2
     return 0
