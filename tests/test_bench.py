@@ -783,6 +783,27 @@ def test_commit_info_of_a_checkout_and_from_the_environment(tmp_path, monkeypatc
     assert commit_info(repo)["short"] == "0123456789" and commit_info(repo)["dirty"] is None
 
 
+def test_config_draft_window_options():
+    """``wN`` / ``wsN``: the draft's attention window (placement kv_window), its canonical name,
+    engine key and errors."""
+    from swiftspec.bench.config import engine_key, engine_placement
+
+    c = parse_config("serial:tree16:w1024", "cpu")
+    assert (c.name, c.draft_window, c.draft_sinks, engine_key(c)) == ("serial:tree16:w1024", 1024, 4, "cpu:w1024")
+    assert engine_placement(c) == {"draft": {"kv_window": [4, 1024]}, "target": {}}
+    s = parse_config("async:tree16:ws8:w64", "cpu")
+    assert (s.name, engine_key(s)) == ("async:tree16:w64:ws8", "cpu:w64ws8")
+    assert engine_placement(s)["draft"]["kv_window"] == [8, 64]
+    assert parse_config("auto:tree16:w512:ws4", "cpu").name == "auto:tree16:w512"
+    assert parse_config("serial:tree16", "cpu").draft_window is None
+    with pytest.raises(BenchConfigError, match="ws8 sets the sinks of a draft window; add wN"):
+        parse_config("serial:tree16:ws8", "cpu")
+    with pytest.raises(BenchConfigError, match="option 'w' given twice"):
+        parse_config("serial:tree16:w8:w16", "cpu")
+    with pytest.raises(BenchConfigError, match="target-only decoding takes no shape"):
+        parse_config("target:w64", "cpu")
+
+
 def test_config_megakernel_options():
     """``dmk`` / ``mk``: the draft's / target's decode megakernel (CUDA), their placement, engine
     key and output reference (target:mk is checked against the plain target)."""

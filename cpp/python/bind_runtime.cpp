@@ -161,7 +161,14 @@ void bind_runtime(nb::module_& m) {
       .def_rw("megakernel", &ModelOptions::megakernel,
               "single-token steps as one persistent kernel (cuda backend, tp 1; default False); a decode step "
               "is then not bitwise equal to a row of a tree step: meant for draft models and target-only "
-              "decoding (greedy speculative output can differ from target-only at near-ties)");
+              "decoding (greedy speculative output can differ from target-only at near-ties)")
+      .def_rw("kv_window_sinks", &ModelOptions::kv_window_sinks,
+              "attention window (cpu backend): the first committed keys every row attends (attention sinks); "
+              "only with kv_window_recent > 0")
+      .def_rw("kv_window_recent", &ModelOptions::kv_window_recent,
+              "attention window (cpu backend): the committed keys just before each row that it attends; 0 "
+              "(default): full attention. For a draft (StreamingLLM-style): the target verifies with its full "
+              "KV, so outputs stay the target's (model.h)");
 
   nb::class_<Checkpoint>(m, "Checkpoint", "A converted checkpoint folder (memory-mapped safetensors).")
       .def_static("open", &Checkpoint::open, "dir"_a, nb::call_guard<nb::gil_scoped_release>(),

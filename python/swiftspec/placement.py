@@ -14,7 +14,10 @@ Accepted forms (``Engine(..., placement=...)``):
   "target": {"tp": 2, "devices": [0, 1]}}`` puts the draft on its own GPU and the target
   tensor-parallel over two), ``sm_partition``, ``stream_priority``, ``gemm_engine``
   (``"wgmma"`` or ``"mma"``) and ``megakernel`` (``true``: single-token steps as one persistent
-  kernel; tp 1; meant for the draft); see ``cpp/include/swiftspec/placement.h``);
+  kernel; tp 1; meant for the draft); for the draft group ``kv_window`` (``[sinks, recent]``: its
+  attention reads the first ``sinks`` and the last ``recent`` committed keys, so its step cost
+  stays flat at long contexts; the target verifies with its full KV; cpu backend for now); see
+  ``cpp/include/swiftspec/placement.h``);
 * the same as JSON text, or the path of a ``.json`` file holding it.
 
 On one GPU (``backend="cuda"``) the groups can get disjoint SM partitions, each run through a CUDA
@@ -96,7 +99,8 @@ def int4_problems(placement: dict | None, backend: str) -> list[str]:
 
 
 def is_default_group(group: dict) -> bool:
-    """True when a normalized group places nothing (TP 1, no cores, no threads, no CUDA field;
+    """True when a normalized group places nothing (TP 1, no cores, no threads, no CUDA field, no
+    kv_window;
     ``GroupPlacement::places_nothing``)."""
     from swiftspec import swiftspec_core as core
 

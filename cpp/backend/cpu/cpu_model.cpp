@@ -177,32 +177,23 @@ void CpuModel::attention(int layer, const ForwardBatch& b, int committed_before,
       const int i = t / nh, h = t % nh, g = h / group;
       const float* qv = q + (size_t(i) * nh + h) * hd;
       float* o = out + (size_t(i) * nh + h) * hd;
-      // Keys in order: the committed prefix, then (tree mode) the ancestors.
+      // Keys in order: the committed prefix, then (tree mode) the ancestors; under a window, the
+      // sinks and recent keys of that sequence.
       const int n_committed = tree ? committed_before : committed_before + i + 1;
       const int n_tree = tree ? b.attend_offsets[i + 1] - b.attend_offsets[i] : 0;
-      const int* tree_slots = tree ? b.attend_slots.data() + b.attend_offsets[i] : nullptr;
-      scores.resize(n_committed + n_tree);
-      float m = -std::numeric_limits<float>::infinity();
-      for (int j = 0; j < n_committed; ++j) {
-        scores[j] = cpu::dot(qv, kc + (size_t(j) * config_.num_kv_heads + g) * hd, hd) * scale;
-        m = std::max(m, scores[j]);
-      }
-      for (int j = 0; j < n_tree; ++j) {
-        float s = cpu::dot(qv, kt + (size_t(tree_slots[j]) * config_.num_kv_heads + g) * hd, hd) * scale;
-        scores[n_committed + j] = s;
-        m = std::max(m, s);
-      }
-      float sum = 0.0f;
-      for (float& s : scores) {
-        s = std::exp(s - m);
-        sum += s;
-      }
-      const float inv = 1.0f / sum;
-      std::fill(o, o + hd, 0.0f);
-      for (int j = 0; j < n_committed; ++j)
-        cpu::axpy(scores[j] * inv, vc + (size_t(j) * config_.num_kv_heads + g) * hd, o, hd);
-      for (int j = 0; j < n_tree; ++j)
-        cpu::axpy(scores[n_committed + j] * inv, vt + (size_t(tree_slots[j]) * config_.num_kv_heads + g) * hd, o, hd);
+      const KeyWindow w = key_window(options_, n_committed + n_tree);
+      const size_t stride = size_t(config_.num_kv_heads) * hd;
+      const cpu::AttendedKeys keys{kc + size_t(g) * hd,
+                                   vc + size_t(g) * hd,
+                                   n_committed,
+                                   kt + size_t(g) * hd,
+                                   vt + size_t(g) * hd,
+                                   tree ? b.attend_slots.data() + b.attend_offsets[i] : nullptr,
+                                   n_tree,
+                                   w.sink_end,
+                                   w.recent_begin,
+                                   stride};
+      cpu::attend_row(qv, hd, scale, keys, scores, o);
     }
   });
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -269,6 +270,31 @@ float dot(const float* a, const float* b, int n) {
 
 void axpy(float a, const float* x, float* y, int n) {
   for (int i = 0; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
+}
+
+void attend_row(const float* q, int hd, float scale, const AttendedKeys& a, std::vector<float>& scores, float* out) {
+  const int total = a.n_committed + a.n_tree;
+  const int n_sink = a.sink_end, n = a.sink_end + (total - a.recent_begin);
+  scores.resize(n);
+  // Attended key i is key x of the row's sequence: the sinks, then the recent keys.
+  const auto row_of = [&](int i, const float* committed, const float* tree) {
+    const int x = i < n_sink ? i : a.recent_begin + (i - n_sink);
+    return x < a.n_committed ? committed + size_t(x) * a.stride
+                             : tree + size_t(a.tree_slots[x - a.n_committed]) * a.stride;
+  };
+  float m = -std::numeric_limits<float>::infinity();
+  for (int i = 0; i < n; ++i) {
+    scores[i] = dot(q, row_of(i, a.k_committed, a.k_tree), hd) * scale;
+    m = std::max(m, scores[i]);
+  }
+  float sum = 0.0f;
+  for (float& s : scores) {
+    s = std::exp(s - m);
+    sum += s;
+  }
+  const float inv = 1.0f / sum;
+  std::fill(out, out + hd, 0.0f);
+  for (int i = 0; i < n; ++i) axpy(scores[i] * inv, row_of(i, a.v_committed, a.v_tree), out, hd);
 }
 
 void rms_norm(const float* x, const float* weight, int rows, int dim, float eps, float* out) {

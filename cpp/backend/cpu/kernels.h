@@ -6,7 +6,9 @@
 // each row keeps its own accumulators and reduction order. This is what makes
 // a token verified inside a tree bit-identical to the same token decoded alone.
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "backend/cpu/thread_pool.h"
 #include "swiftspec/checkpoint.h"
@@ -46,6 +48,28 @@ float dot(const float* a, const float* b, int n);
 
 /// y[i] += a * x[i].
 void axpy(float a, const float* x, float* y, int n);
+
+/// The keys and values one query row attends, fp32, row j of a cache at j * stride floats, the
+/// pointers already offset to the row's KV head. The row's keys in order are the committed rows
+/// [0, n_committed) and then the tree rows tree_slots[0 .. n_tree) (its ancestors and itself);
+/// of that sequence it attends [0, sink_end) and [recent_begin, n_committed + n_tree) (all of it
+/// under full attention; an attention window, swiftspec::key_window, leaves out the middle).
+struct AttendedKeys {
+  const float* k_committed;
+  const float* v_committed;
+  int n_committed;
+  const float* k_tree;
+  const float* v_tree;
+  const int* tree_slots;
+  int n_tree;
+  int sink_end, recent_begin;
+  size_t stride;
+};
+
+/// out[hd] = sum_j softmax_j(q . k_j * scale) v_j over the attended keys of `keys` in their
+/// order, fp32: scores by `dot`, one max, exp and sum in key order, values added by `axpy` in
+/// key order, so a row's result depends on its keys only, not on its batch. `scores` is scratch.
+void attend_row(const float* q, int hd, float scale, const AttendedKeys& keys, std::vector<float>& scores, float* out);
 
 /// Converts `n` elements of `src` (F32 or BF16) to fp32.
 void to_float(const void* src, DType dtype, int64_t n, float* dst);

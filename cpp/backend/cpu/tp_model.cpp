@@ -202,28 +202,18 @@ void TpCpuModel::attention(int r, int layer, const ForwardBatch& b, int committe
       const float* qv = q + (size_t(i) * nh + h) * hd;
       const int n_committed = tree ? committed_before : committed_before + i + 1;
       const int n_tree = tree ? b.attend_offsets[i + 1] - b.attend_offsets[i] : 0;
-      const int* tree_slots = tree ? b.attend_slots.data() + b.attend_offsets[i] : nullptr;
-      scores.resize(n_committed + n_tree);
-      float m = -std::numeric_limits<float>::infinity();
-      for (int j = 0; j < n_committed; ++j) {
-        scores[j] = cpu::dot(qv, kc + (size_t(j) * nkv + g) * hd, hd) * scale;
-        m = std::max(m, scores[j]);
-      }
-      for (int j = 0; j < n_tree; ++j) {
-        float s = cpu::dot(qv, kt + (size_t(tree_slots[j]) * nkv + g) * hd, hd) * scale;
-        scores[n_committed + j] = s;
-        m = std::max(m, s);
-      }
-      float sum = 0.0f;
-      for (float& s : scores) {
-        s = std::exp(s - m);
-        sum += s;
-      }
-      const float inv = 1.0f / sum;
-      std::fill(o, o + hd, 0.0f);
-      for (int j = 0; j < n_committed; ++j) cpu::axpy(scores[j] * inv, vc + (size_t(j) * nkv + g) * hd, o, hd);
-      for (int j = 0; j < n_tree; ++j)
-        cpu::axpy(scores[n_committed + j] * inv, vt + (size_t(tree_slots[j]) * nkv + g) * hd, o, hd);
+      const KeyWindow w = key_window(options_, n_committed + n_tree);
+      const cpu::AttendedKeys keys{kc + size_t(g) * hd,
+                                   vc + size_t(g) * hd,
+                                   n_committed,
+                                   kt + size_t(g) * hd,
+                                   vt + size_t(g) * hd,
+                                   tree ? b.attend_slots.data() + b.attend_offsets[i] : nullptr,
+                                   n_tree,
+                                   w.sink_end,
+                                   w.recent_begin,
+                                   size_t(nkv) * hd};
+      cpu::attend_row(qv, hd, scale, keys, scores, o);
     }
   });
 }
@@ -313,6 +303,7 @@ void check_options(const ModelOptions& o, const TpCpuOptions& tp, int degree) {
   if (tp.threads_per_rank < 1) throw InvalidArgument("threads_per_rank must be >= 1, got " + str(tp.threads_per_rank));
   if (!tp.rank_cores.empty() && static_cast<int>(tp.rank_cores.size()) != degree)
     throw InvalidArgument("rank_cores lists " + str(tp.rank_cores.size()) + " ranks for TP degree " + str(degree));
+  check_kv_window(o, "cpu");
 }
 
 }  // namespace

@@ -126,7 +126,46 @@ struct ModelOptions {
   /// The cpu backend rejects it (InvalidArgument), as does tensor parallelism
   /// (tp > 1) and a model shape the megakernel cannot run.
   bool megakernel = false;
+  /// An attention window for a draft model (attention sinks plus a recent window: StreamingLLM,
+  /// Xiao et al., ICLR 2024, sec. 3.2; as a draft's cache in TriForce, Sun et al., COLM 2024,
+  /// sec. 4): with kv_window_recent > 0 a row attends only the first kv_window_sinks of its keys
+  /// and the last kv_window_recent (key_window below), so a step's attention reads a bounded
+  /// number of keys however long the context grows. Keys keep the positions they were written
+  /// at (the window masks, it does not re-position), and every committed K/V is still stored.
+  /// The model's logits differ from full attention's: meant for a draft, whose proposals the
+  /// target verifies with its full KV, so outputs stay the target's. 0 / 0 (default): full
+  /// attention. Bounds (check_kv_window): sinks and recent in [0, kMaxKvWindow], sinks only with
+  /// a window. The cuda backend rejects a window (InvalidArgument) for now.
+  int kv_window_sinks = 0;
+  int kv_window_recent = 0;
 };
+
+/// Largest kv_window_sinks / kv_window_recent accepted (a window this wide is full attention at
+/// every context a model of today is trained for).
+constexpr int kMaxKvWindow = 1 << 20;
+
+/// The keys a row attends under `options`' attention window. A row's keys in order are its
+/// committed keys and then, in a tree step, its tree ancestors (root first, itself last): n keys
+/// in all, the same sequence a decode step of the same token at the same position sees. It
+/// attends [0, sink_end) and [recent_begin, n) of that sequence, sink_end <= recent_begin <= n:
+/// the first kv_window_sinks keys and the last kv_window_recent, so a tree row attends what the
+/// same token decoded alone attends (batch invariance holds under a window). Without a window
+/// (kv_window_recent 0) sink_end = recent_begin = n: all n keys.
+struct KeyWindow {
+  int sink_end;
+  int recent_begin;
+};
+inline KeyWindow key_window(const ModelOptions& options, int n) {
+  if (options.kv_window_recent <= 0) return {n, n};
+  const int sink_end = n < options.kv_window_sinks ? n : options.kv_window_sinks;
+  const int recent = n - options.kv_window_recent;
+  return {sink_end, recent > sink_end ? recent : sink_end};
+}
+
+/// Throws InvalidArgument naming the field (ModelOptions.kv_window_sinks / kv_window_recent)
+/// when the window's sizes are outside [0, kMaxKvWindow], sinks are given without a window, or
+/// `backend` does not implement the window (the cuda backend, for now).
+void check_kv_window(const ModelOptions& options, const std::string& backend);
 
 class Model {
  public:

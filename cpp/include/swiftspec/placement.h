@@ -37,6 +37,13 @@
 //                     to a row of a tree step: meant for the draft (on the
 //                     target, greedy output can differ from target-only at
 //                     near-ties). E.g. {"draft": {"megakernel": true}}.
+//   kv_window         the draft group only: [sinks, recent], an attention window
+//                     (ModelOptions::kv_window_sinks / kv_window_recent): each
+//                     row attends the first `sinks` committed keys and the
+//                     `recent` ones before it, so the draft's step cost stays
+//                     flat at long contexts; the target verifies with its full
+//                     KV, so outputs stay the target's. cpu backend for now.
+//                     E.g. {"draft": {"kv_window": [4, 1024]}}.
 // Errors name the group and field: the placement checks the form and that the
 // two groups' partitions do not overlap on a shared GPU; loading a model checks
 // the bounds against the device, and the cpu backend rejects sm_partition,
@@ -60,6 +67,8 @@ struct GroupPlacement {
   int stream_priority = 0;         ///< CUDA: stream priority (lower is higher)
   std::string gemm_engine;         ///< CUDA: "", "wgmma" or "mma" (ModelOptions::gemm_engine)
   bool megakernel = false;         ///< CUDA: decode megakernel (ModelOptions::megakernel)
+  int kv_window_sinks = 0;         ///< draft: attention sinks (ModelOptions::kv_window_sinks)
+  int kv_window_recent = 0;        ///< draft: recent window, 0: full attention (ModelOptions::kv_window_recent)
 
   /// Threads of each rank's CPU thread pool for a model whose unpinned
   /// default is `default_threads` (ModelOptions::num_threads semantics).
@@ -69,7 +78,8 @@ struct GroupPlacement {
   /// what loading the group on the cpu backend refuses (load_group_model), and what the CLI
   /// refuses before loading (swiftspec_core.placement_cuda_only_fields).
   std::vector<std::string> cuda_only_fields() const;
-  /// Whether the group places nothing: TP 1, no cores, no threads_per_rank, no CUDA-only field.
+  /// Whether the group places nothing: TP 1, no cores, no threads_per_rank, no CUDA-only field,
+  /// no kv_window.
   bool places_nothing() const;
 };
 

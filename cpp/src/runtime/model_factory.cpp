@@ -23,12 +23,30 @@ std::string int4_backend_problem(const std::string& backend, bool megakernel, in
   return "";
 }
 
+void check_kv_window(const ModelOptions& o, const std::string& backend) {
+  const auto bounded = [](int v, const char* field) {
+    if (v < 0 || v > kMaxKvWindow)
+      throw InvalidArgument(std::string("ModelOptions.") + field + " must be in [0, " + std::to_string(kMaxKvWindow) +
+                            "], got " + std::to_string(v));
+  };
+  bounded(o.kv_window_sinks, "kv_window_sinks");
+  bounded(o.kv_window_recent, "kv_window_recent");
+  if (o.kv_window_recent == 0 && o.kv_window_sinks > 0)
+    throw InvalidArgument("ModelOptions.kv_window_sinks " + std::to_string(o.kv_window_sinks) +
+                          " needs a window: kv_window_recent > 0 (0: full attention)");
+  if (o.kv_window_recent > 0 && backend == "cuda")
+    throw InvalidArgument(
+        "ModelOptions.kv_window_recent: the cuda backend does not implement the draft's attention window yet "
+        "(issue 27); drop kv_window or run the draft on the cpu backend");
+}
+
 std::unique_ptr<Model> load_model(std::shared_ptr<const Checkpoint> checkpoint, const std::string& backend,
                                   const ModelOptions& requested) {
   if (!checkpoint) throw InvalidArgument("load_model: checkpoint is null");
   if (requested.max_tree < 1) throw InvalidArgument("max_tree must be >= 1, got " + std::to_string(requested.max_tree));
   if (requested.num_threads < 0)
     throw InvalidArgument("num_threads must be >= 0, got " + std::to_string(requested.num_threads));
+  check_kv_window(requested, backend);
 #ifndef SWIFTSPEC_WITH_CUDA
   if (backend == "cuda")
     throw InvalidArgument("backend 'cuda' is not built in: reinstall with SWIFTSPEC_CUDA=ON (see README)");

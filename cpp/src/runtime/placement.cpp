@@ -85,6 +85,11 @@ GroupPlacement parse_group(const json& j, const std::string& where) {
       } else if (key == "megakernel") {
         if (!value.is_boolean()) throw InvalidArgument(where + ".megakernel must be true or false");
         g.megakernel = value.get<bool>();
+      } else if (key == "kv_window") {
+        const auto w = value.get<std::vector<int>>();
+        if (w.size() != 2) throw InvalidArgument(where + ".kv_window must be [sinks, recent]");
+        g.kv_window_sinks = w[0];
+        g.kv_window_recent = w[1];
       } else if (key == "sm_partition") {
         const auto p = value.get<std::vector<int>>();
         if (p.size() != 2) throw InvalidArgument(where + ".sm_partition must be [first SM, SM count]");
@@ -93,7 +98,7 @@ GroupPlacement parse_group(const json& j, const std::string& where) {
       } else {
         throw InvalidArgument(where + ": unknown field '" + key +
                               "' (fields: tp, cores, threads_per_rank, devices, sm_partition, stream_priority, "
-                              "gemm_engine, megakernel)");
+                              "gemm_engine, megakernel, kv_window)");
       }
     } catch (const json::exception& e) {
       throw InvalidArgument(where + "." + key + " has the wrong type: " + json_error_text(e));
@@ -124,7 +129,16 @@ json group_json(const GroupPlacement& g) {
   if (g.stream_priority != 0) j["stream_priority"] = g.stream_priority;
   if (!g.gemm_engine.empty()) j["gemm_engine"] = g.gemm_engine;
   if (g.megakernel) j["megakernel"] = true;
+  if (g.kv_window_recent != 0 || g.kv_window_sinks != 0) j["kv_window"] = {g.kv_window_sinks, g.kv_window_recent};
   return j;
+}
+
+// Options carrying only the group's attention window.
+ModelOptions window_options(const GroupPlacement& g) {
+  ModelOptions o;
+  o.kv_window_sinks = g.kv_window_sinks;
+  o.kv_window_recent = g.kv_window_recent;
+  return o;
 }
 
 void validate_group(const GroupPlacement& g, const std::string& where) {
@@ -153,6 +167,12 @@ void validate_group(const GroupPlacement& g, const std::string& where) {
   check_sm_partition_form(g.sm_first, g.sm_count, where + ".sm_partition");
   if (!g.gemm_engine.empty() && g.gemm_engine != "wgmma" && g.gemm_engine != "mma")
     throw InvalidArgument(where + ".gemm_engine must be \"wgmma\" or \"mma\", got \"" + g.gemm_engine + "\"");
+  try {
+    check_kv_window(window_options(g), "cpu");  // (the bounds; a backend's refusal comes at load)
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(where + ".kv_window [" + str(g.kv_window_sinks) + ", " + str(g.kv_window_recent) +
+                          "]: " + e.what());
+  }
 }
 
 // The GPU of rank r (devices, else r).
@@ -171,7 +191,8 @@ std::vector<std::string> GroupPlacement::cuda_only_fields() const {
 }
 
 bool GroupPlacement::places_nothing() const {
-  return tp == 1 && cores.empty() && threads_per_rank == 0 && cuda_only_fields().empty();
+  return tp == 1 && cores.empty() && threads_per_rank == 0 && cuda_only_fields().empty() && kv_window_sinks == 0 &&
+         kv_window_recent == 0;
 }
 
 int GroupPlacement::resolved_threads(int default_threads) const {
@@ -247,6 +268,10 @@ Placement Placement::automatic(int num_cores, int target_tp, int draft_tp) {
 void Placement::validate() const {
   validate_group(draft, "placement.draft");
   validate_group(target, "placement.target");
+  if (target.kv_window_recent != 0 || target.kv_window_sinks != 0)
+    throw InvalidArgument(
+        "placement.target.kv_window: the target attends its full KV (it verifies the draft's proposals, so "
+        "outputs stay its own); an attention window applies to the draft group only");
   // Two groups may share a GPU; their SM partitions there must be disjoint.
   if (!sm_partitions_overlap(draft.sm_first, draft.sm_count, target.sm_first, target.sm_count)) return;
   for (int a = 0; a < draft.tp; ++a)
@@ -361,6 +386,8 @@ std::unique_ptr<Model> load_group_model(const std::string& dir, const GroupPlace
   ModelOptions opt = base;
   opt.num_threads = g.resolved_threads(base.num_threads);
   opt.cpu_affinity = g.cores.empty() ? std::vector<int>{} : g.cores[0];
+  opt.kv_window_sinks = g.kv_window_sinks;
+  opt.kv_window_recent = g.kv_window_recent;
   if (backend != "cpu") {
     check_int4_group(dir, g, backend, where);
     if (g.tp != 1 || cpu::ShardedCheckpoint::is_sharded(dir)) {
@@ -375,6 +402,8 @@ std::unique_ptr<Model> load_group_model(const std::string& dir, const GroupPlace
         ModelOptions o = base;
         o.gemm_engine = g.gemm_engine;
         o.megakernel = g.megakernel;
+        o.kv_window_sinks = g.kv_window_sinks;
+        o.kv_window_recent = g.kv_window_recent;
         try {
           // The context, bounded by what each rank's GPU has free (before any allocation).
           const ModelOptions resolved = resolve_max_context(o, group_model_memory(dir, g, base, backend));
@@ -401,6 +430,7 @@ std::unique_ptr<Model> load_group_model(const std::string& dir, const GroupPlace
       // The CUDA backend checks the partition against the device; name the group.
       const std::string msg = e.what();
       if (msg.rfind("sm_partition", 0) == 0 || msg.rfind("device", 0) == 0) throw InvalidArgument(where + "." + msg);
+      if (msg.rfind("ModelOptions.kv_window", 0) == 0) throw InvalidArgument(where + ".kv_window: " + msg);
       throw;
     }
   }

@@ -328,6 +328,7 @@ void check_options(const ModelOptions& o, const TpCudaOptions& tp) {
     throw InvalidArgument("stream_priority is not supported with tensor parallelism on the CUDA backend");
   if (o.megakernel) throw InvalidArgument("megakernel: not available with tensor parallelism (tp > 1)");
   if (o.max_context < 1 || o.max_tree < 1) throw InvalidArgument("max_context and max_tree must be >= 1");
+  check_kv_window(o, "cuda");
 }
 
 }  // namespace

@@ -34,12 +34,16 @@ A configuration is written as one token (``--configs`` takes a comma-separated l
              | "dg" N         cuda: the draft group on GPU N, the target on GPU 0 (with tpM:
                                  GPUs 0..M-1): draft and target on GPUs of their own
                                  (placement devices)
+             | "w" N          the draft attends an attention window: its first 4 committed keys
+                                 (attention sinks) and the N before each row (placement
+                                 kv_window; cpu backend); the target keeps its full KV
+             | "ws" N         with wN: N attention sinks instead of 4
     BACKEND := "cpu" | "cuda" (default: the run's --backend)
 
 Examples: ``target``, ``serial:chain``, ``serial:chain6``, ``serial:tree16``,
 ``serial:tree32:b4:d6``, ``async:tree64:tp2:dtp1@cuda``, ``async:tree16:sm16@cuda``,
 ``async:tree16:hp@cuda``, ``async:tree16:dg1@cuda``, ``async:tree16:dmma@cuda``,
-``async:tree16:dmk@cuda``, ``target:mk@cuda``, ``hf:assisted``.
+``async:tree16:dmk@cuda``, ``target:mk@cuda``, ``serial:tree16:w1024``, ``hf:assisted``.
 
 ``target`` takes no shape and only the options ``tpN`` and ``mk``; ``hf:*`` and ``llamacpp:*`` take no shape or
 options (``hf:*`` runs PyTorch on the backend's device: ``cpu`` or ``cuda``; ``llamacpp:*`` a llama.cpp build for
@@ -107,6 +111,9 @@ class BenchConfig:
         draft_megakernel: the draft's single-token steps as the decode megakernel (``dmk``).
         target_megakernel: the target's single-token steps as the decode megakernel (``mk``:
             target-only decoding, or auto's target-only rounds).
+        draft_window: the draft's attention window (``wN``): the committed keys before each row it
+            attends besides its sinks, or None: full attention.
+        draft_sinks: the draft's attention sinks under ``wN`` (``wsN``; default 4), else None.
         shape: "chain", "tree" or None (for plots: acceptance length per tree budget).
     """
 
@@ -126,6 +133,8 @@ class BenchConfig:
     draft_engine: str | None = None
     draft_megakernel: bool = False
     target_megakernel: bool = False
+    draft_window: int | None = None
+    draft_sinks: int | None = None
 
     @property
     def speculative(self) -> bool:
@@ -151,7 +160,9 @@ _CUDA_FLAGS = {
 }
 
 _SHAPE = re.compile(r"^(chain|tree)(\d*)$")
-_OPTION = re.compile(r"^(b|d|tp|dtp|sm|dg)(\d+)$")
+_OPTION = re.compile(r"^(b|d|tp|dtp|sm|dg|ws|w)(\d+)$")
+#: Attention sinks of a draft window (``wN``) without ``wsN``: StreamingLLM's 4 (Xiao et al., ICLR 2024).
+DEFAULT_WINDOW_SINKS = 4
 
 
 def _positive(token: str, what: str, text: str, limit: int | None = None) -> int:
@@ -240,6 +251,7 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
     target_tp, draft_tp = 1, 1
     draft_sms = None
     draft_gpu = None
+    draft_window = draft_sinks = None
     flags: set[str] = set()
     seen: set[str] = set()
     for opt in rest:
@@ -268,8 +280,8 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
         m = _OPTION.match(opt)
         if not m:
             raise BenchConfigError(
-                f"configuration {raw!r}: bad part {opt!r} (expected chain[N], tree[N], bN, dN, tpN, dtpN, smN, dgN, dmma, "
-                "dmk or hp)"
+                f"configuration {raw!r}: bad part {opt!r} (expected chain[N], tree[N], bN, dN, tpN, dtpN, smN, dgN, wN, "
+                "wsN, dmma, dmk or hp)"
             )
         key = m.group(1)
         if key in seen:
@@ -295,12 +307,20 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
                     f"configuration {raw!r}: dg{draft_gpu} puts the draft on a GPU; it needs the "
                     f"cuda backend, not {backend!r} (add @cuda or run with --backend cuda)"
                 )
+        elif key == "w":
+            draft_window = _positive(raw, "draft attention window (wN)", m.group(2))
+        elif key == "ws":
+            draft_sinks = int(m.group(2))
         else:
             draft_tp = _positive(raw, "draft TP degree", m.group(2))
     draft_engine = "mma" if "dmma" in flags else None
     draft_megakernel = "dmk" in flags
     target_megakernel = "mk" in flags
     target_priority = "hp" in flags
+    if draft_sinks is not None and draft_window is None:
+        raise BenchConfigError(f"configuration {raw!r}: ws{draft_sinks} sets the sinks of a draft window; add wN")
+    if draft_window is not None and draft_sinks is None:
+        draft_sinks = DEFAULT_WINDOW_SINKS
     if shape == "chain" and branching != 1:
         raise BenchConfigError(f"configuration {raw!r}: a chain has branching 1; use tree{n}:b{branching}")
 
@@ -330,6 +350,8 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
         name += ":mk"
     if target_priority:
         name += ":hp"
+    if draft_window is not None:
+        name += f":w{draft_window}" + (f":ws{draft_sinks}" if draft_sinks != DEFAULT_WINDOW_SINKS else "")
     name += suffix
     return BenchConfig(
         name=name,
@@ -348,6 +370,8 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
         draft_engine=draft_engine,
         draft_megakernel=draft_megakernel,
         target_megakernel=target_megakernel,
+        draft_window=draft_window,
+        draft_sinks=draft_sinks,
     )
 
 
@@ -355,7 +379,8 @@ def engine_key(config: BenchConfig) -> str:
     """Which loaded engine runs ``config``: one per backend, plus one per target TP degree
     (``cuda:tp2``), draft SM partition (``cuda:sm16``: draft in a green context on SMs [0, 16),
     target on the rest), draft GPU (``cuda:dg1``), draft GEMM engine (``cuda:dmma``), decode
-    megakernels (``cuda:dmk``, ``cuda:mk``) and stream priority (``cuda:hp``)."""
+    megakernels (``cuda:dmk``, ``cuda:mk``), stream priority (``cuda:hp``) and draft attention window
+    (``cpu:w1024``, ``cpu:w1024ws8``)."""
     return (
         config.backend
         + (f":tp{config.target_tp}" if config.target_tp != 1 else "")
@@ -365,6 +390,12 @@ def engine_key(config: BenchConfig) -> str:
         + (":dmk" if config.draft_megakernel else "")
         + (":mk" if config.target_megakernel else "")
         + (":hp" if config.target_priority else "")
+        + (
+            f":w{config.draft_window}"
+            + (f"ws{config.draft_sinks}" if config.draft_sinks != DEFAULT_WINDOW_SINKS else "")
+            if config.draft_window is not None
+            else ""
+        )
     )
 
 
@@ -376,8 +407,8 @@ def engine_placement(config: BenchConfig) -> dict | None:
     """The placement (``swiftspec.placement``) of ``config``'s ``smN`` (draft on logical SMs
     [0, N), target on [N, last]), ``hp`` (the target's stream at the highest priority), ``dgN``
     (the draft on GPU N, the target on GPUs 0..tp-1), ``dmma`` (the draft's GEMM engine),
-    ``dmk`` / ``mk`` (the draft's / target's decode megakernel) and ``tpN`` (the target group's
-    TP degree); None when none is asked for."""
+    ``dmk`` / ``mk`` (the draft's / target's decode megakernel), ``tpN`` (the target group's
+    TP degree) and ``wN`` (the draft's attention window, ``kv_window``); None when none is asked for."""
     draft_sms, target_priority, draft_gpu = config.draft_sms, config.target_priority, config.draft_gpu
     target_tp = config.target_tp
     if (
@@ -388,6 +419,7 @@ def engine_placement(config: BenchConfig) -> dict | None:
         and config.draft_engine is None
         and not config.draft_megakernel
         and not config.target_megakernel
+        and config.draft_window is None
     ):
         return None
     p: dict = {"draft": {}, "target": {}}
@@ -399,6 +431,8 @@ def engine_placement(config: BenchConfig) -> dict | None:
         p["target"]["megakernel"] = True
     if target_tp != 1:
         p["target"]["tp"] = target_tp
+    if config.draft_window is not None:
+        p["draft"]["kv_window"] = [config.draft_sinks, config.draft_window]
     if draft_gpu is not None:
         p["draft"]["devices"] = [draft_gpu]
         p["target"]["devices"] = list(range(target_tp))

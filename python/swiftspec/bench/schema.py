@@ -174,6 +174,12 @@ _CONFIG = {
             "description": "target-only decoding with the CUDA decode megakernel (mk)",
         },
         "target_priority": {"type": "boolean", "description": "the target's CUDA stream at the highest priority (hp)"},
+        "draft_window": {
+            **_NINT,
+            "description": "the draft's attention window (wN): committed keys before each row it attends "
+            "besides its sinks; null: full attention",
+        },
+        "draft_sinks": {**_NINT, "description": "attention sinks of the draft's window (wsN, default 4); null: none"},
         "shape": {"enum": ["chain", "tree", None]},
         "speculative": {"type": "boolean"},
         "baseline": {**_NSTR, "description": "name of the target-only configuration compared against"},
