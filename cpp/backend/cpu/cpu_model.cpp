@@ -169,7 +169,6 @@ void CpuModel::attention(int layer, const ForwardBatch& b, int committed_before,
   const float* vc = v_layer_committed(layer);
   const float* kt = k_layer_tree(layer);
   const float* vt = v_layer_tree(layer);
-  const bool tree = b.is_tree();
 
   pool_.parallel_for(n * nh, [&](int t0, int t1) {
     std::vector<float> scores;
@@ -179,20 +178,8 @@ void CpuModel::attention(int layer, const ForwardBatch& b, int committed_before,
       float* o = out + (size_t(i) * nh + h) * hd;
       // Keys in order: the committed prefix, then (tree mode) the ancestors; under a window, the
       // sinks and recent keys of that sequence.
-      const int n_committed = tree ? committed_before : committed_before + i + 1;
-      const int n_tree = tree ? b.attend_offsets[i + 1] - b.attend_offsets[i] : 0;
-      const KeyWindow w = key_window(options_, n_committed + n_tree);
-      const size_t stride = size_t(config_.num_kv_heads) * hd;
-      const cpu::AttendedKeys keys{kc + size_t(g) * hd,
-                                   vc + size_t(g) * hd,
-                                   n_committed,
-                                   kt + size_t(g) * hd,
-                                   vt + size_t(g) * hd,
-                                   tree ? b.attend_slots.data() + b.attend_offsets[i] : nullptr,
-                                   n_tree,
-                                   w.sink_end,
-                                   w.recent_begin,
-                                   stride};
+      const cpu::AttendedKeys keys =
+          cpu::row_keys(b, i, committed_before, options_, kc, vc, kt, vt, g, hd, size_t(config_.num_kv_heads) * hd);
       cpu::attend_row(qv, hd, scale, keys, scores, o);
     }
   });

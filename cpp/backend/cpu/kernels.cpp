@@ -272,6 +272,26 @@ void axpy(float a, const float* x, float* y, int n) {
   for (int i = 0; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
 }
 
+AttendedKeys row_keys(const ForwardBatch& b, int i, int committed_before, const ModelOptions& options,
+                      const float* k_committed, const float* v_committed, const float* k_tree, const float* v_tree,
+                      int kv_head, int head_dim, size_t stride) {
+  const bool tree = b.is_tree();
+  const int n_committed = tree ? committed_before : committed_before + i + 1;
+  const int n_tree = tree ? b.attend_offsets[i + 1] - b.attend_offsets[i] : 0;
+  const KeyWindow w = key_window(options, n_committed + n_tree);
+  const size_t head = size_t(kv_head) * head_dim;
+  return {k_committed + head,
+          v_committed + head,
+          n_committed,
+          k_tree + head,
+          v_tree + head,
+          tree ? b.attend_slots.data() + b.attend_offsets[i] : nullptr,
+          n_tree,
+          w.sink_end,
+          w.recent_begin,
+          stride};
+}
+
 void attend_row(const float* q, int hd, float scale, const AttendedKeys& a, std::vector<float>& scores, float* out) {
   const int total = a.n_committed + a.n_tree;
   const int n_sink = a.sink_end, n = a.sink_end + (total - a.recent_begin);

@@ -12,6 +12,7 @@
 
 #include "backend/cpu/thread_pool.h"
 #include "swiftspec/checkpoint.h"
+#include "swiftspec/model.h"
 
 namespace swiftspec::cpu {
 
@@ -65,6 +66,13 @@ struct AttendedKeys {
   int sink_end, recent_begin;
   size_t stride;
 };
+
+/// The keys row `i` of `batch` attends in KV head `kv_head` (committed_before keys committed
+/// before the batch; a tree row's ancestors from attend_slots), under `options`' attention
+/// window (swiftspec::key_window). The caches hold head_dim floats per KV head, `stride` per row.
+AttendedKeys row_keys(const ForwardBatch& batch, int i, int committed_before, const ModelOptions& options,
+                      const float* k_committed, const float* v_committed, const float* k_tree, const float* v_tree,
+                      int kv_head, int head_dim, size_t stride);
 
 /// out[hd] = sum_j softmax_j(q . k_j * scale) v_j over the attended keys of `keys` in their
 /// order, fp32: scores by `dot`, one max, exp and sum in key order, values added by `axpy` in

@@ -185,7 +185,6 @@ void TpCpuModel::attention(int r, int layer, const ForwardBatch& b, int committe
   const float* vc = committed_row(R.v_committed, layer, 0);
   const float* kt = tree_row(R.k_tree, layer, 0);
   const float* vt = tree_row(R.v_tree, layer, 0);
-  const bool tree = b.is_tree();
   const std::vector<int>& q_to_kv = plan_.q_to_kv[r];
   const float* q = R.q.data();
   float* out = R.attn.data();
@@ -200,19 +199,8 @@ void TpCpuModel::attention(int r, int layer, const ForwardBatch& b, int committe
         continue;
       }
       const float* qv = q + (size_t(i) * nh + h) * hd;
-      const int n_committed = tree ? committed_before : committed_before + i + 1;
-      const int n_tree = tree ? b.attend_offsets[i + 1] - b.attend_offsets[i] : 0;
-      const KeyWindow w = key_window(options_, n_committed + n_tree);
-      const cpu::AttendedKeys keys{kc + size_t(g) * hd,
-                                   vc + size_t(g) * hd,
-                                   n_committed,
-                                   kt + size_t(g) * hd,
-                                   vt + size_t(g) * hd,
-                                   tree ? b.attend_slots.data() + b.attend_offsets[i] : nullptr,
-                                   n_tree,
-                                   w.sink_end,
-                                   w.recent_begin,
-                                   size_t(nkv) * hd};
+      const cpu::AttendedKeys keys =
+          cpu::row_keys(b, i, committed_before, options_, kc, vc, kt, vt, g, hd, size_t(nkv) * hd);
       cpu::attend_row(qv, hd, scale, keys, scores, o);
     }
   });
