@@ -526,9 +526,21 @@ def test_megakernel_target_differences_are_implementation_not_lossless(tmp_path)
     text = markdown(doc)
     assert "swiftspec speculation vs swiftspec target-only (must be identical): 1 divergence(s)" in text
     assert (
-        "target:mk (decode megakernel) vs swiftspec target-only" in text
+        "target:mk / auto:...:mk (target-only steps on the decode megakernel) vs swiftspec target-only" in text
         and "order: near-ties may resolve the other way): 1 divergence(s)" in text
     )
+
+
+def test_auto_megakernel_differences_are_implementation_not_lossless():
+    """auto:...:mk runs its target-only rounds on the decode megakernel: against the layered
+    target its differences are two kernels' (near-ties), not broken losslessness; plain auto's are."""
+    from swiftspec.bench.config import parse_config
+    from swiftspec.bench.report import _divergence_kind
+
+    target = parse_config("target", "cuda").to_dict()
+    assert _divergence_kind(parse_config("auto:tree16:mk", "cuda").to_dict(), target) == "implementation"
+    assert _divergence_kind(parse_config("auto:tree16", "cuda").to_dict(), target) == "lossless"
+    assert _divergence_kind(parse_config("async:tree16:dmk", "cuda").to_dict(), target) == "lossless"
 
 
 # ------------------------------------------------------------------ sampled decoding

@@ -62,6 +62,8 @@
 #   cpu_acceptance  tools/bench_acceptance.py on this machine's cores (issue 3): acceptance length
 #             and CPU tokens/s of the chain and tree budgets 8/16/32/64 vs target-only, ACC_PROMPTS
 #             (5) prompts per dataset, ACC_TOKENS (64) new tokens; run it alone (timings)
+# Every `swiftspec bench` here runs with --no-plots: on 2026-12-07 importing matplotlib segfaulted in
+# the device image's Python (after bench.json was written); plot from the JSON off the machine.
 # Results under $OUT, bundled into $OUT/e2e-results.tgz (the device tool returns 8 files).
 #   env: OUT, COMMIT (sha recorded in the results), STAGES, NUM_PROMPTS (20), NEW_TOKENS (256),
 #        PEER_PROMPTS (4), CONFIGS, SKIP_PEERS=1
@@ -170,7 +172,7 @@ if has auto_random; then
   for pair in never:$D always:$T; do
     timeout "${AR_TIMEOUT_S:-240}" swiftspec bench --backend cuda --target $T --draft "${pair#*:}" \
       --configs "${AR_CONFIGS:-target,target:mk,serial:tree16,auto:tree16,auto:tree16:mk}" --datasets mtbench \
-      --num-prompts "${AR_PROMPTS:-4}" --max-new-tokens "${AR_TOKENS:-128}" --no-progress \
+      --num-prompts "${AR_PROMPTS:-4}" --max-new-tokens "${AR_TOKENS:-128}" --no-progress --no-plots \
       --out "$OUT/auto_random_${pair%%:*}" > "$OUT/auto_random_${pair%%:*}.log" 2>&1
     log "auto_random ${pair%%:*}: exit $?"; grep -A12 "^| config" "$OUT/auto_random_${pair%%:*}/bench.md" | head -14
   done
@@ -247,13 +249,13 @@ fi
 if has bench; then
   CONFIGS=${CONFIGS:-target,serial:tree16,async:tree16,async:tree16:hp,async:tree16:sm16,async:tree16:sm32,async:tree16:sm48}
   swiftspec bench --backend cuda --datasets humaneval,mtbench --num-prompts "$NUM" --max-new-tokens "$NEW" \
-    --configs "$CONFIGS" --skip-unavailable --no-progress ${BENCH_EXTRA:-} --out "$OUT/${BENCH_TAG:-bench}" 2>&1 | tee "$OUT/${BENCH_TAG:-bench}.log" | tail -40
+    --configs "$CONFIGS" --skip-unavailable --no-progress --no-plots ${BENCH_EXTRA:-} --out "$OUT/${BENCH_TAG:-bench}" 2>&1 | tee "$OUT/${BENCH_TAG:-bench}.log" | tail -40
   log "bench done"
 fi
 
 if has peers; then
   swiftspec bench --backend cuda --datasets humaneval,mtbench --num-prompts "${PEER_PROMPTS:-4}" \
-    --max-new-tokens "$NEW" --configs target,serial:tree16,hf:target,hf:assisted --no-progress \
+    --max-new-tokens "$NEW" --configs target,serial:tree16,hf:target,hf:assisted --no-progress --no-plots \
     --out "$OUT/peers" 2>&1 | tee "$OUT/peers.log" | tail -30
   log "peers done"
 fi
@@ -295,7 +297,7 @@ if has peers_bg; then
     # Each part: its own GPU and cores; HF's torch threads = its cores (as on the 16-core one-GPU kind).
     ( setsid nohup bash -c "CUDA_VISIBLE_DEVICES=$gpu taskset -c $lo-$hi swiftspec bench --backend cuda \
         --datasets $ds --num-prompts ${PEER_PROMPTS:-20} --max-new-tokens $NEW \
-        --configs ${PEER_CONFIGS:-hf:target,hf:assisted} --hf-threads $PER --no-progress \
+        --configs ${PEER_CONFIGS:-hf:target,hf:assisted} --hf-threads $PER --no-progress --no-plots \
         --out $PEER_RUN/peers-$ds/out > $PEER_RUN/peers-$ds/log 2>&1; echo \$? > $PEER_RUN/peers-$ds/rc" \
         > /dev/null 2>&1 < /dev/null & )
     log "peer part peers-$ds started on GPU $gpu, cores $lo-$hi"
@@ -343,7 +345,7 @@ if has multigpu; then
     pin timeout "${MG_BENCH_TIMEOUT_S:-500}" swiftspec bench --backend cuda --datasets humaneval,mtbench \
       --num-prompts "$NUM" --max-new-tokens "$NEW" \
       --configs "${MG_CONFIGS:-target,async:tree16,async:tree16:dg1,target:tp2,serial:tree16:tp2,async:tree16:tp2:dg1}" \
-      --skip-unavailable --no-progress --out "$OUT/bench_multigpu" 2>&1 | tee "$OUT/bench_multigpu.log" | tail -30
+      --skip-unavailable --no-progress --no-plots --out "$OUT/bench_multigpu" 2>&1 | tee "$OUT/bench_multigpu.log" | tail -30
     log "multigpu bench done"
   fi
 fi
@@ -377,7 +379,7 @@ if has long; then
     timeout "${LONG_BENCH_TIMEOUT_S:-100000}" swiftspec bench --backend cuda --context-tokens "${LONG_CONTEXTS:-512,4096,16384,32000}" \
       --num-prompts "${LONG_PROMPTS:-2}" --max-new-tokens "${LONG_TOKENS:-256}" \
       --configs "${LONG_CONFIGS:-target,target:mk,serial:tree16,async:tree16:sm72:dmk}" --peers "${LONG_PEERS:-llamacpp}" \
-      --skip-unavailable --no-progress --out "$OUT/bench_long" 2>&1 | tee "$OUT/bench_long.log" | tail -40
+      --skip-unavailable --no-progress --no-plots --out "$OUT/bench_long" 2>&1 | tee "$OUT/bench_long.log" | tail -40
     log "long-context bench done"
   fi
   if [[ "$LP" == *,lossless,* ]]; then

@@ -281,11 +281,12 @@ SWIFTSPEC_TEST(speculation_policy_refuses_observations_that_do_not_fit_its_arms)
 
 SWIFTSPEC_TEST(speculation_policy_a_draft_that_never_agrees_costs_little) {
   // The draft step costs a third of a target pass and nothing is accepted: after the two
-  // measuring rounds, speculation runs only as probes, ever rarer.
+  // measuring rounds, speculation runs only as probes, ever rarer, each ended by its first round
+  // (it accepts nothing).
   const Machine m{0.010, 0.001, 0.003, 0.0};
   const Run auto_run = simulate(m, 16, 2000);
   const Run target_only = simulate(m, 16, 2000, 0);
-  CHECK(auto_run.speculative_rounds <= 1 + 3 * 9);  // the measure round; probes of 3 after 4, 8, ... 512
+  CHECK(auto_run.speculative_rounds <= 1 + 9);  // the measure round; probes of 1 after 4, 8, ... 512
   CHECK(auto_run.rate() >= 0.97 * target_only.rate());
 }
 
@@ -306,6 +307,33 @@ SWIFTSPEC_TEST(speculation_policy_is_within_7_percent_of_the_best_fixed_choice) 
     if (got < 0.93 * best)
       throw test::Failure("auto " + std::to_string(got) + " tok/s < 0.93 x best fixed " + std::to_string(best) +
                           " (alpha " + std::to_string(m.alpha) + ")");
+  }
+}
+
+SWIFTSPEC_TEST(speculation_policy_plays_a_probe_on_while_it_accepts) {
+  // Target-only wins (the draft is slow); a probe whose rounds accept keeps its 3 rounds, one
+  // whose first round accepts nothing ends there.
+  for (const bool agrees : {true, false}) {
+    SpeculationPolicy p(8);
+    const Machine slow{0.010, 0.0005, 0.030, 0.0};
+    int probe_rounds = 0;
+    for (int i = 0; i < 40; ++i) {
+      const SpeculationPolicy::Choice c = p.choose(8);
+      if (c.budget == 0) {
+        p.observe_target_only(slow.target(1));
+        continue;
+      }
+      if (c.reason == SpeculationPolicy::Reason::Probe) ++probe_rounds;
+      std::vector<double> draft_at;
+      std::vector<int> accepted_at;
+      for (int b : p.budgets())
+        if (b <= c.budget)
+          draft_at.push_back(slow.draft(b)),
+              accepted_at.push_back(agrees && c.reason != SpeculationPolicy::Reason::Measure ? 1 : 0);
+      p.observe_speculative(c.budget, c.budget + 1, slow.target(c.budget + 1), draft_at, accepted_at);
+    }
+    // 40 rounds: probes after 4, 8 and 16 target-only rounds
+    if (probe_rounds != (agrees ? 9 : 3)) throw test::Failure("probe rounds " + std::to_string(probe_rounds));
   }
 }
 

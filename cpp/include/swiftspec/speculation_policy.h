@@ -27,9 +27,11 @@
 // Exploration: the first decode round is target-only (measures T(1)), the second plays the start
 // arm (the largest budget <= max_budget / 4: a large tree is the most expensive round where target
 // passes grow with their rows, as on a CPU, and one round measures every arm up to its own).
-// Later: while target-only wins, a probe of 3 rounds of the best speculative arm comes after `probe
-// interval` target-only rounds (4, doubling after each probe that confirms target-only, up to
-// 512), so a draft that never agrees costs a few percent; while a speculative arm wins, the arm
+// Later: while target-only wins, a probe of up to 3 rounds of the best speculative arm comes after
+// `probe interval` target-only rounds (4, doubling after each probe that confirms target-only, up
+// to 512; a probe round that accepts nothing ends the probe where the arm has accepted next to
+// nothing before), so a draft that never agrees costs a
+// few percent; while a speculative arm wins, the arm
 // above it is played every 8 rounds (every 2 while it was never measured: the policy climbs from
 // the start arm) and target-only every 128 (estimates drift as the context grows).
 //

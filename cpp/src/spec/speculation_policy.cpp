@@ -23,6 +23,8 @@ constexpr int kFirstProbeInterval = 4;
 constexpr int kMaxProbeInterval = 512;
 // Rounds of one probe: enough for the averages to move when the draft agrees again.
 constexpr int kProbeRounds = 3;
+// A probe ends at an empty round when its arm's acceptance estimate is below this (tokens a round).
+constexpr double kProbeGiveUpAccepted = 0.05;
 constexpr int kRefreshAboveEvery = 8;
 // While the arm above the best was never measured: climb fast.
 constexpr int kClimbEvery = 2;
@@ -196,6 +198,7 @@ void SpeculationPolicy::observe_speculative(int played, int rows, double verify_
     if (!unmeasured && (!(draft_seconds_at[i] >= 0.0) || accepted_at[i] < 0))
       throw InvalidArgument("observe_speculative: negative draft time or accepted count");
   }
+  const double accepted_before = accepted_[arm].value;  // (what the arm accepted before this round)
   target_time_[rows].add(verify_seconds, kTimeWeight);
   overhead_spec_.add(overhead_seconds, kTimeWeight);
   for (size_t i = 0; i < arms; ++i) {
@@ -205,6 +208,11 @@ void SpeculationPolicy::observe_speculative(int played, int rows, double verify_
     accepted_[i].add(accepted_at[i], 1.0 - std::pow(1.0 - kAcceptanceWeight, gap));
     accepted_round_[i] = rounds_;
   }
+  // A probe round that accepted nothing, of an arm that had accepted next to nothing before, ends
+  // its probe: the draft still does not agree, and the rest of the probe would cost speculative
+  // rounds to learn nothing new. (An arm that accepts now and then keeps its whole probe: one
+  // empty round of a fair draft is noise.)
+  if (probe_left_ > 0 && accepted_at[arm] == 0 && accepted_before < kProbeGiveUpAccepted) probe_left_ = 0;
 }
 
 const char* SpeculationPolicy::reason_name(Reason reason) {
