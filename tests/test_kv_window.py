@@ -121,7 +121,9 @@ def test_cuda_backend_refuses_a_window(tiny):
         ({"target": {"kv_window": [4, 64]}}, "target.kv_window: the target attends its full KV"),
         ({"draft": {"kv_window": [4]}}, r"draft.kv_window must be \[sinks, recent\]"),
         ({"draft": {"kv_window": [4, -1]}}, r"draft.kv_window \[4, -1\]: .*kv_window_recent must be in"),
-        ({"draft": {"kv_window": "wide"}}, "draft.kv_window has the wrong type"),
+        ({"draft": {"kv_window": "wide"}}, r"draft.kv_window must be \[sinks, recent\]"),
+        ({"draft": {"kv_window": [4.5, 64]}}, "draft.kv_window sinks must be an integer, got 4.5"),
+        ({"draft": {"kv_window": [4, 2**40]}}, "draft.kv_window recent is out of range"),
     ],
 )
 def test_placement_window_errors_name_the_group(placement, match):

@@ -78,6 +78,8 @@ struct GroupPlacement {
   /// what loading the group on the cpu backend refuses (load_group_model), and what the CLI
   /// refuses before loading (swiftspec_core.placement_cuda_only_fields).
   std::vector<std::string> cuda_only_fields() const;
+  /// Whether the group sets kv_window (either number non-zero).
+  bool has_kv_window() const { return kv_window_sinks != 0 || kv_window_recent != 0; }
   /// Whether the group places nothing: TP 1, no cores, no threads_per_rank, no CUDA-only field,
   /// no kv_window.
   bool places_nothing() const;

@@ -30,10 +30,9 @@
 // Later: while target-only wins, a probe of up to 3 rounds of the best speculative arm comes after
 // `probe interval` target-only rounds (4, doubling after each probe that confirms target-only, up
 // to 512; a probe round that accepts nothing ends the probe where the arm has accepted next to
-// nothing before), so a draft that never agrees costs a
-// few percent; while a speculative arm wins, the arm
-// above it is played every 8 rounds (every 2 while it was never measured: the policy climbs from
-// the start arm) and target-only every 128 (estimates drift as the context grows).
+// nothing before), so a draft that never agrees costs a few percent; while a speculative arm wins,
+// the arm above it is played every 8 rounds (every 2 while it was never measured: the policy climbs
+// from the start arm) and target-only every 128 (estimates drift as the context grows).
 //
 // Memory across requests: pass times are properties of the machine and the models, and acceptance
 // of the kind of text an engine serves, so an engine hands each request's final estimates to its

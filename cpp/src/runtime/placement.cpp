@@ -86,10 +86,9 @@ GroupPlacement parse_group(const json& j, const std::string& where) {
         if (!value.is_boolean()) throw InvalidArgument(where + ".megakernel must be true or false");
         g.megakernel = value.get<bool>();
       } else if (key == "kv_window") {
-        const auto w = value.get<std::vector<int>>();
-        if (w.size() != 2) throw InvalidArgument(where + ".kv_window must be [sinks, recent]");
-        g.kv_window_sinks = w[0];
-        g.kv_window_recent = w[1];
+        if (!value.is_array() || value.size() != 2) throw InvalidArgument(where + ".kv_window must be [sinks, recent]");
+        g.kv_window_sinks = strict_int(value[0], where + ".kv_window sinks");
+        g.kv_window_recent = strict_int(value[1], where + ".kv_window recent");
       } else if (key == "sm_partition") {
         const auto p = value.get<std::vector<int>>();
         if (p.size() != 2) throw InvalidArgument(where + ".sm_partition must be [first SM, SM count]");
@@ -129,7 +128,7 @@ json group_json(const GroupPlacement& g) {
   if (g.stream_priority != 0) j["stream_priority"] = g.stream_priority;
   if (!g.gemm_engine.empty()) j["gemm_engine"] = g.gemm_engine;
   if (g.megakernel) j["megakernel"] = true;
-  if (g.kv_window_recent != 0 || g.kv_window_sinks != 0) j["kv_window"] = {g.kv_window_sinks, g.kv_window_recent};
+  if (g.has_kv_window()) j["kv_window"] = {g.kv_window_sinks, g.kv_window_recent};
   return j;
 }
 
@@ -191,8 +190,7 @@ std::vector<std::string> GroupPlacement::cuda_only_fields() const {
 }
 
 bool GroupPlacement::places_nothing() const {
-  return tp == 1 && cores.empty() && threads_per_rank == 0 && cuda_only_fields().empty() && kv_window_sinks == 0 &&
-         kv_window_recent == 0;
+  return tp == 1 && cores.empty() && threads_per_rank == 0 && cuda_only_fields().empty() && !has_kv_window();
 }
 
 int GroupPlacement::resolved_threads(int default_threads) const {
@@ -268,7 +266,7 @@ Placement Placement::automatic(int num_cores, int target_tp, int draft_tp) {
 void Placement::validate() const {
   validate_group(draft, "placement.draft");
   validate_group(target, "placement.target");
-  if (target.kv_window_recent != 0 || target.kv_window_sinks != 0)
+  if (target.has_kv_window())
     throw InvalidArgument(
         "placement.target.kv_window: the target attends its full KV (it verifies the draft's proposals, so "
         "outputs stay its own); an attention window applies to the draft group only");
