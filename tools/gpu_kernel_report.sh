@@ -4,7 +4,7 @@
 # swiftspec-cuda-long-bench, swiftspec-cuda-bench, swiftspec-cuda-int4-bench and, for the A/B,
 # swiftspec-cuda-bench-base: a baseline commit's swiftspec-cuda-bench). Parts (PARTS, comma list,
 # in this order; default all):
-#   checks   swiftspec-cuda-check --long-only and --int4-only
+#   checks   swiftspec-cuda-check --long-only and --int4-only (CHECK_PARTS, default "long int4")
 #   stages   the split-K attention's stages in place (SWIFTSPEC_ATTN_SKIP variants, step tuner off):
 #            STAGE_SHAPES (qwen2.5-1.5b) at STAGE_CONTEXTS (512,16384)
 #   ab       decode / tree steps of this tree against the baseline, AB_ARGS (default --quick
@@ -12,13 +12,20 @@
 #   long     swiftspec-cuda-long-bench over LONG_SHAPES (qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b) at
 #            LONG_CONTEXTS (512,4096,16384,32768), the step tuner on (the default)
 #   int4     swiftspec-cuda-int4-bench --sweep at M = 1 for INT4_SHAPES (llama3-8b)
+#   envab    swiftspec-cuda-long-bench under each environment setting of ENV_AB (space-separated,
+#            e.g. "SWIFTSPEC_ATTN_NARROW=single SWIFTSPEC_ATTN_NARROW=all"; the A/B switches of
+#            docs/cuda_backend.md), ENV_AB_ARGS (default --shapes qwen2.5-1.5b,llama3-8b --contexts
+#            512,16384,32768 --no-megakernel --no-prefill --iters 20), step tuner off, settings
+#            alternating for ENV_AB_ROUNDS (2) rounds
+#   ncu      one step's attention kernels under Nsight Compute (--set full): NCU_SHAPE (qwen2.5-1.5b)
+#            at NCU_CONTEXT (32768), kernels matching NCU_KERNELS (attention), step tuner off
 # Writes every log under $OUT; prints the tables. env: OUT, PREBUILT (.dev/bins.tar.xz), COMMIT.
 set -uo pipefail
 OUT=${OUT:-/tmp/swiftspec-report}
 mkdir -p "$OUT"
 T0=$(date +%s)
 log() { echo "[kernel_report +$(( $(date +%s) - T0 ))s] $*"; }
-PARTS=",${PARTS:-checks,stages,ab,long,int4},"
+PARTS=",${PARTS:-checks,stages,ab,long,int4},"  # envab and ncu only when named
 has() { [[ "$PARTS" == *",$1,"* ]]; }
 B=/tmp/ss-report-bin
 rm -rf "$B" && mkdir -p "$B" && tar -xJf "${PREBUILT:-.dev/bins.tar.xz}" -C "$B" || { log "no PREBUILT programs"; exit 1; }
@@ -28,7 +35,7 @@ cat "$OUT/machine.txt"
 table() { grep -E "^(qwen|llama)[^ ]* +[0-9]" "$1" | grep -v " C=" | cut -c1-104; }
 
 if has checks; then
-  for part in long int4; do
+  for part in ${CHECK_PARTS:-long int4}; do
     timeout 150 "$B/swiftspec-cuda-check" --$part-only > "$OUT/check_$part.log" 2>&1
     log "check --$part-only exit $? ($(grep -c ' PASS' "$OUT/check_$part.log") pass, $(grep -c ' FAIL' "$OUT/check_$part.log") fail)"
     grep -E ' FAIL|aborted' "$OUT/check_$part.log" | head -10
@@ -66,4 +73,27 @@ if has int4; then
   timeout 200 "$B/swiftspec-cuda-int4-bench" --shapes "${INT4_SHAPES:-llama3-8b}" --ms 1 --sweep \
     --json "$OUT/int4_sweep.json" > "$OUT/int4_sweep.log" 2>&1
   log "int4 sweep exit $?"; grep -E "sweep|^int4" "$OUT/int4_sweep.log" | head -40
+fi
+
+if has envab; then
+  for r in $(seq 1 "${ENV_AB_ROUNDS:-2}"); do
+    for setting in ${ENV_AB:-SWIFTSPEC_ATTN_NARROW=single SWIFTSPEC_ATTN_NARROW=all}; do
+      tag=$(echo "$setting" | tr -c 'A-Za-z0-9_=\n' _)
+      # shellcheck disable=SC2086
+      env SWIFTSPEC_STEP_TUNE=0 "$setting" timeout 200 "$B/swiftspec-cuda-long-bench" \
+        ${ENV_AB_ARGS:---shapes qwen2.5-1.5b,llama3-8b --contexts 512,16384,32768 --no-megakernel --no-prefill --iters 20} \
+        > "$OUT/envab_${tag}_$r.log" 2>&1
+      echo "== $setting round $r (exit $?)"; table "$OUT/envab_${tag}_$r.log"
+    done
+  done
+fi
+
+if has ncu; then
+  env SWIFTSPEC_STEP_TUNE=0 timeout 240 ncu --clock-control none --graph-profiling node --set full \
+    -k "regex:${NCU_KERNELS:-attention}" --launch-skip 56 --launch-count 4 "$B/swiftspec-cuda-long-bench" \
+    --shapes "${NCU_SHAPE:-qwen2.5-1.5b}" --contexts "${NCU_CONTEXT:-32768}" --iters 3 --no-megakernel --no-prefill \
+    > "$OUT/ncu.txt" 2>&1
+  log "ncu exit $?"
+  grep -E "attention_|Duration|DRAM Throughput|Memory Throughput|Eligible Warps|Achieved Occupancy|Registers Per" \
+    "$OUT/ncu.txt" | head -60
 fi

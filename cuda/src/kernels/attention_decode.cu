@@ -72,13 +72,14 @@ __device__ __forceinline__ const __nv_bfloat16* ring_k(const uint8_t* ring, int 
   return reinterpret_cast<const __nv_bfloat16*>(ring + j * 2 * Geom<HD>::kTileBytes);
 }
 
-/// Loads committed tile c of kv head kvh (64 contiguous cache rows) into K / V.
+/// Loads committed tile c of kv head kvh (64 contiguous cache rows) into K / V, by `nthreads`
+/// threads of which this is `tid` (default: the whole CTA).
 template <int HD>
 __device__ __forceinline__ void load_committed_tile(const AttnParams& p, int kvh, int c, __nv_bfloat16* K,
-                                                    __nv_bfloat16* V) {
+                                                    __nv_bfloat16* V, int tid = threadIdx.x, int nthreads = kThreads) {
   constexpr int LD = Geom<HD>::kLD, CH = HD / 8;
   const size_t row0 = static_cast<size_t>(kvh) * p.slots + static_cast<size_t>(c) * kAttnTile;
-  for (int i = threadIdx.x; i < kAttnTile * CH; i += kThreads) {
+  for (int i = tid; i < kAttnTile * CH; i += nthreads) {
     const int r = i / CH, ch = i - r * CH;
     cp_async_16(K + r * LD + ch * 8, p.kcache + (row0 + r) * HD + ch * 8);
     cp_async_16(V + r * LD + ch * 8, p.vcache + (row0 + r) * HD + ch * 8);
@@ -146,42 +147,67 @@ __device__ void main_item(const AttnParams& p, const Plan& q, int kvh, int g, in
   }
 }
 
-/// A main item of one split (split mode, one split per item) whose query rows fit one m16 tile
-/// (R <= 16: a decode step's rows of a kv head): the narrow scheme of the tail items instead of
-/// main_item's, where all 8 warps would compute the same S for 16 output columns each. The split's
-/// up to 4 tiles are loaded at once and computed side by side (4 tile slots x 2 column halves);
+/// Barrier of the two warps of tile slot `slot` (named barriers 1..4; 0 is __syncthreads).
+__device__ __forceinline__ void slot_barrier(int slot) { asm volatile("bar.sync %0, 64;" ::"r"(slot + 1) : "memory"); }
+
+/// A main item of a decode step (one token: its rows of a kv head fit one m16 tile, R <= 16), in
+/// either mode: the narrow scheme of the tail items instead of main_item's, where all 8 warps
+/// would compute the same S for 16 output columns each. The item's splits are taken one after
+/// the other; a split's up to 4 tiles are computed side by side (4 tile slots x 2 column halves),
 /// slots 1-3 hand their tile states to slot 0 through the free rows of the super area, and slot 0
-/// folds them in tile order into the split state: the same FragState::fold calls on the same
-/// tile states as main_item's loop, hence the same bits.
+/// folds them in tile order into the split state: the same FragState::fold calls on the same tile
+/// states as main_item's loop, hence the same bits. Each slot's two warps load their own tile of
+/// the next split as soon as they are done with the current one, so the keys keep streaming while
+/// slot 0 folds and stores. Full splits are stored (split mode) or folded into the super state in
+/// slot 0's registers (super mode: the same merges as main_item's shared-memory super state).
 template <int HD>
 __device__ void main_item_narrow(const AttnParams& p, const Plan& q, int kvh, int u, uint8_t* smem, AttnShared& sh) {
   constexpr int NT = HD / 16, LD = Geom<HD>::kLD;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int slot = warp >> 1, col0 = (warp & 1) * (HD / 2);
+  const int slot = warp >> 1, col0 = (warp & 1) * (HD / 2), slot_tid = threadIdx.x & 63;
   const int G = p.group, R = G;  // one token (row group 0 holds it)
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);
   load_q<HD>(p, Qs, kvh, 0, R, 16);
-  const int c_lo = u * kAttnTilesPerSplit, c_hi = min(c_lo + kAttnTilesPerSplit, q.cf);
-  const int cnt = c_hi - c_lo;
+  const int per_unit = (q.split_mode ? q.spi : kAttnSplitsPerSuper) * kAttnTilesPerSplit;
+  const int c_lo = u * per_unit, c_hi = min(c_lo + per_unit, q.cf);
+  const int s_lo = c_lo / kAttnTilesPerSplit, s_end = (c_hi + kAttnTilesPerSplit - 1) / kAttnTilesPerSplit;
   uint8_t* ring = smem + Geom<HD>::kRing;
-  for (int j = 0; j < cnt; ++j) {
-    __nv_bfloat16* K = reinterpret_cast<__nv_bfloat16*>(ring + j * 2 * Geom<HD>::kTileBytes);
-    load_committed_tile<HD>(p, kvh, c_lo + j, K, K + kAttnTile * LD);
-  }
-  cp_async_commit();
+  __nv_bfloat16* K = reinterpret_cast<__nv_bfloat16*>(ring + slot * 2 * Geom<HD>::kTileBytes);  // this slot's stage
+  auto tiles_of = [&](int s) { return min(kAttnTilesPerSplit, c_hi - s * kAttnTilesPerSplit); };
+  auto load_slot_tile = [&](int s) {
+    if (slot < tiles_of(s))
+      load_committed_tile<HD>(p, kvh, s * kAttnTilesPerSplit + slot, K, K + kAttnTile * LD, slot_tid, 64);
+    cp_async_commit();
+  };
+  load_slot_tile(s_lo);
   cp_async_wait<0>();
-  __syncthreads();
+  __syncthreads();  // the Q rows (every thread's copies) and the first split's tiles are in
   // Hand-over area: rows 16 .. 63 of the super area (row-major [16][HD] fp32 per slot 1..3, the
   // SmemState layout) and rows 16 .. of the Q area for (m, l) ([slot][16] float2); main_item
   // uses neither for R <= 16.
   float* xo = reinterpret_cast<float*>(smem + Geom<HD>::kSuper) + 16 * HD;
   float2* xml = reinterpret_cast<float2*>(Qs + 16 * LD);
-  FragState<NT> ts;
   const float sl2 = p.scale * kLog2e;
-  if (slot < cnt) {
-    const __nv_bfloat16* K = ring_k<HD>(ring, slot);
-    tile_partial<HD, NT>(Qs, K, K + kAttnTile * LD, col0, kAttnTile, sl2, lane, ts);
-    if (slot > 0) {
+  const bool write_ml = (warp & 1) == 0;
+  auto row_entry = [&](int index) {
+    return [&, index](int row) { return entry(p, q, index, row / G, kvh * G + row % G); };
+  };
+  FragState<NT> sup;  // super mode: the super's full splits so far (slot 0)
+  sup.clear();
+  for (int s = s_lo; s < s_end; ++s) {
+    const int cnt = tiles_of(s);
+    if (s > s_lo) {
+      cp_async_wait<0>();
+      slot_barrier(slot);  // this slot's tile of split s is in (its two warps loaded it)
+    }
+    FragState<NT> ts;
+    if (slot < cnt) tile_partial<HD, NT>(Qs, K, K + kAttnTile * LD, col0, kAttnTile, sl2, lane, ts);
+    if (s + 1 < s_end) {
+      slot_barrier(slot);  // both warps are done with the stage: refill it
+      load_slot_tile(s + 1);
+    }
+    __syncthreads();  // slot 0 has read the previous split's hand-over
+    if (slot > 0 && slot < cnt) {
       SmemState<HD, NT> x;
       x.o = xo + (slot - 1) * 16 * HD;
       x.col0 = col0;
@@ -190,42 +216,45 @@ __device__ void main_item_narrow(const AttnParams& p, const Plan& q, int kvh, in
 #pragma unroll
         for (int jj = 0; jj < NT; ++jj)
           *reinterpret_cast<float2*>(x.at(r, jj, lane)) = make_float2(ts.o[jj][2 * r], ts.o[jj][2 * r + 1]);
-      if ((warp & 1) == 0 && (lane & 3) == 0) {
+      if (write_ml && (lane & 3) == 0) {
         xml[(slot - 1) * 16 + (lane >> 2)] = make_float2(ts.m[0], ts.l[0]);
         xml[(slot - 1) * 16 + (lane >> 2) + 8] = make_float2(ts.m[1], ts.l[1]);
       }
     }
-  }
-  __syncthreads();
-  const int s = c_lo / kAttnTilesPerSplit;
-  if (slot == 0) {
-    FragState<NT> ps;
-    ps.clear();
-    ps.fold(ts);
-    for (int j = 1; j < cnt; ++j) {
-      SmemState<HD, NT> x;
-      x.o = xo + (j - 1) * 16 * HD;
-      x.col0 = col0;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float2 ml = xml[(j - 1) * 16 + (lane >> 2) + 8 * r];
-        x.m[r] = ml.x;
-        x.l[r] = ml.y;
-      }
-      x.load(ts, lane);
+    __syncthreads();
+    if (slot == 0) {  // the other slots go on with the next split meanwhile
+      FragState<NT> ps;
+      ps.clear();
       ps.fold(ts);
+      for (int j = 1; j < cnt; ++j) {
+        SmemState<HD, NT> x;
+        x.o = xo + (j - 1) * 16 * HD;
+        x.col0 = col0;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float2 ml = xml[(j - 1) * 16 + (lane >> 2) + 8 * r];
+          x.m[r] = ml.x;
+          x.l[r] = ml.y;
+        }
+        x.load(ts, lane);
+        ps.fold(ts);
+      }
+      if ((s + 1) * kAttnTilesPerSplit > q.cf)
+        store_state<HD, NT>(p.boundary, ps, 0, R, col0, write_ml, lane, row_entry(0));
+      else if (q.split_mode)
+        store_state<HD, NT>(p.split, ps, 0, R, col0, write_ml, lane, row_entry(s));
+      else
+        sup.fold(ps);
     }
-    auto row_entry = [&](int index) {
-      return [&, index](int row) { return entry(p, q, index, row / G, kvh * G + row % G); };
-    };
-    const bool write_ml = (warp & 1) == 0;
-    if ((s + 1) * kAttnTilesPerSplit > q.cf)
-      store_state<HD, NT>(p.boundary, ps, 0, R, col0, write_ml, lane, row_entry(0));
-    else
-      store_state<HD, NT>(p.split, ps, 0, R, col0, write_ml, lane, row_entry(s));
   }
-  // A full split counts for its super (split mode without direct folds): every thread takes part.
-  if (!q.direct && s < q.nfull) arrive_splits<HD>(p, q, kvh, 0, s, s + 1, sh);
+  if (q.split_mode) {
+    // The item's full splits count for their supers (without direct folds): every thread takes part.
+    const int s_full = min(c_hi / kAttnTilesPerSplit, q.nfull);
+    if (!q.direct && s_full > s_lo) arrive_splits<HD>(p, q, kvh, 0, s_lo, s_full, sh);
+    return;
+  }
+  if (slot == 0 && u * kTilesPerSuper + kAttnTilesPerSplit <= q.cf)  // the super's full splits
+    store_state<HD, NT>(p.super, sup, 0, R, col0, write_ml, lane, row_entry(u));
 }
 
 /// A tail item: token t's tiles from cf on (kv head kvh), keys gathered by logical position
@@ -377,10 +406,13 @@ int ctas_override(int ctas) {
   return v > 0 ? v : ctas;
 }
 
-/// SWIFTSPEC_ATTN_NARROW=0: decode steps' main items keep main_item's scheme (the same bits).
+/// SWIFTSPEC_ATTN_NARROW=0: decode steps' main items keep main_item's scheme; =single (the
+/// default until measured on a GPU): only items of one split in split mode take the narrow
+/// scheme; =all: every decode item does. The same bits in every case.
 int narrow_allowed() {
   const char* e = std::getenv("SWIFTSPEC_ATTN_NARROW");
-  return e && std::strcmp(e, "0") == 0 ? 0 : 1;
+  if (e && std::strcmp(e, "0") == 0) return 0;
+  return e && std::strcmp(e, "all") == 0 ? 2 : 1;
 }
 
 /// SWIFTSPEC_ATTN_CARVEOUT=1: both kernels prefer the largest shared-memory carve-out, so that the

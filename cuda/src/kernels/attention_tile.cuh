@@ -56,7 +56,7 @@ struct Plan {
   int direct = 0;
   int spi = 0;     ///< split mode: splits per main item (as many as fit the grid in one wave)
   int nunits = 0;  ///< main units per (kv head, row group)
-  /// Split mode, one split per item, one token (a decode step): main_item_narrow.
+  /// One token (a decode step), either mode: main_item_narrow.
   int narrow = 0;
   int n_tail = 0, n_main = 0;
 };
@@ -81,7 +81,8 @@ __device__ Plan make_plan(const AttnParams& p) {
   const long long split_items = static_cast<long long>(p.num_kv_heads) * q.ngroups * nsplits;
   q.spi = q.split_mode ? static_cast<int>(max(1LL, (split_items + p.ctas - 1) / max(1, p.ctas))) : kAttnSplitsPerSuper;
   q.nunits = q.split_mode ? (nsplits + q.spi - 1) / q.spi : nsupers;
-  q.narrow = p.narrow && q.split_mode && q.spi == 1 && q.n == 1 ? 1 : 0;
+  // (p.narrow 1: only items of one split in split mode, the rule before several splits per item)
+  q.narrow = q.n == 1 && (p.narrow == 2 || (p.narrow == 1 && q.split_mode && q.spi == 1)) ? 1 : 0;
   q.n_tail = p.num_kv_heads * q.n;
   q.n_main = p.num_kv_heads * q.ngroups * q.nunits;
   return q;
