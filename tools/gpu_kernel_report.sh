@@ -14,7 +14,8 @@
 #   int4     swiftspec-cuda-int4-bench --sweep at M = 1 for INT4_SHAPES (llama3-8b)
 #   envab    swiftspec-cuda-long-bench under each environment setting of ENV_AB (space-separated,
 #            e.g. "SWIFTSPEC_ATTN_NARROW=single SWIFTSPEC_ATTN_NARROW=all"; the A/B switches of
-#            docs/cuda_backend.md), ENV_AB_ARGS (default --shapes qwen2.5-1.5b,llama3-8b --contexts
+#            docs/cuda_backend.md; a setting "base:VAR=val" runs swiftspec-cuda-long-bench-base, a
+#            baseline commit's program in PREBUILT), ENV_AB_ARGS (default --shapes qwen2.5-1.5b,llama3-8b --contexts
 #            512,16384,32768 --no-megakernel --no-prefill --iters 20), step tuner off, settings
 #            alternating for ENV_AB_ROUNDS (2) rounds
 #   ncu      one step's attention kernels under Nsight Compute (--set full): NCU_SHAPE (qwen2.5-1.5b)
@@ -79,8 +80,10 @@ if has envab; then
   for r in $(seq 1 "${ENV_AB_ROUNDS:-2}"); do
     for setting in ${ENV_AB:-SWIFTSPEC_ATTN_NARROW=single SWIFTSPEC_ATTN_NARROW=all}; do
       tag=$(echo "$setting" | tr -c 'A-Za-z0-9_=\n' _)
+      bin=$B/swiftspec-cuda-long-bench
+      case $setting in base:*) bin=$B/swiftspec-cuda-long-bench-base; setting=${setting#base:} ;; esac
       # shellcheck disable=SC2086
-      env SWIFTSPEC_STEP_TUNE=0 "$setting" timeout 200 "$B/swiftspec-cuda-long-bench" \
+      env SWIFTSPEC_STEP_TUNE=0 "$setting" timeout 200 "$bin" \
         ${ENV_AB_ARGS:---shapes qwen2.5-1.5b,llama3-8b --contexts 512,16384,32768 --no-megakernel --no-prefill --iters 20} \
         > "$OUT/envab_${tag}_$r.log" 2>&1
       echo "== $setting round $r (exit $?)"; table "$OUT/envab_${tag}_$r.log"

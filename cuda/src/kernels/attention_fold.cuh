@@ -35,49 +35,79 @@ struct RowState {
   __device__ __forceinline__ void fold(const RowState& x) { fold(x.m, x.l, x.o); }
 };
 
-/// Where a piece of a fold lives and which state it merges into.
-struct Piece {
-  const float* o;    ///< its head_dim floats
-  const float2* ml;  ///< its (max, sum)
-  int level;         ///< 0: final, 1: super, 2: split
-  int flush;         ///< before merging: 1 split -> super, 2 also super -> final
+/// The three-level state of a fold (final, super, split) and which of the lower ones hold
+/// anything. Pieces are added in the canonical order (attention.h); a piece starting at a split
+/// boundary first flushes the split state into the super state, at a super boundary also the
+/// super state into the final one. Folding an empty state (nothing merged into it since it was
+/// cleared) changes nothing, so those folds are skipped: the same bits, fewer instructions.
+template <int DPT>
+struct FoldChain {
+  RowState<DPT> fin, sup, spl;
+  bool sup_used, spl_used;
+  __device__ __forceinline__ void clear() {
+    fin.clear();
+    sup.clear();
+    spl.clear();
+    sup_used = spl_used = false;
+  }
+  /// Adds a piece (m, l, o) at level LEVEL (0: final, 1: super, 2: split) starting at tile c0.
+  /// FLUSH = false where the lower states are known to be empty (nothing to flush): straight-line
+  /// merges, which the compiler can interleave across the pieces of a batch.
+  template <int LEVEL, bool FLUSH>
+  __device__ __forceinline__ void add(int c0, float xm, float xl, const float (&xo)[DPT]) {
+    if constexpr (FLUSH) {
+      const bool split_edge = c0 > 0 && c0 % kAttnTilesPerSplit == 0;
+      const bool super_edge = c0 > 0 && c0 % kTilesPerSuper == 0;
+      if (split_edge && spl_used) {
+        sup.fold(spl);
+        spl.clear();
+        spl_used = false;
+        sup_used = true;
+      }
+      if (super_edge && sup_used) {
+        fin.fold(sup);
+        sup.clear();
+        sup_used = false;
+      }
+    }
+    if constexpr (LEVEL == 0) {
+      fin.fold(xm, xl, xo);
+    } else if constexpr (LEVEL == 1) {
+      sup.fold(xm, xl, xo);
+      sup_used = true;
+    } else {
+      spl.fold(xm, xl, xo);
+      spl_used = true;
+    }
+  }
+  /// The final state: the split and super states flushed up.
+  __device__ __forceinline__ const RowState<DPT>& finish() {
+    if (spl_used) {
+      sup.fold(spl);
+      sup_used = true;
+    }
+    if (sup_used) fin.fold(sup);
+    return fin;
+  }
 };
 
-/// A piece starting at tile c0: before it, a split boundary flushes the split state into the
-/// super state and a super boundary also the super state into the final one (a no-op for
-/// states that are empty there).
-__device__ __forceinline__ Piece piece_at(const AttnPartials& a, size_t e, int head_dim, int level, int c0) {
-  Piece pc;
-  pc.o = a.o + e * head_dim;
-  pc.ml = a.ml + e;
-  pc.level = level;
-  pc.flush = c0 > 0 && c0 % kTilesPerSuper == 0 ? 2 : (c0 > 0 && c0 % kAttnTilesPerSplit == 0 ? 1 : 0);
-  return pc;
-}
-
-/// Folds `np` pieces (`piece_of(i)`) in order into a three-level state and returns the final
-/// state (pieces at lower levels flushed up as the walk says; the split and super states are
-/// flushed at the end). This thread holds dims d0 .. d0 + DPT - 1. Loads of a batch of pieces are
-/// issued before their merges. Folding an empty state (nothing merged into it since it was
-/// cleared) changes nothing, so those folds are skipped: the same bits, fewer instructions.
-template <int DPT, class PieceOf>
-__device__ __forceinline__ RowState<DPT> fold_pieces(int np, int d0, PieceOf piece_of) {
+/// Adds `count` pieces of one array to the chain at level LEVEL: piece i is entry e0 + i * stride of
+/// `a` (this thread's dims d0 .. d0 + DPT - 1) and starts at tile c0 + i * c_step. The loads of a
+/// batch of pieces are issued before their merges; the addresses are one multiply-add each, so a
+/// thread's serial chain is little more than the merges themselves. FLUSH: as FoldChain::add.
+template <int LEVEL, bool FLUSH, int DPT, int HD>
+__device__ __forceinline__ void fold_run(FoldChain<DPT>& ch, const AttnPartials& a, size_t e0, size_t stride, int count,
+                                         int d0, int c0, int c_step) {
   constexpr int kBatch = DPT <= 2 ? 2 * kPieceBatch : kPieceBatch;
-  RowState<DPT> fin, sup, spl;  // the final, super and split states (named: no runtime-indexed array)
-  fin.clear();
-  sup.clear();
-  spl.clear();
-  bool sup_used = false, spl_used = false;  // whether anything was merged in since the last clear
-  for (int i0 = 0; i0 < np; i0 += kBatch) {
+  for (int i0 = 0; i0 < count; i0 += kBatch) {
     float2 ml[kBatch];
     float xo[kBatch][DPT];
-    Piece pc[kBatch];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
-      if (i0 + j < np) {
-        pc[j] = piece_of(i0 + j);
-        ml[j] = __ldcg(pc[j].ml);
-        const float* src = pc[j].o + d0;
+      if (i0 + j < count) {
+        const size_t e = e0 + static_cast<size_t>(i0 + j) * stride;
+        ml[j] = __ldcg(a.ml + e);
+        const float* src = a.o + e * HD + d0;
         if constexpr (DPT % 4 == 0) {
 #pragma unroll
           for (int k = 0; k < DPT; k += 4) {
@@ -101,37 +131,9 @@ __device__ __forceinline__ RowState<DPT> fold_pieces(int np, int d0, PieceOf pie
       }
     }
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      if (i0 + j < np) {
-        if (pc[j].flush >= 1 && spl_used) {
-          sup.fold(spl);
-          spl.clear();
-          spl_used = false;
-          sup_used = true;
-        }
-        if (pc[j].flush >= 2 && sup_used) {
-          fin.fold(sup);
-          sup.clear();
-          sup_used = false;
-        }
-        if (pc[j].level == 0) {
-          fin.fold(ml[j].x, ml[j].y, xo[j]);
-        } else if (pc[j].level == 1) {
-          sup.fold(ml[j].x, ml[j].y, xo[j]);
-          sup_used = true;
-        } else {
-          spl.fold(ml[j].x, ml[j].y, xo[j]);
-          spl_used = true;
-        }
-      }
-    }
+    for (int j = 0; j < kBatch; ++j)
+      if (i0 + j < count) ch.template add<LEVEL, FLUSH>(c0 + (i0 + j) * c_step, ml[j].x, ml[j].y, xo[j]);
   }
-  if (spl_used) {
-    sup.fold(spl);
-    sup_used = true;
-  }
-  if (sup_used) fin.fold(sup);
-  return fin;
 }
 
 /// The final fold of token t's row `r` (kv head kvh) and its attention output: the pieces in
@@ -150,18 +152,18 @@ __device__ void final_fold(const AttnParams& p, const Plan& q, int kvh, int t, i
   const int nspl = q.direct ? q.nfull : 0;                                              // full split pieces
   const int has_bs = !q.direct && (cf % kTilesPerSuper) >= kAttnTilesPerSplit ? 1 : 0;  // boundary super's splits
   const int has_sp = cf % kAttnTilesPerSplit != 0 ? 1 : 0;                              // boundary split's tiles
-  const int np = nfs + nspl + has_bs + has_sp + (nt - cf);
-  const RowState<DPT> f = fold_pieces<DPT>(np, d0, [&](int i) {
-    if (i < nfs) return piece_at(p.super, entry(p, q, i, t, head), HD, 0, i * kTilesPerSuper);
-    i -= nfs;
-    if (i < nspl) return piece_at(p.split, entry(p, q, i, t, head), HD, 1, i * kAttnTilesPerSplit);
-    i -= nspl;
-    if (i < has_bs) return piece_at(p.super, entry(p, q, nfs, t, head), HD, 1, nfs * kTilesPerSuper);
-    i -= has_bs;
-    if (i < has_sp) return piece_at(p.boundary, entry(p, q, 0, t, head), HD, 2, q.nfull * kAttnTilesPerSplit);
-    i -= has_sp;
-    return piece_at(p.tail, entry(p, q, i, t, head), HD, 2, cf + i);
-  });
+  // entry (index, t, head) = index * stride + e0 (entry())
+  const size_t stride = static_cast<size_t>(q.n) * p.num_heads;
+  const size_t e0 = static_cast<size_t>(t) * p.num_heads + head;
+  FoldChain<DPT> ch;
+  ch.clear();
+  // The full supers come first, into the final state: nothing below it to flush yet.
+  fold_run<0, false, DPT, HD>(ch, p.super, e0, stride, nfs, d0, 0, kTilesPerSuper);
+  fold_run<1, true, DPT, HD>(ch, p.split, e0, stride, nspl, d0, 0, kAttnTilesPerSplit);
+  fold_run<1, true, DPT, HD>(ch, p.super, e0 + nfs * stride, stride, has_bs, d0, nfs * kTilesPerSuper, 0);
+  fold_run<2, true, DPT, HD>(ch, p.boundary, e0, stride, has_sp, d0, q.nfull * kAttnTilesPerSplit, 0);
+  fold_run<2, true, DPT, HD>(ch, p.tail, e0, stride, nt - cf, d0, cf, 1);
+  const RowState<DPT>& f = ch.finish();
   const float inv = 1.0f / f.l;
   __nv_bfloat16* out = p.out + (static_cast<size_t>(t) * p.num_heads + head) * HD + d0;
   if constexpr (DPT % 2 == 0) {
@@ -199,9 +201,11 @@ __device__ void arrive_splits(const AttnParams& p, const Plan& q, int kvh, int g
       for (int r = threadIdx.x / TPR; r < R; r += kThreads / TPR) {
         const int t = t0 + r / p.group, head = kvh * p.group + r % p.group;
         // (a super's splits fold at one level: no boundary inside it)
-        const RowState<DPT> f = fold_pieces<DPT>(cnt, d0, [&](int i) {
-          return piece_at(p.split, entry(p, q, U * kAttnSplitsPerSuper + i, t, head), HD, 0, 0);
-        });
+        FoldChain<DPT> ch;
+        ch.clear();
+        fold_run<0, false, DPT, HD>(ch, p.split, entry(p, q, U * kAttnSplitsPerSuper, t, head),
+                                    static_cast<size_t>(q.n) * p.num_heads, cnt, d0, 0, 0);
+        const RowState<DPT>& f = ch.finish();
         const size_t e = entry(p, q, U, t, head);
         float* po = p.super.o + e * HD + d0;
 #pragma unroll
