@@ -62,7 +62,7 @@ struct AttnParams {
   int max_context = 0;  ///< the tree region starts here
   float scale = 0.f;    ///< 1/sqrt(head_dim)
   int ctas = 0;         ///< the attention grid's CTAs (set by launch_attention)
-  int narrow = 1;       ///< decode steps' narrow main items: 0 none, 1 one-split items, 2 all (launch_attention)
+  int narrow = 2;       ///< decode steps' narrow main items: 0 none, 1 one-split items, 2 all (launch_attention)
   int debug_empty = 0;  ///< timing aid: bit 0 the attention kernel, bit 1 the fold kernel return at once
 };
 

@@ -406,13 +406,13 @@ int ctas_override(int ctas) {
   return v > 0 ? v : ctas;
 }
 
-/// SWIFTSPEC_ATTN_NARROW=0: decode steps' main items keep main_item's scheme; =single (the
-/// default until measured on a GPU): only items of one split in split mode take the narrow
-/// scheme; =all: every decode item does. The same bits in every case.
+/// SWIFTSPEC_ATTN_NARROW=0: decode steps' main items keep main_item's scheme; =single: only
+/// items of one split in split mode take the narrow scheme (the rule before items of several
+/// splits were narrow); default: every decode item does. The same bits in every case.
 int narrow_allowed() {
   const char* e = std::getenv("SWIFTSPEC_ATTN_NARROW");
   if (e && std::strcmp(e, "0") == 0) return 0;
-  return e && std::strcmp(e, "all") == 0 ? 2 : 1;
+  return e && std::strcmp(e, "single") == 0 ? 1 : 2;
 }
 
 /// SWIFTSPEC_ATTN_CARVEOUT=1: both kernels prefer the largest shared-memory carve-out, so that the
