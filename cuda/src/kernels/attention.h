@@ -12,7 +12,7 @@
 //   final   supers folded in order, O / l.
 // Tiles below floor(C / 64) (C = the step's committed length) hold the same
 // keys for every token of the step and are computed once per group of up to
-// 64 query rows ("main" work items: one split or one super each); the tiles
+// 128 query rows ("main" work items: one split or one super each); the tiles
 // from there on (the committed tail and the tree ancestors of each token) are
 // gathered per token ("tail" items); a second kernel folds each token's pieces.
 // Whichever CTA computes a tile or a fold,

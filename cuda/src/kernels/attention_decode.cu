@@ -88,12 +88,16 @@ __device__ __forceinline__ void load_committed_tile(const AttnParams& p, int kvh
 
 /// A main item: the tiles below cf of unit u (split mode: spi consecutive splits; super mode:
 /// a super) for row group g of kv head kvh. WPM warps per m16 tile, each HD / WPM output
-/// columns; the tiles stream through the ring one after the other. Full splits are stored
+/// columns (WPM = 1: each warp its own m16 tile, all columns, for up to kMaxRows rows); the
+/// tiles stream through the ring one after the other. Full splits are stored
 /// (split mode) or folded into the super state (super mode, its O in shared memory); the
 /// split holding cf stores its tiles below cf as the boundary piece.
 template <int HD, int WPM>
 __device__ void main_item(const AttnParams& p, const Plan& q, int kvh, int g, int u, uint8_t* smem, AttnShared& sh) {
   constexpr int NC = HD / WPM, NT = NC / 8, MTA = 8 / WPM, LD = Geom<HD>::kLD;
+  // More than 4 m16 tiles: a stage less, for a super area of kMaxRows rows (Geom).
+  constexpr int STAGES = MTA > 4 ? kStages - 1 : kStages;
+  constexpr size_t kSuperAt = MTA > 4 ? Geom<HD>::kSuperWide : Geom<HD>::kSuper;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int mt = warp / WPM, col0 = (warp % WPM) * NC;
   const bool write_ml = warp % WPM == 0;
@@ -111,17 +115,21 @@ __device__ void main_item(const AttnParams& p, const Plan& q, int kvh, int g, in
   FragState<NT> ps, ts;
   ps.clear();
   SmemState<HD, NT> ss;
-  ss.o = reinterpret_cast<float*>(smem + Geom<HD>::kSuper) + mt * 16 * HD;
+  ss.o = reinterpret_cast<float*>(smem + kSuperAt) + mt * 16 * HD;
   ss.col0 = col0;
   ss.clear();
-  tile_pipeline<HD>(
+  tile_pipeline<HD, STAGES>(
       smem + Geom<HD>::kRing, c_hi - c_lo,
       [&](int j, __nv_bfloat16* K, __nv_bfloat16* V) { load_committed_tile<HD>(p, kvh, c_lo + j, K, V); },
       [&](int j, const __nv_bfloat16* Ks, const __nv_bfloat16* Vs) {
         const int c = c_lo + j;
         if (active) {
-          tile_partial<HD, NT>(Qs + mt * 16 * LD, Ks, Vs, col0, kAttnTile, sl2, lane, ts);
-          ps.fold(ts);
+          if constexpr (WPM == 1) {
+            fold_tile_partial<HD, NT>(ps, Qs + mt * 16 * LD, Ks, Vs, kAttnTile, sl2, lane);
+          } else {
+            tile_partial<HD, NT>(Qs + mt * 16 * LD, Ks, Vs, col0, kAttnTile, sl2, lane, ts);
+            ps.fold(ts);
+          }
         }
         if ((c + 1) % kAttnTilesPerSplit == 0 || c + 1 == c_hi) {  // a split ends here
           const int s = c / kAttnTilesPerSplit;
@@ -330,8 +338,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const __grid_con
       main_item<HD, 8>(p, q, kvh, g, u, smem, sh);
     else if (R <= 32)
       main_item<HD, 4>(p, q, kvh, g, u, smem, sh);
-    else
+    else if (R <= 64)
       main_item<HD, 2>(p, q, kvh, g, u, smem, sh);
+    else
+      main_item<HD, 1>(p, q, kvh, g, u, smem, sh);
   }
 }
 

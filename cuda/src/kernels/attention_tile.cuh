@@ -17,8 +17,8 @@ namespace swiftspec::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxRows = 64;  ///< query rows of a main item (4 m16 tiles)
-constexpr int kStages = 4;    ///< K/V tiles in flight per CTA
+constexpr int kMaxRows = 128;  ///< query rows of a main item (8 m16 tiles)
+constexpr int kStages = 4;     ///< K/V tiles in flight per CTA
 constexpr int kTilesPerSuper = kAttnTilesPerSplit * kAttnSplitsPerSuper;
 constexpr int kPieceBatch = 8;  ///< pieces whose loads a fold issues before merging them
 /// Split mode with at most this many full splits folds them in the fold kernel directly.
@@ -26,17 +26,22 @@ constexpr int kDirectSplits = 16;
 constexpr float kLog2e = 1.4426950408889634f;
 
 /// Shared memory of a CTA: the item's Q rows, the K/V ring and the super state's O of a main
-/// item (its m and l stay in registers).
+/// item (its m and l stay in registers). Items of up to 64 rows (and the narrow and tail items)
+/// use a ring of kStages stages and the super area after it (the narrow items' hand-over area
+/// too); items of more rows use kStages - 1 stages and a super area of kMaxRows rows that starts
+/// at the last stage.
 template <int HD>
 struct Geom {
   static constexpr int kLD = HD + 8;  ///< bf16 row stride of the Q / K / V tiles (ldmatrix without bank conflicts)
   static constexpr size_t kQBytes = size_t(kMaxRows) * kLD * 2;
   static constexpr size_t kTileBytes = size_t(kAttnTile) * kLD * 2;
   static constexpr size_t kRingBytes = size_t(kStages) * 2 * kTileBytes;
-  static constexpr size_t kSuperBytes = size_t(kMaxRows) * HD * 4;
   static constexpr size_t kRing = kQBytes;
-  static constexpr size_t kSuper = kRing + kRingBytes;
-  static constexpr size_t kSmem = kSuper + kSuperBytes;
+  static constexpr size_t kSuper = kRing + kRingBytes;  ///< 64 rows (items of up to 4 m16 tiles)
+  static constexpr size_t kSuperWide = kRing + size_t(kStages - 1) * 2 * kTileBytes;  ///< kMaxRows rows
+  static constexpr size_t kSmemNarrow = kSuper + size_t(64) * HD * 4;
+  static constexpr size_t kSmemWide = kSuperWide + size_t(kMaxRows) * HD * 4;
+  static constexpr size_t kSmem = kSmemNarrow > kSmemWide ? kSmemNarrow : kSmemWide;
 };
 
 struct AttnShared {
@@ -199,11 +204,13 @@ __device__ __forceinline__ uint32_t pack_bf16(__nv_bfloat16 lo, __nv_bfloat16 hi
   return static_cast<uint32_t>(__bfloat16_as_ushort(lo)) | (static_cast<uint32_t>(__bfloat16_as_ushort(hi)) << 16);
 }
 
-/// The tile partial of one m16 tile (rows from `Qm`) over one 64-position tile (`Ks`, `Vs`,
-/// positions >= nvalid masked; their V rows must be finite), output columns col0 .. col0 + 8 NT.
-template <int HD, int NT>
-__device__ __forceinline__ void tile_partial(const __nv_bfloat16* Qm, const __nv_bfloat16* Ks, const __nv_bfloat16* Vs,
-                                             int col0, int nvalid, float sl2, int lane, FragState<NT>& t) {
+/// The scores of a tile partial for one m16 tile (rows from `Qm`) over one 64-position tile (`Ks`,
+/// positions >= nvalid masked): S = Q K^T (mma.sync, k over head_dim in order), the row max m over
+/// the 64 positions, P = bf16(2^(s - m)) as the A fragments of P V, l = sum of P (per thread in
+/// position order, then across the quad).
+template <int HD>
+__device__ __forceinline__ void tile_scores(const __nv_bfloat16* Qm, const __nv_bfloat16* Ks, int nvalid, float sl2,
+                                            int lane, uint32_t (&pa)[4][4], float (&m)[2], float (&l)[2]) {
   constexpr int LD = Geom<HD>::kLD;
   float s[8][4];
 #pragma unroll
@@ -236,8 +243,7 @@ __device__ __forceinline__ void tile_partial(const __nv_bfloat16* Qm, const __nv
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
   }
-  uint32_t pa[4][4];
-  float l[2] = {0.f, 0.f};
+  float sum[2] = {0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     __nv_bfloat16 pb[4];
@@ -245,7 +251,7 @@ __device__ __forceinline__ void tile_partial(const __nv_bfloat16* Qm, const __nv
     for (int e = 0; e < 4; ++e) {
       const float v = s[i][e];
       pb[e] = __float2bfloat16_rn(v == -INFINITY ? 0.f : exp2f(__fsub_rn(v, mx[e >> 1])));
-      l[e >> 1] = __fadd_rn(l[e >> 1], __bfloat162float(pb[e]));
+      sum[e >> 1] = __fadd_rn(sum[e >> 1], __bfloat162float(pb[e]));
     }
     // The S accumulator of n8 tile i is the A fragment half of k16 block i / 2 (FA2).
     pa[i >> 1][(i & 1) * 2] = pack_bf16(pb[0], pb[1]);
@@ -253,22 +259,74 @@ __device__ __forceinline__ void tile_partial(const __nv_bfloat16* Qm, const __nv
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    l[r] = __fadd_rn(l[r], __shfl_xor_sync(0xffffffffu, l[r], 1));
-    l[r] = __fadd_rn(l[r], __shfl_xor_sync(0xffffffffu, l[r], 2));
-    t.m[r] = mx[r];
-    t.l[r] = l[r];
+    sum[r] = __fadd_rn(sum[r], __shfl_xor_sync(0xffffffffu, sum[r], 1));
+    sum[r] = __fadd_rn(sum[r], __shfl_xor_sync(0xffffffffu, sum[r], 2));
+    m[r] = mx[r];
+    l[r] = sum[r];
   }
+}
+
+/// O = P V of a tile partial (P from tile_scores, V rows of the tile in `Vs`; masked positions'
+/// V rows must be finite) for output columns col0 .. col0 + 8 NT (mma.sync, k over the 64
+/// positions in order): each column's sum is the same whichever columns a call covers.
+template <int HD, int NT>
+__device__ __forceinline__ void tile_pv(const uint32_t (&pa)[4][4], const __nv_bfloat16* Vs, int col0, int lane,
+                                        float (&o)[NT][4]) {
+  constexpr int LD = Geom<HD>::kLD;
 #pragma unroll
-  for (int j = 0; j < NT; ++j) t.o[j][0] = t.o[j][1] = t.o[j][2] = t.o[j][3] = 0.f;
+  for (int j = 0; j < NT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
 #pragma unroll
     for (int jp = 0; jp < (NT + 1) / 2; ++jp) {
       uint32_t b[4];
       ldmatrix_x4_trans(b, smem_u32(Vs + (kk * 16 + (lane & 15)) * LD + col0 + jp * 16 + (lane >> 4) * 8));
-      mma_bf16_16816(t.o[2 * jp], pa[kk], b[0], b[1]);
-      if (2 * jp + 1 < NT) mma_bf16_16816(t.o[2 * jp + 1], pa[kk], b[2], b[3]);
+      mma_bf16_16816(o[2 * jp], pa[kk], b[0], b[1]);
+      if (2 * jp + 1 < NT) mma_bf16_16816(o[2 * jp + 1], pa[kk], b[2], b[3]);
     }
+  }
+}
+
+/// The tile partial of one m16 tile (rows from `Qm`) over one 64-position tile (`Ks`, `Vs`,
+/// positions >= nvalid masked; their V rows must be finite), output columns col0 .. col0 + 8 NT:
+/// tile_scores, then tile_pv.
+template <int HD, int NT>
+__device__ __forceinline__ void tile_partial(const __nv_bfloat16* Qm, const __nv_bfloat16* Ks, const __nv_bfloat16* Vs,
+                                             int col0, int nvalid, float sl2, int lane, FragState<NT>& t) {
+  uint32_t pa[4][4];
+  tile_scores<HD>(Qm, Ks, nvalid, sl2, lane, pa, t.m, t.l);
+  tile_pv<HD, NT>(pa, Vs, col0, lane, t.o);
+}
+
+/// this = merge(this, the tile partial of Qm over Ks / Vs), all HD columns, without holding the
+/// tile's whole O: its P V is computed and merged half the columns at a time. The same merges
+/// of the same values as tile_partial followed by FragState::fold (per element), hence the same
+/// bits, in fewer registers (one warp per m16 tile with every output column).
+template <int HD, int NT>
+__device__ __forceinline__ void fold_tile_partial(FragState<NT>& st, const __nv_bfloat16* Qm, const __nv_bfloat16* Ks,
+                                                  const __nv_bfloat16* Vs, int nvalid, float sl2, int lane) {
+  static_assert(NT * 8 == HD && NT % 2 == 0, "fold_tile_partial covers every column, in two halves");
+  uint32_t pa[4][4];
+  float tm[2], tl[2];
+  tile_scores<HD>(Qm, Ks, nvalid, sl2, lane, pa, tm, tl);
+  Merge c[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    c[r] = merge_of(st.m[r], tm[r]);
+    st.l[r] = merge_val(c[r], st.l[r], tl[r]);
+    st.m[r] = c[r].M;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float o[NT / 2][4];
+    tile_pv<HD, NT / 2>(pa, Vs, h * (HD / 2), lane, o);
+#pragma unroll
+    for (int j = 0; j < NT / 2; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        st.o[h * (NT / 2) + j][2 * r] = merge_val(c[r], st.o[h * (NT / 2) + j][2 * r], o[j][2 * r]);
+        st.o[h * (NT / 2) + j][2 * r + 1] = merge_val(c[r], st.o[h * (NT / 2) + j][2 * r + 1], o[j][2 * r + 1]);
+      }
   }
 }
 
@@ -298,24 +356,24 @@ __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 /// Runs `body(j, K, V)` over tiles j = 0 .. ntiles - 1 that `load(j, K, V)` brings into a ring of
-/// kStages shared-memory stages (cp.async, kStages - 1 tiles ahead). Copies issued before the
+/// STAGES shared-memory stages (cp.async, STAGES - 1 tiles ahead). Copies issued before the
 /// call (the item's Q rows) complete with the first tile.
-template <int HD, class Load, class Body>
+template <int HD, int STAGES, class Load, class Body>
 __device__ __forceinline__ void tile_pipeline(uint8_t* ring, int ntiles, Load load, Body body) {
   constexpr int LD = Geom<HD>::kLD;
   auto kst = [&](int s) { return reinterpret_cast<__nv_bfloat16*>(ring + s * 2 * Geom<HD>::kTileBytes); };
 #pragma unroll
-  for (int j = 0; j < kStages - 1; ++j) {
+  for (int j = 0; j < STAGES - 1; ++j) {
     if (j < ntiles) load(j, kst(j), kst(j) + kAttnTile * LD);
     cp_async_commit();
   }
   for (int j = 0; j < ntiles; ++j) {
-    cp_async_wait<kStages - 2>();
+    cp_async_wait<STAGES - 2>();
     __syncthreads();  // tile j is in; every warp is done with tile j - 1, whose stage is refilled next
-    const int jn = j + kStages - 1;
-    if (jn < ntiles) load(jn, kst(jn % kStages), kst(jn % kStages) + kAttnTile * LD);
+    const int jn = j + STAGES - 1;
+    if (jn < ntiles) load(jn, kst(jn % STAGES), kst(jn % STAGES) + kAttnTile * LD);
     cp_async_commit();
-    body(j, kst(j % kStages), kst(j % kStages) + kAttnTile * LD);
+    body(j, kst(j % STAGES), kst(j % STAGES) + kAttnTile * LD);
   }
   cp_async_wait<0>();
   __syncthreads();
