@@ -205,6 +205,7 @@ void CudaModelImpl::record_step(cudaStream_t s, int nt, LogitsMode mode, bool wr
       p.slots = slots_;
       p.max_context = opt_.max_context;
       p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      p.max_tokens = std::min(rows, kMaxStepTokens);
       launch_attention(p, attn_ctas_, pdl(kStepAttention), pdl_, s);
     }
     EpiResidual::Params res;

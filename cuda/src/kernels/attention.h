@@ -57,11 +57,12 @@ struct AttnParams {
   int max_supers = 0;
   int tail_tiles = 0;
   int num_heads = 0, num_kv_heads = 0, head_dim = 0;
-  int group = 0;        ///< num_heads / num_kv_heads (1..16)
-  int slots = 0;        ///< max_context + max_tree
-  int max_context = 0;  ///< the tree region starts here
-  float scale = 0.f;    ///< 1/sqrt(head_dim)
-  int ctas = 0;         ///< the attention grid's CTAs (set by launch_attention)
+  int group = 0;                    ///< num_heads / num_kv_heads (1..16)
+  int slots = 0;                    ///< max_context + max_tree
+  int max_context = 0;              ///< the tree region starts here
+  float scale = 0.f;                ///< 1/sqrt(head_dim)
+  int max_tokens = kMaxStepTokens;  ///< the step's tokens at most (its graph bucket): the fold grid covers them
+  int ctas = 0;                     ///< the attention grid's CTAs (set by launch_attention)
   int narrow = 2;       ///< decode steps' narrow main items: 0 none, 1 one-split items, 2 all (launch_attention)
   int debug_empty = 0;  ///< timing aid: bit 0 the attention kernel, bit 1 the fold kernel return at once
 };
@@ -86,7 +87,7 @@ int attention_grid_ctas(int head_dim, int num_sms);
 /// kernel of its final folds (one CTA per kv head and token). `pdl`: the first launch has a
 /// programmatic edge to the previous kernel (the QKV GEMM); `pdl_fold`: the second to the
 /// first (without, it starts after the first's end). Throws InvalidArgument for head_dim
-/// other than 64 / 128 or a group outside 1..16.
+/// other than 64 / 128, a group outside 1..16 or max_tokens outside 1..kMaxStepTokens.
 void launch_attention(const AttnParams& p, int ctas, bool pdl, bool pdl_fold, cudaStream_t stream);
 
 }  // namespace swiftspec::cuda

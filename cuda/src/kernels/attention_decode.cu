@@ -445,6 +445,9 @@ void launch_attention(const AttnParams& params, int ctas, bool pdl, bool pdl_fol
                           ")");
   if (params.head_dim != 64 && params.head_dim != 128)
     throw InvalidArgument("attention: head_dim must be 64 or 128 (got " + std::to_string(params.head_dim) + ")");
+  if (params.max_tokens < 1 || params.max_tokens > kMaxStepTokens)
+    throw InvalidArgument("attention: max_tokens must be 1.." + std::to_string(kMaxStepTokens) + " (got " +
+                          std::to_string(params.max_tokens) + ")");
   AttnParams p = params;
   p.ctas = std::max(1, ctas_override(ctas));
   p.narrow = narrow_allowed();
@@ -461,8 +464,9 @@ void launch_attention(const AttnParams& params, int ctas, bool pdl, bool pdl_fol
   lc.numAttrs = pdl ? 1 : 0;
   cudaLaunchConfig_t fc = lc;  // the fold kernel, after the attention grid
   const int fold_rows = kThreads / (p.head_dim == 128 ? kFoldThreadsPerRow<128> : kFoldThreadsPerRow<64>);
+  // Only the bucket's tokens: a decode step's fold grid is a few CTAs, not a second wave of idle ones.
   fc.gridDim =
-      dim3(static_cast<unsigned>(p.num_kv_heads * kMaxStepTokens * ((p.group + fold_rows - 1) / fold_rows)), 1, 1);
+      dim3(static_cast<unsigned>(p.num_kv_heads * p.max_tokens * ((p.group + fold_rows - 1) / fold_rows)), 1, 1);
   fc.dynamicSmemBytes = 0;
   fc.numAttrs = pdl_fold ? 1 : 0;
   if (p.head_dim == 128) {
