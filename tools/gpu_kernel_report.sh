@@ -5,6 +5,7 @@
 # swiftspec-cuda-bench-base: a baseline commit's swiftspec-cuda-bench). Parts (PARTS, comma list,
 # in this order; default all):
 #   checks   swiftspec-cuda-check --long-only and --int4-only (CHECK_PARTS, default "long int4")
+#   full     the whole swiftspec-cuda-check (only when named; its log gzipped)
 #   stages   the split-K attention's stages in place (SWIFTSPEC_ATTN_SKIP variants, step tuner off):
 #            STAGE_SHAPES (qwen2.5-1.5b) at STAGE_CONTEXTS (512,16384)
 #   ab       decode / tree steps of this tree against the baseline, AB_ARGS (default --quick
@@ -26,7 +27,7 @@ OUT=${OUT:-/tmp/swiftspec-report}
 mkdir -p "$OUT"
 T0=$(date +%s)
 log() { echo "[kernel_report +$(( $(date +%s) - T0 ))s] $*"; }
-PARTS=",${PARTS:-checks,stages,ab,long,int4},"  # envab and ncu only when named
+PARTS=",${PARTS:-checks,stages,ab,long,int4},"  # full, envab and ncu only when named
 has() { [[ "$PARTS" == *",$1,"* ]]; }
 B=/tmp/ss-report-bin
 rm -rf "$B" && mkdir -p "$B" && tar -xJf "${PREBUILT:-.dev/bins.tar.xz}" -C "$B" || { log "no PREBUILT programs"; exit 1; }
@@ -41,6 +42,13 @@ if has checks; then
     log "check --$part-only exit $? ($(grep -c ' PASS' "$OUT/check_$part.log") pass, $(grep -c ' FAIL' "$OUT/check_$part.log") fail)"
     grep -E ' FAIL|aborted' "$OUT/check_$part.log" | head -10
   done
+fi
+
+if has full; then
+  timeout 300 "$B/swiftspec-cuda-check" > "$OUT/check_full.log" 2>&1
+  log "whole check exit $? ($(grep -c ' PASS' "$OUT/check_full.log") pass, $(grep -c ' FAIL' "$OUT/check_full.log") fail)"
+  grep -E ' FAIL|aborted' "$OUT/check_full.log" | head -10
+  gzip -f "$OUT/check_full.log"
 fi
 
 if has stages; then
@@ -79,7 +87,7 @@ fi
 if has envab; then
   for r in $(seq 1 "${ENV_AB_ROUNDS:-2}"); do
     for setting in ${ENV_AB:-SWIFTSPEC_ATTN_NARROW=single SWIFTSPEC_ATTN_NARROW=all}; do
-      tag=$(echo "$setting" | tr -c 'A-Za-z0-9_=\n' _)
+      tag=$(echo "$setting" | tr -c 'A-Za-z0-9_\n' _)
       bin=$B/swiftspec-cuda-long-bench
       case $setting in base:*) bin=$B/swiftspec-cuda-long-bench-base; setting=${setting#base:} ;; esac
       # shellcheck disable=SC2086
