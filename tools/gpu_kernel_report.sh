@@ -5,22 +5,22 @@
 # swiftspec-cuda-bench-base: a baseline commit's swiftspec-cuda-bench). Parts (PARTS, comma list,
 # in this order; default all):
 #   checks   swiftspec-cuda-check --long-only and --int4-only (CHECK_PARTS, default "long int4")
-#   full     the whole swiftspec-cuda-check (only when named; its log gzipped)
 #   stages   the split-K attention's stages in place (SWIFTSPEC_ATTN_SKIP variants, step tuner off):
 #            STAGE_SHAPES (qwen2.5-1.5b) at STAGE_CONTEXTS (512,16384)
 #   ab       decode / tree steps of this tree against the baseline, AB_ARGS (default --quick
 #            --no-gemm --shapes qwen2.5-1.5b,llama3-8b --context 512), base then new, AB_ROUNDS (1)
-#   long     swiftspec-cuda-long-bench over LONG_SHAPES (qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b) at
-#            LONG_CONTEXTS (512,4096,16384,32768), the step tuner on (the default)
-#   int4     swiftspec-cuda-int4-bench --sweep at M = 1 for INT4_SHAPES (llama3-8b)
 #   envab    swiftspec-cuda-long-bench under each environment setting of ENV_AB (space-separated,
 #            e.g. "SWIFTSPEC_ATTN_NARROW=single SWIFTSPEC_ATTN_NARROW=all"; the A/B switches of
 #            docs/cuda_backend.md; a setting "base:VAR=val" runs swiftspec-cuda-long-bench-base, a
 #            baseline commit's program in PREBUILT), ENV_AB_ARGS (default --shapes qwen2.5-1.5b,llama3-8b --contexts
 #            512,16384,32768 --no-megakernel --no-prefill --iters 20), step tuner off, settings
 #            alternating for ENV_AB_ROUNDS (2) rounds
+#   long     swiftspec-cuda-long-bench over LONG_SHAPES (qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b) at
+#            LONG_CONTEXTS (512,4096,16384,32768), the step tuner on (the default)
+#   int4     swiftspec-cuda-int4-bench --sweep at M = 1 for INT4_SHAPES (llama3-8b)
 #   ncu      one step's attention kernels under Nsight Compute (--set full): NCU_SHAPE (qwen2.5-1.5b)
 #            at NCU_CONTEXT (32768), kernels matching NCU_KERNELS (attention), step tuner off
+#   full     the whole swiftspec-cuda-check (only when named; its log gzipped)
 # Writes every log under $OUT; prints the tables. env: OUT, PREBUILT (.dev/bins.tar.xz), COMMIT.
 set -uo pipefail
 OUT=${OUT:-/tmp/swiftspec-report}
@@ -44,13 +44,6 @@ if has checks; then
   done
 fi
 
-if has full; then
-  timeout 300 "$B/swiftspec-cuda-check" > "$OUT/check_full.log" 2>&1
-  log "whole check exit $? ($(grep -c ' PASS' "$OUT/check_full.log") pass, $(grep -c ' FAIL' "$OUT/check_full.log") fail)"
-  grep -E ' FAIL|aborted' "$OUT/check_full.log" | head -10
-  gzip -f "$OUT/check_full.log"
-fi
-
 if has stages; then
   for v in none empty-attn empty-fold empty-both fold attn both; do
     env SWIFTSPEC_STEP_TUNE=0 SWIFTSPEC_ATTN_SKIP=$v timeout 150 "$B/swiftspec-cuda-long-bench" \
@@ -72,18 +65,6 @@ if has ab; then
   done
 fi
 
-if has long; then
-  timeout 300 "$B/swiftspec-cuda-long-bench" --shapes "${LONG_SHAPES:-qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b}" \
-    --contexts "${LONG_CONTEXTS:-512,4096,16384,32768}" --json "$OUT/long_bench.json" > "$OUT/long_bench.log" 2>&1
-  log "long bench exit $?"; grep -E "^shape" "$OUT/long_bench.log"; table "$OUT/long_bench.log"
-fi
-
-if has int4; then
-  timeout 200 "$B/swiftspec-cuda-int4-bench" --shapes "${INT4_SHAPES:-llama3-8b}" --ms 1 --sweep \
-    --json "$OUT/int4_sweep.json" > "$OUT/int4_sweep.log" 2>&1
-  log "int4 sweep exit $?"; grep -E "sweep|^int4" "$OUT/int4_sweep.log" | head -40
-fi
-
 if has envab; then
   for r in $(seq 1 "${ENV_AB_ROUNDS:-2}"); do
     for setting in ${ENV_AB:-SWIFTSPEC_ATTN_NARROW=single SWIFTSPEC_ATTN_NARROW=all}; do
@@ -99,6 +80,18 @@ if has envab; then
   done
 fi
 
+if has long; then
+  timeout 300 "$B/swiftspec-cuda-long-bench" --shapes "${LONG_SHAPES:-qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b}" \
+    --contexts "${LONG_CONTEXTS:-512,4096,16384,32768}" --json "$OUT/long_bench.json" > "$OUT/long_bench.log" 2>&1
+  log "long bench exit $?"; grep -E "^shape" "$OUT/long_bench.log"; table "$OUT/long_bench.log"
+fi
+
+if has int4; then
+  timeout 200 "$B/swiftspec-cuda-int4-bench" --shapes "${INT4_SHAPES:-llama3-8b}" --ms 1 --sweep \
+    --json "$OUT/int4_sweep.json" > "$OUT/int4_sweep.log" 2>&1
+  log "int4 sweep exit $?"; grep -E "sweep|^int4" "$OUT/int4_sweep.log" | head -40
+fi
+
 if has ncu; then
   env SWIFTSPEC_STEP_TUNE=0 timeout 240 ncu --clock-control none --graph-profiling node --set full \
     -k "regex:${NCU_KERNELS:-attention}" --launch-skip 56 --launch-count 4 "$B/swiftspec-cuda-long-bench" \
@@ -107,4 +100,11 @@ if has ncu; then
   log "ncu exit $?"
   grep -E "attention_|Duration|DRAM Throughput|Memory Throughput|Eligible Warps|Achieved Occupancy|Registers Per" \
     "$OUT/ncu.txt" | head -60
+fi
+
+if has full; then
+  timeout 300 "$B/swiftspec-cuda-check" > "$OUT/check_full.log" 2>&1
+  log "whole check exit $? ($(grep -c ' PASS' "$OUT/check_full.log") pass, $(grep -c ' FAIL' "$OUT/check_full.log") fail)"
+  grep -E ' FAIL|aborted' "$OUT/check_full.log" | head -10
+  gzip -f "$OUT/check_full.log"
 fi
