@@ -12,7 +12,7 @@
 //   final   supers folded in order, O / l.
 // Tiles below floor(C / 64) (C = the step's committed length) hold the same
 // keys for every token of the step and are computed once per group of up to
-// 128 query rows ("main" work items: one split or one super each); the tiles
+// 64 (or 128) query rows ("main" work items: one split or one super each); the tiles
 // from there on (the committed tail and the tree ancestors of each token) are
 // gathered per token ("tail" items); a second kernel folds each token's pieces.
 // Whichever CTA computes a tile or a fold,
@@ -64,6 +64,7 @@ struct AttnParams {
   int max_tokens = kMaxStepTokens;  ///< the step's tokens at most (its graph bucket): the fold grid covers them
   int ctas = 0;                     ///< the attention grid's CTAs (set by launch_attention)
   int narrow = 2;       ///< decode steps' narrow main items: 0 none, 1 one-split items, 2 all (launch_attention)
+  int max_rows = 64;    ///< query rows of a main item: 64 or 128 (set by launch_attention)
   int debug_empty = 0;  ///< timing aid: bit 0 the attention kernel, bit 1 the fold kernel return at once
 };
 

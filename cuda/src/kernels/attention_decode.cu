@@ -425,6 +425,14 @@ int narrow_allowed() {
   return e && std::strcmp(e, "single") == 0 ? 1 : 2;
 }
 
+/// SWIFTSPEC_ATTN_ROWS=128: main items of up to 128 query rows (one warp per m16 tile, every
+/// column), so a tree re-reads the shared prefix half as often; default 64 rows, until checked and
+/// timed on a GPU. The same bits either way.
+int max_rows() {
+  const char* e = std::getenv("SWIFTSPEC_ATTN_ROWS");
+  return e && std::strcmp(e, "128") == 0 ? 128 : 64;
+}
+
 /// SWIFTSPEC_ATTN_CARVEOUT=1: both kernels prefer the largest shared-memory carve-out, so that the
 /// SMs keep the GEMMs' L1 / shared split around them.
 template <int HD>
@@ -451,6 +459,7 @@ void launch_attention(const AttnParams& params, int ctas, bool pdl, bool pdl_fol
   AttnParams p = params;
   p.ctas = std::max(1, ctas_override(ctas));
   p.narrow = narrow_allowed();
+  p.max_rows = max_rows();
   p.debug_empty = empty_stages();
   const bool run_attn = !skip_stage("attn"), run_fold = !skip_stage("fold");
   cudaLaunchConfig_t lc = {};

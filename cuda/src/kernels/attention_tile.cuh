@@ -17,7 +17,7 @@ namespace swiftspec::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxRows = 128;  ///< query rows of a main item (8 m16 tiles)
+constexpr int kMaxRows = 128;  ///< query rows of a main item at most (8 m16 tiles; AttnParams::max_rows)
 constexpr int kStages = 4;     ///< K/V tiles in flight per CTA
 constexpr int kTilesPerSuper = kAttnTilesPerSplit * kAttnSplitsPerSuper;
 constexpr int kPieceBatch = 8;  ///< pieces whose loads a fold issues before merging them
@@ -72,7 +72,7 @@ __device__ Plan make_plan(const AttnParams& p) {
   q.n = d->n;
   q.cf = d->committed / kAttnTile;
   q.nfull = q.cf / kAttnTilesPerSplit;
-  q.tpg = max(1, kMaxRows / p.group);
+  q.tpg = max(1, p.max_rows / p.group);
   q.ngroups = (q.n + q.tpg - 1) / q.tpg;
   const int nsplits = (q.cf + kAttnTilesPerSplit - 1) / kAttnTilesPerSplit;
   const int nsupers = (q.cf + kTilesPerSuper - 1) / kTilesPerSuper;
