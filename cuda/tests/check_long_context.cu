@@ -2,12 +2,14 @@
 // CPU attention over the model's own Q / K / V at contexts that cross tiles, splits, supers
 // and the split / super work modes; tree rows bit-identical to decoding the same path alone
 // at those contexts; the prefill path (YaRN too) against the fp32 reference model and the decode
-// steps; the megakernel's hand-over to the layered step beyond megakernel_max_keys.
+// steps; the megakernel's hand-over to the layered step beyond megakernel_max_keys; the
+// attention's other layouts (decode steps in super mode, 128-row main items) under their switches.
 #include "check_long_context.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -271,6 +273,25 @@ void check_megakernel_hand_over(const ModelConfig& cfg, uint64_t seed) {
   record("megakernel max_keys 100: a step over 151 keys == the layered step (bitwise)", same ? 0 : 1, 0, same);
 }
 
+/// Sets an environment variable for a scope (the attention's A/B switches are read at each launch,
+/// so a model made inside the scope records its steps under the setting), then restores it.
+struct ScopedEnv {
+  std::string name, old;
+  bool had;
+  ScopedEnv(const char* n, const char* value) : name(n) {
+    const char* e = std::getenv(n);
+    had = e != nullptr;
+    if (had) old = e;
+    setenv(n, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had)
+      setenv(name.c_str(), old.c_str(), 1);
+    else
+      unsetenv(name.c_str());
+  }
+};
+
 }  // namespace
 
 void check_long_context() {
@@ -287,6 +308,20 @@ void check_long_context() {
   check_tree_bits_at("g4", g4, 2048 - 21, 64, 60, 301);
   check_tree_bits_at("g6", g6, 2048 * 8 - 5, 24, 20, 302);
   check_tree_bits_at("g6", g6, 40000, 64, 50, 303);
+  // The attention's other layouts, the same bits: decode steps in super mode (a grid of 8 CTAs:
+  // their narrow items fold whole supers) and main items of 128 rows (one warp per m16 tile)
+  {
+    ScopedEnv few("SWIFTSPEC_ATTN_CTAS", "8");
+    check_attention_at("g6 hd128, 8 ctas", g6, 17000, 40, 500);
+    check_tree_bits_at("g6, 8 ctas", g6, 2048 * 8 - 5, 24, 20, 501);
+  }
+  {
+    ScopedEnv rows("SWIFTSPEC_ATTN_ROWS", "128");
+    check_attention_at("g4 hd64, 128 rows", g4, 5000, 64, 502);
+    check_attention_at("g6 hd128, 128 rows", g6, 40000, 40, 503);
+    check_tree_bits_at("g4, 128 rows", g4, 2048 - 21, 64, 60, 504);
+    check_tree_bits_at("g6, 128 rows", g6, 40000, 64, 50, 505);
+  }
   check_prefill_path("g4", g4, 300, 5000, 400);
   check_prefill_path("g6", g6, 129, 4500, 401);
   // YaRN (factor 4 past 64 positions): the prefill path's RoPE carries the attention factor as the
