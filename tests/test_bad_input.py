@@ -1029,6 +1029,7 @@ def small_limited(checkpoint_dir, tmp_path):
     return small, linked_variant(small, tmp_path / "small-1024", **{"config.json": {"max_position_embeddings": 1024}})
 
 
+@pytest.mark.filterwarnings("ignore:placement. the draft group is ignored")  # (the target-only Engine below)
 @pytest.mark.parametrize("placement", [None, {"target": {"cores": [[0]]}, "draft": {"tp": 3}}])
 def test_engine_max_context_is_checked_for_the_target_and_the_draft(small_limited, placement):
     import swiftspec

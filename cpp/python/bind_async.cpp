@@ -173,6 +173,22 @@ void bind_async(nb::module_& m) {
       "'placement.<group>.<field>: <why>' per group (target first; empty when nothing;\n"
       "int4_backend_problem, swiftspec/model.h): on cuda the decode megakernel and tp > 1. The loaders\n"
       "refuse the same; Python asks first, before converting a model to int4.");
+  m.def(
+      "placement_backend_problems",
+      [](const std::string& text, const std::string& backend) {
+        const Placement p = Placement::from_json(text);
+        std::vector<std::string> out;
+        for (const auto& [name, group] : {std::pair{"draft", &p.draft}, std::pair{"target", &p.target}}) {
+          const std::string problem = group->backend_problem(backend);
+          if (!problem.empty()) out.push_back(std::string("placement.") + name + "." + problem);
+        }
+        return out;
+      },
+      "placement"_a, "backend"_a,
+      "What a placement JSON text asks for that `backend` does not implement, one\n"
+      "'placement.<group>.<field>: <why>' per group (draft first; empty when nothing;\n"
+      "GroupPlacement::backend_problem): a kv_window on the cuda backend. load_model_pair refuses the same\n"
+      "before loading; Python asks first.");
   m.def("int4_backend_problem", &int4_backend_problem, "backend"_a, "megakernel"_a, "tp"_a,
         "Why an int4 checkpoint cannot load on `backend` with the decode megakernel `megakernel` and `tp`\n"
         "tensor-parallel ranks ('<field>: <why>'), or '' when it can (int4_backend_problem, swiftspec/model.h).");

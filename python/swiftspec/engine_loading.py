@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import NamedTuple
 
@@ -12,6 +13,9 @@ from swiftspec.errors import CheckpointError, InvalidRequestError
 from swiftspec.models import resolve_checkpoint
 from swiftspec.request import check_int
 from swiftspec.tokenizer import Tokenizer
+
+#: The warning of an Engine without a draft whose placement places the draft group (nothing applies it).
+DRAFT_GROUP_IGNORED = "placement: the draft group is ignored: no draft model is loaded"
 
 
 class EngineModels(NamedTuple):
@@ -35,10 +39,13 @@ def load_engine_models(
     max_tree = check_int("max_tree", max_tree, 1)
     # Threads beyond a few per core only cost memory; far beyond, the system refuses them.
     num_threads = check_int("num_threads", num_threads, 0, max(256, 8 * (os.cpu_count() or 1)))
-    if placement is not None:
-        from swiftspec.placement import normalize
+    from swiftspec.placement import backend_problems, is_default_group, normalize
 
+    if placement is not None:
         placement = normalize(placement)
+        problems = backend_problems(placement, backend)
+        if problems:
+            raise InvalidRequestError(problems[0])
     if dtype == "int4":  # before a conversion (minutes) that the backend would refuse
         from swiftspec.placement import int4_problems
 
@@ -47,6 +54,8 @@ def load_engine_models(
         problems = int4_problems(placement, backend)
         if problems:
             raise InvalidRequestError(f"dtype='int4': {problems[0]}")
+    if placement is not None and draft is None and not is_default_group(placement["draft"]):
+        warnings.warn(DRAFT_GROUP_IGNORED, UserWarning, stacklevel=3)  # (after the refusals above)
     target_dir = resolve_checkpoint(target, dtype=dtype)
     draft_dir = resolve_checkpoint(draft, dtype=dtype) if draft is not None else None
     tokenizer = Tokenizer.from_checkpoint(target_dir)

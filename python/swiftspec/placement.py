@@ -33,6 +33,8 @@ Errors (unknown fields, cores that do not exist, list sizes) raise
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 from pathlib import Path
 
@@ -50,9 +52,12 @@ def normalize(placement, *, target_tp: int | None = None, draft_tp: int | None =
     if isinstance(placement, str) and placement == "auto":
         text = core.placement_automatic(0, target_tp or 1, draft_tp or 1)
     elif isinstance(placement, dict):
+        bad = _non_finite(placement, "placement")
+        if bad is not None:
+            raise InvalidRequestError(f"{bad[0]} must be a finite number, got {bad[1]!r}")
         try:
-            text = json.dumps(placement)
-        except (TypeError, ValueError) as exc:  # a set, an object, a NaN ...
+            text = json.dumps(placement, allow_nan=False, default=_as_int)
+        except (TypeError, ValueError) as exc:  # a set, an object ...
             raise InvalidRequestError(
                 f"placement must hold JSON values (numbers, strings, lists, objects): {exc}"
             ) from None
@@ -76,6 +81,43 @@ def normalize(placement, *, target_tp: int | None = None, draft_tp: int | None =
         if tp is not None and out[group]["tp"] != tp:
             raise InvalidRequestError(f"placement.{group}.tp is {out[group]['tp']} but {group}_tp={tp} was given")
     return out
+
+
+def _non_finite(value, where: str):
+    """The first NaN or infinity in a placement dict, as (its path, the value), or None: JSON has no
+    such numbers, so they are named here instead of failing the runtime's parse."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where, value
+    if isinstance(value, dict):
+        items = ((f"{where}.{k}", v) for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for path, v in items:
+        found = _non_finite(v, path)
+        if found is not None:
+            return found
+    return None
+
+
+def _as_int(value):
+    """json.dumps' fallback: integer types that are not int (numpy's) as int; anything else is not
+    JSON (TypeError, as json.dumps raises)."""
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def backend_problems(placement: dict | None, backend: str) -> list[str]:
+    """What a normalized placement (None: the default) asks for that ``backend`` does not implement,
+    as ``placement.<group>.<field>: <why>`` (empty when nothing): a draft's ``kv_window`` on the
+    cuda backend (issue 27). The runtime's rule (``GroupPlacement::backend_problem``,
+    ``cpp/include/swiftspec/placement.h``), which ``load_model_pair`` applies too; asked first so
+    that nothing is loaded or converted for a run the backend would refuse."""
+    from swiftspec import swiftspec_core as core
+
+    return core.placement_backend_problems(json.dumps(placement or {}), backend)
 
 
 def cuda_only_fields(placement: dict) -> list[str]:

@@ -135,7 +135,7 @@ struct ModelOptions {
   /// The model's logits differ from full attention's: meant for a draft, whose proposals the
   /// target verifies with its full KV, so outputs stay the target's. 0 / 0 (default): full
   /// attention. Bounds (check_kv_window): sinks and recent in [0, kMaxKvWindow], sinks only with
-  /// a window. The cuda backend rejects a window (InvalidArgument) for now.
+  /// a window. The cuda backend rejects a window (InvalidArgument; kv_window_backend_problem) for now.
   int kv_window_sinks = 0;
   int kv_window_recent = 0;
 };
@@ -162,9 +162,15 @@ inline KeyWindow key_window(const ModelOptions& options, int n) {
   return {sink_end, recent > sink_end ? recent : sink_end};
 }
 
+/// Why `backend` cannot run a model with an attention window of `recent` recent keys ("kv_window:
+/// <why>": the cuda backend, for now, issue 27), or "" when it can (or recent is 0: no window).
+/// The caller prefixes where the window was set; load_model_pair refuses it before loading either
+/// model, and Python asks it first (swiftspec_core.placement_backend_problems).
+std::string kv_window_backend_problem(const std::string& backend, int recent);
+
 /// Throws InvalidArgument naming the field (ModelOptions.kv_window_sinks / kv_window_recent)
 /// when the window's sizes are outside [0, kMaxKvWindow], sinks are given without a window, or
-/// `backend` does not implement the window (the cuda backend, for now).
+/// `backend` does not implement the window (kv_window_backend_problem).
 void check_kv_window(const ModelOptions& options, const std::string& backend);
 
 class Model {

@@ -39,10 +39,11 @@
 //                     near-ties). E.g. {"draft": {"megakernel": true}}.
 //   kv_window         the draft group only: [sinks, recent], an attention window
 //                     (ModelOptions::kv_window_sinks / kv_window_recent): each
-//                     row attends the first `sinks` committed keys and the
-//                     `recent` ones before it, so the draft's step cost stays
+//                     row attends the first `sinks` of its keys and the last
+//                     `recent` (its own key among them), so the draft's step cost stays
 //                     flat at long contexts; the target verifies with its full
-//                     KV, so outputs stay the target's. cpu backend for now.
+//                     KV, so outputs stay the target's. cpu backend for now
+//                     (GroupPlacement::backend_problem).
 //                     E.g. {"draft": {"kv_window": [4, 1024]}}.
 // Errors name the group and field: the placement checks the form and that the
 // two groups' partitions do not overlap on a shared GPU; loading a model checks
@@ -80,6 +81,9 @@ struct GroupPlacement {
   std::vector<std::string> cuda_only_fields() const;
   /// Whether the group sets kv_window (either number non-zero).
   bool has_kv_window() const { return kv_window_sinks != 0 || kv_window_recent != 0; }
+  /// What the group asks for that `backend` does not implement ("<field>: <why>"; empty when
+  /// nothing): a kv_window on the cuda backend (kv_window_backend_problem, model.h).
+  std::string backend_problem(const std::string& backend) const;
   /// Whether the group places nothing: TP 1, no cores, no threads_per_rank, no CUDA-only field,
   /// no kv_window.
   bool places_nothing() const;

@@ -23,6 +23,12 @@ std::string int4_backend_problem(const std::string& backend, bool megakernel, in
   return "";
 }
 
+std::string kv_window_backend_problem(const std::string& backend, int recent) {
+  if (recent <= 0 || backend != "cuda") return "";
+  return "kv_window: the cuda backend does not implement the draft's attention window yet (issue 27): drop "
+         "kv_window, or use the cpu backend";
+}
+
 void check_kv_window(const ModelOptions& o, const std::string& backend) {
   const auto bounded = [](int v, const char* field) {
     if (v < 0 || v > kMaxKvWindow)
@@ -34,10 +40,8 @@ void check_kv_window(const ModelOptions& o, const std::string& backend) {
   if (o.kv_window_recent == 0 && o.kv_window_sinks > 0)
     throw InvalidArgument("ModelOptions.kv_window_sinks " + std::to_string(o.kv_window_sinks) +
                           " needs a window: kv_window_recent > 0 (0: full attention)");
-  if (o.kv_window_recent > 0 && backend == "cuda")
-    throw InvalidArgument(
-        "ModelOptions.kv_window_recent: the cuda backend does not implement the draft's attention window yet "
-        "(issue 27); drop kv_window or run the draft on the cpu backend");
+  const std::string problem = kv_window_backend_problem(backend, o.kv_window_recent);
+  if (!problem.empty()) throw InvalidArgument("ModelOptions." + problem);
 }
 
 std::unique_ptr<Model> load_model(std::shared_ptr<const Checkpoint> checkpoint, const std::string& backend,

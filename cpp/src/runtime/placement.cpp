@@ -189,6 +189,10 @@ std::vector<std::string> GroupPlacement::cuda_only_fields() const {
   return out;
 }
 
+std::string GroupPlacement::backend_problem(const std::string& backend) const {
+  return kv_window_backend_problem(backend, kv_window_recent);
+}
+
 bool GroupPlacement::places_nothing() const {
   return tp == 1 && cores.empty() && threads_per_rank == 0 && cuda_only_fields().empty() && !has_kv_window();
 }
@@ -359,6 +363,12 @@ LoadedModels load_model_pair(const std::string& target_dir, const std::string& d
                              const ModelOptions& base, const std::string& backend) {
   validate_group(placement.target, "placement.target");
   if (!draft_dir.empty()) validate_group(placement.draft, "placement.draft");
+  // What the backend does not implement, before either model is planned or loaded.
+  for (const auto& [where, group] : {std::pair{"placement.target", &placement.target},
+                                     std::pair{"placement.draft", draft_dir.empty() ? nullptr : &placement.draft}}) {
+    const std::string problem = group ? group->backend_problem(backend) : "";
+    if (!problem.empty()) throw InvalidArgument(std::string(where) + "." + problem);
+  }
   check_int4_group(target_dir, placement.target, backend, "placement.target");
   if (!draft_dir.empty()) check_int4_group(draft_dir, placement.draft, backend, "placement.draft");
   // Both models' needs first, planned together (they may share the RAM or a GPU), before

@@ -35,8 +35,8 @@ A configuration is written as one token (``--configs`` takes a comma-separated l
                                  GPUs 0..M-1): draft and target on GPUs of their own
                                  (placement devices)
              | "w" N          the draft attends an attention window: its first 4 committed keys
-                                 (attention sinks) and the N before each row (placement
-                                 kv_window; cpu backend); the target keeps its full KV
+                                 (attention sinks) and each row's last N keys, its own among them
+                                 (placement kv_window; cpu backend); the target keeps its full KV
              | "ws" N         with wN: N attention sinks instead of 4
     BACKEND := "cpu" | "cuda" (default: the run's --backend)
 
@@ -111,8 +111,8 @@ class BenchConfig:
         draft_megakernel: the draft's single-token steps as the decode megakernel (``dmk``).
         target_megakernel: the target's single-token steps as the decode megakernel (``mk``:
             target-only decoding, or auto's target-only rounds).
-        draft_window: the draft's attention window (``wN``): the committed keys before each row it
-            attends besides its sinks, or None: full attention.
+        draft_window: the draft's attention window (``wN``): how many of each row's last keys (its
+            own among them) it attends besides its sinks, or None: full attention.
         draft_sinks: the draft's attention sinks under ``wN`` (``wsN``; default 4), else None.
         shape: "chain", "tree" or None (for plots: acceptance length per tree budget).
     """
@@ -321,6 +321,12 @@ def parse_config(token: str, default_backend: str = "cpu") -> BenchConfig:
         raise BenchConfigError(f"configuration {raw!r}: ws{draft_sinks} sets the sinks of a draft window; add wN")
     if draft_window is not None and draft_sinks is None:
         draft_sinks = DEFAULT_WINDOW_SINKS
+    if draft_window is not None:
+        from swiftspec.placement import backend_problems
+
+        problems = backend_problems({"draft": {"kv_window": [draft_sinks, draft_window]}}, backend)
+        if problems:
+            raise BenchConfigError(f"configuration {raw!r}: w{draft_window}: {problems[0]}")
     if shape == "chain" and branching != 1:
         raise BenchConfigError(f"configuration {raw!r}: a chain has branching 1; use tree{n}:b{branching}")
 

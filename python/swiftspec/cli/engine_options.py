@@ -12,7 +12,9 @@ checks, one loader, so the two take the same command lines and refuse the same m
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+import warnings
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -79,12 +81,13 @@ def check_engine_options(args: argparse.Namespace) -> None:
 
     Raises:
         InvalidRequestError: e.g. "--tree-budget must be >= 1, got 0", --no-draft with --draft,
-            a --placement that does not parse, cuda-only placement fields on the cpu backend, or
+            a --placement that does not parse, cuda-only placement fields on the cpu backend, a
+            placement field the backend does not implement (a draft kv_window on cuda), or
             --dtype int4 on cuda with a placement the cuda backend cannot run int4 with (the decode
             megakernel, tp > 1).
     """
     from swiftspec.errors import InvalidRequestError, SwiftspecError
-    from swiftspec.placement import cuda_only_fields, int4_problems, normalize
+    from swiftspec.placement import backend_problems, cuda_only_fields, int4_problems, normalize
 
     at_least = {
         "--tree-budget": (args.tree_budget, 1),
@@ -110,6 +113,9 @@ def check_engine_options(args: argparse.Namespace) -> None:
                 f"(add --backend cuda; on the {args.backend} backend place groups with "
                 "'cores' and 'threads_per_rank')"
             )
+        problems = backend_problems(args.placement, args.backend)
+        if problems:
+            raise InvalidRequestError(f"--placement: {problems[0]}")
     if args.dtype == "int4":  # (else the models are converted, then refused)
         problems = int4_problems(args.placement, args.backend)
         if problems:
@@ -128,6 +134,7 @@ def load_engine(args: argparse.Namespace):
             context beyond the model's, not enough memory).
     """
     from swiftspec import engine as engine_module  # looked up now: tests replace Engine
+    from swiftspec.engine_loading import DRAFT_GROUP_IGNORED
     from swiftspec.fetch import DEFAULT_PAIR
 
     target = args.target or DEFAULT_PAIR["target"]
@@ -141,15 +148,17 @@ def load_engine(args: argparse.Namespace):
             print("[swiftspec] --placement: the draft group is ignored: no draft model is loaded", file=sys.stderr)
     weights = "" if args.dtype == "bfloat16" else f" ({args.dtype} weights where converted)"
     print(f"[swiftspec] loading target {target}" + (f" and draft {draft}" if draft else "") + weights, file=sys.stderr)
-    engine = engine_module.Engine(
-        target,
-        draft,
-        backend=args.backend,
-        dtype=args.dtype,
-        num_threads=args.threads,
-        max_context=args.max_context,
-        placement=args.placement,
-    )
+    with warnings.catch_warnings():  # (the notice above says it in the CLI's words)
+        warnings.filterwarnings("ignore", message=re.escape(DRAFT_GROUP_IGNORED))
+        engine = engine_module.Engine(
+            target,
+            draft,
+            backend=args.backend,
+            dtype=args.dtype,
+            num_threads=args.threads,
+            max_context=args.max_context,
+            placement=args.placement,
+        )
     note = getattr(engine, "context_note", "")  # (tests replace Engine)
     if note:
         print(f"[swiftspec] {note}", file=sys.stderr)
