@@ -108,6 +108,14 @@ def test_window_bounds_are_checked(tiny, sinks, recent, match):
         _model(tiny, sinks, recent)
 
 
+def test_engine_refuses_a_windowed_target(tiny):
+    """The window is a draft's: an engine over a target model loaded with one (the core API; the
+    placement refuses it earlier) would emit other tokens than the full target."""
+    with pytest.raises(InvalidRequestError, match="target model attends an attention window"):
+        core.Engine(_model(tiny, 0, 8), _model(tiny))
+    core.Engine(_model(tiny), _model(tiny, 0, 8)).close()  # (a windowed draft is the point)
+
+
 def test_cuda_backend_refuses_a_window(tiny):
     o = core.ModelOptions()
     o.kv_window_recent = 64

@@ -37,7 +37,8 @@ inline constexpr double kTurnPollSeconds = 0.02;
 class Engine {
  public:
   /// `draft` may be null (then only DecodeMode::TargetOnly is available).
-  /// Throws InvalidArgument if the models' vocabularies differ. The engine
+  /// Throws InvalidArgument if the models' vocabularies differ or the target attends an
+  /// attention window (ModelOptions::kv_window_recent: a draft's option). The engine
   /// shares the models; do not run them elsewhere while a request runs.
   explicit Engine(std::shared_ptr<Model> target, std::shared_ptr<Model> draft = nullptr);
   ~Engine();

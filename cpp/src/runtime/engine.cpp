@@ -28,6 +28,11 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 Engine::Engine(std::shared_ptr<Model> target, std::shared_ptr<Model> draft)
     : target_(std::move(target)), draft_(std::move(draft)), pid_(getpid()) {
   if (!target_) throw InvalidArgument("Engine: the target model is required");
+  if (target_->options().kv_window_recent > 0)
+    throw InvalidArgument(
+        "Engine: the target model attends an attention window (kv_window_recent " +
+        std::to_string(target_->options().kv_window_recent) +
+        "); the target verifies the draft's proposals with its full KV, so only a draft may have one");
   if (draft_ && draft_->config().vocab_size != target_->config().vocab_size)
     throw InvalidArgument("Engine: draft vocabulary (" + std::to_string(draft_->config().vocab_size) +
                           ") differs from the target's (" + std::to_string(target_->config().vocab_size) +
