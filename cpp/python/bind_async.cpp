@@ -13,8 +13,10 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <array>
 #include <optional>
 #include <string>
+#include <utility>
 #include <utility>
 
 #include "swiftspec/async_engine.h"
@@ -62,6 +64,19 @@ nb::list events_list(const Timeline& t) {
       d["args"] = args;
       out.append(d);
     }
+  return out;
+}
+
+/// "placement.<group>.<problem>" for each group of `p` (draft first or target first) whose
+/// `problem_of(group)` is not empty: the placement_*_problems bindings.
+template <class ProblemOf>
+std::vector<std::string> group_problems(const Placement& p, bool draft_first, ProblemOf problem_of) {
+  std::vector<std::string> out;
+  const std::pair<const char*, const GroupPlacement*> draft{"draft", &p.draft}, target{"target", &p.target};
+  for (const auto& [name, group] : draft_first ? std::array{draft, target} : std::array{target, draft}) {
+    const std::string problem = problem_of(*group);
+    if (!problem.empty()) out.push_back(std::string("placement.") + name + "." + problem);
+  }
   return out;
 }
 
@@ -160,13 +175,9 @@ void bind_async(nb::module_& m) {
   m.def(
       "placement_int4_problems",
       [](const std::string& text, const std::string& backend) {
-        const Placement p = Placement::from_json(text);
-        std::vector<std::string> out;
-        for (const auto& [name, group] : {std::pair{"target", &p.target}, std::pair{"draft", &p.draft}}) {
-          const std::string problem = int4_backend_problem(backend, group->megakernel, group->tp);
-          if (!problem.empty()) out.push_back(std::string("placement.") + name + "." + problem);
-        }
-        return out;
+        return group_problems(Placement::from_json(text), false, [&](const GroupPlacement& g) {
+          return int4_backend_problem(backend, g.megakernel, g.tp);
+        });
       },
       "placement"_a, "backend"_a,
       "What a placement JSON text asks for that int4 checkpoints cannot run with on `backend`, one\n"
@@ -176,13 +187,8 @@ void bind_async(nb::module_& m) {
   m.def(
       "placement_backend_problems",
       [](const std::string& text, const std::string& backend) {
-        const Placement p = Placement::from_json(text);
-        std::vector<std::string> out;
-        for (const auto& [name, group] : {std::pair{"draft", &p.draft}, std::pair{"target", &p.target}}) {
-          const std::string problem = group->backend_problem(backend);
-          if (!problem.empty()) out.push_back(std::string("placement.") + name + "." + problem);
-        }
-        return out;
+        return group_problems(Placement::from_json(text), true,
+                              [&](const GroupPlacement& g) { return g.backend_problem(backend); });
       },
       "placement"_a, "backend"_a,
       "What a placement JSON text asks for that `backend` does not implement, one\n"

@@ -298,6 +298,12 @@ void check_int4_group(const std::string& dir, const GroupPlacement& g, const std
   const std::string problem = int4_backend_problem(backend, g.megakernel, g.tp);
   if (!problem.empty()) throw InvalidArgument(where + "." + problem);
 }
+/// Refuses, naming `where`, what the group asks for that `backend` does not implement
+/// (GroupPlacement::backend_problem): before either model is planned or loaded.
+void check_backend_group(const GroupPlacement& g, const std::string& backend, const std::string& where) {
+  const std::string problem = g.backend_problem(backend);
+  if (!problem.empty()) throw InvalidArgument(where + "." + problem);
+}
 }  // namespace
 
 ModelMemory group_model_memory(const std::string& dir, const GroupPlacement& g, const ModelOptions& base,
@@ -363,12 +369,8 @@ LoadedModels load_model_pair(const std::string& target_dir, const std::string& d
                              const ModelOptions& base, const std::string& backend) {
   validate_group(placement.target, "placement.target");
   if (!draft_dir.empty()) validate_group(placement.draft, "placement.draft");
-  // What the backend does not implement, before either model is planned or loaded.
-  for (const auto& [where, group] : {std::pair{"placement.target", &placement.target},
-                                     std::pair{"placement.draft", draft_dir.empty() ? nullptr : &placement.draft}}) {
-    const std::string problem = group ? group->backend_problem(backend) : "";
-    if (!problem.empty()) throw InvalidArgument(std::string(where) + "." + problem);
-  }
+  check_backend_group(placement.target, backend, "placement.target");
+  if (!draft_dir.empty()) check_backend_group(placement.draft, backend, "placement.draft");
   check_int4_group(target_dir, placement.target, backend, "placement.target");
   if (!draft_dir.empty()) check_int4_group(draft_dir, placement.draft, backend, "placement.draft");
   // Both models' needs first, planned together (they may share the RAM or a GPU), before
