@@ -24,14 +24,16 @@ cudaGraphExec_t capture_graph(cudaStream_t stream, const std::function<void(cuda
   return exec;
 }
 
-void GraphCache::ensure(int key, cudaStream_t stream, const std::function<void(cudaStream_t)>& record) {
-  if (graphs_.count(key)) return;
-  graphs_[key] = capture_graph(stream, record);
+cudaGraphExec_t GraphCache::ensure(int key, cudaStream_t stream, const std::function<void(cudaStream_t)>& record) {
+  auto it = graphs_.find(key);
+  if (it != graphs_.end()) return it->second;
+  const cudaGraphExec_t exec = capture_graph(stream, record);
+  graphs_[key] = exec;
+  return exec;
 }
 
 void GraphCache::launch(int key, cudaStream_t stream, const std::function<void(cudaStream_t)>& record) {
-  ensure(key, stream, record);
-  SS_CUDA_CHECK(cudaGraphLaunch(graphs_.at(key), stream));
+  SS_CUDA_CHECK(cudaGraphLaunch(ensure(key, stream, record), stream));
 }
 
 void GraphCache::put(int key, cudaGraphExec_t exec) {

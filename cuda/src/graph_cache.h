@@ -26,8 +26,8 @@ class GraphCache {
   /// if it does not exist yet. Throws CudaError; a failed capture leaves no
   /// graph behind and the stream usable.
   void launch(int key, cudaStream_t stream, const std::function<void(cudaStream_t)>& record);
-  /// Captures (if needed) without launching.
-  void ensure(int key, cudaStream_t stream, const std::function<void(cudaStream_t)>& record);
+  /// Captures (if needed) without launching; returns the graph (the cache keeps owning it).
+  cudaGraphExec_t ensure(int key, cudaStream_t stream, const std::function<void(cudaStream_t)>& record);
   /// Stores an executable graph made elsewhere (e.g. chosen by
   /// tune_step) under `key`, taking ownership; replaces any graph there.
   void put(int key, cudaGraphExec_t exec);

@@ -32,37 +32,12 @@ struct Candidates {
   }
 };
 
-/// One warm-up round, then `rounds` interleaved timed rounds; sets each
-/// candidate's median device time (CUDA events on `stream`).
+/// Sets each candidate's median device time (time_graphs).
 void time_candidates(cudaStream_t stream, const std::vector<Candidate*>& which, int rounds) {
-  for (Candidate* c : which) SS_CUDA_CHECK(cudaGraphLaunch(c->exec, stream));
-  const size_t n = which.size();
-  std::vector<cudaEvent_t> ev(2 * n * rounds, nullptr);
-  struct EventsGuard {
-    std::vector<cudaEvent_t>& ev;
-    ~EventsGuard() {
-      for (auto e : ev)
-        if (e) cudaEventDestroy(e);
-    }
-  } guard{ev};
-  for (auto& e : ev) SS_CUDA_CHECK(cudaEventCreate(&e));
-  for (int r = 0; r < rounds; ++r)
-    for (size_t i = 0; i < n; ++i) {
-      const size_t k = 2 * (r * n + i);
-      SS_CUDA_CHECK(cudaEventRecord(ev[k], stream));
-      SS_CUDA_CHECK(cudaGraphLaunch(which[i]->exec, stream));
-      SS_CUDA_CHECK(cudaEventRecord(ev[k + 1], stream));
-    }
-  SS_CUDA_CHECK(cudaStreamSynchronize(stream));
-  for (size_t i = 0; i < n; ++i) {
-    std::vector<float> ms(rounds);
-    for (int r = 0; r < rounds; ++r) {
-      const size_t k = 2 * (r * n + i);
-      SS_CUDA_CHECK(cudaEventElapsedTime(&ms[r], ev[k], ev[k + 1]));
-    }
-    std::sort(ms.begin(), ms.end());
-    which[i]->median_ms = ms[rounds / 2];
-  }
+  std::vector<cudaGraphExec_t> graphs;
+  for (const Candidate* c : which) graphs.push_back(c->exec);
+  const std::vector<double> ms = time_graphs(stream, graphs, rounds);
+  for (size_t i = 0; i < which.size(); ++i) which[i]->median_ms = ms[i];
 }
 
 /// Replays each candidate once and compares `outputs()` with the first's (tune_step's `outputs`).
@@ -83,6 +58,40 @@ void verify_candidates(cudaStream_t stream, const std::vector<TunerKnob>& knobs,
 }
 
 }  // namespace
+
+std::vector<double> time_graphs(cudaStream_t stream, const std::vector<cudaGraphExec_t>& graphs, int rounds) {
+  rounds = std::max(rounds, 1);
+  for (cudaGraphExec_t g : graphs) SS_CUDA_CHECK(cudaGraphLaunch(g, stream));
+  const size_t n = graphs.size();
+  std::vector<cudaEvent_t> ev(2 * n * rounds, nullptr);
+  struct EventsGuard {
+    std::vector<cudaEvent_t>& ev;
+    ~EventsGuard() {
+      for (auto e : ev)
+        if (e) cudaEventDestroy(e);
+    }
+  } guard{ev};
+  for (auto& e : ev) SS_CUDA_CHECK(cudaEventCreate(&e));
+  for (int r = 0; r < rounds; ++r)
+    for (size_t i = 0; i < n; ++i) {
+      const size_t k = 2 * (r * n + i);
+      SS_CUDA_CHECK(cudaEventRecord(ev[k], stream));
+      SS_CUDA_CHECK(cudaGraphLaunch(graphs[i], stream));
+      SS_CUDA_CHECK(cudaEventRecord(ev[k + 1], stream));
+    }
+  SS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<double> median(n);
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<float> ms(rounds);
+    for (int r = 0; r < rounds; ++r) {
+      const size_t k = 2 * (r * n + i);
+      SS_CUDA_CHECK(cudaEventElapsedTime(&ms[r], ev[k], ev[k + 1]));
+    }
+    std::sort(ms.begin(), ms.end());
+    median[i] = ms[rounds / 2];
+  }
+  return median;
+}
 
 std::string step_setting_name(const std::vector<TunerKnob>& knobs, const StepSetting& s) {
   std::string out;

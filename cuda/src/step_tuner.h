@@ -12,8 +12,9 @@
 //    step a deeper gate/up pipeline than the planner's was faster
 //    (benchmarks/README.md, "a step tuner per token bucket").
 // So the engine picks, per token bucket, the setting that replays fastest on
-// the machine at hand, as a GEMM library picks a tactic: once per bucket, when
-// the model is made (CudaModelOptions::autotune).
+// the machine at hand, as a GEMM library picks a tactic: once per bucket and
+// context band (context_bands.h: the attention's share of the step grows with
+// the context), when the model is made (CudaModelOptions::autotune).
 #include <cstdint>
 #pragma once
 #include <cuda_runtime.h>
@@ -71,5 +72,10 @@ std::string step_setting_name(const std::vector<TunerKnob>& knobs, const StepSet
 StepTuning tune_step(cudaStream_t stream, const std::vector<TunerKnob>& knobs, const std::vector<StepSetting>& extra,
                      const std::function<cudaGraphExec_t(const StepSetting&)>& capture, cudaGraphExec_t* chosen,
                      int rounds = 5, double min_gain = 0.01, const std::function<std::vector<uint8_t>()>& outputs = {});
+
+/// Replays `graphs` interleaved on `stream`, as tune_step times its candidates: one
+/// warm-up round, then `rounds` timed rounds (CUDA events); returns each graph's median
+/// device time in ms, in order. Synchronizes the stream; throws CudaError.
+std::vector<double> time_graphs(cudaStream_t stream, const std::vector<cudaGraphExec_t>& graphs, int rounds = 5);
 
 }  // namespace swiftspec::cuda
