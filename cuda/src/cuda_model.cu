@@ -23,7 +23,12 @@ constexpr int kPrefillMinTokens = 64;
 }  // namespace
 
 CudaModelImpl::CudaModelImpl(const ModelConfig& cfg, const ModelOptions& opt, const CudaModelOptions& copt)
-    : cfg_(cfg), opt_(opt), copt_(copt), pdl_(copt.use_pdl), int4_(copt.int4_group_size > 0) {
+    : cfg_(cfg),
+      opt_(opt),
+      copt_(copt),
+      pdl_(copt.use_pdl),
+      int4_(copt.int4_group_size > 0),
+      mk_max_keys_(copt.megakernel_max_keys < 0 ? kMegakernelDefaultMaxKeys : copt.megakernel_max_keys) {
   if (const char* tune = std::getenv("SWIFTSPEC_STEP_TUNE")) {
     const std::string v(tune);
     if (v == "0")
@@ -410,7 +415,7 @@ void CudaModelImpl::run(const ForwardBatch& b, const RowSink& sink) {
     if (mk_ && cnt == 1 && megakernel_takes(committed_ + 1))
       run_megakernel_step(mode, want_logits && mode != LogitsMode::None);
     else
-      run_step(bucket_nt(cnt), mode, want_logits && mode != LogitsMode::None);
+      run_step(bucket_nt(cnt), mode, want_logits && mode != LogitsMode::None, committed_);
     if (!b.is_tree()) committed_ += cnt;
     if (mode == LogitsMode::None) continue;
     const int rows = mode == LogitsMode::All ? cnt : 1;

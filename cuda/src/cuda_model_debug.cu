@@ -27,6 +27,7 @@ int CudaModelImpl::debug_prepare(const ForwardBatch& batch, bool write_logits) {
   Prepared p;
   p.desc = std::make_unique<StepDesc>();
   p.n_attend = fill_desc(*p.desc, batch, 0, n);
+  p.committed = committed_;
   p.nt = bucket_nt(n);
   p.mode = batch.logits;
   p.write_logits = write_logits && batch.logits != LogitsMode::None;
@@ -45,7 +46,7 @@ double CudaModelImpl::debug_replay_ms(int id, int iters) {
     if (p.megakernel)
       run_megakernel_step(p.mode, p.write_logits);
     else
-      run_step(p.nt, p.mode, p.write_logits);
+      run_step(p.nt, p.mode, p.write_logits, p.committed);
   };
   for (int i = 0; i < 3; ++i) step();
   std::vector<cudaEvent_t> ev(2 * iters);

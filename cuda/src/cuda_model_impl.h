@@ -13,9 +13,11 @@
 #include <new>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common.h"
+#include "context_bands.h"
 #include "device_memory.h"
 #include "graph_cache.h"
 #include "green_context.h"
@@ -27,6 +29,7 @@
 #include "prefill/prefill_runner.h"
 #include "step_choice.h"
 #include "step_desc.h"
+#include "step_graph_keys.h"
 #include "swiftspec_cuda/cuda_model.h"
 
 namespace swiftspec::cuda {
@@ -73,7 +76,7 @@ class CudaModelImpl final : public CudaModel {
   void load_host(const WeightLookup& lookup, const WeightExists& exists);
   void init_random(uint64_t seed);
 
-  // cuda_model_steps.cu: every token bucket tuned when the model is made
+  // cuda_model_steps.cu: every token bucket and context band tuned when the model is made
   void tune_all_buckets();
   void upload_synthetic_step(const ForwardBatch& b);
 
@@ -121,6 +124,7 @@ class CudaModelImpl final : public CudaModel {
   struct Prepared {
     std::unique_ptr<StepDesc> desc;
     int n_attend = 0;
+    int committed = 0;  ///< committed_len() when prepared: its context band's graph replays
     int nt = 1;
     LogitsMode mode = LogitsMode::Last;
     bool write_logits = true;
@@ -185,19 +189,29 @@ class CudaModelImpl final : public CudaModel {
   void gemm4(int kind, const Int4Matrix& w, const void* x, int nt, const GemmArgs& args, const typename Epi::Params& ep,
              bool pdl, int variant, cudaStream_t s);
   void record_step(cudaStream_t s, int nt, LogitsMode mode, bool write_logits, const StepChoice& choice);
-  void run_step(int nt, LogitsMode mode, bool write_logits);
-  bool needs_tuning(int nt) const;
-  void tune_bucket(int nt, int key, LogitsMode mode, bool write_logits);
+  void run_step(int nt, LogitsMode mode, bool write_logits, int committed);
+  int tuned_band(int band, int nt) const;
+  StepChoice tuned_choice(int band, int nt) const;
+  cudaGraphExec_t step_graph(int nt, LogitsMode mode, bool write_logits, int committed);
+  bool needs_tuning(int band, int nt) const;
+  void tune_band_bucket(int band, int nt);
+  void tune_bucket_or_keep(int band, int nt, LogitsMode mode, bool write_logits);
+  void tune_bucket(int band, int nt, LogitsMode mode, bool write_logits);
+  StepTuning tune_first_band(int nt, LogitsMode mode, bool write_logits, cudaGraphExec_t* best);
+  StepTuning tune_further_band(int nt, LogitsMode mode, bool write_logits, cudaGraphExec_t* best);
+  int synthetic_tokens(int band, int nt) const;
   std::function<std::vector<uint8_t>()> tuner_outputs(int rows);
 
   // cuda_model_megakernel.cu: the decode megakernel (CudaModelOptions::megakernel)
   bool megakernel_takes(int keys) const;
+  bool measures_megakernel_hand_over() const;
+  void measure_megakernel_hand_over();
+  bool megakernel_wins_band(int band);
   void plan_megakernel();
   MegaTuning megakernel_tuning(int slot_bytes) const;
   void tune_megakernel(LogitsMode mode, bool write_logits);
   void setup_megakernel();
   void upload_megakernel_layers();
-  static int megakernel_graph_key(LogitsMode mode, bool write_logits);
   void run_megakernel_step(LogitsMode mode, bool write_logits);
   void record_megakernel_step(cudaStream_t s, LogitsMode mode, bool write_logits);
 
@@ -206,10 +220,15 @@ class CudaModelImpl final : public CudaModel {
   CudaModelOptions copt_;
   std::unique_ptr<GreenContext> green_;  ///< SM partition (null: whole GPU); outlives stream_ and events
   bool pdl_ = true;
-  bool int4_ = false;                ///< int4 projections (CudaModelOptions::int4_group_size > 0)
-  std::map<int, StepChoice> tuned_;  ///< per token bucket: the tuned launch settings (autotune)
-  std::string tuning_log_;           ///< debug_step_tuning()
-  int mk_max_smem_ = 0;              ///< opt-in shared memory per CTA (the megakernel's plans)
+  bool int4_ = false;  ///< int4 projections (CudaModelOptions::int4_group_size > 0)
+  /// per (context band, token bucket): the tuned launch settings (autotune); a band
+  /// missing here runs with the nearest lower band's (tuned_band())
+  std::map<std::pair<int, int>, StepChoice> tuned_;
+  std::string tuning_log_;  ///< debug_step_tuning()
+  int mk_max_smem_ = 0;     ///< opt-in shared memory per CTA (the megakernel's plans)
+  /// megakernel_takes()' limit: CudaModelOptions::megakernel_max_keys resolved (-1: the
+  /// default, or measured when the model is made: measure_megakernel_hand_over())
+  int mk_max_keys_ = 0;
   int num_sms_ = 0;
   int slots_ = 0;
   int attn_ctas_ = 0;  ///< the persistent attention grid (attention_grid_ctas)

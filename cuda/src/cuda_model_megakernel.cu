@@ -1,5 +1,7 @@
 // The CUDA model's decode megakernel (CudaModelOptions::megakernel): its plan, ring-slot
-// tuning, buffers and layer table, and the single-token steps it runs.
+// tuning, buffers and layer table, the single-token steps it runs, and the context length
+// where it hands them to the layered step.
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -20,13 +22,71 @@ namespace {
 /// slot size and on ring refills held back at the handoffs).
 constexpr int kMegakernelSlotOptions[] = {35840, 40960, 53760};
 
+/// The layered step takes a context band from the megakernel only if it is faster there
+/// by this fraction (measure_megakernel_hand_over), the step tuner's min_gain.
+constexpr double kHandOverMinGain = 0.01;
+
 }  // namespace
 
-/// Whether a single-token step over `keys` keys runs as the decode megakernel
-/// (CudaModelOptions::megakernel_max_keys): beyond it the layered step's split-K attention.
-bool CudaModelImpl::megakernel_takes(int keys) const {
-  const int limit = copt_.megakernel_max_keys < 0 ? kMegakernelDefaultMaxKeys : copt_.megakernel_max_keys;
-  return limit == 0 || keys <= limit;
+/// Whether a single-token step over `keys` keys runs as the decode megakernel (mk_max_keys_,
+/// CudaModelOptions::megakernel_max_keys resolved): beyond it the layered step's split-K
+/// attention.
+bool CudaModelImpl::megakernel_takes(int keys) const { return mk_max_keys_ == 0 || keys <= mk_max_keys_; }
+
+/// Whether the model measures where its megakernel hands single-token steps over
+/// (CudaModelOptions::megakernel_max_keys -1 with autotune; an explicit limit is kept).
+bool CudaModelImpl::measures_megakernel_hand_over() const {
+  return mk_ && copt_.autotune && copt_.use_graphs && copt_.megakernel_max_keys < 0;
+}
+
+/// Sets mk_max_keys_ by timing: the megakernel keeps the first context band (untimed: its
+/// attention is built for short contexts), then each further band the model reaches, in
+/// ascending order, while it wins there (megakernel_wins_band); the limit is the upper
+/// boundary of the last band it kept (0, no limit, past the table's last band). The
+/// synthetic steps borrow committed_ (tune_all_buckets gives it back).
+void CudaModelImpl::measure_megakernel_hand_over() {
+  int limit = band_upper(0);
+  for (int band = 1; band < kContextBands; ++band) {
+    if (band_synthetic_committed(band, 1, opt_.max_context) < 0) break;  // past max_context
+    if (!megakernel_wins_band(band)) break;
+    limit = band_upper(band);
+  }
+  mk_max_keys_ = limit;
+  tuning_log_ +=
+      "megakernel_max_keys: " + std::to_string(limit) + (limit == 0 ? " (measured: no limit)\n" : " (measured)\n");
+}
+
+/// Times the megakernel's greedy single-token step (arg-max, no logits) against the
+/// layered one (bucket 1 with `band`'s settings and graph) at the band's synthetic committed
+/// length, interleaved (time_graphs, medians), and logs both. The megakernel keeps the band
+/// unless the layered step is faster by kHandOverMinGain: the two round differently
+/// (CudaModelOptions::megakernel), so noise should not move the boundary. A comparison that
+/// fails (a capture refused, out of memory) hands the band over: the layered step is the
+/// one built for long contexts.
+bool CudaModelImpl::megakernel_wins_band(int band) {
+  const int committed = band_synthetic_committed(band, 1, opt_.max_context);
+  const std::string head = "megakernel vs layered at " + std::to_string(committed) + " keys: ";
+  try {
+    committed_ = committed;
+    ForwardBatch b;
+    b.logits = LogitsMode::Last;
+    b.tokens.push_back(0);
+    b.positions.push_back(committed);
+    upload_synthetic_step(b);
+    const cudaGraphExec_t mk =
+        graphs_.ensure(megakernel_graph_key(LogitsMode::Last, false), stream_,
+                       [&](cudaStream_t s) { record_megakernel_step(s, LogitsMode::Last, false); });
+    const cudaGraphExec_t layered = step_graph(1, LogitsMode::Last, false, committed);
+    const std::vector<double> ms = time_graphs(stream_, {mk, layered});
+    const bool wins = !(ms[1] < ms[0] * (1.0 - kHandOverMinGain));
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%.4f vs %.4f ms -> %s\n", ms[0], ms[1], wins ? "megakernel" : "layered");
+    tuning_log_ += head + buf;
+    return wins;
+  } catch (const CudaError& e) {
+    tuning_log_ += head + "failed, layered: " + e.what() + "\n";
+    return false;
+  }
 }
 
 /// The decode megakernel's shape and plan (CudaModelOptions::megakernel);
@@ -143,12 +203,6 @@ void CudaModelImpl::upload_megakernel_layers() {
   }
   SS_CUDA_CHECK(cudaMemcpyAsync(mk_layers_.get(), table.data(), mk_layers_.bytes(), cudaMemcpyHostToDevice, stream_));
   SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
-}
-
-/// The graph cache's key of a megakernel step (apart from the layered
-/// steps' keys, nt * 16 + ...).
-int CudaModelImpl::megakernel_graph_key(LogitsMode mode, bool write_logits) {
-  return 1000 + static_cast<int>(mode) * 2 + (write_logits ? 1 : 0);
 }
 
 /// One single-token step as the decode megakernel (its own graph per

@@ -1,5 +1,6 @@
 // The CUDA model's layered step: one step's kernels recorded into a CUDA graph per token
-// bucket, the GEMM plans they launch with, and the tuning of each bucket's launch settings.
+// bucket and context band, the GEMM plans they launch with, and the tuning of each bucket's
+// launch settings per context band (context_bands.h).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -284,27 +285,18 @@ void CudaModelImpl::record_step(cudaStream_t s, int nt, LogitsMode mode, bool wr
   }
 }
 
-void CudaModelImpl::run_step(int nt, LogitsMode mode, bool write_logits) {
-  const int key = nt * 16 + static_cast<int>(mode) * 2 + (write_logits ? 1 : 0);
+/// Runs a layered step of bucket `nt` over `committed` committed keys, with the graph and
+/// launch settings of its context band (step_graph()).
+void CudaModelImpl::run_step(int nt, LogitsMode mode, bool write_logits, int committed) {
   if (!copt_.use_graphs) {
     record_step(stream_, nt, mode, write_logits, StepChoice{});
     return;
   }
   try {
-    if (needs_tuning(nt)) {
-      try {
-        tune_bucket(nt, key, mode, write_logits);
-      } catch (const CudaError& e) {
-        // A candidate failed (a capture refused, out of memory): the bucket
-        // keeps the default setting; a driver that refuses PDL altogether
-        // fails the default capture below and falls back there.
-        tuned_[nt] = StepChoice{};
-        tuning_log_ += "nt=" + std::to_string(nt) + ": tuning failed, default kept: " + e.what() + "\n";
-      }
-    }
-    const auto it = tuned_.find(nt);
-    const StepChoice choice = it == tuned_.end() ? StepChoice{} : it->second;
-    graphs_.launch(key, stream_, [&](cudaStream_t s) { record_step(s, nt, mode, write_logits, choice); });
+    // A bucket no synthetic step covered when the model was made (its steps do not fit the
+    // context there) is tuned on its first step, in the first band only.
+    if (needs_tuning(0, nt)) tune_bucket_or_keep(0, nt, mode, write_logits);
+    SS_CUDA_CHECK(cudaGraphLaunch(step_graph(nt, mode, write_logits, committed), stream_));
   } catch (const CudaError&) {
     if (!pdl_) throw;
     // Some drivers refuse programmatic edges in captured graphs: fall back
@@ -312,21 +304,79 @@ void CudaModelImpl::run_step(int nt, LogitsMode mode, bool write_logits) {
     pdl_ = false;
     graphs_.clear();
     tuned_.clear();
-    graphs_.launch(key, stream_, [&](cudaStream_t s) { record_step(s, nt, mode, write_logits, StepChoice{}); });
+    SS_CUDA_CHECK(cudaGraphLaunch(step_graph(nt, mode, write_logits, committed), stream_));
   }
 }
 
-bool CudaModelImpl::needs_tuning(int nt) const {
-  return pdl_ && copt_.autotune && !copt_.row_parallel && !tuned_.count(nt);
+/// The band whose settings and graphs a step of bucket `nt` in context band `band` runs
+/// with: the nearest band at or below it tuned for the bucket (0 when none is, e.g.
+/// without autotune: then every context shares one graph per step kind).
+int CudaModelImpl::tuned_band(int band, int nt) const {
+  for (int b = band; b > 0; --b)
+    if (tuned_.count({b, nt})) return b;
+  return 0;
 }
 
-/// Chooses bucket `nt`'s PDL edges and GEMM plan variants by timing the
-/// current step's graph under each candidate setting (step_tuner.h); the
-/// step's descriptor is already uploaded and replaying it is idempotent.
-/// Leaves the winner as `key`'s graph. The LM head's plan is tuned only in
-/// steps with every row's logits (a Last-logits step runs it at one row, the
-/// decode bucket's plan).
-void CudaModelImpl::tune_bucket(int nt, int key, LogitsMode mode, bool write_logits) {
+/// Band `band`'s tuned settings of bucket `nt`; the default setting where it has none.
+StepChoice CudaModelImpl::tuned_choice(int band, int nt) const {
+  const auto it = tuned_.find({band, nt});
+  return it == tuned_.end() ? StepChoice{} : it->second;
+}
+
+/// The graph of a layered step of bucket `nt` over `committed` committed keys (a tree
+/// step's ancestors in the tree do not count), captured on first use with the settings of
+/// its band (tuned_band()).
+cudaGraphExec_t CudaModelImpl::step_graph(int nt, LogitsMode mode, bool write_logits, int committed) {
+  const int band = tuned_band(context_band(committed), nt);
+  const StepChoice choice = tuned_choice(band, nt);
+  return graphs_.ensure(step_graph_key(band, nt, mode, write_logits), stream_,
+                        [&](cudaStream_t s) { record_step(s, nt, mode, write_logits, choice); });
+}
+
+bool CudaModelImpl::needs_tuning(int band, int nt) const {
+  return pdl_ && copt_.autotune && !copt_.row_parallel && !tuned_.count({band, nt});
+}
+
+namespace {
+
+/// The head of a tuning line (debug_step_tuning): "band=16384 nt=1: ".
+std::string tuning_line_head(int band, int nt) {
+  return "band=" + std::to_string(kBandLengths[band]) + " nt=" + std::to_string(nt) + ": ";
+}
+
+}  // namespace
+
+/// tune_bucket(), whose failure (a candidate's capture refused, out of memory) leaves the
+/// first band at the default setting and a further band untuned (its steps then take the
+/// nearest lower band's settings); a driver that refuses PDL altogether fails the default
+/// capture in run_step, which falls back there.
+void CudaModelImpl::tune_bucket_or_keep(int band, int nt, LogitsMode mode, bool write_logits) {
+  try {
+    tune_bucket(band, nt, mode, write_logits);
+  } catch (const CudaError& e) {
+    if (band == 0) tuned_[{0, nt}] = StepChoice{};
+    tuning_log_ += tuning_line_head(band, nt) + "tuning failed, " +
+                   (band == 0 ? "default kept: " : "a lower band's setting kept: ") + e.what() + "\n";
+  }
+}
+
+/// Chooses bucket `nt`'s launch settings in context band `band` by timing the current
+/// step's graph under each candidate setting (step_tuner.h); the step's descriptor is
+/// already uploaded and replaying it is idempotent. Leaves the winner as the band's graph
+/// of the step.
+void CudaModelImpl::tune_bucket(int band, int nt, LogitsMode mode, bool write_logits) {
+  cudaGraphExec_t best = nullptr;
+  const StepTuning t =
+      band == 0 ? tune_first_band(nt, mode, write_logits, &best) : tune_further_band(nt, mode, write_logits, &best);
+  graphs_.put(step_graph_key(band, nt, mode, write_logits), best);  // owned by the cache from here on
+  tuned_[{band, nt}] = band == 0 ? step_choice_of(t.chosen) : step_choice_with_pdl(tuned_choice(0, nt), t.chosen);
+  tuning_log_ += tuning_line_head(band, nt) + t.summary() + "\n";
+}
+
+/// The first band: every knob, the PDL edges and the GEMMs' plan variants. The LM head's
+/// plan is tuned only in steps with every row's logits (a Last-logits step runs it at one
+/// row, the decode bucket's plan).
+StepTuning CudaModelImpl::tune_first_band(int nt, LogitsMode mode, bool write_logits, cudaGraphExec_t* best) {
   const int H = cfg_.hidden_size, I = cfg_.intermediate_size;
   const int nq = cfg_.num_heads * cfg_.head_dim, nkv = cfg_.num_kv_heads * cfg_.head_dim;
   std::vector<std::string> options[kStepKernels];
@@ -343,18 +393,32 @@ void CudaModelImpl::tune_bucket(int nt, int key, LogitsMode mode, bool write_log
   }
   if (mode == LogitsMode::All)
     options[kStepLmHead] = variant_names(plan_variants<EpiLMHead>(kStepLmHead, vocab_rows_, H, nt));
-  const std::vector<TunerKnob> knobs = step_knobs(options);
-  cudaGraphExec_t best = nullptr;
-  const StepTuning t = tune_step(
-      stream_, knobs, {step_setting_all_pdl_off()},
+  return tune_step(
+      stream_, step_knobs(options), {step_setting_all_pdl_off()},
       [&](const StepSetting& setting) {
         const StepChoice c = step_choice_of(setting);
         return capture_graph(stream_, [&](cudaStream_t s) { record_step(s, nt, mode, write_logits, c); });
       },
-      &best, 5, 0.01, tuner_outputs(8 * nt));
-  graphs_.put(key, best);  // owned by the cache from here on, whatever follows
-  tuned_[nt] = step_choice_of(t.chosen);
-  tuning_log_ += "nt=" + std::to_string(nt) + ": " + t.summary() + "\n";
+      best, 5, 0.01, tuner_outputs(8 * nt));
+}
+
+/// A band past the first: the PDL edges only, each GEMM at the first band's plan (its
+/// speed relative to the other plans does not depend on the context). Candidates: every
+/// edge on, every edge off, the first band's edges (where that is none of the others),
+/// each edge off alone, and the combination of the edges that paid alone (tune_step).
+StepTuning CudaModelImpl::tune_further_band(int nt, LogitsMode mode, bool write_logits, cudaGraphExec_t* best) {
+  const StepChoice first = tuned_choice(0, nt);
+  const StepSetting first_edges = step_pdl_setting(first);
+  std::vector<StepSetting> extra{step_setting_all_pdl_off(kStepKernels)};
+  if (std::count(first_edges.begin(), first_edges.end(), 1) >= 2 && first_edges != extra[0])
+    extra.push_back(first_edges);  // no edge or one edge off: a candidate already
+  return tune_step(
+      stream_, step_pdl_knobs(), extra,
+      [&](const StepSetting& setting) {
+        const StepChoice c = step_choice_with_pdl(first, setting);
+        return capture_graph(stream_, [&](cudaStream_t s) { record_step(s, nt, mode, write_logits, c); });
+      },
+      best, 5, 0.01, tuner_outputs(8 * nt));
 }
 
 /// What the tuners compare bitwise with autotune_verify (tune_step's
@@ -371,17 +435,71 @@ std::function<std::vector<uint8_t>()> CudaModelImpl::tuner_outputs(int rows) {
   };
 }
 
-/// Tunes every token bucket now (autotune), so that no request pays for it:
-/// tuned lazily, a bucket's first step paid for the tuning, and in the
-/// real-pair benchmark the first requests of a configuration ran several times
-/// slower (benchmarks/README.md, "the real pair with the step tuner ... tuning
-/// moved to model load"). Each bucket is timed on a synthetic step of its
-/// size over a committed context of up to 512 keys: a single-token decode
-/// for bucket 1 (a tree of 8 with the megakernel, which takes the decode
-/// steps), trees of 16 / 32 / 64 nodes (forks along chains, as drafts grow)
-/// for the others, or a prefill piece where max_tree is smaller. Only the
-/// timing matters, not the values the KV cache holds; the step writes tree
-/// slots or slots past the committed length and commits nothing.
+namespace {
+
+/// A synthetic step of `n` tokens after `committed` keys: a tree (forks along chains, as
+/// drafts grow; slots 0..n-1) or an append.
+ForwardBatch synthetic_batch(int n, int committed, bool tree) {
+  ForwardBatch b;
+  b.logits = LogitsMode::All;
+  std::vector<int> depth(n, 0), parent(n, -1);
+  for (int i = 0; i < n; ++i) {
+    b.tokens.push_back(0);
+    if (!tree) {
+      b.positions.push_back(committed + i);
+      continue;
+    }
+    parent[i] = i == 0 ? -1 : (i % 4 == 0 ? i / 2 : i - 1);
+    depth[i] = i == 0 ? 0 : depth[parent[i]] + 1;
+    b.positions.push_back(committed + depth[i]);
+    b.tree_slots.push_back(i);
+  }
+  if (tree) {
+    b.attend_offsets.push_back(0);
+    for (int i = 0; i < n; ++i) {
+      std::vector<int> chain;
+      for (int j = i; j >= 0; j = parent[j]) chain.push_back(j);
+      b.attend_slots.insert(b.attend_slots.end(), chain.rbegin(), chain.rend());
+      b.attend_offsets.push_back(static_cast<int>(b.attend_slots.size()));
+    }
+  }
+  return b;
+}
+
+}  // namespace
+
+/// Tokens of the synthetic step that tunes bucket `nt` in `band`: for bucket 1 a
+/// single-token decode, but a tree of 8 in the first band of a model with the megakernel
+/// (which takes the decode steps there; further bands it may hand over:
+/// measure_megakernel_hand_over); trees of 16 / 32 / 64 nodes for the others, or prefill
+/// pieces where max_tree is smaller.
+int CudaModelImpl::synthetic_tokens(int band, int nt) const {
+  if (nt > 1) return 8 * nt;
+  return mk_ && band == 0 ? 8 : 1;
+}
+
+/// Tunes bucket `nt` in context band `band` on a synthetic step at the band's
+/// representative length (band_synthetic_committed: no more than max_context - n keys, so
+/// a tree's deepest node stays inside the context); a band the model's context does not
+/// reach is not tuned. Only the timing matters, not the values the KV cache holds; the
+/// step writes tree slots or slots past the committed length and commits nothing.
+void CudaModelImpl::tune_band_bucket(int band, int nt) {
+  if (!needs_tuning(band, nt)) return;
+  const int n = synthetic_tokens(band, nt);
+  const int committed = band_synthetic_committed(band, n, opt_.max_context);
+  if (committed < 0) return;
+  committed_ = committed;
+  upload_synthetic_step(synthetic_batch(n, committed, n > 1 && n <= opt_.max_tree));
+  tune_bucket_or_keep(band, nt, LogitsMode::All, false);
+  run_step(nt, LogitsMode::All, false, committed);  // a driver refusing PDL shows here (run_step's fallback)
+}
+
+/// Tunes every token bucket in every context band the model reaches now (autotune), so
+/// that no request pays for it: tuned lazily, a bucket's first step paid for the tuning,
+/// and in the real-pair benchmark the first requests of a configuration ran several times
+/// slower (benchmarks/README.md, "the real pair with the step tuner ... tuning moved to
+/// model load"). Then, with the megakernel, where it hands single-token steps over
+/// (measure_megakernel_hand_over). The synthetic steps borrow committed_.
 void CudaModelImpl::tune_all_buckets() {
   if (!copt_.use_graphs) return;
   ModelScope scope(copt_.device, green_.get());
@@ -392,7 +510,7 @@ void CudaModelImpl::tune_all_buckets() {
   } restore{committed_, committed_};
   if (mk_ && copt_.autotune && copt_.megakernel_slot_bytes == 0 && !copt_.row_parallel && opt_.max_context >= 2) {
     // The megakernel's ring: a greedy decode step (arg-max, no logits) after up to 512 keys.
-    committed_ = std::min(512, opt_.max_context - 1);
+    committed_ = std::min(kBandLengths[0], opt_.max_context - 1);
     ForwardBatch b;
     b.logits = LogitsMode::Last;
     b.tokens.push_back(0);
@@ -400,38 +518,9 @@ void CudaModelImpl::tune_all_buckets() {
     upload_synthetic_step(b);
     tune_megakernel(LogitsMode::Last, false);
   }
-  for (int nt : {1, 2, 4, 8}) {
-    if (!needs_tuning(nt)) continue;
-    const int n = nt == 1 ? (mk_ ? 8 : 1) : 8 * nt;
-    const bool tree = n > 1 && n <= opt_.max_tree;
-    committed_ = std::max(0, std::min(512, opt_.max_context - n));
-    ForwardBatch b;
-    b.logits = LogitsMode::All;
-    std::vector<int> depth(n, 0), parent(n, -1);
-    for (int i = 0; i < n; ++i) {
-      b.tokens.push_back(0);
-      if (!tree) {
-        b.positions.push_back(committed_ + i);
-        continue;
-      }
-      parent[i] = i == 0 ? -1 : (i % 4 == 0 ? i / 2 : i - 1);
-      depth[i] = i == 0 ? 0 : depth[parent[i]] + 1;
-      b.positions.push_back(committed_ + depth[i]);
-      b.tree_slots.push_back(i);
-    }
-    if (tree) {
-      b.attend_offsets.push_back(0);
-      for (int i = 0; i < n; ++i) {
-        std::vector<int> chain;
-        for (int j = i; j >= 0; j = parent[j]) chain.push_back(j);
-        b.attend_slots.insert(b.attend_slots.end(), chain.rbegin(), chain.rend());
-        b.attend_offsets.push_back(static_cast<int>(b.attend_slots.size()));
-      }
-    }
-    if (committed_ + (tree ? 0 : n) > opt_.max_context) continue;
-    upload_synthetic_step(b);
-    run_step(nt, LogitsMode::All, false);
-  }
+  for (int band = 0; band < kContextBands; ++band)  // ascending: a further band starts from the first's plans
+    for (int nt : {1, 2, 4, 8}) tune_band_bucket(band, nt);
+  if (measures_megakernel_hand_over()) measure_megakernel_hand_over();
   SS_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 

@@ -68,7 +68,7 @@ using WeightLookup = std::function<HostWeight(const std::string& name, const std
 /// Says whether a tensor of that name exists (optional tensors: biases, lm_head).
 using WeightExists = std::function<bool(const std::string& name)>;
 
-/// CudaModelOptions::megakernel_max_keys's default.
+/// CudaModelOptions::megakernel_max_keys's default where it is not measured (autotune off).
 constexpr int kMegakernelDefaultMaxKeys = 8192;
 
 /// Extra options of the CUDA backend (defaults are the fast path).
@@ -76,18 +76,28 @@ struct CudaModelOptions {
   int device = 0;          ///< CUDA device ordinal
   bool use_graphs = true;  ///< replay each step as a CUDA graph (false: plain launches)
   bool use_pdl = true;     ///< programmatic dependent launch between kernels of a step
-  /// With use_pdl and graphs: for each token bucket, time the
-  /// step's graph under candidate launch settings that change no arithmetic
-  /// (each kernel kind's PDL edge off, every edge off, each GEMM's other
-  /// row-block sizes and pipeline depths, then the combination of those that
-  /// paid) and keep the fastest (cuda/src/step_tuner.h). Done when the model
-  /// is made, on a synthetic step per bucket (~6 replays per candidate, ~20
-  /// candidates; the load time this adds: benchmarks/README.md, the step tuner
-  /// sections). Off for tensor-parallel ranks (their all-reduces must pair
-  /// up). SWIFTSPEC_STEP_TUNE=0 turns it off (A/B); another value than 0, 1 or
-  /// empty makes the constructor throw InvalidArgument. A candidate that fails
-  /// (a capture refused, memory) leaves its bucket untuned (debug_step_tuning
-  /// says why).
+  /// With use_pdl and graphs: for each token bucket and context band
+  /// (committed lengths around 512, 4K, 16K, 32K, 64K and 128K keys:
+  /// cuda/src/context_bands.h), time the step's graph under candidate launch
+  /// settings that change no arithmetic and keep the fastest
+  /// (cuda/src/step_tuner.h); a step runs with the settings of its committed
+  /// length's band. Done when the model is made, on a synthetic step per
+  /// bucket and band at the band's length (~6 replays per candidate), for the
+  /// bands max_context reaches. The first band tunes every knob (each kernel
+  /// kind's PDL edge off, every edge off, each GEMM's other row-block sizes and
+  /// pipeline depths, then the combination of those that paid: ~20 candidates
+  /// per bucket); each further band tunes the PDL edges only, every GEMM at the
+  /// first band's plan (at most 10 candidates per bucket: every edge on, every
+  /// edge off, the first band's edges, each edge off alone, their
+  /// combination). With the megakernel and megakernel_max_keys -1 it also
+  /// times where the megakernel hands single-token steps to the layered step
+  /// (one comparison per further band). The load time this adds:
+  /// benchmarks/README.md, the step tuner sections. Off for tensor-parallel
+  /// ranks (their all-reduces must pair up). SWIFTSPEC_STEP_TUNE=0 turns it off
+  /// (A/B); another value than 0, 1 or empty makes the constructor throw
+  /// InvalidArgument. A candidate that fails (a capture refused, memory) leaves
+  /// its bucket untuned in that band (debug_step_tuning says why): the first
+  /// band at the default setting, a further band at the nearest lower band's.
   bool autotune = true;
   /// Checks: the tuner also replays every candidate once more and requires
   /// the step's outputs (arg-max keys and residual rows) to be bitwise those of
@@ -162,7 +172,13 @@ struct CudaModelOptions {
   int megakernel_slot_bytes = 0;
   /// The decode megakernel runs single-token steps over at most this many keys; longer ones
   /// take the layered step, whose attention splits the keys over every SM (the megakernel's
-  /// attention is sized for short contexts). -1: kMegakernelDefaultMaxKeys; 0: no limit.
+  /// attention is sized for short contexts). 0: no limit; a positive value is used as given.
+  /// -1 (default): with autotune measured when the model is made: the megakernel keeps the
+  /// first context band (cuda/src/context_bands.h) and each further band max_context
+  /// reaches, in ascending order, until the layered single-token step (that band's tuned
+  /// graph) replays at least 1 % faster at the band's length; the limit is the upper
+  /// boundary of the last band it kept (no limit past the last band); debug_step_tuning
+  /// logs each comparison and the limit. Without autotune: kMegakernelDefaultMaxKeys.
   int megakernel_max_keys = -1;
   /// Appends of 64+ tokens without every row's logits (prompts) run through the prefill path:
   /// CUTLASS GEMMs over up to kPrefillMaxTokens tokens at once and a causal flash-attention
@@ -212,7 +228,9 @@ class CudaModel : public Model {
 
   /// Benchmark hook: prepares `batch` (uploads its descriptor, captures the
   /// graph of its bucket) and returns an opaque step id usable with
-  /// debug_replay(). Does not change committed_len().
+  /// debug_replay(). Does not change committed_len(). The step replays as it
+  /// would run at committed_len() now: its context band's graph (autotune),
+  /// the megakernel or the layered step (megakernel_max_keys).
   virtual int debug_prepare(const ForwardBatch& batch, bool write_logits) = 0;
   /// Runs the prepared step `iters` times back to back on the model's stream
   /// (KV slots of the step are rewritten with the same values) and returns the
@@ -253,11 +271,17 @@ class CudaModel : public Model {
   /// (matrix, token bucket): "qkv nt=1 S=2 BR=64 grid=66x2 ctas=132" ("qkv nt=1 int4 S=2
   /// BR=128 ..." for the int4 GEMM's planner choice).
   virtual std::string debug_gemm_plans() const = 0;
-  /// Diagnostics: one line per token bucket tuned so far (autotune): the
-  /// median ms of each candidate setting and the choice, "nt=1: default
-  /// 4.9120, pdl.attn=off 4.7810, ... -> pdl.attn=off"; with the megakernel
-  /// also its ring slot size's line, "megakernel: default 0.7425,
-  /// mk.slot_bytes=53760 0.7172 -> mk.slot_bytes=53760". Empty if none.
+  /// Diagnostics: one line per (context band, token bucket) tuned so far
+  /// (autotune), the band named by its representative length: the median ms
+  /// of each candidate setting and the choice, "band=512 nt=1: default
+  /// 4.9120, pdl.attn=off 4.7810, ... -> pdl.attn=off" (or "band=... nt=...:
+  /// tuning failed, ..."); with the megakernel also its ring slot size's line,
+  /// "megakernel: default 0.7425, mk.slot_bytes=53760 0.7172 ->
+  /// mk.slot_bytes=53760", and where megakernel_max_keys is measured one line
+  /// per comparison, "megakernel vs layered at 16384 keys: 1.2340 vs 1.4560
+  /// ms -> megakernel" (committed keys; ms of the megakernel, then of the
+  /// layered step), then "megakernel_max_keys: 23170 (measured)" (0: no
+  /// limit). Empty if none.
   virtual std::string debug_step_tuning() const = 0;
   /// Diagnostics: the distinct SM ids (%smid) that `ctas` spinning CTAs
   /// launched on this model's stream ran on (synchronizes the stream).
