@@ -21,6 +21,9 @@
 //     int4 values at the model shapes, batch invariance bitwise; then tiny models with int4
 //     projections against the fp32 reference (check_int4_model.cu); run last (never run on a
 //     GPU when written: a fault there cannot take the checks above down).
+//  Long contexts (with the models', and alone with --long-only): the attention, trees and prefill
+//     at up to 40000 keys (check_long_context.cu); the step tuner's context bands and the
+//     megakernel's hand-over (check_context_bands.cu).
 // Usage: swiftspec-cuda-check [--json PATH] [--megakernel-only | --long-only | --int4-only].
 // Exit status 1 if any check fails.
 #include <algorithm>
@@ -40,6 +43,7 @@
 #include "kernels/gemm_skinny.h"
 #include "kernels/kernels.h"
 #include "check_harness.h"
+#include "check_context_bands.h"
 #include "check_int4.h"
 #include "check_int4_model.h"
 #include "check_long_context.h"
@@ -1398,7 +1402,10 @@ int main(int argc, char** argv) {
       check_int4();
       check_int4_model();
     }
-    if (long_only) check_long_context();
+    if (long_only) {
+      check_long_context();
+      check_context_bands();
+    }
     if (!long_only && !int4_only) {
       if (!megakernel_only) {
         check_gemm(512, 256, {1, 8, 64}, rng, sms, st);
@@ -1468,6 +1475,7 @@ int main(int argc, char** argv) {
         check_model("gqa7", tiny_config("qwen2", 448, 1216, 7, 1, 64, 1536, true, true, RopeStyle::NeoX, false), 3);
         check_model("qwen2-yarn", yarn_config(), 7, 1060);
         check_long_context();
+        check_context_bands();
       }
       const ModelConfig qwen2_like =
           tiny_config("qwen2", 512, 1024, 4, 1, 128, 2048, true, true, RopeStyle::Interleaved, false);
