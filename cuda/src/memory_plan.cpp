@@ -16,8 +16,9 @@
 namespace swiftspec {
 
 namespace {
-/// CUDA graphs (one per token bucket and mode), their launch resources and the step tuner's
-/// candidates: not buffers of the model, so not sized from its shapes. An allowance.
+/// CUDA graphs (one per token bucket, mode and tuned context band), their launch resources and
+/// the step tuner's candidates: not buffers of the model, so not sized from its shapes. An
+/// allowance.
 constexpr uint64_t kRuntimeAllowanceBytes = uint64_t(128) << 20;
 /// The megakernel's partial buffers hold num_heads * (num_sms / num_kv_heads) splits; sized
 /// here for a GPU of at most this many SMs (an H100 / H200 has 132).
