@@ -207,6 +207,7 @@ void CudaModelImpl::record_step(cudaStream_t s, int nt, LogitsMode mode, bool wr
       p.max_context = opt_.max_context;
       p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
       p.max_tokens = std::min(rows, kMaxStepTokens);
+      p.max_rows = choice.attention_rows();
       launch_attention(p, attn_ctas_, pdl(kStepAttention), pdl_, s);
     }
     EpiResidual::Params res;
@@ -369,7 +370,7 @@ void CudaModelImpl::tune_bucket(int band, int nt, LogitsMode mode, bool write_lo
   const StepTuning t =
       band == 0 ? tune_first_band(nt, mode, write_logits, &best) : tune_further_band(nt, mode, write_logits, &best);
   graphs_.put(step_graph_key(band, nt, mode, write_logits), best);  // owned by the cache from here on
-  tuned_[{band, nt}] = band == 0 ? step_choice_of(t.chosen) : step_choice_with_pdl(tuned_choice(0, nt), t.chosen);
+  tuned_[{band, nt}] = band == 0 ? step_choice_of(t.chosen) : step_choice_in_band(tuned_choice(0, nt), t.chosen);
   tuning_log_ += tuning_line_head(band, nt) + t.summary() + "\n";
 }
 
@@ -394,7 +395,7 @@ StepTuning CudaModelImpl::tune_first_band(int nt, LogitsMode mode, bool write_lo
   if (mode == LogitsMode::All)
     options[kStepLmHead] = variant_names(plan_variants<EpiLMHead>(kStepLmHead, vocab_rows_, H, nt));
   return tune_step(
-      stream_, step_knobs(options), {step_setting_all_pdl_off()},
+      stream_, step_knobs(options, nt), {step_setting_all_pdl_off()},
       [&](const StepSetting& setting) {
         const StepChoice c = step_choice_of(setting);
         return capture_graph(stream_, [&](cudaStream_t s) { record_step(s, nt, mode, write_logits, c); });
@@ -402,20 +403,22 @@ StepTuning CudaModelImpl::tune_first_band(int nt, LogitsMode mode, bool write_lo
       best, 5, 0.01, tuner_outputs(8 * nt));
 }
 
-/// A band past the first: the PDL edges only, each GEMM at the first band's plan (its
-/// speed relative to the other plans does not depend on the context). Candidates: every
-/// edge on, every edge off, the first band's edges (where that is none of the others),
-/// each edge off alone, and the combination of the edges that paid alone (tune_step).
+/// A band past the first: the PDL edges and the attention's rows per main item, each GEMM at
+/// the first band's plan (its speed relative to the other plans does not depend on the
+/// context). Candidates: every edge on, every edge off, the first band's setting (where
+/// that is none of the others), each edge off alone, 128 rows alone (buckets past 1), and
+/// the combination of the options that paid alone (tune_step).
 StepTuning CudaModelImpl::tune_further_band(int nt, LogitsMode mode, bool write_logits, cudaGraphExec_t* best) {
   const StepChoice first = tuned_choice(0, nt);
-  const StepSetting first_edges = step_pdl_setting(first);
-  std::vector<StepSetting> extra{step_setting_all_pdl_off(kStepKernels)};
-  if (std::count(first_edges.begin(), first_edges.end(), 1) >= 2 && first_edges != extra[0])
-    extra.push_back(first_edges);  // no edge or one edge off: a candidate already
+  const StepSetting first_band = step_band_setting(first);
+  std::vector<StepSetting> extra{step_setting_all_pdl_off(kBandKnobs)};
+  // The first band's setting, unless a candidate already: no edge or one edge off at the default rows.
+  const int edges_off = static_cast<int>(std::count(first_band.begin(), first_band.begin() + kStepKernels, 1));
+  if ((edges_off >= 2 || first.attn_rows != 0) && first_band != extra[0]) extra.push_back(first_band);
   return tune_step(
-      stream_, step_pdl_knobs(), extra,
+      stream_, step_band_knobs(nt), extra,
       [&](const StepSetting& setting) {
-        const StepChoice c = step_choice_with_pdl(first, setting);
+        const StepChoice c = step_choice_in_band(first, setting);
         return capture_graph(stream_, [&](cudaStream_t s) { record_step(s, nt, mode, write_logits, c); });
       },
       best, 5, 0.01, tuner_outputs(8 * nt));

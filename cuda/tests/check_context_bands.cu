@@ -64,10 +64,11 @@ std::vector<float> decode_at(CudaModel& m, int committed, int tok, uint64_t seed
   return lg;
 }
 
-/// The tuned model's log: a tuning line (not a failure) per reached band and bucket, none
+/// The tuned model's log: a tuning line (not a failure) per reached band and bucket, 128 attention
+/// rows among the candidates of tree buckets only, none
 /// for a band past the context.
 void check_band_log(const std::string& log) {
-  int missing = 0, failed = 0, beyond = 0;
+  int missing = 0, failed = 0, beyond = 0, rows_wrong = 0;
   const std::vector<std::string> lines = log_lines(log);
   for (int b = 0; b < kContextBands; ++b)
     for (int nt : {1, 2, 4, 8}) {
@@ -77,15 +78,18 @@ void check_band_log(const std::string& log) {
         if (starts_with(l, head)) {
           ++found;
           if (l.find("tuning failed") != std::string::npos) ++failed;
+          // The attention's rows are a candidate in trees' buckets only (step_choice.h, attn_rows_knob).
+          if ((l.find("attn.rows=128") != std::string::npos) != (nt > 1)) ++rows_wrong;
         }
       if (b < kReachedBands && found != 1) ++missing;
       if (b >= kReachedBands) beyond += found;
     }
   char det[200];
-  std::snprintf(det, sizeof det, "(%d of %d lines missing or repeated, %d failed, %d past max_context)", missing,
-                4 * kReachedBands, failed, beyond);
-  record("bands: max_context 40000 tunes bands 512..32768 x 4 buckets only", missing + failed + beyond, 0,
-         missing == 0 && failed == 0 && beyond == 0, det);
+  std::snprintf(det, sizeof det,
+                "(%d of %d lines missing or repeated, %d failed, %d past max_context, %d with attn.rows wrong)",
+                missing, 4 * kReachedBands, failed, beyond, rows_wrong);
+  record("bands: max_context 40000 tunes bands 512..32768 x 4 buckets only", missing + failed + beyond + rows_wrong, 0,
+         missing == 0 && failed == 0 && beyond == 0 && rows_wrong == 0, det);
 }
 
 /// At committed lengths in each reached band: a decode step and trees of every bucket give

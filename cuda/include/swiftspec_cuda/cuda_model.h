@@ -85,11 +85,12 @@ struct CudaModelOptions {
   /// bucket and band at the band's length (~6 replays per candidate), for the
   /// bands max_context reaches. The first band tunes every knob (each kernel
   /// kind's PDL edge off, every edge off, each GEMM's other row-block sizes and
-  /// pipeline depths, then the combination of those that paid: ~20 candidates
-  /// per bucket); each further band tunes the PDL edges only, every GEMM at the
-  /// first band's plan (at most 10 candidates per bucket: every edge on, every
-  /// edge off, the first band's edges, each edge off alone, their
-  /// combination). With the megakernel and megakernel_max_keys -1 it also
+  /// pipeline depths, 128 query rows per attention item instead of 64 (buckets
+  /// past 1), then the combination of those that paid: ~21 candidates per
+  /// bucket); each further band tunes the PDL edges and the attention's rows,
+  /// every GEMM at the first band's plan (at most 11 candidates per bucket:
+  /// every edge on, every edge off, the first band's setting, each edge off
+  /// alone, 128 rows alone, their combination). With the megakernel and megakernel_max_keys -1 it also
   /// times where the megakernel hands single-token steps to the layered step
   /// (one comparison per further band). The load time this adds:
   /// benchmarks/README.md, the step tuner sections. Off for tensor-parallel

@@ -64,7 +64,7 @@ struct AttnParams {
   int max_tokens = kMaxStepTokens;  ///< the step's tokens at most (its graph bucket): the fold grid covers them
   int ctas = 0;                     ///< the attention grid's CTAs (set by launch_attention)
   int narrow = 2;       ///< decode steps' narrow main items: 0 none, 1 one-split items, 2 all (launch_attention)
-  int max_rows = 64;    ///< query rows of a main item: 64 or 128 (set by launch_attention)
+  int max_rows = 64;    ///< query rows of a main item: 64 or 128 (the step tuner's choice; launch_attention checks)
   int debug_empty = 0;  ///< timing aid: bit 0 the attention kernel, bit 1 the fold kernel return at once
 };
 

@@ -425,12 +425,13 @@ int narrow_allowed() {
   return e && std::strcmp(e, "single") == 0 ? 1 : 2;
 }
 
-/// SWIFTSPEC_ATTN_ROWS=128: main items of up to 128 query rows (one warp per m16 tile, every
-/// column), so a tree re-reads the shared prefix half as often; default 64 rows, until checked and
-/// timed on a GPU. The same bits either way.
-int max_rows() {
+/// The rows of a main item: AttnParams::max_rows (the step tuner's "attn.rows" knob), unless
+/// SWIFTSPEC_ATTN_ROWS=64 or =128 forces one for every step (A/B). The same bits either way.
+int max_rows(int requested) {
   const char* e = std::getenv("SWIFTSPEC_ATTN_ROWS");
-  return e && std::strcmp(e, "128") == 0 ? 128 : 64;
+  if (e && std::strcmp(e, "128") == 0) return 128;
+  if (e && std::strcmp(e, "64") == 0) return 64;
+  return requested;
 }
 
 /// SWIFTSPEC_ATTN_CARVEOUT=1: both kernels prefer the largest shared-memory carve-out, so that the
@@ -456,10 +457,12 @@ void launch_attention(const AttnParams& params, int ctas, bool pdl, bool pdl_fol
   if (params.max_tokens < 1 || params.max_tokens > kMaxStepTokens)
     throw InvalidArgument("attention: max_tokens must be 1.." + std::to_string(kMaxStepTokens) + " (got " +
                           std::to_string(params.max_tokens) + ")");
+  if (params.max_rows != 64 && params.max_rows != 128)
+    throw InvalidArgument("attention: max_rows must be 64 or 128 (got " + std::to_string(params.max_rows) + ")");
   AttnParams p = params;
   p.ctas = std::max(1, ctas_override(ctas));
   p.narrow = narrow_allowed();
-  p.max_rows = max_rows();
+  p.max_rows = max_rows(params.max_rows);
   p.debug_empty = empty_stages();
   const bool run_attn = !skip_stage("attn"), run_fold = !skip_stage("fold");
   cudaLaunchConfig_t lc = {};
