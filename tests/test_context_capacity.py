@@ -265,3 +265,15 @@ def test_a_long_default_context_costs_no_memory_at_load(pair):
     assert set(peaks) == {1024, 32768}
     assert peaks[32768] - peaks[1024] < 64 * 2**20, peaks
     assert peaks[32768] < pair[2].kv_bytes(32768) + pair[3].kv_bytes(32768)
+
+
+def test_cpp_context_bands():
+    """cpp/tests/test_context_bands.cpp: the CUDA step tuner's context bands (cuda/src/context_bands.h):
+    the band of a committed length, the boundaries, and the synthetic step's length per band."""
+    from swiftspec.paths import binary
+
+    proc = subprocess.run(
+        [str(binary("swiftspec-cpp-tests")), "context_band"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert proc.stdout.count("[  OK  ]") == 2 and "2 tests, 0 failed" in proc.stdout
