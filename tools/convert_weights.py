@@ -14,8 +14,12 @@ GGUF file (``--int4-method gguf``, the default; group size 32) each group keeps 
 4-bit values (Q4_0, Q4_1, Q4_K) or is requantized from the GGUF's values by an error search,
 whichever is closer to the GGUF, and the manifest records the error per GGUF type
 (``swiftspec.convert.gguf_int4``); ``--int4-method rtn`` (group size 128) is plain round-to-nearest
-from the dequantized values, as float folders and HF folders are quantized (not AWQ's
-activation-aware scale search). An HF folder quantized with AutoAWQ (GEMM) or GPTQ (desc_act
+from the dequantized values, as float folders and HF folders are quantized. ``--awq`` (float
+swiftspec or HF folders only) first runs AWQ's activation-aware scale search
+(``swiftspec.convert.awq``): per projection group, per-input-channel scales searched on the
+calibration prompts of ``--calibration`` (default 16 MT-Bench + 16 HumanEval prompts, the last of
+each set, first 256 tokens through the chat template) and folded into the preceding norm / v_proj /
+up_proj, then the same round-to-nearest int4 (same format and kernels). An HF folder quantized with AutoAWQ (GEMM) or GPTQ (desc_act
 false) keeps its own 4-bit values, zero points and scales (re-packed, lossless;
 ``swiftspec.convert.hf_quantized``).
 
@@ -36,6 +40,7 @@ import_swiftspec()
 
 def main() -> int:
     from swiftspec.convert import SUPPORTED_DTYPES, convert_gguf, convert_hf
+    from swiftspec.convert.awq import DEFAULT_CALIBRATION, parse_calibration
     from swiftspec.convert.gguf_int4 import DEFAULT_GGUF_GROUP_SIZE
     from swiftspec.convert.gguf_to_checkpoint import INT4_METHODS
     from swiftspec.convert.int4 import DEFAULT_GROUP_SIZE, check_group_size
@@ -81,6 +86,21 @@ def main() -> int:
         help="tensor-parallel degree: N > 1 writes one padded shard per rank (docs/checkpoint_format.md); "
         "the input may then also be a TP-1 checkpoint folder",
     )
+    p.add_argument(
+        "--awq",
+        action="store_true",
+        help="int4 from a float swiftspec or HF folder only: before round-to-nearest, scale each projection "
+        "group's input channels by AWQ's activation-aware search on calibration prompts (Lin et al., "
+        "MLSys 2024), folding the inverse scales into the preceding norm / v_proj / up_proj; the int4 "
+        "format is unchanged. Holds the model in float32 in memory",
+    )
+    p.add_argument(
+        "--calibration",
+        default=None,
+        metavar="SET:N,...",
+        help=f"with --awq: the calibration prompts, DATASET:N with DATASET mtbench or humaneval (the last N "
+        f"of each set; default {DEFAULT_CALIBRATION})",
+    )
     p.add_argument("--overwrite", action="store_true", help="allow writing into a non-empty --out folder")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args()
@@ -107,6 +127,18 @@ def main() -> int:
             f"--int4-method {args.int4_method} applies to a GGUF file; {args.input} is a folder "
             "(float and HF folders are quantized round-to-nearest, AWQ / GPTQ folders re-packed)"
         )
+    if args.calibration is not None and not args.awq:
+        raise CheckpointError(f"--calibration {args.calibration} applies to --awq only")
+    if args.awq:
+        if not int4:
+            raise CheckpointError(f"--awq applies to --dtype int4 only (got --dtype {args.dtype})")
+        if from_gguf:
+            raise CheckpointError(
+                f"--awq applies to a float swiftspec or HF folder; {args.input} is a file (a GGUF file's "
+                "values are already quantized: use --int4-method gguf, or convert a float HF folder)"
+            )
+        check_awq_input(args.input)
+        parse_calibration(args.calibration or DEFAULT_CALIBRATION)
     method = args.int4_method or "gguf"
     default_group = DEFAULT_GGUF_GROUP_SIZE if from_gguf and method == "gguf" else DEFAULT_GROUP_SIZE
     group_size = check_group_size(default_group if args.group_size is None else args.group_size) if int4 else None
@@ -115,10 +147,29 @@ def main() -> int:
     kwargs = dict(dtype=args.dtype, progress=not args.quiet, overwrite=args.overwrite)
     if int4:
         kwargs["group_size"] = group_size
-    if int4 and args.input.is_dir() and (args.input / "manifest.json").is_file():  # a float swiftspec folder
+    if args.awq and not (args.input / "manifest.json").is_file():  # a float HF folder: via a float32 folder
+        import tempfile
+
         from swiftspec.convert.int4_checkpoint import quantize_checkpoint
 
-        out = quantize_checkpoint(args.input, args.out, group_size, progress=not args.quiet, overwrite=args.overwrite)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=args.out.parent, prefix=".awq-float32-") as tmp:
+            float32 = convert_hf(args.input, Path(tmp) / "float32", "float32", progress=not args.quiet)
+            out = quantize_checkpoint(
+                float32,
+                args.out,
+                group_size,
+                progress=not args.quiet,
+                overwrite=args.overwrite,
+                awq_calibration=args.calibration or DEFAULT_CALIBRATION,
+            )
+    elif int4 and args.input.is_dir() and (args.input / "manifest.json").is_file():  # a float swiftspec folder
+        from swiftspec.convert.int4_checkpoint import quantize_checkpoint
+
+        awq = (args.calibration or DEFAULT_CALIBRATION) if args.awq else None
+        out = quantize_checkpoint(
+            args.input, args.out, group_size, progress=not args.quiet, overwrite=args.overwrite, awq_calibration=awq
+        )
     elif args.tp > 1:  # pre-sharded, padded folder (swiftspec.convert.tp_shard; input may be a TP-1 folder)
         from swiftspec.convert.tp_shard import convert_sharded
 
@@ -131,6 +182,33 @@ def main() -> int:
         out = convert_gguf(args.input, args.out, **kwargs)
     print(out)
     return 0
+
+
+def check_awq_input(folder: Path) -> None:
+    """Raise CheckpointError naming --awq unless ``folder`` is a float swiftspec checkpoint folder (TP 1)
+    or an HF folder without a quantization config."""
+    import json
+
+    from swiftspec.convert.hf_quant_config import _find
+    from swiftspec.convert.manifest import read_manifest
+    from swiftspec.errors import CheckpointError
+
+    if (folder / "manifest.json").is_file():
+        manifest = read_manifest(folder)
+        if manifest["dtype"] == "int4":
+            raise CheckpointError(f"--awq: {folder} is already an int4 checkpoint; give its bfloat16 or float32 folder")
+        return
+    config = folder / "config.json"
+    try:
+        hf_config = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return  # convert_hf reports a missing or malformed config.json itself
+    found = _find(folder, hf_config) if isinstance(hf_config, dict) else None
+    if found is not None:
+        raise CheckpointError(
+            f"--awq: {folder} is already quantized (settings in {found[1]}); --awq needs float weights "
+            "(convert it without --awq to keep its own 4-bit values)"
+        )
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ def quantize_checkpoint(
     *,
     progress: bool = True,
     overwrite: bool = False,
+    awq_calibration: str | None = None,
 ) -> Path:
     """Write an int4 copy (format version 3) of the TP-1 float checkpoint ``src_dir`` to ``out_dir``.
 
@@ -36,6 +37,12 @@ def quantize_checkpoint(
     not a complete checkpoint, already int4, tensor-parallel (shard after quantizing is not
     supported either), a group size that does not divide a projection's input features, a
     missing or mis-shaped tensor, a non-empty ``out_dir``.
+
+    ``awq_calibration`` (e.g. ``"mtbench:16,humaneval:16"``, :func:`.awq.calibration_sequences`):
+    before quantizing, scale the projections by AWQ's activation-aware search (:mod:`.awq`),
+    calibrated on those prompts through the folder's chat template. All float32 tensors are then
+    held in memory at once (about 4 bytes per parameter). The manifest's ``quantization`` then
+    says ``"method": "awq_search"`` and records the calibration and the chosen alphas.
     """
     src = Path(src_dir)
     check_not_source(src, out_dir)
@@ -52,9 +59,26 @@ def quantize_checkpoint(
     where = {name: f for f in files for name in f.entries}
     check_tensor_set({n: f.shape(n) for n, f in where.items()}, config, str(src))
 
+    scaled: dict = {}
+    awq_entry = None
+    if awq_calibration is not None:
+        from .awq import awq_scale, calibration_sequences
+
+        sequences = calibration_sequences(src, awq_calibration)
+        scaled = {name: where[name].float32(name) for name in where}
+        alphas = awq_scale(scaled, config, sequences, group_size, progress=progress)
+        awq_entry = {
+            "method": "awq_search",
+            "awq": {
+                "calibration": awq_calibration,
+                "sequences": len(sequences),
+                "tokens": sum(len(s) for s in sequences),
+                "alphas": alphas,
+            },
+        }
     writer = CheckpointWriter(out_dir, "int4", overwrite=overwrite, group_size=group_size)
     for name in tqdm(sorted(where), desc=f"int4 {src.name}", unit="tensor", disable=not progress):
-        writer.add(name, where[name].float32(name))
+        writer.add(name, scaled.pop(name) if name in scaled else where[name].float32(name))
     check_tensor_set(writer.shapes, config, str(src), group_size)
     weights = writer.write_weights()
     writer.release()
@@ -63,7 +87,13 @@ def quantize_checkpoint(
             writer.copy_in(f)
     source = manifest["source"]
     new_manifest = make_manifest(
-        "int4", [weights], source["kind"], source["path"], source.get("sha256"), group_size=group_size
+        "int4",
+        [weights],
+        source["kind"],
+        source["path"],
+        source.get("sha256"),
+        group_size=group_size,
+        quantization=awq_entry,
     )
     new_manifest["quantized_from"] = {"path": str(src.resolve()), "dtype": manifest["dtype"]}
     return writer.finish(new_manifest)
