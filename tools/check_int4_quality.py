@@ -22,6 +22,12 @@ GGUF's own dequantized values (the float32 checkpoint, read from the files): per
 relative error ``sqrt(sum (int4 - gguf)^2 / sum gguf^2)`` and the mean and largest per-tensor
 relative error ``|int4 - gguf| / |gguf|``.
 
+``--folders LABEL=PATH,...`` (one model in ``--models``) compares int4 folders as they are, e.g.
+``rtn128=...,awq128=...`` from ``tools/convert_weights.py CKPT --dtype int4 [--awq]`` (no weight
+errors then: an AWQ folder's projections are scaled, not comparable to the GGUF's values).
+``--prompts N`` uses the first N HumanEval and the first N MT-Bench prompts instead of the three
+above (held out from ``--awq``'s default calibration set, the last 16 of each, for N <= 64).
+
 Writes the JSON file (``{created, commit, command, models: {name: {variant: {weights, prompts}}}}``)
 and prints one line per variant and type, and per prompt.
 """
@@ -176,13 +182,39 @@ def main() -> int:
         help="int4 conversions to compare (e.g. gguf:32,rtn:128); needs --work",
     )
     ap.add_argument("--work", type=Path, default=None, help="folder for the --variants conversions (reused)")
+    ap.add_argument(
+        "--folders",
+        default=None,
+        metavar="LABEL=PATH,...",
+        help="int4 folders of the one model in --models to compare as they are (no weight errors)",
+    )
+    ap.add_argument(
+        "--prompts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the first N HumanEval and first N MT-Bench prompts (default: HumanEval 0 and 10, MT-Bench 0)",
+    )
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated (default {','.join(MODELS)})")
     args = ap.parse_args()
     variants = parse_variants(args.variants) if args.variants else None
     if variants and args.work is None:
         ap.error("--variants needs --work")
+    folders = None
+    if args.folders:
+        if variants or "," in args.models:
+            ap.error("--folders needs one model in --models and no --variants")
+        folders = {}
+        for item in args.folders.split(","):
+            label, _, path = item.partition("=")
+            if not label or not path:
+                ap.error(f"--folders: {item!r} is not LABEL=PATH")
+            folders[label] = Path(path)
     he, mt = load_humaneval(progress=False), load_mtbench(progress=False)
-    records = [("humaneval", he[0]), ("humaneval", he[10]), ("mtbench", mt[0])]
+    if args.prompts:
+        records = [("humaneval", r) for r in he[: args.prompts]] + [("mtbench", r) for r in mt[: args.prompts]]
+    else:
+        records = [("humaneval", he[0]), ("humaneval", he[10]), ("mtbench", mt[0])]
     doc = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": commit_label(),
@@ -191,7 +223,9 @@ def main() -> int:
     }
     for name in args.models.split(","):
         bf16 = ensure_checkpoint(name, "bfloat16", progress=False)
-        if variants:
+        if folders:
+            int4_dirs = folders
+        elif variants:
             int4_dirs = {f"{m}:{g}": variant_folder(name, m, g, args.work) for m, g in variants}
         else:
             int4_dirs = {"default": ensure_checkpoint(name, "int4", progress=False)}
@@ -207,10 +241,10 @@ def main() -> int:
                 model.truncate_committed(0)
                 logits[label].append(model.forward(ids, logits="all"))
             del model
-        float32 = ensure_checkpoint(name, "float32", progress=False)
+        float32 = None if folders else ensure_checkpoint(name, "float32", progress=False)
         doc["models"][name] = {}
         for label, folder in int4_dirs.items():
-            weights = weight_errors(folder, float32, fetch_model(name, progress=False))
+            weights = weight_errors(folder, float32, fetch_model(name, progress=False)) if float32 else {}
             for type_name, row in weights.items():
                 print(name, label, "weights", type_name, json.dumps(row), flush=True)
             rows = []
@@ -219,12 +253,17 @@ def main() -> int:
                 print(name, label, json.dumps(rows[-1]), flush=True)
             manifest = json.loads((folder / "manifest.json").read_text())
             timing = folder / "conversion_time.json"
+            n = sum(r["positions"] for r in rows)  # pooled over every position of every prompt
+            pooled: dict = {"positions": n}
+            pooled.update({k: sum(r[k] * r["positions"] for r in rows) / n for k in ("top1_agreement", "kl_mean_nats")})
+            print(name, label, "pooled", json.dumps(pooled), flush=True)
             doc["models"][name][label] = {
                 "folder": str(folder),
                 "quantization": manifest["quantization"],
                 "conversion": json.loads(timing.read_text()) if timing.is_file() else None,
                 "weights": weights,
                 "prompts": rows,
+                "pooled": pooled,
             }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

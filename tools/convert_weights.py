@@ -4,6 +4,7 @@
     python tools/convert_weights.py model.gguf --out ckpt/ [--dtype bfloat16|float32|int4]
     python tools/convert_weights.py hf_model_dir/ --out ckpt/ --dtype float32
     python tools/convert_weights.py ckpt/ --out ckpt-int4/ --dtype int4 [--group-size 128]
+    python tools/convert_weights.py ckpt/ --out ckpt-awq/ --dtype int4 --awq [--calibration mtbench:16,humaneval:16]
 
 The folder format is docs/checkpoint_format.md. ``--dtype int4`` stores the linear projections
 (q/k/v/o, gate/up/down) as AWQ-style W4A16 groups: 4-bit values with one fp16 scale and one

@@ -13,9 +13,10 @@ For a projection weight ``W`` [N, K] (out x in) named ``P.weight``:
 
 Element ``(n, k)`` dequantizes to ``(q - z) * s`` in float32, with ``z, s`` of group ``k // G``.
 
-Quantization here is plain **round-to-nearest (RTN)**, not AWQ's activation-aware search for
-per-channel scales (that needs calibration activations): per group, ``lo = min(min(w), 0)``,
-``hi = max(max(w), 0)`` (the range always holds 0, as GPTQ's quantizer does, so the zero point
+Quantization here is plain **round-to-nearest (RTN)**. AWQ's activation-aware search for
+per-channel scales (``tools/convert_weights.py --awq``) lives in :mod:`.awq`: it scales the float
+weights from calibration activations, then quantizes them with this same RTN. Per group,
+``lo = min(min(w), 0)``, ``hi = max(max(w), 0)`` (the range always holds 0, as GPTQ's quantizer does, so the zero point
 is always a representable integer), ``s = fp16(max(hi - lo, 1e-5) / 15)``,
 ``z = clip(round(-lo / s), 0, 15)``, ``q = clip(round(w / s) + z, 0, 15)`` with ``s`` the
 fp16-rounded scale widened back to float32 (so dequantization uses the exact scale that chose

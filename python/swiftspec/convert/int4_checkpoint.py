@@ -1,6 +1,7 @@
 """A float swiftspec checkpoint folder -> an int4 one (``tools/convert_weights.py CKPT --dtype int4``).
 
-The linear projections are quantized round-to-nearest (:mod:`.int4`); every other tensor is
+The linear projections are quantized round-to-nearest (:mod:`.int4`), optionally after AWQ's
+activation-aware scaling (:mod:`.awq`, ``--awq``); every other tensor is
 stored bfloat16 (exact from a bfloat16 folder). config.json, the tokenizer files and
 generation_config.json are copied unchanged; the manifest keeps the folder's ``source`` (the
 GGUF or HF model it was converted from) and adds ``quantized_from`` (this folder and its dtype).
