@@ -178,3 +178,54 @@ def test_awq_option_refused_where_it_does_not_apply(tmp_path):
     proc = _cli(tmp_path / "tiny.gguf", "--out", tmp_path / "d", "--dtype", "int4", "--calibration", "mtbench:2")
     assert proc.returncode == 2 and "error: --calibration mtbench:2 applies to --awq only" in proc.stderr
     assert not any((tmp_path / n).exists() for n in "abcd")
+
+
+def test_quantize_checkpoint_with_awq_writes_the_scaled_folder(tmp_path, monkeypatch):
+    """quantize_checkpoint(..., awq_calibration=...) on a tiny bf16 Qwen2-like folder (calibration
+    tokens patched in: the tiny folder has no chat template): the manifest says awq_search with the
+    calibration, token count and one alpha per group (no o_proj under GQA); the stored norms are the
+    bf16 of the scaled ones awq_scale computes, every projection its RTN; and the CPU backend runs it."""
+    from safetensors import safe_open
+
+    import swiftspec.convert.awq as awq
+    from swiftspec.convert.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+    from swiftspec.convert.int4_checkpoint import quantize_checkpoint
+    from swiftspec.convert.manifest import make_manifest
+    from swiftspec.convert.safetensors_reader import SafetensorsFile
+    from swiftspec.convert.writer import CheckpointWriter
+
+    t = _tensors(QWEN2)
+    src = tmp_path / "bf16"
+    w = CheckpointWriter(src, "bfloat16")
+    for name, value in t.items():
+        w.add(name, value)
+    w.write_weights()
+    w.write_json("config.json", QWEN2)
+    (src / "tokenizer.json").write_text("{}")
+    w.finish(make_manifest("bfloat16", ["model.safetensors"], "hf", "tiny", None))
+    seqs = _sequences(3)
+    monkeypatch.setattr(awq, "calibration_sequences", lambda folder, spec: seqs)
+    out = quantize_checkpoint(src, tmp_path / "awq", 32, progress=False, awq_calibration="mtbench:3")
+    quant = json.loads((out / "manifest.json").read_text())["quantization"]
+    assert quant["method"] == "awq_search" and quant["group_size"] == 32
+    assert quant["awq"]["calibration"] == "mtbench:3" and quant["awq"]["tokens"] == sum(map(len, seqs))
+    assert set(quant["awq"]["alphas"]) == {
+        f"model.layers.{i}.{g}" for i in range(2) for g in ("qkv", "gate_up", "down")
+    }
+    bf16 = {n: bfloat16_bits_to_float32(float32_to_bfloat16_bits(v)) for n, v in t.items()}  # what the folder holds
+    assert awq.awq_scale(bf16, QWEN2, seqs, 32) == quant["awq"]["alphas"]
+    with safe_open(str(out / "model.safetensors"), "np") as f:
+        norm = SafetensorsFile(out / "model.safetensors").float32("model.layers.1.post_attention_layernorm.weight")
+        scaled = bf16["model.layers.1.post_attention_layernorm.weight"]
+        assert np.array_equal(norm, bfloat16_bits_to_float32(float32_to_bfloat16_bits(scaled)))
+        q = quantize_rtn(bf16["model.layers.0.mlp.up_proj.weight"], 32)
+        assert all(
+            np.array_equal(f.get_tensor("model.layers.0.mlp.up_proj." + k), v)
+            for k, v in zip(("qweight", "scales", "zeros"), q)
+        )
+    from swiftspec import swiftspec_core as core
+
+    model = core.load_model(str(out), "cpu", core.ModelOptions())
+    logits = np.asarray(model.forward(seqs[0], logits="all"))
+    ref = forward_logits(t, QWEN2, seqs[0])
+    assert logits.shape == ref.shape and np.isfinite(logits).all()
