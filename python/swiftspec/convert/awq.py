@@ -20,8 +20,12 @@ Groups and where their ``1/s`` goes (per decoder layer):
 * gate/up_proj (input: ``post_attention_layernorm`` output) -> ``post_attention_layernorm.weight``;
 * down_proj (input: ``act(gate) * up``) -> the rows of ``up_proj``.
 
-Per layer the order is o_proj, q/k/v, down_proj, gate/up, so a group that receives another's
-``1/s`` (v_proj, up_proj) is searched with its final float rows. The calibration inputs of every
+Per layer the order is o_proj, q/k/v, gate/up, down_proj: v_proj is searched (with q/k) after
+o_proj's ``1/s`` is in its rows, and up_proj (with gate) before down_proj's ``1/s`` goes into its
+rows. Scaling rows commutes with RTN's per-row groups (up to the fp16 rounding of the group scales),
+so up's quantization is the same either way, but searching gate/up on the unscaled rows weights
+up's output errors as they are, not by down's ``1/s``; on the 0.5B it measured better than folding
+down's scale first (benchmarks/README.md, 2026-12-07). The calibration inputs of every
 layer come from the **float** model (:func:`layer_inputs` on the unscaled weights), not from the
 scaled-and-quantized earlier layers: simpler, one forward pass, and the search only needs the
 activations' per-channel magnitudes and a sample of tokens, which int4 rounding of earlier layers
@@ -261,17 +265,18 @@ def awq_scale(
             tensors[n] = tensors[n] * s
         tensors[p + "input_layernorm.weight"] = tensors[p + "input_layernorm.weight"] / s
         alphas[p + "qkv"] = a
-        down, up = p + "mlp.down_proj.weight", p + "mlp.up_proj.weight"
-        a, s, _ = search_scale([tensors[down]], inputs["down"], group_size, grid, error_tokens)
-        tensors[down] = tensors[down] * s
-        tensors[up] = tensors[up] / s[:, None]
-        alphas[p + "down"] = a
+        up = p + "mlp.up_proj.weight"
         names = [p + "mlp.gate_proj.weight", up]
         a, s, _ = search_scale([tensors[n] for n in names], inputs["gate_up"], group_size, grid, error_tokens)
         for n in names:
             tensors[n] = tensors[n] * s
         tensors[p + "post_attention_layernorm.weight"] = tensors[p + "post_attention_layernorm.weight"] / s
         alphas[p + "gate_up"] = a
+        down = p + "mlp.down_proj.weight"
+        a, s, _ = search_scale([tensors[down]], inputs["down"], group_size, grid, error_tokens)
+        tensors[down] = tensors[down] * s
+        tensors[up] = tensors[up] / s[:, None]
+        alphas[p + "down"] = a
         if progress:
             print(
                 f"awq layer {layer + 1}/{layers}: "
