@@ -259,19 +259,20 @@ def awq_scale(
         a, s, _ = _fold_o(tensors, p, inputs["o"], group_size, grid, error_tokens, heads_equal)
         if a is not None:
             alphas[p + "o"] = a
-        names = [p + f"self_attn.{n}_proj.weight" for n in "qkv"]
-        a, s, _ = search_scale([tensors[n] for n in names], inputs["qkv"], group_size, grid, error_tokens)
-        for n in names:
-            tensors[n] = tensors[n] * s
-        tensors[p + "input_layernorm.weight"] = tensors[p + "input_layernorm.weight"] / s
-        alphas[p + "qkv"] = a
+        qkv = [p + f"self_attn.{n}_proj.weight" for n in "qkv"]
+        alphas[p + "qkv"] = _fold_into_norm(
+            tensors, qkv, p + "input_layernorm.weight", inputs["qkv"], group_size, grid, error_tokens
+        )
         up = p + "mlp.up_proj.weight"
-        names = [p + "mlp.gate_proj.weight", up]
-        a, s, _ = search_scale([tensors[n] for n in names], inputs["gate_up"], group_size, grid, error_tokens)
-        for n in names:
-            tensors[n] = tensors[n] * s
-        tensors[p + "post_attention_layernorm.weight"] = tensors[p + "post_attention_layernorm.weight"] / s
-        alphas[p + "gate_up"] = a
+        alphas[p + "gate_up"] = _fold_into_norm(
+            tensors,
+            [p + "mlp.gate_proj.weight", up],
+            p + "post_attention_layernorm.weight",
+            inputs["gate_up"],
+            group_size,
+            grid,
+            error_tokens,
+        )
         down = p + "mlp.down_proj.weight"
         a, s, _ = search_scale([tensors[down]], inputs["down"], group_size, grid, error_tokens)
         tensors[down] = tensors[down] * s
@@ -284,6 +285,16 @@ def awq_scale(
                 flush=True,
             )
     return alphas
+
+
+def _fold_into_norm(tensors, names, norm, x, group_size, grid, error_tokens) -> float:
+    """The search for projections ``names`` that share the input ``x`` of RMSNorm ``norm``: their
+    columns times ``s``, the norm's weight divided by it; returns the chosen alpha."""
+    a, s, _ = search_scale([tensors[n] for n in names], x, group_size, grid, error_tokens)
+    for n in names:
+        tensors[n] = tensors[n] * s
+    tensors[norm] = tensors[norm] / s
+    return a
 
 
 def _fold_o(tensors, p, x, group_size, grid, error_tokens, heads_equal):
